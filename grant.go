@@ -1,0 +1,33 @@
+package nvmegate
+
+import "time"
+
+// Grant states.
+const (
+	GrantActive   = "active"
+	GrantReleased = "released"
+	GrantRevoked  = "revoked"
+	GrantExpired  = "expired"
+)
+
+// Grant is a lease that lets one host (by NQN) reach one subsystem for one job
+// until it expires. It records credential versions, never credentials.
+type Grant struct {
+	ID           string    // random, unguessable
+	JobID        string    // the job it serves
+	Tenant       string    // the job's tenant
+	Node         string    // SPIFFE ID of the node it was issued to
+	HostNQN      string    // the node's bound host NQN
+	SubsystemNQN string    // the subsystem it opens
+	KeyVersion   uint64    // version of the subsystem's credential root
+	IssuedAt     time.Time //
+	ExpiresAt    time.Time // never after the job's expiry or the policy's max TTL
+	State        string    // Grant* state
+	DecisionID   string    // the policy decision that allowed it
+	AuditIndex   uint64    // index of its durable audit entry
+}
+
+// Active reports whether the grant is active at time now.
+func (g *Grant) Active(now time.Time) bool {
+	return g.State == GrantActive && now.Before(g.ExpiresAt)
+}

@@ -1,0 +1,77 @@
+package nvmegate
+
+import "time"
+
+// Data classes of the default policy. Sites may define others in policy data;
+// the inventory only checks the spelling.
+const (
+	ClassPublic     = "public"
+	ClassInternal   = "internal"
+	ClassRestricted = "restricted"
+	ClassImmutable  = "immutable"
+)
+
+// MaxNSID is the largest valid namespace ID; 0xFFFFFFFF is the broadcast value.
+const MaxNSID = 0xFFFFFFFE
+
+// Namespace is one namespace of a subsystem, holding one dataset (or a
+// checkpoint area) of one tenant.
+type Namespace struct {
+	SubsystemNQN string    // the subsystem it belongs to
+	NSID         uint32    // 1-MaxNSID, unique within the subsystem
+	Tenant       string    // owner; must equal the subsystem's tenant
+	Region       string    // residency region of the data
+	DataClass    string    // drives policy obligations (e.g. restricted, immutable)
+	Dataset      Dataset   // what the namespace holds
+	QoS          QoS       // reservation/cap on the target; zero means none
+	CreatedAt    time.Time // set by the store
+}
+
+// Dataset names the data in a namespace for lineage: auditors match these
+// digests against their data catalog.
+type Dataset struct {
+	Name   string // e.g. "common-crawl/2026-10"
+	Digest string // sha256:<hex> of the dataset manifest
+}
+
+// QoS caps a namespace on its target; zero fields mean unlimited.
+type QoS struct {
+	MaxIOPS uint64 // read+write I/O per second
+	MaxMBps uint64 // read+write megabytes per second
+}
+
+// Key identifies a namespace in the inventory.
+func (n *Namespace) Key() NamespaceKey { return NamespaceKey{n.SubsystemNQN, n.NSID} }
+
+// NamespaceKey identifies a namespace: subsystem NQN and NSID.
+type NamespaceKey struct {
+	SubsystemNQN string
+	NSID         uint32
+}
+
+// Validate checks the namespace on its own; the store checks the subsystem
+// exists and has the same tenant.
+func (n *Namespace) Validate() error {
+	if err := ValidateNQN("subsystem_nqn", n.SubsystemNQN); err != nil {
+		return err
+	}
+	if n.NSID == 0 || n.NSID > MaxNSID {
+		return Invalid("nsid", "must be 1-%d (got %d)", uint32(MaxNSID), n.NSID)
+	}
+	if err := ValidateTenant("tenant", n.Tenant); err != nil {
+		return err
+	}
+	if err := ValidateLabel("region", n.Region); err != nil {
+		return err
+	}
+	if err := ValidateLabel("data_class", n.DataClass); err != nil {
+		return err
+	}
+	if err := ValidateDatasetName("dataset.name", n.Dataset.Name); err != nil {
+		return err
+	}
+	if err := ValidateDigest("dataset.digest", n.Dataset.Digest); err != nil {
+		return err
+	}
+	return nil
+}

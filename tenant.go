@@ -1,0 +1,26 @@
+package nvmegate
+
+import "github.com/spiffe/go-spiffe/v2/spiffeid"
+
+// A tenant is named by a DNS label ("acme"). Tenants are not records of their
+// own: a tenant exists by owning subsystems and namespaces, by having
+// schedulers whose SPIFFE IDs name it, and by binding nodes.
+
+// ValidateTenant checks a tenant name.
+func ValidateTenant(field, v string) error { return ValidateLabel(field, v) }
+
+// ValidateSPIFFEID checks that v is a SPIFFE ID (spiffe://<trust domain>/<path>)
+// naming a workload, not just a trust domain.
+func ValidateSPIFFEID(field, v string) error {
+	if v == "" {
+		return Invalid(field, "is required")
+	}
+	id, err := spiffeid.FromString(v)
+	if err != nil {
+		return Invalid(field, "must be a SPIFFE ID spiffe://<trust domain>/<path>: %v (got %s)", err, show(v))
+	}
+	if id.Path() == "" {
+		return Invalid(field, "must name a workload, not only the trust domain %s", show(v))
+	}
+	return nil
+}
