@@ -13,9 +13,11 @@ const (
 	EINVALID = "invalid"
 	// ENOTFOUND: the named record does not exist.
 	ENOTFOUND = "not_found"
-	// ECONFLICT: the record already exists, or the change would break an
-	// invariant held by other records (e.g. a subsystem with namespaces of
-	// two tenants). Retrying the same request will fail again.
+	// EEXISTS: a record with the same key already exists.
+	EEXISTS = "exists"
+	// ECONFLICT: the change conflicts with other records (a target still
+	// referenced by subsystems, a host NQN bound to another identity).
+	// Retrying the same request will fail until the other records change.
 	ECONFLICT = "conflict"
 	// EPERMISSION: the caller is authenticated but policy denies the action.
 	EPERMISSION = "permission"

@@ -1,0 +1,192 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"testing"
+
+	"github.com/nvmegate/nvmegate"
+	bolt "go.etcd.io/bbolt"
+)
+
+// checkInvariants reads the whole file and reports every broken invariant of
+// doc.go: records decode and validate under their keys, references resolve,
+// the tenant rule holds, and both indexes match the records exactly.
+func checkInvariants(db *DB) error {
+	return db.bolt.View(func(tx *bolt.Tx) error {
+		var errs []error
+		bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+
+		for _, name := range allBuckets {
+			if tx.Bucket(name) == nil {
+				bad("bucket %s is missing", name)
+			}
+		}
+		if errs != nil {
+			return errors.Join(errs...)
+		}
+		meta := tx.Bucket(bucketMeta)
+		if got := string(meta.Get(metaKind)); got != storeKind {
+			bad("meta kind = %q", got)
+		}
+		if v := meta.Get(metaSchema); len(v) != 8 || binary.BigEndian.Uint64(v) != SchemaVersion {
+			bad("meta schema version = %x", v)
+		}
+		each := func(name []byte, fn func(k, v []byte)) {
+			_ = tx.Bucket(name).ForEach(func(k, v []byte) error { fn(k, v); return nil })
+		}
+
+		each(bucketTargets, func(k, v []byte) {
+			t, err := decodeTarget(v)
+			switch {
+			case err != nil:
+				bad("target %q: %v", k, err)
+			case t.ID != string(k):
+				bad("target under key %q has ID %q", k, t.ID)
+			default:
+				if err := t.Validate(); err != nil {
+					bad("target %q: %v", k, err)
+				}
+			}
+		})
+
+		subs := map[string]*nvmegate.Subsystem{}
+		each(bucketSubsystems, func(k, v []byte) {
+			s, err := decodeSubsystem(v)
+			switch {
+			case err != nil:
+				bad("subsystem %q: %v", k, err)
+				return
+			case s.NQN != string(k):
+				bad("subsystem under key %q has NQN %q", k, s.NQN)
+				return
+			}
+			subs[s.NQN] = s
+			if err := s.Validate(); err != nil {
+				bad("subsystem %q: %v", k, err)
+			}
+			if err := checkSubsystemPorts(tx, s); err != nil {
+				bad("subsystem %q: %v", k, err)
+			}
+			if tx.Bucket(bucketSubsystemsByTarget).Get(indexKey(s.TargetID, s.NQN)) == nil {
+				bad("subsystem %q: no %s entry", k, bucketSubsystemsByTarget)
+			}
+		})
+		each(bucketSubsystemsByTarget, func(k, v []byte) {
+			target, nqn, ok := bytes.Cut(k, []byte{keySep})
+			s := subs[string(nqn)]
+			switch {
+			case !ok:
+				bad("%s key %q has no separator", bucketSubsystemsByTarget, k)
+			case s == nil:
+				bad("%s entry %q: no subsystem %q", bucketSubsystemsByTarget, k, nqn)
+			case s.TargetID != string(target):
+				bad("%s entry %q: subsystem is on target %q", bucketSubsystemsByTarget, k, s.TargetID)
+			case len(v) != 0:
+				bad("%s entry %q has a value", bucketSubsystemsByTarget, k)
+			}
+		})
+
+		each(bucketNamespaces, func(k, v []byte) {
+			n, err := decodeNamespace(v)
+			switch {
+			case err != nil:
+				bad("namespace %q: %v", k, err)
+				return
+			case !bytes.Equal(k, namespaceKey(n.SubsystemNQN, n.NSID)):
+				bad("namespace under key %q is %s/%d", k, n.SubsystemNQN, n.NSID)
+				return
+			}
+			if err := n.Validate(); err != nil {
+				bad("namespace %q: %v", k, err)
+			}
+			switch s := subs[n.SubsystemNQN]; {
+			case s == nil:
+				bad("namespace %s/%d: no subsystem", n.SubsystemNQN, n.NSID)
+			case s.Tenant != n.Tenant:
+				bad("namespace %s/%d: tenant %q, subsystem tenant %q", n.SubsystemNQN, n.NSID, n.Tenant, s.Tenant)
+			}
+		})
+
+		byNQN := tx.Bucket(bucketHostBindingsByNQN)
+		bindings := map[string]*nvmegate.HostBinding{}
+		each(bucketHostBindings, func(k, v []byte) {
+			h, err := decodeHostBinding(v)
+			switch {
+			case err != nil:
+				bad("host binding %q: %v", k, err)
+				return
+			case h.SPIFFEID != string(k):
+				bad("host binding under key %q has SPIFFE ID %q", k, h.SPIFFEID)
+				return
+			}
+			bindings[h.SPIFFEID] = h
+			if err := h.Validate(); err != nil {
+				bad("host binding %q: %v", k, err)
+			}
+			if owner := byNQN.Get([]byte(h.HostNQN)); string(owner) != h.SPIFFEID {
+				bad("host binding %q: index maps its host NQN %q to %q", k, h.HostNQN, owner)
+			}
+		})
+		each(bucketHostBindingsByNQN, func(k, v []byte) {
+			if h := bindings[string(v)]; h == nil || h.HostNQN != string(k) {
+				bad("%s entry %q -> %q has no matching binding", bucketHostBindingsByNQN, k, v)
+			}
+		})
+		return errors.Join(errs...)
+	})
+}
+
+// TestCheckInvariantsCatches breaks each invariant behind the store's back
+// and expects the checker used after every test to notice.
+func TestCheckInvariantsCatches(t *testing.T) {
+	ctx := context.Background()
+	for name, tamper := range map[string]func(*bolt.Tx) error{
+		"namespace of another tenant": func(tx *bolt.Tx) error {
+			v, err := encodeNamespace(newNamespace(subNQN(0), 9, "globex"))
+			if err != nil {
+				return err
+			}
+			return tx.Bucket(bucketNamespaces).Put(namespaceKey(subNQN(0), 9), v)
+		},
+		"namespace without subsystem": func(tx *bolt.Tx) error {
+			v, err := encodeNamespace(newNamespace(subNQN(5), 1, "acme"))
+			if err != nil {
+				return err
+			}
+			return tx.Bucket(bucketNamespaces).Put(namespaceKey(subNQN(5), 1), v)
+		},
+		"missing target index entry": func(tx *bolt.Tx) error {
+			return tx.Bucket(bucketSubsystemsByTarget).Delete(indexKey("t1", subNQN(0)))
+		},
+		"stale target index entry": func(tx *bolt.Tx) error {
+			return tx.Bucket(bucketSubsystemsByTarget).Put(indexKey("t1", subNQN(7)), nil)
+		},
+		"missing host NQN index entry": func(tx *bolt.Tx) error {
+			return tx.Bucket(bucketHostBindingsByNQN).Delete([]byte(hostNQN(1)))
+		},
+		"dangling host NQN index entry": func(tx *bolt.Tx) error {
+			return tx.Bucket(bucketHostBindingsByNQN).Put([]byte(hostNQN(8)), []byte(nodeID(8)))
+		},
+		"record under the wrong key": func(tx *bolt.Tx) error {
+			return tx.Bucket(bucketTargets).Put([]byte("t2"), tx.Bucket(bucketTargets).Get([]byte("t1")))
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			db := openPath(t, filepath.Join(t.TempDir(), "store.db"))
+			defer db.Close()
+			inventory(t, db, "acme")
+			must(t, db.CreateNamespace(ctx, newNamespace(subNQN(0), 1, "acme")))
+			must(t, db.CreateHostBinding(ctx, newBinding(1, "")))
+			must(t, checkInvariants(db))
+			must(t, db.bolt.Update(tamper))
+			if err := checkInvariants(db); err == nil {
+				t.Error("checker found nothing")
+			}
+		})
+	}
+}

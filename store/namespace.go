@@ -1,0 +1,131 @@
+package store
+
+import (
+	"context"
+
+	"github.com/nvmegate/nvmegate"
+	bolt "go.etcd.io/bbolt"
+)
+
+// NamespaceFilter narrows ListNamespaces; empty fields match everything.
+type NamespaceFilter struct {
+	Tenant       string
+	SubsystemNQN string
+	Region       string
+}
+
+// CreateNamespace stores a new namespace and sets its CreatedAt. Beyond the
+// namespace's own validation it fails with EEXISTS if the subsystem already
+// has the NSID, and with EINVALID if the subsystem does not exist
+// (subsystem_nqn) or belongs to another tenant (tenant).
+//
+// The tenant rule keeps the invariant that all namespaces of one subsystem
+// belong to one tenant: targets do not mask namespaces per host, so a host
+// connected to a subsystem sees all of them. The check and the write are one
+// transaction, and a subsystem's tenant never changes, so concurrent creates
+// cannot break it.
+func (db *DB) CreateNamespace(ctx context.Context, n *nvmegate.Namespace) error {
+	if n == nil {
+		return nvmegate.Invalid("", "a namespace is required")
+	}
+	if err := n.Validate(); err != nil {
+		return err
+	}
+	rec := *n
+	rec.CreatedAt = db.now().UTC()
+	val, err := encodeNamespace(&rec)
+	if err != nil {
+		return err
+	}
+	err = db.update(ctx, func(tx *bolt.Tx) error {
+		k := namespaceKey(n.SubsystemNQN, n.NSID)
+		if tx.Bucket(bucketNamespaces).Get(k) != nil {
+			return nvmegate.Errorf(nvmegate.EEXISTS, "namespace %d of subsystem %q already exists", n.NSID, n.SubsystemNQN)
+		}
+		v := tx.Bucket(bucketSubsystems).Get([]byte(n.SubsystemNQN))
+		if v == nil {
+			return nvmegate.Invalid("subsystem_nqn", "no subsystem %q exists; a namespace must be in a registered subsystem", n.SubsystemNQN)
+		}
+		s, err := decodeSubsystem(v)
+		if err != nil {
+			return err
+		}
+		if n.Tenant != s.Tenant {
+			return nvmegate.Invalid("tenant", "namespace tenant %q differs from tenant %q of subsystem %q: all namespaces of a subsystem belong to its tenant, because a host connected to it sees every namespace", n.Tenant, s.Tenant, s.NQN)
+		}
+		return put(tx, bucketNamespaces, k, val)
+	})
+	if err != nil {
+		return err
+	}
+	n.CreatedAt = rec.CreatedAt
+	return nil
+}
+
+// Namespace returns namespace nsid of subsystem nqn, or ENOTFOUND.
+func (db *DB) Namespace(ctx context.Context, nqn string, nsid uint32) (*nvmegate.Namespace, error) {
+	var n *nvmegate.Namespace
+	err := db.view(ctx, func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketNamespaces).Get(namespaceKey(nqn, nsid))
+		if v == nil {
+			return nvmegate.Errorf(nvmegate.ENOTFOUND, "namespace %d of subsystem %q not found", nsid, nqn)
+		}
+		var err error
+		n, err = decodeNamespace(v)
+		return err
+	})
+	return n, err
+}
+
+// ListNamespaces returns namespaces ordered by subsystem NQN, then NSID, one
+// page at a time, and the token of the next page ("" after the last). A
+// SubsystemNQN filter reads only that subsystem's key range. A Tenant filter
+// reads one namespace of each other tenant's subsystem and seeks past the
+// rest, which the one-tenant-per-subsystem invariant allows. Region filters
+// while scanning.
+func (db *DB) ListNamespaces(ctx context.Context, f NamespaceFilter, page Page) ([]*nvmegate.Namespace, string, error) {
+	size, after, err := page.parse(kindNamespaces)
+	if err != nil {
+		return nil, "", err
+	}
+	var prefix []byte
+	if f.SubsystemNQN != "" {
+		prefix = namespacePrefix(f.SubsystemNQN)
+	}
+	var (
+		items []*nvmegate.Namespace
+		next  []byte
+	)
+	err = db.view(ctx, func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketNamespaces).Cursor()
+		items, next, err = scanPage(c, prefix, after, size, func(_, v []byte) (*nvmegate.Namespace, bool, []byte, error) {
+			n, err := decodeNamespace(v)
+			if err != nil {
+				return nil, false, nil, err
+			}
+			if f.Tenant != "" && n.Tenant != f.Tenant {
+				// All namespaces of a subsystem have its tenant: skip
+				// the rest of this one's key range.
+				return nil, false, namespaceRangeEnd(n.SubsystemNQN), nil
+			}
+			return n, f.Region == "" || n.Region == f.Region, nil, nil
+		})
+		return err
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return items, encodeToken(kindNamespaces, next), nil
+}
+
+// DeleteNamespace removes namespace nsid of subsystem nqn, or fails with
+// ENOTFOUND.
+func (db *DB) DeleteNamespace(ctx context.Context, nqn string, nsid uint32) error {
+	return db.update(ctx, func(tx *bolt.Tx) error {
+		k := namespaceKey(nqn, nsid)
+		if tx.Bucket(bucketNamespaces).Get(k) == nil {
+			return nvmegate.Errorf(nvmegate.ENOTFOUND, "namespace %d of subsystem %q not found", nsid, nqn)
+		}
+		return del(tx, bucketNamespaces, k)
+	})
+}

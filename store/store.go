@@ -1,0 +1,199 @@
+package store
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+)
+
+// SchemaVersion is the version of the bucket layout and record encoding that
+// this package writes. Open upgrades older files (there are none yet) and
+// refuses newer ones with ErrSchemaTooNew.
+const SchemaVersion = 1
+
+// storeKind marks a file as an nvmegate store, so that Open refuses the audit
+// log or the key store (also bbolt, also with a meta bucket) by mistake.
+const storeKind = "nvmegate/store"
+
+// Bucket names; doc.go describes the keys and values of each.
+var (
+	bucketMeta               = []byte("meta")
+	bucketTargets            = []byte("targets")
+	bucketSubsystems         = []byte("subsystems")
+	bucketSubsystemsByTarget = []byte("subsystems_by_target")
+	bucketNamespaces         = []byte("namespaces")
+	bucketHostBindings       = []byte("host_bindings")
+	bucketHostBindingsByNQN  = []byte("host_bindings_by_nqn")
+
+	// allBuckets are created by Open if missing.
+	allBuckets = [][]byte{
+		bucketMeta, bucketTargets, bucketSubsystems, bucketSubsystemsByTarget,
+		bucketNamespaces, bucketHostBindings, bucketHostBindingsByNQN,
+	}
+
+	metaKind   = []byte("kind")
+	metaSchema = []byte("schema_version")
+)
+
+// DefaultTimeout is how long Open waits for the file lock when
+// Options.Timeout is zero.
+const DefaultTimeout = time.Second
+
+// Options configure a DB. The zero value is ready to use.
+type Options struct {
+	// Now returns the time stamped into CreatedAt. Default time.Now; tests
+	// inject a fixed clock.
+	Now func() time.Time
+
+	// Timeout bounds how long Open waits for the exclusive file lock held
+	// by another process. Zero means DefaultTimeout (1s); negative is an
+	// error. The store never waits forever: a second daemon on the same file
+	// must fail loudly, not hang.
+	Timeout time.Duration
+}
+
+// DB is the inventory store. Its methods are safe for concurrent use: reads
+// run in concurrent read transactions, writes in one serialized write
+// transaction each, fsync'd on commit.
+type DB struct {
+	bolt *bolt.DB
+	now  func() time.Time
+}
+
+// Open opens (creating if needed, mode 0600) the store file at path, creates
+// missing buckets and checks the schema version.
+func Open(path string, opts Options) (*DB, error) {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	switch {
+	case opts.Timeout < 0:
+		return nil, fmt.Errorf("store: open %s: negative lock timeout %s", path, opts.Timeout)
+	case opts.Timeout == 0:
+		opts.Timeout = DefaultTimeout
+	}
+	bdb, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.Timeout})
+	if errors.Is(err, berrors.ErrTimeout) {
+		return nil, fmt.Errorf("store: open %s: %w (waited %s; is another nvmegated using it?)", path, ErrLocked, opts.Timeout)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("store: open %s: %w", path, err)
+	}
+	if err := bdb.Update(initSchema); err != nil {
+		_ = bdb.Close()
+		return nil, fmt.Errorf("store: open %s: %w", path, err)
+	}
+	return &DB{bolt: bdb, now: opts.Now}, nil
+}
+
+// initSchema stamps a new file, or checks an existing one, and creates any
+// missing bucket.
+func initSchema(tx *bolt.Tx) error {
+	meta := tx.Bucket(bucketMeta)
+	if meta == nil {
+		// Only an empty file becomes a store: never add our buckets to
+		// someone else's database.
+		if k, _ := tx.Cursor().First(); k != nil {
+			return fmt.Errorf("%w: it has buckets but no %q bucket", ErrNotStore, bucketMeta)
+		}
+		var err error
+		if meta, err = tx.CreateBucket(bucketMeta); err != nil {
+			return err
+		}
+		if err := meta.Put(metaKind, []byte(storeKind)); err != nil {
+			return err
+		}
+		if err := meta.Put(metaSchema, binary.BigEndian.AppendUint64(nil, SchemaVersion)); err != nil {
+			return err
+		}
+	}
+	if kind := meta.Get(metaKind); string(kind) != storeKind {
+		return fmt.Errorf("%w: kind is %q, want %q", ErrNotStore, kind, storeKind)
+	}
+	v := meta.Get(metaSchema)
+	if len(v) != 8 {
+		return fmt.Errorf("corrupt schema version (%d bytes)", len(v))
+	}
+	switch version := binary.BigEndian.Uint64(v); {
+	case version > SchemaVersion:
+		return fmt.Errorf("%w: the file has version %d, this binary knows versions up to %d; run a newer nvmegate", ErrSchemaTooNew, version, SchemaVersion)
+	case version < 1:
+		return fmt.Errorf("corrupt schema version %d", version)
+	}
+	// Migrations from older versions go here, in this transaction.
+	for _, name := range allBuckets {
+		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+			return fmt.Errorf("create bucket %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// Close releases the file. Calls after Close fail with ErrClosed.
+func (db *DB) Close() error {
+	if err := db.bolt.Close(); err != nil {
+		return fmt.Errorf("store: close: %w", err)
+	}
+	return nil
+}
+
+// view runs fn in a read transaction. Errors of fn are returned unchanged:
+// *nvmegate.Error for the caller, or errors already wrapped with context.
+func (db *DB) view(ctx context.Context, fn func(*bolt.Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	tx, err := db.bolt.Begin(false)
+	if err != nil {
+		return beginError(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	return fn(tx)
+}
+
+// update runs fn in a write transaction and commits (fsync) if fn succeeds.
+func (db *DB) update(ctx context.Context, fn func(*bolt.Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	tx, err := db.bolt.Begin(true)
+	if err != nil {
+		return beginError(err)
+	}
+	defer func() { _ = tx.Rollback() }() // no-op after a successful Commit
+	if err := fn(tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: commit: %w", err)
+	}
+	return nil
+}
+
+func beginError(err error) error {
+	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
+		return ErrClosed
+	}
+	return fmt.Errorf("store: begin transaction: %w", err)
+}
+
+// put writes one key of bucket name, wrapping bbolt's error with context.
+func put(tx *bolt.Tx, name, k, v []byte) error {
+	if err := tx.Bucket(name).Put(k, v); err != nil {
+		return fmt.Errorf("store: put %s: %w", name, err)
+	}
+	return nil
+}
+
+// del deletes one key of bucket name, wrapping bbolt's error with context.
+func del(tx *bolt.Tx, name, k []byte) error {
+	if err := tx.Bucket(name).Delete(k); err != nil {
+		return fmt.Errorf("store: delete %s: %w", name, err)
+	}
+	return nil
+}
