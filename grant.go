@@ -1,6 +1,9 @@
 package nvmegate
 
-import "time"
+import (
+	"regexp"
+	"time"
+)
 
 // Grant states.
 const (
@@ -30,4 +33,18 @@ type Grant struct {
 // Active reports whether the grant is active at time now.
 func (g *Grant) Active(now time.Time) bool {
 	return g.State == GrantActive && now.Before(g.ExpiresAt)
+}
+
+var grantIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{8,64}$`)
+
+// ValidateGrantID checks the shape of a grant ID (8-64 characters of
+// A-Z, a-z, 0-9, '_' and '-').
+func ValidateGrantID(field, v string) error {
+	if v == "" {
+		return Invalid(field, "is required")
+	}
+	if !grantIDRE.MatchString(v) {
+		return Invalid(field, "must be 8-64 characters of A-Z, a-z, 0-9, '_' and '-' (got %s)", show(v))
+	}
+	return nil
 }

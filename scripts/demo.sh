@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The nvmegate demo: a dev gateway under .demo/ and a scripted scenario run
+# through the CLI as different SPIFFE identities. Every step states what must
+# happen; any surprise stops the demo with a non-zero exit.
+#
+# Usage: scripts/demo.sh   (make demo builds bin/ first)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+BIN=${BIN:-bin}
+DEMO=${DEMO_DIR:-.demo}
+rm -rf "$DEMO"
+mkdir -p "$DEMO"
+log="$DEMO/gateway.log"
+
+steps=0
+fail() { echo "DEMO FAILED: $*" >&2; [ -f "$log" ] && { echo "--- gateway log (tail) ---" >&2; tail -n 20 "$log" >&2; }; exit 1; }
+
+# as NAME ARGS...: run the CLI as dev identity NAME.
+as() { local who=$1; shift; "$BIN/nvmegate" --dev-dir "$DEMO" --dev-identity "$who" "$@"; }
+
+# ok WHAT -- CMD...: CMD must succeed.
+ok() {
+  local what=$1; shift 2
+  steps=$((steps + 1))
+  printf '%2d. %s\n' "$steps" "$what"
+  local out
+  if ! out=$("$@" 2>&1); then fail "step $steps ($what): expected success, got:
+$out"; fi
+  [ -n "$out" ] && printf '%s\n' "$out" | sed 's/^/      /'
+}
+
+# refused WHAT CODE -- CMD...: CMD must fail with gRPC code CODE.
+refused() {
+  local what=$1 code=$2; shift 3
+  steps=$((steps + 1))
+  printf '%2d. %s\n' "$steps" "$what"
+  local out
+  if out=$("$@" 2>&1); then fail "step $steps ($what): expected $code, but it succeeded:
+$out"; fi
+  case "$out" in
+    *"$code"*) printf '      refused as expected: %s\n' "$out" ;;
+    *) fail "step $steps ($what): expected $code, got:
+$out" ;;
+  esac
+}
+
+echo "== starting the dev gateway (trust domain nvmegate.test, state in $DEMO)"
+"$BIN/nvmegated" dev --dir "$DEMO" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --log-format json 2>"$log" &
+gw=$!
+trap 'kill "$gw" 2>/dev/null' EXIT
+for _ in $(seq 1 300); do
+  [ -f "$DEMO/gateway.json" ] && break
+  kill -0 "$gw" 2>/dev/null || fail "the gateway exited during start-up"
+  sleep 0.1
+done
+[ -f "$DEMO/gateway.json" ] || fail "the gateway did not become ready in 30 s"
+echo "   ready: $(cat "$DEMO/gateway.json")"
+
+ACME=nqn.2026-01.io.nvmegate.demo:acme-train
+GLOBEX=nqn.2026-01.io.nvmegate.demo:globex-ckpt
+DIGEST_A=sha256:$(printf 'common-crawl/2026-10' | sha256sum | cut -d' ' -f1)
+DIGEST_B=sha256:$(printf 'globex-checkpoints' | sha256sum | cut -d' ' -f1)
+
+echo "== the admin registers two tenants' inventory in two regions"
+ok "admin adds target stor-eu-1 (eu-west, nvmet)" -- \
+  as admin inventory target add stor-eu-1 --fabric fab-eu --region eu-west --driver nvmet \
+    --port id=1,transport=tcp,family=ipv4,address=127.0.0.1,service=4420
+ok "admin adds target stor-us-1 (us-east, nvmet, TLS port)" -- \
+  as admin inventory target add stor-us-1 --fabric fab-us --region us-east --driver nvmet \
+    --port id=1,transport=tcp,family=ipv4,address=127.0.0.2,service=4420 \
+    --port id=2,transport=tcp,family=ipv4,address=127.0.0.2,service=4421,secure=required
+ok "admin adds acme's subsystem on stor-eu-1" -- \
+  as admin inventory subsystem add "$ACME" --target stor-eu-1 --tenant acme --ports 1 --dhchap
+ok "admin adds globex's subsystem on stor-us-1" -- \
+  as admin inventory subsystem add "$GLOBEX" --target stor-us-1 --tenant globex --ports 1,2 --dhchap --tls
+ok "admin adds acme's dataset namespace" -- \
+  as admin inventory namespace add "$ACME" 1 --tenant acme --region eu-west --class internal \
+    --dataset common-crawl/2026-10 --digest "$DIGEST_A"
+ok "admin adds globex's checkpoint namespace (restricted)" -- \
+  as admin inventory namespace add "$GLOBEX" 1 --tenant globex --region us-east --class restricted \
+    --dataset globex/checkpoints --digest "$DIGEST_B"
+for n in 1 2; do
+  ok "admin binds acme-node-$n to its host NQN" -- \
+    as admin inventory host add "spiffe://nvmegate.test/node/acme-gpu-$n" \
+      --nqn "nqn.2014-08.org.nvmexpress:uuid:0000000$n-aaaa-4000-8000-000000000000" --tenant acme
+  ok "admin binds globex-node-$n to its host NQN" -- \
+    as admin inventory host add "spiffe://nvmegate.test/node/globex-gpu-$n" \
+      --nqn "nqn.2014-08.org.nvmexpress:uuid:0000000$n-bbbb-4000-8000-000000000000" --tenant globex
+done
+ok "admin lists the namespaces" -- as admin inventory namespace list
+ok "admin lists the host bindings" -- as admin inventory host list
+
+echo "== the rules hold"
+refused "a globex namespace in acme's subsystem is refused (one tenant per subsystem)" InvalidArgument -- \
+  as admin inventory namespace add "$ACME" 2 --tenant globex --region eu-west --class internal \
+    --dataset x --digest "$DIGEST_B"
+refused "a second identity cannot take acme-node-1's host NQN" FailedPrecondition -- \
+  as admin inventory host add spiffe://nvmegate.test/node/intruder \
+    --nqn nqn.2014-08.org.nvmexpress:uuid:00000001-aaaa-4000-8000-000000000000
+refused "a node cannot change the inventory" PermissionDenied -- \
+  as acme-node-1 inventory target add rogue --fabric fab-eu --region eu-west \
+    --port id=1,transport=tcp,family=ipv4,address=10.9.9.9,service=4420
+refused "a scheduler cannot read the inventory (for now: only admins)" PermissionDenied -- \
+  as acme-scheduler inventory subsystem list
+refused "a malformed NQN is refused naming the field" "subsystem.nqn" -- \
+  as admin inventory subsystem add not-an-nqn --target stor-eu-1 --tenant acme --ports 1 --dhchap
+ok "the policy revision in force" -- as admin policy status
+
+echo "== stopping the gateway (SIGTERM)"
+kill -TERM "$gw"
+wait "$gw"; rc=$?
+trap - EXIT
+[ "$rc" -eq 0 ] || fail "the gateway exited with status $rc on SIGTERM"
+
+echo
+echo "Demo passed: $steps steps."
+echo "  inventory: 2 targets (eu-west, us-east), 2 subsystems, 2 namespaces, 4 host bindings (tenants acme, globex)"
+echo "  refused:   cross-tenant namespace, stolen host NQN, node and scheduler inventory access, malformed NQN"
+echo "  state, SVIDs and the gateway log are in $DEMO/"
