@@ -1,0 +1,99 @@
+// Package authz turns an authenticated gRPC call into a policy decision: it
+// maps the caller's SPIFFE ID to a Caller (ParseCaller), builds the one
+// input document of the request (Input), evaluates the Rego policy of
+// package policy in-process with OPA (Engine), and enforces the decision in
+// gRPC server interceptors (UnaryServerInterceptor, StreamServerInterceptor).
+//
+// # Wiring
+//
+//	eng, err := authz.NewEngine(ctx, authz.Options{TrustDomain: td, Logger: log})
+//	srv := grpc.NewServer(
+//		grpc.Creds(grpccredentials.MTLSServerCredentials(source, source, tlsconfig.AuthorizeMemberOf(td))),
+//		grpc.ChainUnaryInterceptor(authz.UnaryServerInterceptor(eng, describe, log)),
+//		grpc.ChainStreamInterceptor(authz.StreamServerInterceptor(eng, describe, log)),
+//	)
+//
+// Handlers read authz.CallerFromContext and authz.DecisionFromContext; the
+// decision's obligations (max TTL, TLS, auth mode, ...) are theirs to
+// enforce, and its ID and PolicyRevision go to the audit entry.
+//
+// # Input document (input in Rego)
+//
+//	{
+//	  "caller": {
+//	    "id":           "spiffe://example.org/tenant/acme/scheduler/slurm",
+//	    "trust_domain": "example.org",
+//	    "role":         "scheduler",  // admin|auditor|node|target|scheduler|gateway|unknown
+//	    "tenant":       "acme",       // schedulers only, else ""
+//	    "name":         "slurm"       // last segment of a known convention, else ""
+//	  },
+//	  "rpc": {
+//	    "service":     "nvmegate.v1.Inventory",
+//	    "method":      "AddTarget",
+//	    "full_method": "/nvmegate.v1.Inventory/AddTarget"
+//	  },
+//	  "action":   "inventory.add_target",  // DescribeFunc's, else derived from the method
+//	  "resource": {...},                   // DescribeFunc's description of the records; {} if none
+//	  "time":     "2026-10-01T12:00:00Z",  // RFC 3339 (UTC, nanoseconds when present)
+//	  "gateway":  {"trust_domain": "example.org"}  // the evaluating gateway's own trust domain
+//	}
+//
+// Every field is always present (strings may be empty). The caller's roles
+// follow the SPIFFE ID conventions of DESIGN §3, parsed in Go so that every
+// policy sees the same fields; what a role may do is decided in Rego only.
+// input.gateway carries the gateway's trust domain so that policy can refuse
+// callers of foreign trust domains (defence in depth: mTLS already does).
+//
+// # Decision document (data.nvmegate.authz.decision)
+//
+//	{
+//	  "allow":       true,
+//	  "reasons":     ["role admin may call nvmegate.v1.Inventory"],
+//	  "obligations": {}
+//	}
+//
+// All three fields are required. reasons is an array of non-empty strings,
+// non-empty on a deny: the rules that refused, or the rules that allowed.
+// Deny reasons are shown to the caller in the PermissionDenied message, so
+// a policy must not put in them what the caller may not learn. obligations
+// holds only these keys, each optional:
+//
+//	max_ttl        string   Go duration > 0 ("15m", "1h30m"): cap on a grant's lifetime
+//	require_tls    boolean  the connection must use a TLS secure channel
+//	auth_mode      string   "dhchap" | "tls" | "both"
+//	min_hash       string   "sha256" | "sha384" | "sha512"
+//	min_dh_group   string   "null" | "ffdhe2048" | "ffdhe3072" | "ffdhe4096" | "ffdhe6144" | "ffdhe8192"
+//	bidirectional  boolean  the controller must authenticate to the host too
+//	read_only      boolean  the host gets read-only access
+//	max_iops       integer  >= 0, QoS cap; 0 = none
+//	max_mbps       integer  >= 0, QoS cap; 0 = none
+//
+// max_ttl is a duration string rather than a number so a policy author
+// never has to guess the unit; Rego compares them with time.parse_duration_ns.
+//
+// # Failing closed
+//
+// The engine denies, with a reason, whenever it cannot take the policy's
+// word for an allow:
+//
+//   - the decision is undefined, not an object, has a non-boolean allow,
+//     reasons that are not strings, a deny without reasons, missing or
+//     unknown obligations or an obligation of the wrong type: a deny with
+//     reason "policy decision is malformed: ..." and no error (a policy bug,
+//     logged at error level; the self-test keeps such policies from loading
+//     where a sample reaches the bug);
+//   - OPA fails to evaluate (builtin errors are errors, not undefined): a
+//     deny with reason "policy evaluation failed" and an error wrapping
+//     ErrEvaluation, which the interceptors turn into codes.Internal (the
+//     request failed, it was not judged), with the decision ID in the message
+//     so the log line can be found;
+//   - the call's context ends: a deny and the context's error.
+//
+// A policy is compiled once per revision (strict mode, Rego v1, without the
+// network builtins http.send and net.lookup_ip_addr) and must decide the
+// samples of its selftest.json as stated before it serves; NewEngine and
+// Reload refuse it otherwise, and Reload keeps the previous revision.
+//
+// Every Decision gets a fresh ID (a UUIDv7: time-ordered, 74 random bits),
+// the revision that decided it and the evaluation time.
+package authz

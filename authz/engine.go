@@ -1,0 +1,266 @@
+package authz
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/policy"
+)
+
+// Authorizer decides one request. Every RPC passes through it (see
+// UnaryServerInterceptor).
+//
+// Authorize returns a non-nil Decision whenever it can, also alongside an
+// error, so that the caller can log and audit it. A request proceeds only if
+// err is nil and Decision.Allow is true; an error means the decision could
+// not be made (the request fails, it is not merely denied).
+type Authorizer interface {
+	Authorize(ctx context.Context, in *Input) (*nvmegate.Decision, error)
+}
+
+// AuthorizerFunc adapts a function to Authorizer.
+type AuthorizerFunc func(ctx context.Context, in *Input) (*nvmegate.Decision, error)
+
+// Authorize calls f(ctx, in).
+func (f AuthorizerFunc) Authorize(ctx context.Context, in *Input) (*nvmegate.Decision, error) {
+	return f(ctx, in)
+}
+
+// DecisionQuery is the Rego document the engine evaluates.
+const DecisionQuery = "data.nvmegate.authz.decision"
+
+// SourceEmbedded is the Status.Source of the embedded default policy.
+const SourceEmbedded = "embedded"
+
+// Options configure an Engine. TrustDomain is required; the zero value of
+// every other field is a sensible default.
+type Options struct {
+	// TrustDomain is the gateway's own SPIFFE trust domain, given to policy
+	// as input.gateway.trust_domain. Required.
+	TrustDomain spiffeid.TrustDomain
+	// Bundle is the policy to serve, from policy.Load. Nil means the
+	// embedded default (policy.Default()).
+	Bundle *policy.Bundle
+	// Source says where Bundle came from (a path, a bundle URL), for Status
+	// and logs. Defaults to "embedded" when Bundle is nil, else "unspecified".
+	Source string
+	// Logger receives load events and evaluation failures. Nil discards.
+	Logger *slog.Logger
+	// Now is the clock: the decision time, input.time when the input has
+	// none, and time.now_ns in Rego. Nil means time.Now.
+	Now func() time.Time
+}
+
+// Status describes the policy revision an Engine is serving.
+type Status struct {
+	Revision string    // policy.Bundle.Revision
+	Source   string    // Options.Source or the source given to Reload
+	LoadedAt time.Time // when it started serving
+}
+
+// Engine is the OPA-backed Authorizer. It compiles a bundle's modules once,
+// checks the bundle's self-test samples before serving it, and evaluates the
+// prepared query per request. It is safe for concurrent use; Reload swaps
+// the serving revision atomically, so an evaluation sees one revision from
+// start to end and the decision names it.
+type Engine struct {
+	gateway Gateway
+	log     *slog.Logger
+	now     func() time.Time
+
+	mu      sync.Mutex             // serializes Reload
+	current atomic.Pointer[loaded] // never nil after NewEngine
+}
+
+// loaded is one prepared policy revision.
+type loaded struct {
+	query  rego.PreparedEvalQuery
+	status Status
+}
+
+// NewEngine compiles and self-tests the bundle of opts and returns an engine
+// serving it. It fails with ErrConfig, ErrCompile or a *SelfTestError
+// (ErrSelfTest): a broken policy never serves.
+func NewEngine(ctx context.Context, opts Options) (*Engine, error) {
+	if opts.TrustDomain.IsZero() {
+		return nil, fmt.Errorf("%w: trust domain is required", ErrConfig)
+	}
+	e := &Engine{
+		gateway: Gateway{TrustDomain: opts.TrustDomain.Name()},
+		log:     opts.Logger,
+		now:     opts.Now,
+	}
+	if e.log == nil {
+		e.log = slog.New(slog.DiscardHandler)
+	}
+	if e.now == nil {
+		e.now = time.Now
+	}
+	b, src := opts.Bundle, opts.Source
+	if b == nil {
+		var err error
+		if b, err = policy.Load(policy.Default()); err != nil {
+			return nil, fmt.Errorf("authz: embedded policy: %w", err)
+		}
+		if src == "" {
+			src = SourceEmbedded
+		}
+	}
+	if src == "" {
+		src = "unspecified"
+	}
+	if err := e.Reload(ctx, b, src); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Reload compiles and self-tests b and, only if both succeed, makes it the
+// serving revision; otherwise the previous revision keeps serving and the
+// error (ErrCompile, ErrSelfTest) says why. source is reported by Status.
+// Evaluations in flight finish on the revision they started with.
+func (e *Engine) Reload(ctx context.Context, b *policy.Bundle, source string) error {
+	if b == nil {
+		return fmt.Errorf("%w: no bundle", ErrConfig)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	l, err := e.prepare(ctx, b, source)
+	if err != nil {
+		e.log.LogAttrs(ctx, slog.LevelError, "authz: policy refused",
+			slog.String("revision", b.Revision), slog.String("source", source), slog.Any("error", err))
+		return err
+	}
+	prev := e.current.Swap(l)
+	attrs := []slog.Attr{slog.String("revision", b.Revision), slog.String("source", source),
+		slog.Int("samples", len(b.Samples))}
+	if prev != nil {
+		attrs = append(attrs, slog.String("previous_revision", prev.status.Revision))
+	}
+	e.log.LogAttrs(ctx, slog.LevelInfo, "authz: policy loaded", attrs...)
+	return nil
+}
+
+// Status reports the serving revision.
+func (e *Engine) Status() Status { return e.current.Load().status }
+
+// capabilities are OPA's builtins minus those that reach the network: an
+// authorization decision depends on its input and the bundle only, and can
+// neither stall on nor leak to a remote endpoint.
+var capabilities = func() *ast.Capabilities {
+	c := ast.CapabilitiesForThisVersion()
+	denied := map[string]bool{"http.send": true, "net.lookup_ip_addr": true}
+	bs := c.Builtins[:0:0]
+	for _, b := range c.Builtins {
+		if !denied[b.Name] {
+			bs = append(bs, b)
+		}
+	}
+	c.Builtins = bs
+	return c
+}()
+
+// prepare compiles b (strict mode, Rego v1, builtin errors are evaluation
+// errors) and runs its self-test samples against the result.
+func (e *Engine) prepare(ctx context.Context, b *policy.Bundle, source string) (*loaded, error) {
+	opts := []func(*rego.Rego){
+		rego.Query(DecisionQuery),
+		rego.SetRegoVersion(ast.RegoV1),
+		rego.Strict(true),
+		rego.StrictBuiltinErrors(true),
+		rego.Capabilities(capabilities),
+		rego.GenerateJSON(termResult),
+	}
+	for _, m := range b.Modules {
+		opts = append(opts, rego.Module(m.Name, m.Source))
+	}
+	q, err := rego.New(opts...).PrepareForEval(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: revision %s: %v", ErrCompile, b.Revision, err)
+	}
+	l := &loaded{query: q, status: Status{Revision: b.Revision, Source: source, LoadedAt: e.now()}}
+	if err := e.selfTest(ctx, l, b); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// Authorize evaluates the policy for in. It fails closed: whatever goes
+// wrong, the Decision denies and names the reason. Evaluation errors (and a
+// nil in, or an input that cannot be converted) also return an error
+// wrapping ErrEvaluation, or the context's error if ctx ended; a decision
+// document of the wrong shape is a deny with reason "policy decision is
+// malformed: ..." and no error (it is logged at error level: fix the policy).
+//
+// in.Gateway is ignored and replaced by the engine's own; a zero in.Time is
+// the engine's clock. in is not modified.
+func (e *Engine) Authorize(ctx context.Context, in *Input) (*nvmegate.Decision, error) {
+	l := e.current.Load()
+	now := e.now()
+	d, _, err := e.decide(ctx, l, in, e.gateway, now)
+	if err != nil {
+		e.log.LogAttrs(ctx, slog.LevelError, "authz: policy evaluation failed",
+			slog.String("decision_id", d.ID), slog.String("policy_revision", d.PolicyRevision),
+			slog.String("method", method(in)), slog.Any("error", err))
+	}
+	return d, err
+}
+
+// decide evaluates in on revision l. It always returns a Decision; problem
+// is set when the engine denied because the decision document was
+// malformed, err when no decision could be made.
+func (e *Engine) decide(ctx context.Context, l *loaded, in *Input, gw Gateway, now time.Time) (d *nvmegate.Decision, problem, err error) {
+	d = &nvmegate.Decision{ID: newDecisionID(now), PolicyRevision: l.status.Revision, EvaluatedAt: now}
+	if in == nil {
+		d.Reasons = []string{ReasonNoInput}
+		return d, nil, fmt.Errorf("%w: no input", ErrEvaluation)
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		// OPA notices cancellation only now and then; a call that is over
+		// gets no decision to act on.
+		d.Reasons = []string{ReasonCanceled}
+		return d, nil, fmt.Errorf("authz: %w", cerr)
+	}
+	v, err := in.value(gw, now)
+	if err != nil {
+		d.Reasons = []string{ReasonInputFailed}
+		return d, nil, fmt.Errorf("%w: input: %v", ErrEvaluation, err)
+	}
+	rs, err := l.query.Eval(ctx, rego.EvalParsedInput(v), rego.EvalTime(now))
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			d.Reasons = []string{ReasonCanceled}
+			return d, nil, fmt.Errorf("authz: %w", cerr)
+		}
+		d.Reasons = []string{ReasonEvaluationFailed}
+		return d, nil, fmt.Errorf("%w: %v", ErrEvaluation, err)
+	}
+	out, problem := parseResult(rs)
+	if problem != nil {
+		d.Reasons = []string{reasonMalformed + problem.Error()}
+		e.log.LogAttrs(ctx, slog.LevelError, "authz: malformed policy decision, denying",
+			slog.String("decision_id", d.ID), slog.String("policy_revision", d.PolicyRevision),
+			slog.String("method", in.RPC.FullMethod), slog.String("problem", problem.Error()))
+		return d, problem, nil
+	}
+	d.Allow, d.Reasons, d.Obligations = out.allow, out.reasons, out.obligations
+	return d, nil, nil
+}
+
+func method(in *Input) string {
+	if in == nil {
+		return ""
+	}
+	return in.RPC.FullMethod
+}
+
+var _ Authorizer = (*Engine)(nil)

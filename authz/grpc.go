@@ -1,0 +1,223 @@
+package authz
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+
+	"github.com/spiffe/go-spiffe/v2/spiffegrpc/grpccredentials"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/nvmegate/nvmegate"
+)
+
+// DescribeFunc tells the interceptors what a request is about before it is
+// authorized: the action (e.g. "inventory.add_target"; "" for the default,
+// ActionFromMethod) and the resource document policy sees as
+// input.resource (the records involved, e.g. the namespaces and their
+// tenants and regions). For streams req is nil.
+//
+// It runs before authorization, for callers who may be denied: it must not
+// modify anything, and an error it returns reaches the caller. An error that
+// is a gRPC status is returned as is; any other becomes InvalidArgument
+// with the message of an *nvmegate.Error, or "invalid request".
+type DescribeFunc func(ctx context.Context, fullMethod string, req any) (action string, resource map[string]any, err error)
+
+// InterceptorOption configures the interceptors.
+type InterceptorOption func(*guard)
+
+// WithPeerID replaces how the interceptors find the caller's SPIFFE ID; the
+// default is grpccredentials.PeerIDFromContext, the ID of the peer's
+// X.509-SVID verified in the mTLS handshake. Meant for tests that run
+// without TLS; a production server must keep the default.
+func WithPeerID(f func(ctx context.Context) (spiffeid.ID, bool)) InterceptorOption {
+	return func(g *guard) { g.peerID = f }
+}
+
+// UnaryServerInterceptor authorizes every unary call with a:
+//
+//   - no verified SPIFFE ID on the connection: codes.Unauthenticated;
+//   - describe fails: its status, or codes.InvalidArgument (see DescribeFunc);
+//   - a denies: codes.PermissionDenied, "permission denied: <reasons>; decision <id>";
+//   - a fails (an error): codes.Internal, "authorization failed; decision <id>",
+//     or the context's code (Canceled, DeadlineExceeded) if the call ended;
+//   - a allows: the handler runs with the Caller and the Decision in its
+//     context (CallerFromContext, DecisionFromContext).
+//
+// describe may be nil (default action, empty resource). Every decision is
+// logged to log (nil discards): allows at debug, denials at info, failures at
+// error, with the decision ID, caller, method, outcome and reasons; never a
+// request body.
+func UnaryServerInterceptor(a Authorizer, describe DescribeFunc, log *slog.Logger, opts ...InterceptorOption) grpc.UnaryServerInterceptor {
+	g := newGuard(a, describe, log, opts)
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		ctx, err := g.check(ctx, info.FullMethod, req)
+		if err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}
+}
+
+// StreamServerInterceptor is UnaryServerInterceptor for streams: it
+// authorizes once, when the stream opens (describe gets a nil req), and the
+// handler's stream context carries the Caller and the Decision.
+func StreamServerInterceptor(a Authorizer, describe DescribeFunc, log *slog.Logger, opts ...InterceptorOption) grpc.StreamServerInterceptor {
+	g := newGuard(a, describe, log, opts)
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		ctx, err := g.check(ss.Context(), info.FullMethod, nil)
+		if err != nil {
+			return err
+		}
+		return handler(srv, &authorizedStream{ServerStream: ss, ctx: ctx})
+	}
+}
+
+type authorizedStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *authorizedStream) Context() context.Context { return s.ctx }
+
+// guard is the shared logic of both interceptors.
+type guard struct {
+	a        Authorizer
+	describe DescribeFunc
+	log      *slog.Logger
+	peerID   func(context.Context) (spiffeid.ID, bool)
+}
+
+func newGuard(a Authorizer, describe DescribeFunc, log *slog.Logger, opts []InterceptorOption) *guard {
+	if a == nil {
+		panic("authz: nil Authorizer")
+	}
+	g := &guard{a: a, describe: describe, log: log, peerID: grpccredentials.PeerIDFromContext}
+	if g.log == nil {
+		g.log = slog.New(slog.DiscardHandler)
+	}
+	for _, o := range opts {
+		o(g)
+	}
+	return g
+}
+
+// check authorizes one call and returns the context for the handler, or the
+// status error to return to the caller.
+func (g *guard) check(ctx context.Context, fullMethod string, req any) (context.Context, error) {
+	id, ok := g.peerID(ctx)
+	if !ok || id.IsZero() {
+		g.log.LogAttrs(ctx, slog.LevelInfo, "authz: unauthenticated call", slog.String("method", fullMethod))
+		return nil, status.Error(codes.Unauthenticated, "no verified SPIFFE ID")
+	}
+	caller := ParseCaller(id)
+
+	var action string
+	var resource map[string]any
+	if g.describe != nil {
+		var err error
+		if action, resource, err = g.describe(ctx, fullMethod, req); err != nil {
+			g.log.LogAttrs(ctx, slog.LevelInfo, "authz: describe failed",
+				slog.String("caller", caller.ID), slog.String("method", fullMethod), slog.Any("error", err))
+			return nil, describeStatus(err)
+		}
+	}
+
+	d, err := g.a.Authorize(ctx, NewInput(caller, fullMethod, action, resource))
+	switch {
+	case err != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+		g.logDecision(ctx, slog.LevelInfo, caller, fullMethod, d, err)
+		return nil, status.FromContextError(err).Err()
+	case err != nil:
+		g.logDecision(ctx, slog.LevelError, caller, fullMethod, d, err)
+		if d == nil {
+			return nil, status.Error(codes.Internal, "authorization failed")
+		}
+		return nil, status.Errorf(codes.Internal, "authorization failed; decision %s", d.ID)
+	case d == nil:
+		g.logDecision(ctx, slog.LevelError, caller, fullMethod, d, errors.New("authorizer returned no decision"))
+		return nil, status.Error(codes.Internal, "authorization failed")
+	case !d.Allow:
+		g.logDecision(ctx, slog.LevelInfo, caller, fullMethod, d, nil)
+		reasons := strings.Join(d.Reasons, "; ")
+		if reasons == "" {
+			reasons = "denied by policy"
+		}
+		return nil, status.Errorf(codes.PermissionDenied, "permission denied: %s; decision %s", reasons, d.ID)
+	}
+	g.logDecision(ctx, slog.LevelDebug, caller, fullMethod, d, nil)
+	return NewContext(ctx, caller, d), nil
+}
+
+func (g *guard) logDecision(ctx context.Context, level slog.Level, c Caller, fullMethod string, d *nvmegate.Decision, err error) {
+	if !g.log.Enabled(ctx, level) {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 8)
+	if d != nil {
+		attrs = append(attrs, slog.String("decision_id", d.ID))
+	}
+	attrs = append(attrs,
+		slog.String("caller", c.ID),
+		slog.String("role", c.Role),
+		slog.String("method", fullMethod))
+	if d != nil {
+		attrs = append(attrs,
+			slog.Bool("allow", d.Allow && err == nil),
+			slog.Any("reasons", d.Reasons),
+			slog.String("policy_revision", d.PolicyRevision))
+	}
+	if err != nil {
+		attrs = append(attrs, slog.Any("error", err))
+	}
+	g.log.LogAttrs(ctx, level, "authz: decision", attrs...)
+}
+
+// describeStatus maps a DescribeFunc error to the status the caller sees.
+func describeStatus(err error) error {
+	if s, ok := status.FromError(err); ok {
+		return s.Err()
+	}
+	var e *nvmegate.Error
+	if errors.As(err, &e) {
+		return status.Error(codes.InvalidArgument, e.Error())
+	}
+	return status.Error(codes.InvalidArgument, "invalid request")
+}
+
+// authorized is what the interceptors store in a handler's context.
+type authorized struct {
+	caller   Caller
+	decision *nvmegate.Decision
+}
+
+type contextKey struct{}
+
+// NewContext returns ctx carrying the authorized caller and the decision
+// that allowed the call. The interceptors call it; handler tests may too.
+func NewContext(ctx context.Context, c Caller, d *nvmegate.Decision) context.Context {
+	return context.WithValue(ctx, contextKey{}, &authorized{caller: c, decision: d})
+}
+
+// CallerFromContext returns the caller the interceptors authorized.
+func CallerFromContext(ctx context.Context) (Caller, bool) {
+	a, ok := ctx.Value(contextKey{}).(*authorized)
+	if !ok {
+		return Caller{}, false
+	}
+	return a.caller, true
+}
+
+// DecisionFromContext returns the decision that allowed the call, for the
+// handler to enforce its obligations and record its ID and revision.
+func DecisionFromContext(ctx context.Context) (*nvmegate.Decision, bool) {
+	a, ok := ctx.Value(contextKey{}).(*authorized)
+	if !ok || a.decision == nil {
+		return nil, false
+	}
+	return a.decision, true
+}

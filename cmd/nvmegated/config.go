@@ -1,0 +1,114 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"sigs.k8s.io/yaml"
+)
+
+// Config is the daemon's configuration: a YAML file (--config) overridden by
+// flags. Zero values mean the documented defaults.
+type Config struct {
+	// Listen is the gRPC address (mTLS). Default 127.0.0.1:7443.
+	Listen string `json:"listen"`
+	// HTTPListen serves /metrics and /healthz, plain HTTP: keep it on a
+	// management network. Default 127.0.0.1:7080; "off" disables it.
+	HTTPListen string `json:"http_listen"`
+	// TrustDomain of the gateway and every caller, e.g. "example.org".
+	// Callers of other trust domains fail the TLS handshake. Required.
+	TrustDomain string `json:"trust_domain"`
+	// StateDir holds the inventory database. Required.
+	StateDir string `json:"state_dir"`
+	// Identity says where the gateway's own SVID and the trust bundle come from.
+	Identity IdentityConfig `json:"identity"`
+	// Log configures slog output on stderr.
+	Log LogConfig `json:"log"`
+	// ReadyFile, if set, is written with the bound addresses (JSON) once the
+	// gateway accepts connections; scripts wait for it.
+	ReadyFile string `json:"ready_file"`
+}
+
+// IdentityConfig selects the SVID source: the SPIFFE Workload API (SPIRE) in
+// production, or PEM files for development (re-read when they change).
+type IdentityConfig struct {
+	// SPIFFESocket is the Workload API address, e.g. unix:///run/spire/agent.sock.
+	SPIFFESocket string `json:"spiffe_socket"`
+	// Cert, Key and Bundle are PEM files: SVID chain, its key, CA bundle.
+	Cert   string `json:"cert"`
+	Key    string `json:"key"`
+	Bundle string `json:"bundle"`
+}
+
+// LogConfig configures logging.
+type LogConfig struct {
+	// Format is "text" (default) or "json".
+	Format string `json:"format"`
+	// Level is "debug", "info" (default), "warn" or "error".
+	Level string `json:"level"`
+}
+
+// loadConfig reads a YAML config file; unknown fields are errors so that a
+// typo does not silently fall back to a default.
+func loadConfig(path string) (Config, error) {
+	var c Config
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return c, fmt.Errorf("read config: %w", err)
+	}
+	if err := yaml.UnmarshalStrict(data, &c); err != nil {
+		return c, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+func (c *Config) setDefaults() {
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:7443"
+	}
+	if c.HTTPListen == "" {
+		c.HTTPListen = "127.0.0.1:7080"
+	}
+	if c.Log.Format == "" {
+		c.Log.Format = "text"
+	}
+	if c.Log.Level == "" {
+		c.Log.Level = "info"
+	}
+}
+
+// validate checks the configuration once, before anything starts.
+func (c *Config) validate() error {
+	if c.TrustDomain == "" {
+		return errors.New("trust_domain is required")
+	}
+	if _, err := spiffeid.TrustDomainFromString(c.TrustDomain); err != nil {
+		return fmt.Errorf("trust_domain: %w", err)
+	}
+	if c.StateDir == "" {
+		return errors.New("state_dir is required")
+	}
+	id := c.Identity
+	files := id.Cert != "" || id.Key != "" || id.Bundle != ""
+	switch {
+	case id.SPIFFESocket != "" && files:
+		return errors.New("identity: set either spiffe_socket or cert/key/bundle, not both")
+	case id.SPIFFESocket == "" && !files:
+		return errors.New("identity: spiffe_socket or cert, key and bundle are required")
+	case files && (id.Cert == "" || id.Key == "" || id.Bundle == ""):
+		return errors.New("identity: cert, key and bundle must all be set")
+	}
+	switch c.Log.Format {
+	case "text", "json":
+	default:
+		return fmt.Errorf("log.format must be text or json, got %q", c.Log.Format)
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("log.level must be debug, info, warn or error, got %q", c.Log.Level)
+	}
+	return nil
+}

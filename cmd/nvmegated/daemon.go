@@ -1,0 +1,298 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/nvmegate/nvmegate/authz"
+	"github.com/nvmegate/nvmegate/gateway"
+	"github.com/nvmegate/nvmegate/identity"
+	"github.com/nvmegate/nvmegate/policy"
+	"github.com/nvmegate/nvmegate/store"
+)
+
+// Main is the daemon: ParseFlags, then Open (everything that can fail fast,
+// including binding the listeners), then Run until the context ends, then
+// Close. Tests drive the real daemon through it on :0 with a temp dir.
+type Main struct {
+	Config Config
+	// Dev, when set, provisions a dev trust domain in this directory first.
+	Dev string
+	// Stderr receives the logs; default os.Stderr.
+	Stderr io.Writer
+
+	log      *slog.Logger
+	registry *prometheus.Registry
+	db       *store.DB
+	source   identity.Source
+	engine   *authz.Engine
+	server   *gateway.Server
+	grpcLis  net.Listener
+	httpLis  net.Listener
+	httpSrv  *http.Server
+}
+
+// NewMain returns a Main with the defaults of a production daemon.
+func NewMain() *Main { return &Main{Stderr: os.Stderr} }
+
+// ParseFlags reads the command line: "dev --dir DIR [flags]" or "[flags]",
+// with flags overriding the --config file.
+func (m *Main) ParseFlags(_ context.Context, args []string) error {
+	fs := flag.NewFlagSet("nvmegated", flag.ContinueOnError)
+	fs.SetOutput(m.Stderr)
+	dev := len(args) > 0 && args[0] == "dev"
+	if dev {
+		args = args[1:]
+		fs.StringVar(&m.Dev, "dir", ".nvmegate-dev", "directory for the dev CA, SVIDs and state")
+	}
+	configPath := fs.String("config", "", "YAML configuration file")
+	var flags Config
+	fs.StringVar(&flags.Listen, "listen", "", "gRPC listen address (default 127.0.0.1:7443)")
+	fs.StringVar(&flags.HTTPListen, "http-listen", "", `metrics/health listen address, or "off" (default 127.0.0.1:7080)`)
+	fs.StringVar(&flags.TrustDomain, "trust-domain", "", "SPIFFE trust domain")
+	fs.StringVar(&flags.StateDir, "state-dir", "", "state directory")
+	fs.StringVar(&flags.Identity.SPIFFESocket, "spiffe-socket", "", "SPIFFE Workload API address")
+	fs.StringVar(&flags.Identity.Cert, "cert", "", "SVID certificate chain (PEM)")
+	fs.StringVar(&flags.Identity.Key, "key", "", "SVID private key (PEM)")
+	fs.StringVar(&flags.Identity.Bundle, "bundle", "", "trust bundle (PEM)")
+	fs.StringVar(&flags.Log.Format, "log-format", "", "text or json")
+	fs.StringVar(&flags.Log.Level, "log-level", "", "debug, info, warn or error")
+	fs.StringVar(&flags.ReadyFile, "ready-file", "", "write the bound addresses here once serving")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *configPath != "" {
+		c, err := loadConfig(*configPath)
+		if err != nil {
+			return err
+		}
+		m.Config = c
+	}
+	overlay(&m.Config, flags)
+	if m.Dev != "" {
+		devDefaults(&m.Config, m.Dev)
+	}
+	m.Config.setDefaults()
+	return nil
+}
+
+// overlay copies the flags that were set over the file's values.
+func overlay(c *Config, f Config) {
+	set := func(dst *string, v string) {
+		if v != "" {
+			*dst = v
+		}
+	}
+	set(&c.Listen, f.Listen)
+	set(&c.HTTPListen, f.HTTPListen)
+	set(&c.TrustDomain, f.TrustDomain)
+	set(&c.StateDir, f.StateDir)
+	set(&c.Identity.SPIFFESocket, f.Identity.SPIFFESocket)
+	set(&c.Identity.Cert, f.Identity.Cert)
+	set(&c.Identity.Key, f.Identity.Key)
+	set(&c.Identity.Bundle, f.Identity.Bundle)
+	set(&c.Log.Format, f.Log.Format)
+	set(&c.Log.Level, f.Log.Level)
+	set(&c.ReadyFile, f.ReadyFile)
+}
+
+// Open validates the configuration and starts everything that can fail
+// early: dev provisioning, identity, store, policy, listeners. When it
+// returns nil the listeners are bound and GRPCAddr/HTTPAddr are known.
+func (m *Main) Open(ctx context.Context) (err error) {
+	if m.Stderr == nil {
+		m.Stderr = os.Stderr
+	}
+	if m.Dev != "" {
+		if err := provisionDev(m.Dev, time.Now()); err != nil {
+			return fmt.Errorf("dev trust domain: %w", err)
+		}
+	}
+	c := &m.Config
+	c.setDefaults()
+	if err := c.validate(); err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	m.log = newLogger(m.Stderr, c.Log)
+	td, _ := spiffeid.TrustDomainFromString(c.TrustDomain)
+
+	if err := os.MkdirAll(c.StateDir, 0o700); err != nil {
+		return fmt.Errorf("state dir: %w", err)
+	}
+	if m.db, err = store.Open(filepath.Join(c.StateDir, "inventory.db"), store.Options{}); err != nil {
+		return fmt.Errorf("inventory store: %w", err)
+	}
+	if m.source, err = m.openIdentity(ctx); err != nil {
+		return fmt.Errorf("identity: %w", err)
+	}
+	bundle, err := policy.Load(policy.Default())
+	if err != nil {
+		return fmt.Errorf("policy: %w", err)
+	}
+	if m.engine, err = authz.NewEngine(ctx, authz.Options{TrustDomain: td, Bundle: bundle, Source: authz.SourceEmbedded, Logger: m.log}); err != nil {
+		return fmt.Errorf("policy: %w", err)
+	}
+
+	m.registry = prometheus.NewRegistry()
+	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.server, err = gateway.New(gateway.Config{
+		Credentials: identity.ServerCredentials(m.source, td),
+		Store:       m.db,
+		Authorizer:  m.engine,
+		Policy:      m.engine,
+		Logger:      m.log,
+		Registerer:  m.registry,
+	})
+	if err != nil {
+		return err
+	}
+	if m.grpcLis, err = net.Listen("tcp", c.Listen); err != nil {
+		return fmt.Errorf("listen %s: %w", c.Listen, err)
+	}
+	if c.HTTPListen != "off" {
+		if m.httpLis, err = net.Listen("tcp", c.HTTPListen); err != nil {
+			return fmt.Errorf("listen %s: %w", c.HTTPListen, err)
+		}
+		m.httpSrv = &http.Server{Handler: m.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
+	}
+	m.log.Info("nvmegated open", "grpc", m.GRPCAddr(), "http", m.HTTPAddr(),
+		"trust_domain", c.TrustDomain, "policy_revision", m.engine.Status().Revision)
+	return nil
+}
+
+func (m *Main) openIdentity(ctx context.Context) (identity.Source, error) {
+	id := m.Config.Identity
+	if id.SPIFFESocket != "" {
+		return identity.NewWorkloadSource(ctx, id.SPIFFESocket)
+	}
+	return identity.NewFileSource(id.Cert, id.Key, id.Bundle, identity.WithLogger(m.log))
+}
+
+// Run serves until ctx ends or a task fails; the first failure stops all.
+func (m *Main) Run(ctx context.Context) error {
+	if m.server == nil {
+		return errors.New("Run called before a successful Open")
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return m.server.Serve(ctx, m.grpcLis) })
+	if m.httpSrv != nil {
+		g.Go(func() error {
+			errc := make(chan error, 1)
+			go func() { errc <- m.httpSrv.Serve(m.httpLis) }()
+			select {
+			case err := <-errc:
+				return fmt.Errorf("http: %w", err)
+			case <-ctx.Done():
+				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				return m.httpSrv.Shutdown(sctx)
+			}
+		})
+	}
+	if m.Config.ReadyFile != "" {
+		if err := m.writeReadyFile(); err != nil {
+			return err
+		}
+	}
+	err := g.Wait()
+	m.log.Info("nvmegated stopped")
+	return err
+}
+
+// GRPCAddr is the bound gRPC address, after Open.
+func (m *Main) GRPCAddr() string {
+	if m.grpcLis == nil {
+		return ""
+	}
+	return m.grpcLis.Addr().String()
+}
+
+// HTTPAddr is the bound metrics/health address, after Open; "" if off.
+func (m *Main) HTTPAddr() string {
+	if m.httpLis == nil {
+		return ""
+	}
+	return m.httpLis.Addr().String()
+}
+
+// Close releases what Open acquired; safe after a failed Open.
+func (m *Main) Close() error {
+	var errs []error
+	if m.grpcLis != nil {
+		m.grpcLis.Close() // already closed by a graceful stop; error ignored
+	}
+	if m.httpLis != nil {
+		m.httpLis.Close()
+	}
+	if m.source != nil {
+		errs = append(errs, m.source.Close())
+	}
+	if m.db != nil {
+		errs = append(errs, m.db.Close())
+	}
+	if m.Config.ReadyFile != "" {
+		os.Remove(m.Config.ReadyFile)
+	}
+	return errors.Join(errs...)
+}
+
+// ReadyInfo is the content of the ready file.
+type ReadyInfo struct {
+	GRPC        string `json:"grpc"`
+	HTTP        string `json:"http,omitempty"`
+	TrustDomain string `json:"trust_domain"`
+	PID         int    `json:"pid"`
+}
+
+func (m *Main) writeReadyFile() error {
+	data, _ := json.Marshal(ReadyInfo{GRPC: m.GRPCAddr(), HTTP: m.HTTPAddr(), TrustDomain: m.Config.TrustDomain, PID: os.Getpid()})
+	tmp := m.Config.ReadyFile + ".tmp"
+	if err := os.WriteFile(tmp, append(data, '\n'), 0o644); err != nil {
+		return fmt.Errorf("ready file: %w", err)
+	}
+	return os.Rename(tmp, m.Config.ReadyFile)
+}
+
+func (m *Main) httpHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		// Healthy means the identity source still yields an SVID: without
+		// one no handshake can succeed.
+		if _, err := m.source.GetX509SVID(); err != nil {
+			http.Error(w, "no SVID", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
+}
+
+func newLogger(w io.Writer, c LogConfig) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(c.Level))
+	opts := &slog.HandlerOptions{Level: level}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

@@ -1,0 +1,128 @@
+package gateway
+
+import (
+	"context"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/nvmegate/nvmegate/authz"
+	"github.com/nvmegate/nvmegate/identity"
+)
+
+// The interceptor chain, outermost first:
+//
+//	recover   a panic becomes Internal, the stack goes to the log
+//	observe   metrics and one log line per call (never bodies: they can carry secrets)
+//	status    domain errors become gRPC statuses (status.go)
+//	validate  malformed requests stop here with InvalidArgument
+//	authz     the caller's SPIFFE ID and the request go to policy
+//
+// so that nothing reaches a handler unvalidated or unauthorized.
+
+type metrics struct {
+	requests *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "nvmegate", Name: "grpc_requests_total",
+			Help: "gRPC requests handled, by method and status code.",
+		}, []string{"method", "code"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "nvmegate", Name: "grpc_request_duration_seconds",
+			Help:    "Time to answer a gRPC request, by method.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}, []string{"method"}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.requests, m.latency} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+func (s *Server) unaryInterceptors() []grpc.UnaryServerInterceptor {
+	return []grpc.UnaryServerInterceptor{
+		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
+			defer s.recoverTo(ctx, info.FullMethod, &err)
+			return h(ctx, req)
+		},
+		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			start := s.now()
+			resp, err := h(ctx, req)
+			s.observe(ctx, info.FullMethod, start, err)
+			return resp, err
+		},
+		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			resp, err := h(ctx, req)
+			return resp, toStatus(ctx, s.log, info.FullMethod, err)
+		},
+		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			if err := validate(req, s.now()); err != nil {
+				return nil, err
+			}
+			return h(ctx, req)
+		},
+		authz.UnaryServerInterceptor(s.authorizer, describe, s.log, authz.WithPeerID(identity.PeerID)),
+	}
+}
+
+func (s *Server) streamInterceptors() []grpc.StreamServerInterceptor {
+	return []grpc.StreamServerInterceptor{
+		func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) (err error) {
+			defer s.recoverTo(ss.Context(), info.FullMethod, &err)
+			return h(srv, ss)
+		},
+		func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			start := s.now()
+			err := toStatus(ss.Context(), s.log, info.FullMethod, h(srv, ss))
+			s.observe(ss.Context(), info.FullMethod, start, err)
+			return err
+		},
+		// Streams carry their request in the first message; the handler
+		// validates it with validate() after RecvMsg. Policy sees the RPC.
+		authz.StreamServerInterceptor(s.authorizer, describe, s.log, authz.WithPeerID(identity.PeerID)),
+	}
+}
+
+func (s *Server) recoverTo(ctx context.Context, method string, err *error) {
+	if r := recover(); r != nil {
+		s.log.ErrorContext(ctx, "panic in handler", "method", method, "panic", r, "stack", string(debug.Stack()))
+		*err = status.Error(codes.Internal, "internal error")
+	}
+}
+
+func (s *Server) observe(ctx context.Context, method string, start time.Time, err error) {
+	code := status.Code(err)
+	s.metrics.requests.WithLabelValues(method, code.String()).Inc()
+	d := s.now().Sub(start)
+	s.metrics.latency.WithLabelValues(method).Observe(d.Seconds())
+	attrs := []any{"method", method, "code", code.String(), "duration", d}
+	if id, ok := identity.PeerID(ctx); ok {
+		attrs = append(attrs, "caller", id.String())
+	}
+	level := slog.LevelDebug
+	switch code {
+	case codes.OK, codes.NotFound, codes.AlreadyExists, codes.InvalidArgument, codes.Unimplemented:
+	case codes.Internal, codes.Unknown, codes.DataLoss:
+		level = slog.LevelError
+	default:
+		level = slog.LevelInfo
+	}
+	if err != nil {
+		// Status messages are built to be caller-safe, so they are log-safe.
+		attrs = append(attrs, "error", status.Convert(err).Message())
+	}
+	s.log.Log(ctx, level, "rpc", attrs...)
+}

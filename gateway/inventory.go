@@ -1,0 +1,181 @@
+package gateway
+
+import (
+	"context"
+
+	"github.com/nvmegate/nvmegate"
+	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
+	"github.com/nvmegate/nvmegate/store"
+)
+
+// InventoryStore is what the Inventory service needs of a store. The bbolt
+// store implements it; an etcd store for several replicas will too.
+type InventoryStore interface {
+	CreateTarget(ctx context.Context, t *nvmegate.Target) error
+	Target(ctx context.Context, id string) (*nvmegate.Target, error)
+	ListTargets(ctx context.Context, f store.TargetFilter, p store.Page) ([]*nvmegate.Target, string, error)
+	DeleteTarget(ctx context.Context, id string) error
+
+	CreateSubsystem(ctx context.Context, s *nvmegate.Subsystem) error
+	Subsystem(ctx context.Context, nqn string) (*nvmegate.Subsystem, error)
+	ListSubsystems(ctx context.Context, f store.SubsystemFilter, p store.Page) ([]*nvmegate.Subsystem, string, error)
+	DeleteSubsystem(ctx context.Context, nqn string) error
+
+	CreateNamespace(ctx context.Context, n *nvmegate.Namespace) error
+	Namespace(ctx context.Context, nqn string, nsid uint32) (*nvmegate.Namespace, error)
+	ListNamespaces(ctx context.Context, f store.NamespaceFilter, p store.Page) ([]*nvmegate.Namespace, string, error)
+	DeleteNamespace(ctx context.Context, nqn string, nsid uint32) error
+
+	CreateHostBinding(ctx context.Context, h *nvmegate.HostBinding) error
+	HostBinding(ctx context.Context, spiffeID string) (*nvmegate.HostBinding, error)
+	ListHostBindings(ctx context.Context, f store.HostBindingFilter, p store.Page) ([]*nvmegate.HostBinding, string, error)
+	DeleteHostBinding(ctx context.Context, spiffeID string) error
+}
+
+// inventoryService implements pb.InventoryServer. Requests arrive validated
+// and authorized by the interceptors; store errors map to statuses in the
+// interceptor chain (status.go).
+type inventoryService struct {
+	pb.UnimplementedInventoryServer
+	store InventoryStore
+}
+
+func (s *inventoryService) AddTarget(ctx context.Context, r *pb.AddTargetRequest) (*pb.AddTargetResponse, error) {
+	t, err := targetFromProto(r.Target)
+	if err != nil {
+		return nil, nvmegate.WithFieldPrefix("target", err)
+	}
+	if err := s.store.CreateTarget(ctx, t); err != nil {
+		return nil, nvmegate.WithFieldPrefix("target", err)
+	}
+	return &pb.AddTargetResponse{Target: targetToProto(t)}, nil
+}
+
+func (s *inventoryService) GetTarget(ctx context.Context, r *pb.GetTargetRequest) (*pb.GetTargetResponse, error) {
+	t, err := s.store.Target(ctx, r.Id)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.GetTargetResponse{Target: targetToProto(t)}, nil
+}
+
+func (s *inventoryService) ListTargets(ctx context.Context, r *pb.ListTargetsRequest) (*pb.ListTargetsResponse, error) {
+	ts, next, err := s.store.ListTargets(ctx, store.TargetFilter{Region: r.Region, Fabric: r.Fabric}, store.Page{Size: int(r.PageSize), Token: r.PageToken})
+	if err != nil {
+		return nil, err
+	}
+	resp := &pb.ListTargetsResponse{NextPageToken: next}
+	for _, t := range ts {
+		resp.Targets = append(resp.Targets, targetToProto(t))
+	}
+	return resp, nil
+}
+
+func (s *inventoryService) RemoveTarget(ctx context.Context, r *pb.RemoveTargetRequest) (*pb.RemoveTargetResponse, error) {
+	return &pb.RemoveTargetResponse{}, s.store.DeleteTarget(ctx, r.Id)
+}
+
+func (s *inventoryService) AddSubsystem(ctx context.Context, r *pb.AddSubsystemRequest) (*pb.AddSubsystemResponse, error) {
+	sub, err := subsystemFromProto(r.Subsystem)
+	if err != nil {
+		return nil, nvmegate.WithFieldPrefix("subsystem", err)
+	}
+	if err := s.store.CreateSubsystem(ctx, sub); err != nil {
+		return nil, nvmegate.WithFieldPrefix("subsystem", err)
+	}
+	return &pb.AddSubsystemResponse{Subsystem: subsystemToProto(sub)}, nil
+}
+
+func (s *inventoryService) GetSubsystem(ctx context.Context, r *pb.GetSubsystemRequest) (*pb.GetSubsystemResponse, error) {
+	sub, err := s.store.Subsystem(ctx, r.Nqn)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.GetSubsystemResponse{Subsystem: subsystemToProto(sub)}, nil
+}
+
+func (s *inventoryService) ListSubsystems(ctx context.Context, r *pb.ListSubsystemsRequest) (*pb.ListSubsystemsResponse, error) {
+	subs, next, err := s.store.ListSubsystems(ctx, store.SubsystemFilter{Tenant: r.Tenant, TargetID: r.TargetId}, store.Page{Size: int(r.PageSize), Token: r.PageToken})
+	if err != nil {
+		return nil, err
+	}
+	resp := &pb.ListSubsystemsResponse{NextPageToken: next}
+	for _, sub := range subs {
+		resp.Subsystems = append(resp.Subsystems, subsystemToProto(sub))
+	}
+	return resp, nil
+}
+
+func (s *inventoryService) RemoveSubsystem(ctx context.Context, r *pb.RemoveSubsystemRequest) (*pb.RemoveSubsystemResponse, error) {
+	return &pb.RemoveSubsystemResponse{}, s.store.DeleteSubsystem(ctx, r.Nqn)
+}
+
+func (s *inventoryService) AddNamespace(ctx context.Context, r *pb.AddNamespaceRequest) (*pb.AddNamespaceResponse, error) {
+	n, err := namespaceFromProto(r.Namespace)
+	if err != nil {
+		return nil, nvmegate.WithFieldPrefix("namespace", err)
+	}
+	if err := s.store.CreateNamespace(ctx, n); err != nil {
+		return nil, nvmegate.WithFieldPrefix("namespace", err)
+	}
+	return &pb.AddNamespaceResponse{Namespace: namespaceToProto(n)}, nil
+}
+
+func (s *inventoryService) GetNamespace(ctx context.Context, r *pb.GetNamespaceRequest) (*pb.GetNamespaceResponse, error) {
+	n, err := s.store.Namespace(ctx, r.SubsystemNqn, r.Nsid)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.GetNamespaceResponse{Namespace: namespaceToProto(n)}, nil
+}
+
+func (s *inventoryService) ListNamespaces(ctx context.Context, r *pb.ListNamespacesRequest) (*pb.ListNamespacesResponse, error) {
+	ns, next, err := s.store.ListNamespaces(ctx, store.NamespaceFilter{Tenant: r.Tenant, SubsystemNQN: r.SubsystemNqn, Region: r.Region}, store.Page{Size: int(r.PageSize), Token: r.PageToken})
+	if err != nil {
+		return nil, err
+	}
+	resp := &pb.ListNamespacesResponse{NextPageToken: next}
+	for _, n := range ns {
+		resp.Namespaces = append(resp.Namespaces, namespaceToProto(n))
+	}
+	return resp, nil
+}
+
+func (s *inventoryService) RemoveNamespace(ctx context.Context, r *pb.RemoveNamespaceRequest) (*pb.RemoveNamespaceResponse, error) {
+	return &pb.RemoveNamespaceResponse{}, s.store.DeleteNamespace(ctx, r.SubsystemNqn, r.Nsid)
+}
+
+func (s *inventoryService) AddHostBinding(ctx context.Context, r *pb.AddHostBindingRequest) (*pb.AddHostBindingResponse, error) {
+	h, err := hostBindingFromProto(r.Binding)
+	if err != nil {
+		return nil, nvmegate.WithFieldPrefix("binding", err)
+	}
+	if err := s.store.CreateHostBinding(ctx, h); err != nil {
+		return nil, nvmegate.WithFieldPrefix("binding", err)
+	}
+	return &pb.AddHostBindingResponse{Binding: hostBindingToProto(h)}, nil
+}
+
+func (s *inventoryService) GetHostBinding(ctx context.Context, r *pb.GetHostBindingRequest) (*pb.GetHostBindingResponse, error) {
+	h, err := s.store.HostBinding(ctx, r.SpiffeId)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.GetHostBindingResponse{Binding: hostBindingToProto(h)}, nil
+}
+
+func (s *inventoryService) ListHostBindings(ctx context.Context, r *pb.ListHostBindingsRequest) (*pb.ListHostBindingsResponse, error) {
+	hs, next, err := s.store.ListHostBindings(ctx, store.HostBindingFilter{Tenant: r.Tenant}, store.Page{Size: int(r.PageSize), Token: r.PageToken})
+	if err != nil {
+		return nil, err
+	}
+	resp := &pb.ListHostBindingsResponse{NextPageToken: next}
+	for _, h := range hs {
+		resp.Bindings = append(resp.Bindings, hostBindingToProto(h))
+	}
+	return resp, nil
+}
+
+func (s *inventoryService) RemoveHostBinding(ctx context.Context, r *pb.RemoveHostBindingRequest) (*pb.RemoveHostBindingResponse, error) {
+	return &pb.RemoveHostBindingResponse{}, s.store.DeleteHostBinding(ctx, r.SpiffeId)
+}

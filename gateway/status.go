@@ -1,0 +1,52 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/nvmegate/nvmegate"
+)
+
+// codeOf maps domain error codes to gRPC codes. This is the only place the
+// mapping lives (STYLE 7).
+var codeOf = map[string]codes.Code{
+	nvmegate.EINVALID:         codes.InvalidArgument,
+	nvmegate.ENOTFOUND:        codes.NotFound,
+	nvmegate.EEXISTS:          codes.AlreadyExists,
+	nvmegate.ECONFLICT:        codes.FailedPrecondition,
+	nvmegate.EPERMISSION:      codes.PermissionDenied,
+	nvmegate.EUNAUTHENTICATED: codes.Unauthenticated,
+	nvmegate.EUNAVAILABLE:     codes.Unavailable,
+	nvmegate.EUNIMPLEMENTED:   codes.Unimplemented,
+	nvmegate.EINTERNAL:        codes.Internal,
+}
+
+// toStatus turns an error from the domain into a gRPC status error. Errors
+// that are already gRPC statuses pass through; context errors keep their
+// meaning; anything else is logged and answered as a bare Internal so that no
+// internal detail reaches the caller.
+func toStatus(ctx context.Context, log *slog.Logger, method string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	switch {
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, "request canceled")
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, "deadline exceeded")
+	}
+	code := nvmegate.ErrorCode(err)
+	c, ok := codeOf[code]
+	if !ok || c == codes.Internal {
+		log.ErrorContext(ctx, "internal error", "method", method, "err", err)
+		return status.Error(codes.Internal, "internal error")
+	}
+	return status.Error(c, nvmegate.ErrorMessage(err))
+}

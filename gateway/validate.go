@@ -1,0 +1,363 @@
+package gateway
+
+import (
+	"encoding/json"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/nvmegate/nvmegate"
+	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
+)
+
+// Input validation for every request of the API, run by an interceptor
+// before policy sees the request: policy input is built only from
+// well-formed requests, and a malformed request gets InvalidArgument naming
+// the field, whether or not its service is built yet.
+
+const (
+	maxPageSize     = 1000
+	maxPageToken    = 1024
+	maxExplainInput = 1 << 20
+	maxModules      = 64
+)
+
+var eventKindRE = regexp.MustCompile(`^[a-z][a-z_]{0,31}$`)
+
+// validate checks req. now is used for expiry checks.
+func validate(req any, now time.Time) error {
+	switch r := req.(type) {
+	// Inventory
+	case *pb.AddTargetRequest:
+		t, err := targetFromProto(r.Target)
+		if err == nil {
+			err = t.Validate()
+		}
+		return nvmegate.WithFieldPrefix("target", err)
+	case *pb.GetTargetRequest:
+		return nvmegate.ValidateLabel("id", r.Id)
+	case *pb.RemoveTargetRequest:
+		return nvmegate.ValidateLabel("id", r.Id)
+	case *pb.ListTargetsRequest:
+		return first(
+			optional(nvmegate.ValidateLabel, "region", r.Region),
+			optional(nvmegate.ValidateLabel, "fabric", r.Fabric),
+			page(r.PageSize, r.PageToken),
+		)
+	case *pb.AddSubsystemRequest:
+		s, err := subsystemFromProto(r.Subsystem)
+		if err == nil {
+			err = s.Validate()
+		}
+		return nvmegate.WithFieldPrefix("subsystem", err)
+	case *pb.GetSubsystemRequest:
+		return nvmegate.ValidateNQN("nqn", r.Nqn)
+	case *pb.RemoveSubsystemRequest:
+		return nvmegate.ValidateNQN("nqn", r.Nqn)
+	case *pb.ListSubsystemsRequest:
+		return first(
+			optional(nvmegate.ValidateTenant, "tenant", r.Tenant),
+			optional(nvmegate.ValidateLabel, "target_id", r.TargetId),
+			page(r.PageSize, r.PageToken),
+		)
+	case *pb.AddNamespaceRequest:
+		n, err := namespaceFromProto(r.Namespace)
+		if err == nil {
+			err = n.Validate()
+		}
+		return nvmegate.WithFieldPrefix("namespace", err)
+	case *pb.GetNamespaceRequest:
+		return namespaceKey(r.SubsystemNqn, r.Nsid)
+	case *pb.RemoveNamespaceRequest:
+		return namespaceKey(r.SubsystemNqn, r.Nsid)
+	case *pb.ListNamespacesRequest:
+		return first(
+			optional(nvmegate.ValidateTenant, "tenant", r.Tenant),
+			optional(nvmegate.ValidateNQN, "subsystem_nqn", r.SubsystemNqn),
+			optional(nvmegate.ValidateLabel, "region", r.Region),
+			page(r.PageSize, r.PageToken),
+		)
+	case *pb.AddHostBindingRequest:
+		h, err := hostBindingFromProto(r.Binding)
+		if err == nil {
+			err = h.Validate()
+		}
+		return nvmegate.WithFieldPrefix("binding", err)
+	case *pb.GetHostBindingRequest:
+		return nvmegate.ValidateSPIFFEID("spiffe_id", r.SpiffeId)
+	case *pb.RemoveHostBindingRequest:
+		return nvmegate.ValidateSPIFFEID("spiffe_id", r.SpiffeId)
+	case *pb.ListHostBindingsRequest:
+		return first(
+			optional(nvmegate.ValidateTenant, "tenant", r.Tenant),
+			page(r.PageSize, r.PageToken),
+		)
+
+	// Jobs
+	case *pb.AdmitRequest:
+		j, err := jobFromAdmit(r)
+		if err != nil {
+			return err
+		}
+		return j.Validate(now)
+	case *pb.JobsGetRequest:
+		return nvmegate.ValidateJobID("job_id", r.JobId)
+	case *pb.JobsListRequest:
+		return first(
+			optional(nvmegate.ValidateTenant, "tenant", r.Tenant),
+			enum("state", int32(r.State), pb.JobState_name),
+			page(r.PageSize, r.PageToken),
+		)
+	case *pb.FinishRequest:
+		return first(
+			nvmegate.ValidateJobID("job_id", r.JobId),
+			nvmegate.ValidateReason("reason", r.Reason, false),
+		)
+
+	// Access
+	case *pb.DiscoverRequest:
+		return nvmegate.ValidateJobID("job_id", r.JobId)
+	case *pb.ConnectRequest:
+		return first(
+			nvmegate.ValidateJobID("job_id", r.JobId),
+			nvmegate.ValidateNQN("subsystem_nqn", r.SubsystemNqn),
+			optional(nvmegate.ValidateNQN, "host_nqn", r.HostNqn),
+			ttl("ttl", r.Ttl),
+		)
+	case *pb.RenewRequest:
+		return first(
+			nvmegate.ValidateGrantID("grant_id", r.GrantId),
+			ttl("ttl", r.Ttl),
+		)
+	case *pb.ReleaseRequest:
+		return nvmegate.ValidateGrantID("grant_id", r.GrantId)
+	case *pb.ListGrantsRequest:
+		return first(
+			optional(nvmegate.ValidateJobID, "job_id", r.JobId),
+			optional(nvmegate.ValidateSPIFFEID, "node", r.Node),
+			enum("state", int32(r.State), pb.GrantState_name),
+			page(r.PageSize, r.PageToken),
+		)
+	case *pb.RevokeRequest:
+		var err error
+		switch s := r.Selector.(type) {
+		case *pb.RevokeRequest_GrantId:
+			err = nvmegate.ValidateGrantID("grant_id", s.GrantId)
+		case *pb.RevokeRequest_JobId:
+			err = nvmegate.ValidateJobID("job_id", s.JobId)
+		case *pb.RevokeRequest_Node:
+			err = nvmegate.ValidateSPIFFEID("node", s.Node)
+		default:
+			err = nvmegate.Invalid("selector", "one of grant_id, job_id or node is required")
+		}
+		return first(err, nvmegate.ValidateReason("reason", r.Reason, true))
+
+	// Keys
+	case *pb.RotateRequest:
+		if err := nvmegate.ValidateNQN("subsystem_nqn", r.SubsystemNqn); err != nil {
+			return err
+		}
+		switch r.Kind {
+		case pb.KeyKind_KEY_KIND_ACCESS_ROOT:
+			if r.Nsid != 0 {
+				return nvmegate.Invalid("nsid", "must be 0 for an access root")
+			}
+		case pb.KeyKind_KEY_KIND_DATA_KEY:
+			if r.Nsid == 0 || r.Nsid > nvmegate.MaxNSID {
+				return nvmegate.Invalid("nsid", "must be 1-%d for a data key (got %d)", uint32(nvmegate.MaxNSID), r.Nsid)
+			}
+		default:
+			return nvmegate.Invalid("kind", "must be KEY_KIND_ACCESS_ROOT or KEY_KIND_DATA_KEY")
+		}
+		return nvmegate.ValidateReason("reason", r.Reason, false)
+	case *pb.KeysStatusRequest:
+		return first(
+			optional(nvmegate.ValidateNQN, "subsystem_nqn", r.SubsystemNqn),
+			enum("kind", int32(r.Kind), pb.KeyKind_name),
+		)
+
+	// Policy
+	case *pb.ExplainRequest:
+		return validateExplain(r)
+	case *pb.PolicyStatusRequest:
+		return nil
+
+	// Audit
+	case *pb.QueryRequest:
+		return validateQuery(r)
+	case *pb.CheckpointRequest:
+		return nil
+	case *pb.InclusionProofRequest:
+		if r.TreeSize != 0 && r.Index >= r.TreeSize {
+			return nvmegate.Invalid("index", "must be less than tree_size %d (got %d)", r.TreeSize, r.Index)
+		}
+		return nil
+	case *pb.ConsistencyProofRequest:
+		if r.FromSize == 0 {
+			return nvmegate.Invalid("from_size", "must be at least 1")
+		}
+		if r.ToSize != 0 && r.FromSize > r.ToSize {
+			return nvmegate.Invalid("from_size", "must not exceed to_size %d (got %d)", r.ToSize, r.FromSize)
+		}
+		return nil
+	case *pb.ExportRequest:
+		return nil
+	case *pb.LineageRequest:
+		return nvmegate.ValidateJobID("job_id", r.JobId)
+	}
+	// Requests of services that are not ours (health, reflection) are
+	// validated by their own implementations.
+	return nil
+}
+
+func validateExplain(r *pb.ExplainRequest) error {
+	if len(r.InputJson) == 0 {
+		return nvmegate.Invalid("input_json", "is required")
+	}
+	if len(r.InputJson) > maxExplainInput {
+		return nvmegate.Invalid("input_json", "must be at most %d bytes (got %d)", maxExplainInput, len(r.InputJson))
+	}
+	var obj map[string]any
+	if err := json.Unmarshal(r.InputJson, &obj); err != nil {
+		return nvmegate.Invalid("input_json", "must be a JSON object: %v", err)
+	}
+	if len(r.CandidateModules) > maxModules {
+		return nvmegate.Invalid("candidate_modules", "at most %d modules (got %d)", maxModules, len(r.CandidateModules))
+	}
+	for name := range r.CandidateModules {
+		if !strings.HasSuffix(name, ".rego") || strings.ContainsAny(name, "/\\") || len(name) > 255 {
+			return nvmegate.Invalid("candidate_modules", "module names must be plain file names ending in .rego (got %q)", name)
+		}
+	}
+	return nil
+}
+
+func validateQuery(r *pb.QueryRequest) error {
+	err := first(
+		optional(nvmegate.ValidateJobID, "job_id", r.JobId),
+		optional(nvmegate.ValidateTenant, "tenant", r.Tenant),
+		optional(nvmegate.ValidateNQN, "subsystem_nqn", r.SubsystemNqn),
+		timestamp("since", r.Since),
+		timestamp("until", r.Until),
+		page(r.PageSize, r.PageToken),
+	)
+	if err != nil {
+		return err
+	}
+	if r.Nsid != 0 && r.SubsystemNqn == "" {
+		return nvmegate.Invalid("nsid", "needs subsystem_nqn")
+	}
+	if r.Since != nil && r.Until != nil && !r.Since.AsTime().Before(r.Until.AsTime()) {
+		return nvmegate.Invalid("until", "must be after since")
+	}
+	for i, k := range r.Kinds {
+		if !eventKindRE.MatchString(k) {
+			return nvmegate.Invalid("kinds["+strconv.Itoa(i)+"]", "must be an event kind like grant or job_admit (got %q)", truncate(k))
+		}
+	}
+	return nil
+}
+
+// jobFromAdmit converts an Admit request to the domain's Job.
+func jobFromAdmit(r *pb.AdmitRequest) (*nvmegate.Job, error) {
+	j := &nvmegate.Job{ID: r.JobId, Tenant: r.Tenant, Nodes: r.Nodes, AllowedRegions: r.AllowedRegions}
+	for i, ns := range r.Namespaces {
+		f := "namespaces[" + strconv.Itoa(i) + "]"
+		if ns == nil {
+			return nil, nvmegate.Invalid(f, "is required")
+		}
+		var mode string
+		switch ns.Mode {
+		case pb.AccessMode_ACCESS_MODE_READ_ONLY:
+			mode = nvmegate.ModeReadOnly
+		case pb.AccessMode_ACCESS_MODE_READ_WRITE:
+			mode = nvmegate.ModeReadWrite
+		default:
+			return nil, nvmegate.Invalid(f+".mode", "must be ACCESS_MODE_READ_ONLY or ACCESS_MODE_READ_WRITE")
+		}
+		j.Namespaces = append(j.Namespaces, nvmegate.JobNamespace{SubsystemNQN: ns.SubsystemNqn, NSID: ns.Nsid, Mode: mode})
+	}
+	if err := timestamp("expires_at", r.ExpiresAt); err != nil {
+		return nil, err
+	}
+	if r.ExpiresAt != nil {
+		j.ExpiresAt = r.ExpiresAt.AsTime()
+	}
+	return j, nil
+}
+
+func namespaceKey(nqn string, nsid uint32) error {
+	if err := nvmegate.ValidateNQN("subsystem_nqn", nqn); err != nil {
+		return err
+	}
+	if nsid == 0 || nsid > nvmegate.MaxNSID {
+		return nvmegate.Invalid("nsid", "must be 1-%d (got %d)", uint32(nvmegate.MaxNSID), nsid)
+	}
+	return nil
+}
+
+func page(size int32, token string) error {
+	if size < 0 || size > maxPageSize {
+		return nvmegate.Invalid("page_size", "must be 0-%d (got %d)", maxPageSize, size)
+	}
+	if len(token) > maxPageToken {
+		return nvmegate.Invalid("page_token", "is not a token this gateway issued")
+	}
+	return nil
+}
+
+func ttl(field string, d *durationpb.Duration) error {
+	if d == nil {
+		return nil
+	}
+	if err := d.CheckValid(); err != nil || d.AsDuration() <= 0 {
+		return nvmegate.Invalid(field, "must be a positive duration")
+	}
+	return nil
+}
+
+func timestamp(field string, t *timestamppb.Timestamp) error {
+	if t == nil {
+		return nil
+	}
+	if err := t.CheckValid(); err != nil {
+		return nvmegate.Invalid(field, "must be a valid timestamp: %v", err)
+	}
+	return nil
+}
+
+func enum(field string, v int32, names map[int32]string) error {
+	if _, ok := names[v]; !ok {
+		return nvmegate.Invalid(field, "unknown value %d", v)
+	}
+	return nil
+}
+
+// optional applies check to v only when v is set.
+func optional(check func(field, v string) error, field, v string) error {
+	if v == "" {
+		return nil
+	}
+	return check(field, v)
+}
+
+// first returns the first non-nil error.
+func first(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
