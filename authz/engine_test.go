@@ -644,6 +644,12 @@ func TestNewEngineOptions(t *testing.T) {
 	if err != nil || !d.Allow || d.EvaluatedAt.Before(before) {
 		t.Errorf("%+v, %v", d, err)
 	}
+	// A hand-built bundle without samples cannot pass a self-test.
+	nb := passthroughBundle(t)
+	nb.Samples = nil
+	if _, err := authz.NewEngine(context.Background(), authz.Options{TrustDomain: td, Bundle: nb}); !errors.Is(err, authz.ErrSelfTest) {
+		t.Errorf("no samples: %v", err)
+	}
 	// A custom bundle without a source.
 	e, err = authz.NewEngine(context.Background(), authz.Options{TrustDomain: td, Bundle: passthroughBundle(t)})
 	if err != nil || e.Status().Source != "unspecified" {

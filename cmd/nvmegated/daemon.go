@@ -174,6 +174,13 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		}
 		m.httpSrv = &http.Server{Handler: m.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
 	}
+	// The listeners are bound: connections made from now on wait in the
+	// backlog until Run serves them, so the gateway counts as ready.
+	if c.ReadyFile != "" {
+		if err := m.writeReadyFile(); err != nil {
+			return err
+		}
+	}
 	m.log.Info("nvmegated open", "grpc", m.GRPCAddr(), "http", m.HTTPAddr(),
 		"trust_domain", c.TrustDomain, "policy_revision", m.engine.Status().Revision)
 	return nil
@@ -207,11 +214,6 @@ func (m *Main) Run(ctx context.Context) error {
 				return m.httpSrv.Shutdown(sctx)
 			}
 		})
-	}
-	if m.Config.ReadyFile != "" {
-		if err := m.writeReadyFile(); err != nil {
-			return err
-		}
 	}
 	err := g.Wait()
 	m.log.Info("nvmegated stopped")

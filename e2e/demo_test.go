@@ -1,0 +1,57 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// repoRoot is the module root, one level above this package.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Dir(filepath.Dir(file))
+}
+
+// buildBinaries builds nvmegated and nvmegate into a temp dir.
+func buildBinaries(t *testing.T) string {
+	t.Helper()
+	bin := t.TempDir()
+	cmd := exec.Command("go", "build", "-o", bin+string(os.PathSeparator), "./cmd/...")
+	cmd.Dir = repoRoot(t)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// The demo script is the README's first command: it must pass against the
+// real binaries, and its summary must report the refusals it checks.
+func TestDemoScript(t *testing.T) {
+	if testing.Short() {
+		t.Skip("e2e: builds and runs the binaries")
+	}
+	bin := buildBinaries(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", filepath.Join(repoRoot(t), "scripts", "demo.sh"))
+	cmd.Env = append(os.Environ(), "BIN="+bin, "DEMO_DIR="+filepath.Join(t.TempDir(), "demo"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("demo failed: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"Demo passed",
+		"refused as expected: Error: PermissionDenied",
+		"refused as expected: Error: InvalidArgument: namespace.tenant",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+}
