@@ -65,6 +65,7 @@ type Status struct {
 	Revision string    // policy.Bundle.Revision
 	Source   string    // Options.Source or the source given to Reload
 	LoadedAt time.Time // when it started serving
+	Modules  []string  // names of the loaded Rego modules (tests excluded)
 }
 
 // Engine is the OPA-backed Authorizer. It compiles a bundle's modules once,
@@ -188,6 +189,9 @@ func (e *Engine) prepare(ctx context.Context, b *policy.Bundle, source string) (
 		return nil, fmt.Errorf("%w: revision %s: %v", ErrCompile, b.Revision, err)
 	}
 	l := &loaded{query: q, status: Status{Revision: b.Revision, Source: source, LoadedAt: e.now()}}
+	for _, m := range b.Modules {
+		l.status.Modules = append(l.status.Modules, m.Name)
+	}
 	if err := e.selfTest(ctx, l, b); err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -546,7 +547,7 @@ func TestReload(t *testing.T) {
 		if err := e.Reload(context.Background(), tc.b, "test:"+name); !errors.Is(err, tc.want) {
 			t.Errorf("%s: Reload = %v, want %v", name, err, tc.want)
 		}
-		if e.Status() != st {
+		if !reflect.DeepEqual(e.Status(), st) {
 			t.Fatalf("%s: status changed to %+v", name, e.Status())
 		}
 		d, err := e.Authorize(context.Background(), adminAdd)

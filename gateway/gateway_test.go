@@ -411,7 +411,7 @@ func TestPolicyStatusHealthAndMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Revision != g.engine.Status().Revision || !strings.HasPrefix(st.Revision, "sha256:") || st.Source != "embedded" {
+	if st.Revision != g.engine.Status().Revision || !strings.HasPrefix(st.Revision, "sha256:") || st.Source != "embedded" || len(st.Modules) == 0 {
 		t.Fatalf("policy status = %v", st)
 	}
 	// Any member of the trust domain may check health.

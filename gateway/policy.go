@@ -25,5 +25,5 @@ func (s *policyService) Status(context.Context, *pb.PolicyStatusRequest) (*pb.Po
 		return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "no policy engine is configured")
 	}
 	st := s.info.Status()
-	return &pb.PolicyStatusResponse{Revision: st.Revision, Source: st.Source, LoadedAt: ts(st.LoadedAt)}, nil
+	return &pb.PolicyStatusResponse{Revision: st.Revision, Source: st.Source, LoadedAt: ts(st.LoadedAt), Modules: st.Modules}, nil
 }
