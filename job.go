@@ -73,8 +73,8 @@ func (j *Job) Validate(now time.Time) error {
 		if err := ValidateNQN(f+".subsystem_nqn", ns.SubsystemNQN); err != nil {
 			return err
 		}
-		if ns.NSID == 0 || ns.NSID > MaxNSID {
-			return Invalid(f+".nsid", "must be 1-%d (got %d)", uint32(MaxNSID), ns.NSID)
+		if err := ValidateNSID(f+".nsid", ns.NSID); err != nil {
+			return err
 		}
 		if ns.Mode != ModeReadOnly && ns.Mode != ModeReadWrite {
 			return Invalid(f+".mode", "must be ro or rw (got %s)", show(ns.Mode))

@@ -40,6 +40,15 @@ type QoS struct {
 	MaxMBps uint64 // read+write megabytes per second
 }
 
+// ValidateNSID checks a namespace ID: 1-MaxNSID (0 is invalid and
+// 0xFFFFFFFF is the broadcast value).
+func ValidateNSID(field string, nsid uint32) error {
+	if nsid == 0 || nsid > MaxNSID {
+		return Invalid(field, "must be 1-%d (got %d)", uint32(MaxNSID), nsid)
+	}
+	return nil
+}
+
 // Key identifies a namespace in the inventory.
 func (n *Namespace) Key() NamespaceKey { return NamespaceKey{n.SubsystemNQN, n.NSID} }
 
@@ -55,8 +64,8 @@ func (n *Namespace) Validate() error {
 	if err := ValidateNQN("subsystem_nqn", n.SubsystemNQN); err != nil {
 		return err
 	}
-	if n.NSID == 0 || n.NSID > MaxNSID {
-		return Invalid("nsid", "must be 1-%d (got %d)", uint32(MaxNSID), n.NSID)
+	if err := ValidateNSID("nsid", n.NSID); err != nil {
+		return err
 	}
 	if err := ValidateTenant("tenant", n.Tenant); err != nil {
 		return err

@@ -50,8 +50,5 @@ func (s *Subsystem) Validate() error {
 		// gateway's credentials would protect nothing.
 		return Invalid("dhchap", "a subsystem must support DH-HMAC-CHAP, TLS or both")
 	}
-	if len(s.Description) > 256 || hasControl(s.Description) {
-		return Invalid("description", "must be at most 256 bytes of UTF-8 without control characters")
-	}
-	return nil
+	return ValidateText("description", s.Description, false)
 }

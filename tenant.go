@@ -9,11 +9,17 @@ import "github.com/spiffe/go-spiffe/v2/spiffeid"
 // ValidateTenant checks a tenant name.
 func ValidateTenant(field, v string) error { return ValidateLabel(field, v) }
 
+// maxSPIFFEIDLen is the SPIFFE ID length limit of the SPIFFE-ID spec (§2.3).
+const maxSPIFFEIDLen = 2048
+
 // ValidateSPIFFEID checks that v is a SPIFFE ID (spiffe://<trust domain>/<path>)
 // naming a workload, not just a trust domain.
 func ValidateSPIFFEID(field, v string) error {
 	if v == "" {
 		return Invalid(field, "is required")
+	}
+	if len(v) > maxSPIFFEIDLen {
+		return Invalid(field, "must be at most %d bytes, as the SPIFFE ID spec allows (got %d)", maxSPIFFEIDLen, len(v))
 	}
 	id, err := spiffeid.FromString(v)
 	if err != nil {

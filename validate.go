@@ -88,9 +88,10 @@ func hasControl(s string) bool {
 	return strings.IndexFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0
 }
 
-// ValidateReason checks a free-text reason for the audit log: at most 256
-// bytes of UTF-8 without control characters, and present when required.
-func ValidateReason(field, v string, required bool) error {
+// ValidateText checks operator free text (descriptions, audit reasons): at
+// most 256 bytes of UTF-8 without control characters, and present when
+// required.
+func ValidateText(field, v string, required bool) error {
 	if v == "" && required {
 		return Invalid(field, "is required")
 	}

@@ -30,10 +30,11 @@ type DescribeFunc func(ctx context.Context, fullMethod string, req any) (action 
 // InterceptorOption configures the interceptors.
 type InterceptorOption func(*guard)
 
-// WithPeerID replaces how the interceptors find the caller's SPIFFE ID; the
-// default is grpccredentials.PeerIDFromContext, the ID of the peer's
-// X.509-SVID verified in the mTLS handshake. Meant for tests that run
-// without TLS; a production server must keep the default.
+// WithPeerID replaces how the interceptors find the caller's SPIFFE ID. The
+// default, grpccredentials.PeerIDFromContext, matches go-spiffe's own
+// credentials; a server using identity.ServerCredentials must pass
+// identity.PeerID (the gateway does). The function must only return IDs
+// verified in the mTLS handshake: whatever it returns is the caller.
 func WithPeerID(f func(ctx context.Context) (spiffeid.ID, bool)) InterceptorOption {
 	return func(g *guard) { g.peerID = f }
 }

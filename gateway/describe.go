@@ -9,9 +9,13 @@ import (
 
 // describe tells policy what a request is about: an action name derived from
 // the RPC ("/nvmegate.v1.Inventory/AddTarget" → "inventory.add_target") and
-// the attributes of the records it names, so that Rego can decide on tenant,
-// region and class without calling back into the gateway. Requests arrive
-// here validated.
+// the attributes the request carries (kind, keys, and for Adds the new
+// record's tenant, region and class). Requests arrive here validated.
+//
+// These are the caller's claims, not stored facts: the foundation policy
+// only lets admins use the inventory, so that is enough. Tenant-scoped reads
+// (the Policy issue) must look the stored record up here and hand policy its
+// tenant, region and class instead.
 func describe(_ context.Context, fullMethod string, req any) (string, map[string]any, error) {
 	return authz.ActionFromMethod(fullMethod), resourceOf(req), nil
 }

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -53,4 +54,15 @@ func FuzzValidate(f *testing.F) {
 			_ = resourceOf(m)
 		}
 	})
+}
+
+// A message of our API without a validation case is refused, not waved
+// through: adding an RPC without its validation fails closed.
+func TestValidateUnknownAPIMessage(t *testing.T) {
+	if err := validate(&pb.ExportResponse{}, time.Now()); err == nil || !strings.Contains(err.Error(), "no validation for nvmegate.v1.ExportResponse") {
+		t.Fatalf("validate(unknown API message) = %v", err)
+	}
+	if err := validate(struct{}{}, time.Now()); err != nil {
+		t.Fatalf("validate(foreign type) = %v", err)
+	}
 }

@@ -98,6 +98,13 @@ func TestHandshakeRefusals(t *testing.T) {
 	if n := requestCount(t, g, ""); n != 0 {
 		t.Fatalf("%v RPCs reached the gateway from refused peers", n)
 	}
+	// The control: a current SVID of the trust domain gets through the same
+	// gateway (its answer is the policy's, not the handshake's).
+	_, err = pb.NewInventoryClient(g.client(t, node)).ListTargets(ctxT(t), &pb.ListTargetsRequest{})
+	wantCode(t, err, codes.PermissionDenied)
+	if n := requestCount(t, g, ""); n != 1 {
+		t.Fatalf("request count after the control call = %v, want 1", n)
+	}
 }
 
 // dialRaw trusts any server: used for a foreign client that must get as far

@@ -17,8 +17,8 @@ import (
 
 // The interceptor chain, outermost first:
 //
-//	recover   a panic becomes Internal, the stack goes to the log
 //	observe   metrics and one log line per call (never bodies: they can carry secrets)
+//	recover   a panic becomes Internal, the stack goes to the log
 //	status    domain errors become gRPC statuses (status.go)
 //	validate  malformed requests stop here with InvalidArgument
 //	authz     the caller's SPIFFE ID and the request go to policy
@@ -54,15 +54,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 
 func (s *Server) unaryInterceptors() []grpc.UnaryServerInterceptor {
 	return []grpc.UnaryServerInterceptor{
-		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
-			defer s.recoverTo(ctx, info.FullMethod, &err)
-			return h(ctx, req)
-		},
 		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 			start := s.now()
 			resp, err := h(ctx, req)
 			s.observe(ctx, info.FullMethod, start, err)
 			return resp, err
+		},
+		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
+			defer s.recoverTo(ctx, info.FullMethod, &err)
+			return h(ctx, req)
 		},
 		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 			resp, err := h(ctx, req)
@@ -80,20 +80,38 @@ func (s *Server) unaryInterceptors() []grpc.UnaryServerInterceptor {
 
 func (s *Server) streamInterceptors() []grpc.StreamServerInterceptor {
 	return []grpc.StreamServerInterceptor{
-		func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) (err error) {
-			defer s.recoverTo(ss.Context(), info.FullMethod, &err)
-			return h(srv, ss)
-		},
 		func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 			start := s.now()
-			err := toStatus(ss.Context(), s.log, info.FullMethod, h(srv, ss))
+			err := h(srv, ss)
 			s.observe(ss.Context(), info.FullMethod, start, err)
 			return err
 		},
-		// Streams carry their request in the first message; the handler
-		// validates it with validate() after RecvMsg. Policy sees the RPC.
+		func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) (err error) {
+			defer s.recoverTo(ss.Context(), info.FullMethod, &err)
+			return toStatus(ss.Context(), s.log, info.FullMethod, h(srv, ss))
+		},
+		// A stream's request arrives with the handler's first RecvMsg, after
+		// the stream is authorized: policy decides on the RPC and caller
+		// alone (no stream of ours takes a request policy needs to see), and
+		// every received message is validated before the handler gets it.
 		authz.StreamServerInterceptor(s.authorizer, describe, s.log, authz.WithPeerID(identity.PeerID)),
+		func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			return h(srv, &validatingStream{ServerStream: ss, now: s.now})
+		},
 	}
+}
+
+// validatingStream validates every message a handler receives.
+type validatingStream struct {
+	grpc.ServerStream
+	now func() time.Time
+}
+
+func (v *validatingStream) RecvMsg(m any) error {
+	if err := v.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	return validate(m, v.now())
 }
 
 func (s *Server) recoverTo(ctx context.Context, method string, err *error) {

@@ -82,6 +82,8 @@ func New(cfg Config) (*Server, error) {
 		grpc.ChainUnaryInterceptor(s.unaryInterceptors()...),
 		grpc.ChainStreamInterceptor(s.streamInterceptors()...),
 		grpc.MaxRecvMsgSize(4<<20),
+		// Bound the TLS handshake so idle peers cannot hold connections open.
+		grpc.ConnectionTimeout(10*time.Second),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	)
 	pb.RegisterInventoryServer(s.grpc, &inventoryService{store: cfg.Store})

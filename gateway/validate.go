@@ -7,11 +7,13 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nvmegate/nvmegate"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
+	"github.com/nvmegate/nvmegate/store"
 )
 
 // Input validation for every request of the API, run by an interceptor
@@ -20,8 +22,7 @@ import (
 // the field, whether or not its service is built yet.
 
 const (
-	maxPageSize     = 1000
-	maxPageToken    = 1024
+	maxPageSize     = store.MaxPageSize
 	maxExplainInput = 1 << 20
 	maxModules      = 64
 )
@@ -115,7 +116,7 @@ func validate(req any, now time.Time) error {
 	case *pb.FinishRequest:
 		return first(
 			nvmegate.ValidateJobID("job_id", r.JobId),
-			nvmegate.ValidateReason("reason", r.Reason, false),
+			nvmegate.ValidateText("reason", r.Reason, false),
 		)
 
 	// Access
@@ -154,7 +155,7 @@ func validate(req any, now time.Time) error {
 		default:
 			err = nvmegate.Invalid("selector", "one of grant_id, job_id or node is required")
 		}
-		return first(err, nvmegate.ValidateReason("reason", r.Reason, true))
+		return first(err, nvmegate.ValidateText("reason", r.Reason, true))
 
 	// Keys
 	case *pb.RotateRequest:
@@ -167,13 +168,13 @@ func validate(req any, now time.Time) error {
 				return nvmegate.Invalid("nsid", "must be 0 for an access root")
 			}
 		case pb.KeyKind_KEY_KIND_DATA_KEY:
-			if r.Nsid == 0 || r.Nsid > nvmegate.MaxNSID {
-				return nvmegate.Invalid("nsid", "must be 1-%d for a data key (got %d)", uint32(nvmegate.MaxNSID), r.Nsid)
+			if err := nvmegate.ValidateNSID("nsid", r.Nsid); err != nil {
+				return err
 			}
 		default:
 			return nvmegate.Invalid("kind", "must be KEY_KIND_ACCESS_ROOT or KEY_KIND_DATA_KEY")
 		}
-		return nvmegate.ValidateReason("reason", r.Reason, false)
+		return nvmegate.ValidateText("reason", r.Reason, false)
 	case *pb.KeysStatusRequest:
 		return first(
 			optional(nvmegate.ValidateNQN, "subsystem_nqn", r.SubsystemNqn),
@@ -210,7 +211,11 @@ func validate(req any, now time.Time) error {
 		return nvmegate.ValidateJobID("job_id", r.JobId)
 	}
 	// Requests of services that are not ours (health, reflection) are
-	// validated by their own implementations.
+	// validated by their own implementations. A request of our API without
+	// a case above is a bug: refuse it rather than let it through unchecked.
+	if m, ok := req.(proto.Message); ok && strings.HasPrefix(string(m.ProtoReflect().Descriptor().FullName()), "nvmegate.") {
+		return nvmegate.Errorf(nvmegate.EINTERNAL, "no validation for %s", m.ProtoReflect().Descriptor().FullName())
+	}
 	return nil
 }
 
@@ -248,15 +253,20 @@ func validateQuery(r *pb.QueryRequest) error {
 	if err != nil {
 		return err
 	}
-	if r.Nsid != 0 && r.SubsystemNqn == "" {
-		return nvmegate.Invalid("nsid", "needs subsystem_nqn")
+	if r.Nsid != 0 {
+		if r.SubsystemNqn == "" {
+			return nvmegate.Invalid("nsid", "needs subsystem_nqn")
+		}
+		if err := nvmegate.ValidateNSID("nsid", r.Nsid); err != nil {
+			return err
+		}
 	}
 	if r.Since != nil && r.Until != nil && !r.Since.AsTime().Before(r.Until.AsTime()) {
 		return nvmegate.Invalid("until", "must be after since")
 	}
 	for i, k := range r.Kinds {
 		if !eventKindRE.MatchString(k) {
-			return nvmegate.Invalid("kinds["+strconv.Itoa(i)+"]", "must be an event kind like grant or job_admit (got %q)", truncate(k))
+			return nvmegate.Invalid("kinds["+strconv.Itoa(i)+"]", "must be an event kind like grant or job_admit")
 		}
 	}
 	return nil
@@ -291,21 +301,14 @@ func jobFromAdmit(r *pb.AdmitRequest) (*nvmegate.Job, error) {
 }
 
 func namespaceKey(nqn string, nsid uint32) error {
-	if err := nvmegate.ValidateNQN("subsystem_nqn", nqn); err != nil {
-		return err
-	}
-	if nsid == 0 || nsid > nvmegate.MaxNSID {
-		return nvmegate.Invalid("nsid", "must be 1-%d (got %d)", uint32(nvmegate.MaxNSID), nsid)
-	}
-	return nil
+	return first(nvmegate.ValidateNQN("subsystem_nqn", nqn), nvmegate.ValidateNSID("nsid", nsid))
 }
 
-func page(size int32, token string) error {
+// page checks the page size; the token is opaque here and checked by the
+// store that issued it.
+func page(size int32, _ string) error {
 	if size < 0 || size > maxPageSize {
 		return nvmegate.Invalid("page_size", "must be 0-%d (got %d)", maxPageSize, size)
-	}
-	if len(token) > maxPageToken {
-		return nvmegate.Invalid("page_token", "is not a token this gateway issued")
 	}
 	return nil
 }
@@ -353,11 +356,4 @@ func first(errs ...error) error {
 		}
 	}
 	return nil
-}
-
-func truncate(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
 }

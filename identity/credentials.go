@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 
 	"github.com/spiffe/go-spiffe/v2/spiffegrpc/grpccredentials"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -113,4 +114,21 @@ func withPeerID(conn net.Conn, info credentials.AuthInfo, err error) (net.Conn, 
 		return nil, nil, fmt.Errorf("%w: %v", ErrNoPeerID, err)
 	}
 	return conn, AuthInfo{TLSInfo: tlsInfo, ID: id}, nil
+}
+
+// GatewayPathPrefix starts the SPIFFE ID path of every gateway replica
+// (spiffe://<td>/gateway/<name>, DESIGN §3).
+const GatewayPathPrefix = "/gateway/"
+
+// AuthorizeGateway accepts a server only if its SVID names a gateway of td.
+// Clients use it by default: trust-domain membership alone would let any
+// workload of the domain (a node, a scheduler) pose as the gateway, since
+// every X.509-SVID is valid for server authentication.
+func AuthorizeGateway(td spiffeid.TrustDomain) tlsconfig.Authorizer {
+	return func(id spiffeid.ID, _ [][]*x509.Certificate) error {
+		if !id.MemberOf(td) || !strings.HasPrefix(id.Path(), GatewayPathPrefix) || len(id.Path()) == len(GatewayPathPrefix) {
+			return fmt.Errorf("identity: %s is not a gateway of trust domain %s", id, td)
+		}
+		return nil
+	}
 }

@@ -152,3 +152,28 @@ func TestPeerID_NoPeer(t *testing.T) {
 		t.Error("PeerID accepted plain TLSInfo")
 	}
 }
+
+func TestAuthorizeGateway(t *testing.T) {
+	td := spiffeid.RequireTrustDomainFromString("example.org")
+	authorize := identity.AuthorizeGateway(td)
+	for id, ok := range map[string]bool{
+		"spiffe://example.org/gateway/nvmegated": true,
+		"spiffe://example.org/gateway/a/b":       true,
+		"spiffe://example.org/gateway":           false,
+		"spiffe://example.org/gateway/":          false,
+		"spiffe://example.org/node/gpu-1":        false,
+		"spiffe://example.org/gatewayx/y":        false,
+		"spiffe://evil.test/gateway/nvmegated":   false,
+	} {
+		parsed, err := spiffeid.FromString(id)
+		if err != nil {
+			if ok {
+				t.Fatalf("%s: %v", id, err)
+			}
+			continue
+		}
+		if got := authorize(parsed, nil) == nil; got != ok {
+			t.Errorf("AuthorizeGateway(%s) = %v, want %v", id, got, ok)
+		}
+	}
+}

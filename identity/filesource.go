@@ -91,6 +91,13 @@ func NewFileSource(certFile, keyFile, bundleFile string, opts ...FileSourceOptio
 	}
 	s.svid, s.svidSeen = svid, seen
 	s.bundle, s.bundleSeen = bundle, bundleSeen
+	// A key others can read is a key others may have copied. Warn rather
+	// than refuse: some secret mounts (Kubernetes' default 0644) need a
+	// deployment fix the operator has to make first.
+	if fi, err := os.Stat(keyFile); err == nil && fi.Mode().Perm()&0o077 != 0 {
+		s.log.Warn("SVID key file is readable by group or others; make it 0600",
+			"file", keyFile, "mode", fi.Mode().Perm().String())
+	}
 	return s, nil
 }
 

@@ -17,7 +17,8 @@ type NamespaceFilter struct {
 // CreateNamespace stores a new namespace and sets its CreatedAt. Beyond the
 // namespace's own validation it fails with EEXISTS if the subsystem already
 // has the NSID, and with EINVALID if the subsystem does not exist
-// (subsystem_nqn) or belongs to another tenant (tenant).
+// (subsystem_nqn), belongs to another tenant (tenant) or claims a region
+// other than its target's (region).
 //
 // The tenant rule keeps the invariant that all namespaces of one subsystem
 // belong to one tenant: targets do not mask namespaces per host, so a host
@@ -52,6 +53,16 @@ func (db *DB) CreateNamespace(ctx context.Context, n *nvmegate.Namespace) error 
 		}
 		if n.Tenant != s.Tenant {
 			return nvmegate.Invalid("tenant", "namespace tenant %q differs from tenant %q of subsystem %q: all namespaces of a subsystem belong to its tenant, because a host connected to it sees every namespace", n.Tenant, s.Tenant, s.NQN)
+		}
+		// The data of a namespace lives on its target: a residency region
+		// other than the target's would let the inventory claim data is
+		// where it is not, and every residency decision would rest on it.
+		t, err := getTarget(tx, s.TargetID)
+		if err != nil {
+			return err
+		}
+		if n.Region != t.Region {
+			return nvmegate.Invalid("region", "namespace region %q differs from region %q of its target %q: a namespace's data resides where its target is", n.Region, t.Region, t.ID)
 		}
 		return put(tx, bucketNamespaces, k, val)
 	})

@@ -80,6 +80,15 @@ func TestCreateNamespaceRules(t *testing.T) {
 			t.Errorf("namespace stored despite the tenant rule: %v", err)
 		}
 	})
+	t.Run("region other than the target's", func(t *testing.T) {
+		n := newNamespace(subNQN(0), 3, "acme")
+		n.Region = "us-east"
+		err := db.CreateNamespace(ctx, n)
+		wantMessage(t, wantError(t, err, nvmegate.EINVALID, "region"), `"us-east"`, `"eu-west"`, "resides where its target is")
+		if _, err := db.Namespace(ctx, subNQN(0), 3); nvmegate.ErrorCode(err) != nvmegate.ENOTFOUND {
+			t.Errorf("namespace stored despite the region rule: %v", err)
+		}
+	})
 	t.Run("duplicate nsid", func(t *testing.T) {
 		err := db.CreateNamespace(ctx, newNamespace(subNQN(0), 1, "acme"))
 		wantMessage(t, wantError(t, err, nvmegate.EEXISTS, ""), "namespace 1 of subsystem", "already exists")
@@ -95,8 +104,11 @@ func TestListNamespacesOrderAndFilter(t *testing.T) {
 	noSync(db)
 	inventory(t, db, "acme", "globex", "acme")
 	// subNQN(0)+"0" has subNQN(0) as a prefix: a subsystem filter must not
-	// pick up its namespaces.
-	must(t, db.CreateSubsystem(ctx, newSubsystem(subNQN(0)+"0", "t1", "globex")))
+	// pick up its namespaces. It sits on a target in another region.
+	us := newTarget("t-us")
+	us.Region = "us-east"
+	must(t, db.CreateTarget(ctx, us))
+	must(t, db.CreateSubsystem(ctx, newSubsystem(subNQN(0)+"0", "t-us", "globex")))
 
 	type key struct {
 		nqn  string
@@ -108,7 +120,7 @@ func TestListNamespacesOrderAndFilter(t *testing.T) {
 		must(t, err)
 		for _, nsid := range []uint32{1, 2, 10, 256, 70000} { // numeric, not lexical, order
 			n := newNamespace(nqn, nsid, s.Tenant)
-			if nsid%2 == 0 {
+			if s.TargetID == "t-us" {
 				n.Region = "us-east"
 			}
 			must(t, db.CreateNamespace(ctx, n))
@@ -122,8 +134,9 @@ func TestListNamespacesOrderAndFilter(t *testing.T) {
 		{NamespaceFilter{}, func(key) bool { return true }},
 		{NamespaceFilter{SubsystemNQN: subNQN(0)}, func(k key) bool { return k.nqn == subNQN(0) }},
 		{NamespaceFilter{Tenant: "globex"}, func(k key) bool { return k.nqn == subNQN(1) || k.nqn == subNQN(0)+"0" }},
-		{NamespaceFilter{Region: "us-east"}, func(k key) bool { return k.nsid%2 == 0 }},
-		{NamespaceFilter{Tenant: "acme", Region: "eu-west", SubsystemNQN: subNQN(2)}, func(k key) bool { return k.nqn == subNQN(2) && k.nsid%2 == 1 }},
+		{NamespaceFilter{Region: "us-east"}, func(k key) bool { return k.nqn == subNQN(0)+"0" }},
+		{NamespaceFilter{Tenant: "acme", Region: "eu-west", SubsystemNQN: subNQN(2)}, func(k key) bool { return k.nqn == subNQN(2) }},
+		{NamespaceFilter{Tenant: "acme", Region: "us-east"}, func(key) bool { return false }},
 		{NamespaceFilter{SubsystemNQN: subNQN(9)}, func(key) bool { return false }},
 		{NamespaceFilter{Tenant: "globex", SubsystemNQN: subNQN(0)}, func(key) bool { return false }},
 	} {

@@ -63,7 +63,7 @@ func (a *app) root() *cobra.Command {
 	f.StringVar(&a.bundle, "bundle", "", "trust bundle (PEM)")
 	f.StringVar(&a.devDir, "dev-dir", "", "dev trust domain directory (from nvmegated dev)")
 	f.StringVar(&a.devIdentity, "dev-identity", "", "dev identity name, e.g. admin, acme-scheduler, acme-node-1")
-	f.StringVar(&a.serverID, "server-id", "", "required SPIFFE ID of the gateway (default: any member of the trust domain)")
+	f.StringVar(&a.serverID, "server-id", "", "required SPIFFE ID of the gateway (default: any spiffe://<td>/gateway/... of the client's trust domain)")
 	f.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
 	f.DurationVar(&a.timeout, "timeout", 30*time.Second, "deadline of each RPC")
 	root.AddCommand(a.inventoryCmd(), a.policyCmd())
@@ -122,7 +122,8 @@ func (a *app) dial(ctx context.Context) (*grpc.ClientConn, error) {
 }
 
 // serverAuthorizer decides which gateway SVIDs the client accepts: the exact
-// --server-id, or any member of the client's own trust domain.
+// --server-id, or any gateway (spiffe://<td>/gateway/...) of the client's own
+// trust domain; never another workload of the domain.
 func (a *app) serverAuthorizer() (tlsconfig.Authorizer, error) {
 	if a.serverID != "" {
 		id, err := spiffeid.FromString(a.serverID)
@@ -135,7 +136,7 @@ func (a *app) serverAuthorizer() (tlsconfig.Authorizer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("identity: %w", err)
 	}
-	return tlsconfig.AuthorizeMemberOf(svid.ID.TrustDomain()), nil
+	return identity.AuthorizeGateway(svid.ID.TrustDomain()), nil
 }
 
 func readyAddr(path string) (string, error) {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -152,9 +153,9 @@ func parsePort(s string) (*pb.Port, error) {
 		}
 		switch k {
 		case "id":
-			n, err := strconv.ParseUint(v, 10, 32)
+			n, err := strconv.ParseUint(v, 10, 16)
 			if err != nil {
-				return nil, fmt.Errorf("id %q is not a number", v)
+				return nil, fmt.Errorf("id %q is not a port ID 1-65535", v)
 			}
 			p.Id = uint32(n)
 		case "transport":
@@ -187,6 +188,9 @@ func (a *app) subsystemCmd() *cobra.Command {
 			s.Nqn = args[0]
 			s.PortIds = nil
 			for _, p := range ports {
+				if p > math.MaxUint16 {
+					return fmt.Errorf("--ports: %d is not a port ID 1-65535", p)
+				}
 				s.PortIds = append(s.PortIds, uint32(p))
 			}
 			return a.call(cmd, func(ctx context.Context, c *grpc.ClientConn) error {

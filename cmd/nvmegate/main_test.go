@@ -29,12 +29,18 @@ import (
 // the directory.
 func startDevGateway(t *testing.T) string {
 	t.Helper()
+	return startDevGatewayAs(t, "gateway")
+}
+
+// startDevGatewayAs serves with the SVID of dev identity serverName.
+func startDevGatewayAs(t *testing.T, serverName string) string {
+	t.Helper()
 	dir := t.TempDir()
 	if err := devca.Provision(dir, devca.DevIdentities, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	td := spiffeid.RequireTrustDomainFromString(devca.DevTrustDomain)
-	cert, key := devca.SVIDPaths(dir, "gateway")
+	cert, key := devca.SVIDPaths(dir, serverName)
 	src, err := identity.NewFileSource(cert, key, devca.BundlePath(dir))
 	if err != nil {
 		t.Fatal(err)
@@ -185,5 +191,20 @@ func TestCLIUsageErrors(t *testing.T) {
 	root.SetArgs([]string{"--addr", "127.0.0.1:1", "inventory", "target", "list"})
 	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "an identity is required") {
 		t.Fatalf("no identity: %v", err)
+	}
+}
+
+// A server with another workload's SVID (here a node's) is not the gateway:
+// the CLI refuses it in the handshake, before sending anything.
+func TestCLIRefusesNonGatewayServer(t *testing.T) {
+	dir := startDevGatewayAs(t, "acme-node-2")
+	_, err := cli(t, dir, "admin", "inventory", "target", "list")
+	if err == nil || !strings.Contains(err.Error(), "Unavailable") || !strings.Contains(err.Error(), "not a gateway") {
+		t.Fatalf("admin against a node posing as the gateway: %v", err)
+	}
+	// --server-id naming that workload exactly is the operator's explicit
+	// choice, and is honoured.
+	if _, err := cli(t, dir, "admin", "--server-id", "spiffe://nvmegate.test/node/acme-gpu-2", "inventory", "target", "list"); err != nil {
+		t.Fatalf("explicit --server-id: %v", err)
 	}
 }

@@ -144,6 +144,15 @@ func (m *Main) Open(ctx context.Context) (err error) {
 	if m.source, err = m.openIdentity(ctx); err != nil {
 		return fmt.Errorf("identity: %w", err)
 	}
+	// An SVID of another trust domain would make every handshake fail while
+	// the gateway looks healthy: refuse to start instead.
+	svid, err := m.source.GetX509SVID()
+	if err != nil {
+		return fmt.Errorf("identity: %w", err)
+	}
+	if !svid.ID.MemberOf(td) {
+		return fmt.Errorf("identity: the gateway's SVID %s is not in trust domain %s", svid.ID, td)
+	}
 	bundle, err := policy.Load(policy.Default())
 	if err != nil {
 		return fmt.Errorf("policy: %w", err)
@@ -189,6 +198,10 @@ func (m *Main) Open(ctx context.Context) (err error) {
 func (m *Main) openIdentity(ctx context.Context) (identity.Source, error) {
 	id := m.Config.Identity
 	if id.SPIFFESocket != "" {
+		// Bound the wait for the first SVID: an agent that never answers
+		// must fail the start, not hang it.
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
 		return identity.NewWorkloadSource(ctx, id.SPIFFESocket)
 	}
 	return identity.NewFileSource(id.Cert, id.Key, id.Bundle, identity.WithLogger(m.log))
@@ -278,10 +291,15 @@ func (m *Main) httpHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		// Healthy means the identity source still yields an SVID: without
-		// one no handshake can succeed.
-		if _, err := m.source.GetX509SVID(); err != nil {
+		// Healthy means the identity source yields an SVID that is valid
+		// now: without one no handshake can succeed.
+		svid, err := m.source.GetX509SVID()
+		if err != nil || len(svid.Certificates) == 0 {
 			http.Error(w, "no SVID", http.StatusServiceUnavailable)
+			return
+		}
+		if leaf := svid.Certificates[0]; time.Now().After(leaf.NotAfter) {
+			http.Error(w, "SVID expired at "+leaf.NotAfter.UTC().Format(time.RFC3339), http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ok")
