@@ -35,7 +35,7 @@ type testGateway struct {
 
 type gatewayOption func(*gateway.Config)
 
-func startGateway(t *testing.T, opts ...gatewayOption) *testGateway {
+func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	now := time.Now()
@@ -93,7 +93,7 @@ func startGateway(t *testing.T, opts ...gatewayOption) *testGateway {
 }
 
 // client connects as spiffe://nvmegate.test/<path> with a fresh SVID.
-func (g *testGateway) client(t *testing.T, path string) *grpc.ClientConn {
+func (g *testGateway) client(t testing.TB, path string) *grpc.ClientConn {
 	t.Helper()
 	now := time.Now()
 	svid, err := g.ca.Issue(spiffeid.RequireFromPath(td, path), now.Add(-time.Minute), now.Add(time.Hour))
@@ -103,7 +103,7 @@ func (g *testGateway) client(t *testing.T, path string) *grpc.ClientConn {
 	return dial(t, g.addr, identity.StaticSource(svid, g.ca.Bundle()))
 }
 
-func dial(t *testing.T, addr string, src identity.Source) *grpc.ClientConn {
+func dial(t testing.TB, addr string, src identity.Source) *grpc.ClientConn {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(identity.ClientCredentials(src, tlsconfig.AuthorizeMemberOf(td))))
 	if err != nil {
