@@ -84,9 +84,11 @@ ok "admin adds globex's checkpoint namespace (restricted)" -- \
   as admin inventory namespace add "$GLOBEX" 1 --tenant globex --region us-east --class restricted \
     --dataset globex/checkpoints --digest "$DIGEST_B"
 for n in 1 2; do
-  ok "admin binds acme-node-$n to its host NQN" -- \
-    as admin inventory host add "spiffe://nvmegate.test/node/acme-gpu-$n" \
-      --nqn "nqn.2014-08.org.nvmexpress:uuid:0000000$n-aaaa-4000-8000-000000000000" --tenant acme
+  # acme's nodes use the host NQN derived from their SPIFFE ID; globex's have
+  # explicit ones.
+  nqn=$("$BIN/nvmegate" hostnqn "spiffe://nvmegate.test/node/acme-gpu-$n") || fail "hostnqn derivation"
+  ok "admin binds acme-node-$n to its derived host NQN" -- \
+    as admin inventory host add "spiffe://nvmegate.test/node/acme-gpu-$n" --nqn "$nqn" --tenant acme
   ok "admin binds globex-node-$n to its host NQN" -- \
     as admin inventory host add "spiffe://nvmegate.test/node/globex-gpu-$n" \
       --nqn "nqn.2014-08.org.nvmexpress:uuid:0000000$n-bbbb-4000-8000-000000000000" --tenant globex
@@ -101,9 +103,9 @@ refused "a globex namespace in acme's subsystem is refused (one tenant per subsy
 refused "a namespace cannot claim a region its target is not in" "namespace.region" -- \
   as admin inventory namespace add "$ACME" 3 --tenant acme --region us-east --class internal \
     --dataset x --digest "$DIGEST_A"
-refused "a second identity cannot take acme-node-1's host NQN" FailedPrecondition -- \
+refused "a second identity cannot take globex-node-1's host NQN" FailedPrecondition -- \
   as admin inventory host add spiffe://nvmegate.test/node/intruder \
-    --nqn nqn.2014-08.org.nvmexpress:uuid:00000001-aaaa-4000-8000-000000000000
+    --nqn nqn.2014-08.org.nvmexpress:uuid:00000001-bbbb-4000-8000-000000000000
 refused "a node cannot change the inventory" PermissionDenied -- \
   as acme-node-1 inventory target add rogue --fabric fab-eu --region eu-west \
     --port id=1,transport=tcp,family=ipv4,address=10.9.9.9,service=4420
@@ -112,6 +114,21 @@ refused "a scheduler cannot read the inventory (for now: only admins)" Permissio
 refused "a malformed NQN is refused naming the field" "subsystem.nqn" -- \
   as admin inventory subsystem add not-an-nqn --target stor-eu-1 --tenant acme --ports 1 --dhchap
 ok "the policy revision in force" -- as admin policy status
+
+echo "== the NVMe key formats nvmegate emits (offline, no gateway involved)"
+dh=$("$BIN/nvmegate" keys gen dhchap --hash sha384) || fail "keys gen dhchap"
+ok "a generated DH-HMAC-CHAP secret parses back (kind, hash, length; never the secret)" -- "$BIN/nvmegate" keys parse "$dh"
+ok "a TLS PSK in the interchange format, with its PSK identities (libnvme's test vector)" -- \
+  "$BIN/nvmegate" keys format tls-psk --hash sha256 \
+    --secret 5512DBB6737D0106F65975B773DFB011FFC344BCF442E2DD6D8BC4870B5D5B03 \
+    --hostnqn nqn.psk-test-host --subnqn nqn.psk-test-subsys
+refused "a DHHC-1 string with a broken CRC is refused, naming the part" "CRC" -- \
+  "$BIN/nvmegate" keys parse "DHHC-1:00:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA:"
+if command -v nvme >/dev/null 2>&1; then
+  ok "nvme-cli accepts the generated secret" -- nvme check-dhchap-key -k "$dh"
+else
+  echo "   (nvme-cli not installed: skipping its check of the generated secret)"
+fi
 
 # Count what the gateway holds, from its own listings (header line excluded).
 count() { as admin inventory "$1" list --page-size 1000 | tail -n +2 | wc -l | tr -d ' '; }

@@ -197,16 +197,30 @@ func (c TLSCredentials) Format(f fmt.State, _ rune) { io.WriteString(f, c.String
 func (c TLSCredentials) LogValue() slog.Value { return slog.StringValue(c.String()) }
 
 // expandLabel computes HKDF-Expand-Label(HKDF-Extract(zeros(h.Size()),
-// secret), label, context, length) with the HkdfLabel of RFC 8446 §7.1:
+// secret), label, context, length). A zero salt of the hash size equals the
+// absent salt of RFC 5869 and is the one the kernel passes explicitly.
+func expandLabel(h Hash, secret []byte, label, context string, length int, compat bool) ([]byte, error) {
+	info, err := hkdfLabel(label, context, length, compat)
+	if err != nil {
+		return nil, err
+	}
+	var salt [64]byte
+	out, err := hkdf.Key(h.newFunc(), secret, salt[:h.Size()], string(info), length)
+	if err != nil {
+		return nil, fmt.Errorf("nvmefmt: HKDF: %w", err)
+	}
+	return out, nil
+}
+
+// hkdfLabel encodes the HkdfLabel of RFC 8446 §7.1,
 //
 //	uint16 length (big-endian) || uint8 len || "tls13 " + label || uint8 len || context
 //
 // or, if compat, libnvme's pre-1.15 encoding: uint16 length (little-endian)
-// || "tls13 " + label || context. A zero salt of the hash size equals the
-// absent salt of RFC 5869 and the one the kernel passes explicitly.
-func expandLabel(h Hash, secret []byte, label, context string, length int, compat bool) ([]byte, error) {
+// || "tls13 " + label || context.
+func hkdfLabel(label, context string, length int, compat bool) ([]byte, error) {
 	const prefix = "tls13 "
-	if len(prefix)+len(label) > maxHKDFVector || len(context) > maxHKDFVector || length > 0xffff {
+	if len(prefix)+len(label) > maxHKDFVector || len(context) > maxHKDFVector || length < 0 || length > 0xffff {
 		// Unreachable from the exported functions, which bound their inputs.
 		return nil, fmt.Errorf("nvmefmt: HKDF label, context or length out of range")
 	}
@@ -215,21 +229,14 @@ func expandLabel(h Hash, secret []byte, label, context string, length int, compa
 		info = binary.LittleEndian.AppendUint16(info, uint16(length))
 		info = append(info, prefix...)
 		info = append(info, label...)
-		info = append(info, context...)
-	} else {
-		info = binary.BigEndian.AppendUint16(info, uint16(length))
-		info = append(info, byte(len(prefix)+len(label)))
-		info = append(info, prefix...)
-		info = append(info, label...)
-		info = append(info, byte(len(context)))
-		info = append(info, context...)
+		return append(info, context...), nil
 	}
-	var salt [64]byte
-	out, err := hkdf.Key(h.newFunc(), secret, salt[:h.Size()], string(info), length)
-	if err != nil {
-		return nil, fmt.Errorf("nvmefmt: HKDF: %w", err)
-	}
-	return out, nil
+	info = binary.BigEndian.AppendUint16(info, uint16(length))
+	info = append(info, byte(len(prefix)+len(label)))
+	info = append(info, prefix...)
+	info = append(info, label...)
+	info = append(info, byte(len(context)))
+	return append(info, context...), nil
 }
 
 // checkCipher checks a cipher-suite hash: SHA256 or SHA384.

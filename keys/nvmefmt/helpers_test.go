@@ -38,9 +38,9 @@ func testBytes(seed uint64, n int) []byte {
 	return b
 }
 
-// body builds a base64 key body by hand, with the CRC-32 of secret xor
+// keyBody builds a base64 key body by hand, with the CRC-32 of secret xor
 // crcXor, so that tests can make keys this package refuses to encode.
-func body(secret []byte, crcXor uint32) string {
+func keyBody(secret []byte, crcXor uint32) string {
 	raw := binary.LittleEndian.AppendUint32(append([]byte(nil), secret...), crc32.ChecksumIEEE(secret)^crcXor)
 	return base64.StdEncoding.EncodeToString(raw)
 }
