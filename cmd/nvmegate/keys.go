@@ -63,7 +63,7 @@ from stdin instead of the command line (where other users can see it).`,
 		Long: `Encode a 32-byte (sha256) or 48-byte (sha384) configured PSK in the NVMe/TCP
 interchange format. With --hostnqn and --subnqn, also derive the PSK identities
 v0 and v1 and the TLS PSK for identity v1 (hex), with the RFC 8446 HkdfLabel
-encoding that libnvme 1.15 / nvme-cli 2.15 and the kernel use; --compat gives
+encoding that the kernel and libnvme 1.16 / nvme-cli 2.16 use; --compat gives
 the encoding of older libnvme releases.`,
 		Example: "  nvmegate keys format tls-psk --secret $(openssl rand -hex 32) --hash sha256 \\\n    --hostnqn nqn.2014-08.org.nvmexpress:uuid:... --subnqn nqn.2026-01.io.example:s1 -o json",
 		Args:    cobra.NoArgs,
@@ -116,7 +116,7 @@ the encoding of older libnvme releases.`,
 	tls.Flags().StringVar(&pskHash, "hash", "sha256", "PSK hash: sha256 (32 bytes) or sha384 (48 bytes)")
 	tls.Flags().StringVar(&hostNQN, "hostnqn", "", "host NQN, to derive identities")
 	tls.Flags().StringVar(&subNQN, "subnqn", "", "subsystem NQN, to derive identities")
-	tls.Flags().BoolVar(&compat, "compat", false, "use the pre-1.15 libnvme label encoding")
+	tls.Flags().BoolVar(&compat, "compat", false, "use the label encoding of libnvme before 1.16")
 	tls.MarkFlagRequired("secret")
 	cmd.AddCommand(dhchap, tls)
 	return cmd

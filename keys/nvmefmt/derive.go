@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strconv"
 )
 
 // NVMe/TCP TLS PSK derivations (TP 8018, NVMe/TCP transport spec §3.6.1):
@@ -33,8 +32,8 @@ const (
 // options gives the RFC 8446 encoding that the NVMe/TCP spec requires.
 type Option struct{ compat bool }
 
-// CompatLabels selects the HkdfLabel encoding of libnvme before 1.15 and
-// nvme-cli before 2.15 (and of their *_compat functions since): the length as
+// CompatLabels selects the HkdfLabel encoding of libnvme up to 1.15 and
+// nvme-cli up to 2.15 (and of their *_compat functions since): the length as
 // a little-endian uint16, then "tls13 " + label and the context with no
 // length bytes. Keys derived this way do not match keys derived per
 // RFC 8446. Use it only for hosts whose keyring was filled by those versions.
@@ -216,7 +215,7 @@ func expandLabel(h Hash, secret []byte, label, context string, length int, compa
 //
 //	uint16 length (big-endian) || uint8 len || "tls13 " + label || uint8 len || context
 //
-// or, if compat, libnvme's pre-1.15 encoding: uint16 length (little-endian)
+// or, if compat, the encoding of libnvme <= 1.15: uint16 length (little-endian)
 // || "tls13 " + label || context.
 func hkdfLabel(label, context string, length int, compat bool) ([]byte, error) {
 	const prefix = "tls13 "
@@ -304,8 +303,15 @@ func checkNQNs(hostNQN, subNQN string) error {
 // hashID formats a hash identifier as two decimal digits, as "%02d" does in
 // libnvme and the kernel.
 func hashID(h Hash) string {
-	if h < 10 {
-		return "0" + strconv.Itoa(int(h))
+	switch h {
+	case HashNone:
+		return "00"
+	case SHA256:
+		return "01"
+	case SHA384:
+		return "02"
+	case SHA512:
+		return "03"
 	}
-	return strconv.Itoa(int(h))
+	return fmt.Sprintf("%02d", uint8(h))
 }

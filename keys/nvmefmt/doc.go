@@ -44,18 +44,20 @@
 // and 02, and for 00 SHA-256 or SHA-384 by PSK length, as libnvme and SPDK
 // choose. HKDF-Expand-Label uses the HkdfLabel of RFC 8446 §7.1: a big-endian
 // uint16 length, then "tls13 "+label and the context, each after a length
-// byte. That is what the spec, SPDK, libnvme 1.15 / nvme-cli 2.15 and later,
+// byte. That is what the spec, SPDK, libnvme 1.16 / nvme-cli 2.16 and later,
 // and the kernel compute (the kernel derives only TLS PSKs of generated PSKs,
 // for secure channel concatenation, and omitted the length bytes there until
 // the 2025 patch "nvme-auth: use hkdf_expand_label()").
 //
 // # The compat encoding
 //
-// libnvme up to 1.14 (nvme-cli up to 2.14) built the HkdfLabel differently:
+// libnvme up to 1.15 (nvme-cli up to 2.15) built the HkdfLabel differently:
 // the length in host byte order (little-endian on the usual hosts), and
 // "tls13 "+label and the context concatenated with no length bytes. Retained
 // PSKs, v1 digests and TLS PSKs from those versions therefore differ from the
-// spec's. libnvme 1.15 kept the old encoding as nvme_*_compat functions, and
+// spec's. The fix (libnvme fde6b1f5, "libnvme: TLS PSK derivation fixes")
+// first shipped in libnvme 1.16; an earlier attempt was reverted before 1.15.
+// libnvme 1.16 kept the old encoding as nvme_*_compat functions, and
 // this package offers it, little-endian, behind the explicit CompatLabels
 // option, checked against libnvme's compat vectors. We emit RFC 8446 unless a
 // caller asks. nvme-cli 2.3 with libnvme 1.3 (Debian 12) derives no TLS keys
@@ -74,11 +76,12 @@
 //     rejects it; nvmegate itself generates 01 or 02 keys. 03 is refused:
 //     TLS 1.3 has no SHA-512 PSK cipher suite.
 //   - Strictness. Readers differ in what else they let through (the kernel
-//     takes a missing final ':' and reads hh as decimal). We accept
-//     only the canonical form, so that a parsed key re-encodes to the same
-//     string: exact prefix, two-digit hh, padded standard base64 with zero
-//     padding bits and no line breaks, one final ':' and nothing after it.
-//     Callers trim whitespace first.
+//     takes a missing final ':' and reads hh as decimal; nvme-cli 2.3 takes
+//     base64 with non-zero padding bits). We accept only the canonical form,
+//     so that a parsed key re-encodes to the same string: exact prefix,
+//     two-digit hh, padded standard base64 with zero padding bits and no line
+//     breaks, one final ':' and nothing after it. Callers trim whitespace
+//     first.
 //   - The transformed DH-HMAC-CHAP key has the hash size, whatever the secret
 //     length (the kernel's nvme_auth_transform_key).
 //   - v0 TLS PSK. libnvme (derive_tls_key) and SPDK (nvme_tcp_derive_tls_psk)

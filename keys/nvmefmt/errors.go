@@ -26,7 +26,7 @@ var (
 	// ErrLength: a secret has a length the format does not allow, either in
 	// a decoded key or in a call (DH-HMAC-CHAP: 32, 48 or 64 bytes and, for
 	// hash 01-03, exactly the hash size; TLS PSK: 32 or 48 bytes and, for
-	// hash 01-02, exactly the hash size).
+	// hash 01-02, exactly the hash size), or a key body longer than any key.
 	ErrLength = errors.New("nvmefmt: wrong secret length")
 
 	// ErrCRC: the CRC-32 appended to the secret does not match it; the key
@@ -48,4 +48,12 @@ var (
 	// ErrDigest: a PSK digest given to TLSPSK is not the base64 of a hash
 	// of the right size (44 characters for SHA-256, 64 for SHA-384).
 	ErrDigest = errors.New("nvmefmt: malformed PSK digest")
+
+	// ErrSPIFFEID: HostNQNFromSPIFFEID was given something that is not the
+	// SPIFFE ID of a workload (spiffe://<trust domain>/<path>).
+	ErrSPIFFEID = errors.New("nvmefmt: not a SPIFFE ID")
+
+	// ErrConnection wraps every validation error of a Connection; the
+	// message names the field, never a secret.
+	ErrConnection = errors.New("nvmefmt: invalid connection")
 )

@@ -2,7 +2,6 @@ package nvmefmt
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -38,9 +37,6 @@ type Endpoint struct {
 	Address   string // traddr: an IP address
 	ServiceID string // trsvcid: the port number
 }
-
-// ErrConnection is wrapped by every validation error of a Connection.
-var ErrConnection = errors.New("nvmefmt: invalid connection")
 
 // Validate checks every field, including that the secrets parse. Errors name
 // the field, never a secret.

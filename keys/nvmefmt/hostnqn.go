@@ -1,7 +1,6 @@
 package nvmefmt
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 
@@ -17,9 +16,6 @@ import (
 // without an explicit binding would get a new host NQN, and with it new
 // credentials and a new target entry.
 var HostNQNNamespace = uuid.MustParse("e0f6bfa2-56aa-5dc0-9b36-c5480428322d")
-
-// ErrSPIFFEID is returned for a string that is not a workload SPIFFE ID.
-var ErrSPIFFEID = errors.New("nvmefmt: not a SPIFFE ID")
 
 // HostNQNFromSPIFFEID derives a node's default host NQN from its SPIFFE ID:
 // "nqn.2014-08.org.nvmexpress:uuid:" + UUIDv5(HostNQNNamespace, id). SPIFFE

@@ -72,7 +72,7 @@ func parse(s, prefix, kind string, maxHash Hash) (Hash, []byte, error) {
 		return 0, nil, fmt.Errorf("%w: %s lacks the ':' after its base64 body", ErrTrailer, kind)
 	}
 	if end != len(body)-1 {
-		return 0, nil, fmt.Errorf("%w: %s has %d unexpected bytes after the ':' that ends its base64 body",
+		return 0, nil, fmt.Errorf("%w: %s has %d unexpected byte(s) after the ':' that ends its base64 body",
 			ErrTrailer, kind, len(body)-end-1)
 	}
 	body = body[:end]
@@ -80,6 +80,10 @@ func parse(s, prefix, kind string, maxHash Hash) (Hash, []byte, error) {
 		if !isBase64Char(body[i]) {
 			return 0, nil, fmt.Errorf("%w: %s has an invalid character at body offset %d", ErrBase64, kind, i)
 		}
+	}
+	if len(body) > maxBody {
+		// Longer than any key; do not decode it.
+		return 0, nil, fmt.Errorf("%w: %s body of %d characters is longer than any secret's", ErrLength, kind, len(body))
 	}
 	raw, err := strictBase64.DecodeString(body)
 	if err != nil {

@@ -27,7 +27,7 @@ func TestExpandLabelRFC8448(t *testing.T) {
 	}
 }
 
-// The compat encoding of libnvme <= 1.14 (derive_retained_key with three
+// The compat encoding of libnvme <= 1.15 (derive_retained_key with three
 // add1_hkdf_info calls after the host-order length): no length bytes.
 func TestHKDFLabelCompat(t *testing.T) {
 	info, err := hkdfLabel("HostNQN", "nqn.h", 48, true)
