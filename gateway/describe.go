@@ -2,66 +2,340 @@ package gateway
 
 import (
 	"context"
+	"time"
 
+	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/authz"
+	"github.com/nvmegate/nvmegate/identity"
+	"github.com/nvmegate/nvmegate/keys/nvmefmt"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
 
-// describe tells policy what a request is about: an action name derived from
+// describe tells policy what a request is about: the action derived from
 // the RPC ("/nvmegate.v1.Inventory/AddTarget" → "inventory.add_target") and
-// the attributes the request carries (kind, keys, and for Adds the new
-// record's tenant, region and class). Requests arrive here validated.
+// input.resource, built from STORED records wherever the request names one
+// (the owning tenant of a subsystem comes from the store, not from the
+// caller). Only what a request creates, or the filters it asks for, come
+// from the request itself. The schema is policy/README.md's; requests
+// arrive here validated.
 //
-// These are the caller's claims, not stored facts: the foundation policy
-// only lets admins use the inventory, so that is enough. Tenant-scoped reads
-// (the Policy issue) must look the stored record up here and hand policy its
-// tenant, region and class instead.
-func describe(_ context.Context, fullMethod string, req any) (string, map[string]any, error) {
-	return authz.ActionFromMethod(fullMethod), resourceOf(req), nil
+// A record that does not exist is described by its key alone: policy then
+// decides on what the caller may learn, and the handler answers NotFound to
+// callers that were allowed. Any other store error fails the call closed.
+func (s *Server) describe(ctx context.Context, fullMethod string, req any) (string, map[string]any, error) {
+	d := describer{ctx: ctx, store: s.store}
+	res, err := d.resource(req)
+	if err != nil {
+		return "", nil, err
+	}
+	return authz.ActionFromMethod(fullMethod), res, nil
 }
 
-func resourceOf(req any) map[string]any {
+type describer struct {
+	ctx   context.Context
+	store InventoryStore
+}
+
+func (d describer) resource(req any) (map[string]any, error) {
 	switch r := req.(type) {
 	case *pb.AddTargetRequest:
-		return map[string]any{"kind": "target", "id": r.Target.GetId(), "region": r.Target.GetRegion(), "fabric": r.Target.GetFabric()}
+		t := r.Target
+		return res("target", "", "target", map[string]any{"id": t.GetId(), "region": t.GetRegion(), "fabric": t.GetFabric(), "driver": t.GetDriver()}), nil
 	case *pb.GetTargetRequest:
-		return map[string]any{"kind": "target", "id": r.Id}
+		return d.target(r.Id)
 	case *pb.RemoveTargetRequest:
-		return map[string]any{"kind": "target", "id": r.Id}
+		return d.target(r.Id)
 	case *pb.ListTargetsRequest:
-		return map[string]any{"kind": "target"}
+		return res("target", ""), nil
+
 	case *pb.AddSubsystemRequest:
-		return map[string]any{"kind": "subsystem", "nqn": r.Subsystem.GetNqn(), "tenant": r.Subsystem.GetTenant(), "target_id": r.Subsystem.GetTargetId()}
+		sub := r.Subsystem
+		out := res("subsystem", sub.GetTenant(), "subsystem", map[string]any{
+			"nqn": sub.GetNqn(), "tenant": sub.GetTenant(), "target_id": sub.GetTargetId(), "dhchap": sub.GetDhchap(), "tls": sub.GetTls(),
+		})
+		return out, d.addTarget(out, sub.GetTargetId())
 	case *pb.GetSubsystemRequest:
-		return map[string]any{"kind": "subsystem", "nqn": r.Nqn}
+		return d.subsystem(r.Nqn)
 	case *pb.RemoveSubsystemRequest:
-		return map[string]any{"kind": "subsystem", "nqn": r.Nqn}
+		return d.subsystem(r.Nqn)
 	case *pb.ListSubsystemsRequest:
-		return map[string]any{"kind": "subsystem", "tenant": r.Tenant}
+		return res("subsystem", r.Tenant), nil
+
 	case *pb.AddNamespaceRequest:
-		n := r.Namespace
-		return map[string]any{
-			"kind": "namespace", "subsystem_nqn": n.GetSubsystemNqn(), "nsid": n.GetNsid(), "tenant": n.GetTenant(),
-			"region": n.GetRegion(), "data_class": n.GetDataClass(),
+		n, err := namespaceFromProto(r.Namespace)
+		if err != nil {
+			return nil, err
 		}
+		out := res("namespace", n.Tenant)
+		if err := d.addSubsystemOf(out, n.SubsystemNQN); err != nil {
+			return nil, err
+		}
+		ns, err := d.namespaceValue(n, "")
+		if err != nil {
+			return nil, err
+		}
+		out["namespaces"] = []any{ns}
+		return out, nil
 	case *pb.GetNamespaceRequest:
-		return map[string]any{"kind": "namespace", "subsystem_nqn": r.SubsystemNqn, "nsid": r.Nsid}
+		return d.namespace(r.SubsystemNqn, r.Nsid)
 	case *pb.RemoveNamespaceRequest:
-		return map[string]any{"kind": "namespace", "subsystem_nqn": r.SubsystemNqn, "nsid": r.Nsid}
+		return d.namespace(r.SubsystemNqn, r.Nsid)
 	case *pb.ListNamespacesRequest:
-		return map[string]any{"kind": "namespace", "tenant": r.Tenant}
+		return res("namespace", r.Tenant), nil
+
 	case *pb.AddHostBindingRequest:
-		return map[string]any{"kind": "host_binding", "spiffe_id": r.Binding.GetSpiffeId(), "tenant": r.Binding.GetTenant()}
+		b := r.Binding
+		return res("host_binding", b.GetTenant(), "host_binding", map[string]any{
+			"spiffe_id": b.GetSpiffeId(), "host_nqn": b.GetHostNqn(), "tenant": b.GetTenant(), "bound": true,
+		}), nil
 	case *pb.GetHostBindingRequest:
-		return map[string]any{"kind": "host_binding", "spiffe_id": r.SpiffeId}
+		return d.binding(r.SpiffeId)
 	case *pb.RemoveHostBindingRequest:
-		return map[string]any{"kind": "host_binding", "spiffe_id": r.SpiffeId}
+		return d.binding(r.SpiffeId)
 	case *pb.ListHostBindingsRequest:
-		return map[string]any{"kind": "host_binding", "tenant": r.Tenant}
+		return res("host_binding", r.Tenant), nil
+
 	case *pb.AdmitRequest:
-		return map[string]any{"kind": "job", "job_id": r.JobId, "tenant": r.Tenant}
+		return d.admit(r)
+	case *pb.JobsListRequest:
+		return res("job", r.Tenant), nil
+	case *pb.ListGrantsRequest:
+		return res("grant", ""), nil
 	case interface{ GetJobId() string }:
-		return map[string]any{"kind": "job", "job_id": r.GetJobId()}
+		// Jobs.Get/Finish, Access.Discover/Connect, Audit.Lineage: the job
+		// store arrives with the connect flow; until then the job is
+		// described by its ID only, and policy refuses what needs a job.
+		out := res("job", "")
+		out["job"] = map[string]any{"job_id": r.GetJobId()}
+		return out, nil
+
+	case *pb.RotateRequest:
+		return d.subsystemAs("key", r.SubsystemNqn)
+	case *pb.KeysStatusRequest:
+		if r.SubsystemNqn == "" {
+			return res("key", ""), nil
+		}
+		return d.subsystemAs("key", r.SubsystemNqn)
+
+	case *pb.QueryRequest:
+		return res("audit", r.Tenant), nil
+	case *pb.CheckpointRequest, *pb.InclusionProofRequest, *pb.ConsistencyProofRequest, *pb.ExportRequest:
+		return res("audit", ""), nil
+	case *pb.ExplainRequest, *pb.PolicyStatusRequest:
+		return res("policy", ""), nil
 	}
-	return map[string]any{}
+	return res("none", ""), nil
+}
+
+// res starts a resource of kind for tenant, with optional key/value pairs.
+func res(kind, tenant string, kv ...any) map[string]any {
+	m := map[string]any{"kind": kind, "tenant": tenant}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i].(string)] = kv[i+1]
+	}
+	return m
+}
+
+func found(err error) (bool, error) {
+	switch nvmegate.ErrorCode(err) {
+	case "":
+		return true, nil
+	case nvmegate.ENOTFOUND:
+		return false, nil
+	}
+	return false, err
+}
+
+func targetValue(t *nvmegate.Target) map[string]any {
+	return map[string]any{"id": t.ID, "region": t.Region, "fabric": t.Fabric, "driver": t.Driver}
+}
+
+func subsystemValue(s *nvmegate.Subsystem) map[string]any {
+	return map[string]any{"nqn": s.NQN, "tenant": s.Tenant, "target_id": s.TargetID, "dhchap": s.DHCHAP, "tls": s.TLS}
+}
+
+func (d describer) target(id string) (map[string]any, error) {
+	out := res("target", "")
+	t, err := d.store.Target(d.ctx, id)
+	if ok, err := found(err); err != nil {
+		return nil, err
+	} else if ok {
+		out["target"] = targetValue(t)
+	} else {
+		out["target"] = map[string]any{"id": id}
+	}
+	return out, nil
+}
+
+// addTarget adds the stored target id to out, if it exists.
+func (d describer) addTarget(out map[string]any, id string) error {
+	t, err := d.store.Target(d.ctx, id)
+	if ok, err := found(err); err != nil {
+		return err
+	} else if ok {
+		out["target"] = targetValue(t)
+	}
+	return nil
+}
+
+func (d describer) subsystem(nqn string) (map[string]any, error) {
+	return d.subsystemAs("subsystem", nqn)
+}
+
+// subsystemAs describes a request about subsystem nqn (or its keys): the
+// stored subsystem's tenant is the resource's tenant.
+func (d describer) subsystemAs(kind, nqn string) (map[string]any, error) {
+	out := res(kind, "")
+	if err := d.addSubsystemOf(out, nqn); err != nil {
+		return nil, err
+	}
+	if tenant, ok := out["subsystem"].(map[string]any)["tenant"].(string); ok {
+		out["tenant"] = tenant
+	}
+	return out, nil
+}
+
+// addSubsystemOf adds the stored subsystem nqn and its target to out.
+func (d describer) addSubsystemOf(out map[string]any, nqn string) error {
+	s, err := d.store.Subsystem(d.ctx, nqn)
+	ok, err := found(err)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		out["subsystem"] = map[string]any{"nqn": nqn}
+		return nil
+	}
+	out["subsystem"] = subsystemValue(s)
+	return d.addTarget(out, s.TargetID)
+}
+
+func (d describer) namespace(nqn string, nsid uint32) (map[string]any, error) {
+	out := res("namespace", "")
+	n, err := d.store.Namespace(d.ctx, nqn, nsid)
+	ok, err := found(err)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		out["namespaces"] = []any{map[string]any{"subsystem_nqn": nqn, "nsid": int64(nsid)}}
+		return out, nil
+	}
+	out["tenant"] = n.Tenant
+	ns, err := d.namespaceValue(n, "")
+	if err != nil {
+		return nil, err
+	}
+	out["namespaces"] = []any{ns}
+	return out, d.addSubsystemOf(out, nqn)
+}
+
+// namespaceValue describes namespace n with the mode asked for and the
+// target its data is on (through its stored subsystem).
+func (d describer) namespaceValue(n *nvmegate.Namespace, mode string) (map[string]any, error) {
+	v := map[string]any{
+		"subsystem_nqn": n.SubsystemNQN, "nsid": int64(n.NSID), "tenant": n.Tenant, "region": n.Region,
+		"data_class": n.DataClass, "mode": mode,
+		"dataset": map[string]any{"name": n.Dataset.Name, "digest": n.Dataset.Digest},
+		"qos":     map[string]any{"max_iops": n.QoS.MaxIOPS, "max_mbps": n.QoS.MaxMBps},
+	}
+	s, err := d.store.Subsystem(d.ctx, n.SubsystemNQN)
+	if ok, err := found(err); err != nil || !ok {
+		return v, err
+	}
+	t, err := d.store.Target(d.ctx, s.TargetID)
+	if ok, err := found(err); err != nil || !ok {
+		return v, err
+	}
+	v["target"] = map[string]any{"id": t.ID, "region": t.Region, "fabric": t.Fabric}
+	return v, nil
+}
+
+func (d describer) binding(id string) (map[string]any, error) {
+	out := res("host_binding", "")
+	b, err := d.store.HostBinding(d.ctx, id)
+	if ok, err := found(err); err != nil {
+		return nil, err
+	} else if ok {
+		out["tenant"] = b.Tenant
+		out["host_binding"] = bindingValue(b, true)
+	} else {
+		out["host_binding"] = map[string]any{"spiffe_id": id, "bound": false}
+	}
+	return out, nil
+}
+
+func bindingValue(b *nvmegate.HostBinding, bound bool) map[string]any {
+	return map[string]any{"spiffe_id": b.SPIFFEID, "host_nqn": b.HostNQN, "tenant": b.Tenant, "bound": bound}
+}
+
+// nodeBinding is the binding of node id, or its derived default when it has
+// none (bound false, no tenant).
+func (d describer) nodeBinding(id string) (map[string]any, error) {
+	b, err := d.store.HostBinding(d.ctx, id)
+	ok, err := found(err)
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		return bindingValue(b, true), nil
+	}
+	nqn, err := nvmefmt.HostNQNFromSPIFFEID(id)
+	if err != nil {
+		return nil, nvmegate.Invalid("nodes", "%v", err)
+	}
+	return bindingValue(&nvmegate.HostBinding{SPIFFEID: id, HostNQN: nqn}, false), nil
+}
+
+// admit describes a job admission: the requested scope, with the stored
+// record of every namespace it names and the binding of every node.
+func (d describer) admit(r *pb.AdmitRequest) (map[string]any, error) {
+	out := res("job", r.Tenant)
+	nodes := make([]any, 0, len(r.Nodes))
+	for _, id := range r.Nodes {
+		b, err := d.nodeBinding(id)
+		if err != nil {
+			return nil, err
+		}
+		nodes = append(nodes, b)
+	}
+	out["nodes"] = nodes
+	nss := make([]any, 0, len(r.Namespaces))
+	for _, jn := range r.Namespaces {
+		mode := nvmegate.ModeReadOnly
+		if jn.Mode == pb.AccessMode_ACCESS_MODE_READ_WRITE {
+			mode = nvmegate.ModeReadWrite
+		}
+		n, err := d.store.Namespace(d.ctx, jn.SubsystemNqn, jn.Nsid)
+		ok, err := found(err)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			// Unknown to the inventory: no tenant, so policy refuses it.
+			nss = append(nss, map[string]any{"subsystem_nqn": jn.SubsystemNqn, "nsid": int64(jn.Nsid), "mode": mode})
+			continue
+		}
+		v, err := d.namespaceValue(n, mode)
+		if err != nil {
+			return nil, err
+		}
+		nss = append(nss, v)
+	}
+	out["namespaces"] = nss
+	scheduler, _ := identity.PeerID(d.ctx)
+	out["job"] = map[string]any{
+		"job_id": r.JobId, "tenant": r.Tenant, "scheduler": scheduler.String(), "nodes": anySlice(r.Nodes),
+		"allowed_regions": anySlice(r.AllowedRegions), "expires_at": r.ExpiresAt.AsTime().UTC().Format(time.RFC3339Nano),
+		"state": "requested",
+	}
+	return out, nil
+}
+
+func anySlice(s []string) []any {
+	out := make([]any, len(s))
+	for i, v := range s {
+		out[i] = v
+	}
+	return out
 }

@@ -1,18 +1,23 @@
 package gateway
 
 import (
+	"context"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/nvmegate/nvmegate"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
+	"github.com/nvmegate/nvmegate/store"
 )
 
 // FuzzValidate feeds arbitrary wire bytes to every request type the gateway
-// validates: whatever decodes must be validated without a panic, and
-// describe must cope with it too.
+// validates: whatever decodes must be validated without a panic, and what
+// validates must be described for policy (against a real, empty store)
+// without one.
 func FuzzValidate(f *testing.F) {
 	seeds := []proto.Message{
 		&pb.AddTargetRequest{Target: &pb.Target{Id: "t", Ports: []*pb.Port{{Id: 70000, Address: "::1", AddressFamily: "ipv4"}}}},
@@ -45,13 +50,21 @@ func FuzzValidate(f *testing.F) {
 		func() proto.Message { return &pb.ConsistencyProofRequest{} },
 	}
 	now := time.Unix(1_800_000_000, 0)
+	db, err := store.Open(filepath.Join(f.TempDir(), "inventory.db"), store.Options{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer db.Close()
+	d := describer{ctx: context.Background(), store: db}
 	f.Fuzz(func(t *testing.T, kind uint8, data []byte) {
 		m := types[int(kind)%len(types)]()
 		if proto.Unmarshal(data, m) != nil {
 			return
 		}
-		if err := validate(m, now); err == nil {
-			_ = resourceOf(m)
+		if validate(m, now) == nil {
+			if _, err := d.resource(m); err != nil && nvmegate.ErrorCode(err) != nvmegate.EINVALID {
+				t.Fatalf("describe(%v): %v", m, err)
+			}
 		}
 	})
 }

@@ -74,7 +74,7 @@ func (s *Server) unaryInterceptors() []grpc.UnaryServerInterceptor {
 			}
 			return h(ctx, req)
 		},
-		authz.UnaryServerInterceptor(s.authorizer, describe, s.log, authz.WithPeerID(identity.PeerID)),
+		authz.UnaryServerInterceptor(s.authorizer, s.describe, s.log, authz.WithPeerID(identity.PeerID)),
 	}
 }
 
@@ -94,7 +94,7 @@ func (s *Server) streamInterceptors() []grpc.StreamServerInterceptor {
 		// the stream is authorized: policy decides on the RPC and caller
 		// alone (no stream of ours takes a request policy needs to see), and
 		// every received message is validated before the handler gets it.
-		authz.StreamServerInterceptor(s.authorizer, describe, s.log, authz.WithPeerID(identity.PeerID)),
+		authz.StreamServerInterceptor(s.authorizer, s.describe, s.log, authz.WithPeerID(identity.PeerID)),
 		func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 			return h(srv, &validatingStream{ServerStream: ss, now: s.now})
 		},

@@ -46,6 +46,7 @@ type Server struct {
 	grpc            *grpc.Server
 	health          *health.Server
 	authorizer      authz.Authorizer
+	store           InventoryStore
 	log             *slog.Logger
 	metrics         *metrics
 	now             func() time.Time
@@ -59,6 +60,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		authorizer:      cfg.Authorizer,
+		store:           cfg.Store,
 		log:             cfg.Logger,
 		now:             cfg.Now,
 		shutdownTimeout: cfg.ShutdownTimeout,
