@@ -1,0 +1,732 @@
+package audit
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nvmegate/nvmegate/attest"
+	"github.com/transparency-dev/merkle/compact"
+	"github.com/transparency-dev/merkle/rfc6962"
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+)
+
+// StoreSchemaVersion is the version of the bucket layout (doc.go). Open
+// refuses newer files with ErrSchemaTooNew.
+const StoreSchemaVersion = 1
+
+const logKind = "nvmegate/audit"
+
+// Bucket names; doc.go describes keys and values.
+var (
+	bucketMeta        = []byte("meta")
+	bucketEntries     = []byte("entries")
+	bucketTiles       = []byte("tiles")
+	bucketCheckpoints = []byte("checkpoints")
+	bucketKeys        = []byte("keys")
+	bucketIdxJob      = []byte("idx_job")
+	bucketIdxTenant   = []byte("idx_tenant")
+	bucketIdxNS       = []byte("idx_namespace")
+	bucketIdxTime     = []byte("idx_time")
+
+	allBuckets = [][]byte{
+		bucketMeta, bucketEntries, bucketTiles, bucketCheckpoints, bucketKeys,
+		bucketIdxJob, bucketIdxTenant, bucketIdxNS, bucketIdxTime,
+	}
+
+	metaKind   = []byte("kind")
+	metaSchema = []byte("schema_version")
+	metaOrigin = []byte("origin")
+	metaTree   = []byte("tree")
+)
+
+// Defaults of Options.
+const (
+	DefaultTimeout  = time.Second
+	DefaultMaxBatch = 1024
+	defaultQueue    = 4096
+	// mmapSize is reserved up front so that the writer rarely remaps:
+	// a remap waits for every read transaction, and a long export would
+	// then stall appends.
+	mmapSize = 1 << 30
+)
+
+// Options configure a Log. Origin is required for a new log; the rest have
+// documented defaults.
+type Options struct {
+	// Origin names the log: the first line of its checkpoints and the key
+	// name of their signatures (C2SP tlog-checkpoint), e.g.
+	// "nvmegate.example.com/audit". A new file stores it; an existing file
+	// keeps its own and Open refuses a different non-empty one.
+	Origin string
+
+	// Signer signs checkpoints. Nil opens the log without signing
+	// (Checkpoint returns ErrNoSigner): enough for export, query, proofs.
+	Signer attest.Signer
+
+	// Now stamps entries whose Time is zero; it is called from the
+	// appending goroutines concurrently. Default time.Now.
+	Now func() time.Time
+
+	// Timeout bounds the wait for the file lock. Zero means DefaultTimeout.
+	Timeout time.Duration
+
+	// MaxBatch caps the entries committed in one transaction. Zero means
+	// DefaultMaxBatch.
+	MaxBatch int
+
+	// MaxSize, if positive, caps the file size (bbolt's MaxSize): appends
+	// past it fail as on a full disk. For tests and quota.
+	MaxSize int
+
+	// ReadOnly opens the file with a shared lock for export, query and
+	// checks; Append and Checkpoint return ErrClosed.
+	ReadOnly bool
+}
+
+// Log is the append-only, tamper-evident audit log. Its methods are safe
+// for concurrent use.
+type Log struct {
+	path   string
+	opts   Options
+	origin string
+	now    func() time.Time
+
+	// dbmu guards db: every user holds it for reading; recovery after a
+	// failed commit replaces db under the write lock.
+	dbmu sync.RWMutex
+	db   *bolt.DB
+
+	// Committed tree state; only the writer changes it.
+	stmu sync.RWMutex
+	size uint64
+	rng  *compact.Range
+
+	reqs     chan *appendReq
+	closeMu  sync.RWMutex
+	closed   bool
+	stop     chan struct{}
+	done     chan struct{}
+	failed   error // sticky, set by the writer when recovery fails; guarded by closeMu
+	maxBatch int
+
+	idx memIndex // postings not yet in the index buckets
+
+	cpMu   sync.Mutex  // serializes checkpoint signing
+	latest *Checkpoint // guarded by cpMu
+}
+
+var hasher = rfc6962.DefaultHasher
+
+var rangeFactory = &compact.RangeFactory{Hash: hasher.HashChildren}
+
+type appendReq struct {
+	data     []byte
+	leaf     [32]byte
+	keys     indexKeys
+	unixNano int64
+	done     chan appendResult
+}
+
+type appendResult struct {
+	index uint64
+	err   error
+}
+
+// Open opens or creates (mode 0600) the log file at path, checks it and
+// loads the tree state. It starts the writer goroutine; call Close.
+func Open(path string, opts Options) (*Log, error) {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	switch {
+	case opts.Timeout < 0:
+		return nil, fmt.Errorf("audit: open %s: negative lock timeout", path)
+	case opts.Timeout == 0:
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.MaxBatch <= 0 {
+		opts.MaxBatch = DefaultMaxBatch
+	}
+	if opts.Origin != "" && !validOrigin(opts.Origin) {
+		return nil, fmt.Errorf("audit: open %s: invalid origin %q (no spaces, '+' or control characters)", path, opts.Origin)
+	}
+	l := &Log{
+		path:     path,
+		opts:     opts,
+		now:      opts.Now,
+		reqs:     make(chan *appendReq, defaultQueue),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+		maxBatch: opts.MaxBatch,
+	}
+	db, err := l.openDB()
+	if err != nil {
+		return nil, err
+	}
+	l.db = db
+	if err := l.load(); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	if opts.ReadOnly {
+		l.closed = true
+		close(l.done)
+	} else {
+		go l.writer()
+	}
+	return l, nil
+}
+
+func (l *Log) openDB() (*bolt.DB, error) {
+	bo := &bolt.Options{
+		Timeout:         l.opts.Timeout,
+		ReadOnly:        l.opts.ReadOnly,
+		InitialMmapSize: mmapSize,
+		MaxSize:         l.opts.MaxSize,
+		FreelistType:    bolt.FreelistMapType,
+	}
+	db, err := bolt.Open(l.path, 0o600, bo)
+	if errors.Is(err, berrors.ErrTimeout) {
+		return nil, fmt.Errorf("audit: open %s: %w (waited %s)", l.path, ErrLocked, l.opts.Timeout)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("audit: open %s: %w", l.path, err)
+	}
+	if !l.opts.ReadOnly {
+		if err := db.Update(l.initSchema); err != nil {
+			_ = db.Close()
+			return nil, fmt.Errorf("audit: open %s: %w", l.path, err)
+		}
+	}
+	return db, nil
+}
+
+func (l *Log) initSchema(tx *bolt.Tx) error {
+	meta := tx.Bucket(bucketMeta)
+	if meta == nil {
+		if k, _ := tx.Cursor().First(); k != nil {
+			return fmt.Errorf("%w: it has buckets but no %q bucket", ErrNotAuditLog, bucketMeta)
+		}
+		if l.opts.Origin == "" {
+			return fmt.Errorf("a new audit log needs Options.Origin")
+		}
+		var err error
+		if meta, err = tx.CreateBucket(bucketMeta); err != nil {
+			return err
+		}
+		for k, v := range map[string][]byte{
+			string(metaKind):   []byte(logKind),
+			string(metaSchema): u64(StoreSchemaVersion),
+			string(metaOrigin): []byte(l.opts.Origin),
+			string(metaTree):   u64(0),
+		} {
+			if err := meta.Put([]byte(k), v); err != nil {
+				return err
+			}
+		}
+	}
+	if err := checkMeta(meta, l.opts.Origin); err != nil {
+		return err
+	}
+	for _, name := range allBuckets {
+		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+			return fmt.Errorf("create bucket %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func checkMeta(meta *bolt.Bucket, origin string) error {
+	if meta == nil {
+		return fmt.Errorf("%w: no %q bucket", ErrNotAuditLog, bucketMeta)
+	}
+	if kind := meta.Get(metaKind); string(kind) != logKind {
+		return fmt.Errorf("%w: kind is %q", ErrNotAuditLog, kind)
+	}
+	v := meta.Get(metaSchema)
+	if len(v) != 8 {
+		return fmt.Errorf("%w: schema version of %d bytes", ErrCorrupt, len(v))
+	}
+	switch version := binary.BigEndian.Uint64(v); {
+	case version > StoreSchemaVersion:
+		return fmt.Errorf("%w: file has version %d, this binary knows up to %d", ErrSchemaTooNew, version, StoreSchemaVersion)
+	case version < 1:
+		return fmt.Errorf("%w: schema version %d", ErrCorrupt, version)
+	}
+	if o := meta.Get(metaOrigin); origin != "" && string(o) != origin {
+		return fmt.Errorf("origin mismatch: the log is %q, Options.Origin is %q", o, origin)
+	}
+	return nil
+}
+
+// load reads the tree state and latest checkpoint, and checks that the
+// tree state agrees with the entries and nodes stored.
+func (l *Log) load() error {
+	return l.db.View(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if err := checkMeta(meta, ""); err != nil {
+			return fmt.Errorf("audit: open %s: %w", l.path, err)
+		}
+		for _, name := range allBuckets {
+			if tx.Bucket(name) == nil {
+				return fmt.Errorf("audit: open %s: %w: bucket %s missing", l.path, ErrCorrupt, name)
+			}
+		}
+		l.origin = string(meta.Get(metaOrigin))
+		size, rng, err := decodeTreeState(meta.Get(metaTree))
+		if err != nil {
+			return fmt.Errorf("audit: open %s: %w", l.path, err)
+		}
+		if err := checkStoredTree(tx, size, rng); err != nil {
+			return fmt.Errorf("audit: open %s: %w", l.path, err)
+		}
+		l.size, l.rng = size, rng
+		if err := l.rebuildMemIndex(tx); err != nil {
+			return fmt.Errorf("audit: open %s: %w", l.path, err)
+		}
+		if k, v := tx.Bucket(bucketCheckpoints).Cursor().Last(); k != nil {
+			cp, err := parseCheckpointBody(noteText(v))
+			if err != nil {
+				return fmt.Errorf("audit: open %s: %w: latest checkpoint: %v", l.path, ErrCorrupt, err)
+			}
+			cp.Note = append([]byte(nil), v...)
+			if cp.Size > size {
+				return fmt.Errorf("audit: open %s: %w: checkpoint of size %d beyond tree size %d", l.path, ErrCorrupt, cp.Size, size)
+			}
+			l.latest = &cp
+		}
+		return nil
+	})
+}
+
+func decodeTreeState(v []byte) (uint64, *compact.Range, error) {
+	if len(v) < 8 || (len(v)-8)%32 != 0 {
+		return 0, nil, fmt.Errorf("%w: tree state of %d bytes", ErrCorrupt, len(v))
+	}
+	size := binary.BigEndian.Uint64(v)
+	var hashes [][]byte
+	for p := v[8:]; len(p) > 0; p = p[32:] {
+		hashes = append(hashes, append([]byte(nil), p[:32]...))
+	}
+	rng, err := rangeFactory.NewRange(0, size, hashes)
+	if err != nil {
+		return 0, nil, fmt.Errorf("%w: tree state: %v", ErrCorrupt, err)
+	}
+	return size, rng, nil
+}
+
+func encodeTreeState(size uint64, rng *compact.Range) []byte {
+	hs := rng.Hashes()
+	b := make([]byte, 8, 8+32*len(hs))
+	binary.BigEndian.PutUint64(b, size)
+	for _, h := range hs {
+		b = append(b, h...)
+	}
+	return b
+}
+
+// Origin returns the log's origin line.
+func (l *Log) Origin() string { return l.origin }
+
+// Size returns the number of durable entries.
+func (l *Log) Size() uint64 {
+	l.stmu.RLock()
+	defer l.stmu.RUnlock()
+	return l.size
+}
+
+// treeHead returns the committed size and root hash.
+func (l *Log) treeHead() (uint64, [32]byte) {
+	l.stmu.RLock()
+	defer l.stmu.RUnlock()
+	return l.size, rootOf(l.rng)
+}
+
+func rootOf(rng *compact.Range) [32]byte {
+	var out [32]byte
+	if rng.End() == 0 {
+		copy(out[:], hasher.EmptyRoot())
+		return out
+	}
+	r, err := rng.GetRootHash(nil)
+	if err != nil {
+		panic(err) // the range always starts at 0
+	}
+	copy(out[:], r)
+	return out
+}
+
+// Close stops accepting appends, commits the ones already queued, and
+// closes the file. It does not sign a final checkpoint: the Checkpointer
+// does that when its context ends, before Close.
+func (l *Log) Close() error {
+	l.closeMu.Lock()
+	wasClosed := l.closed
+	l.closed = true
+	l.closeMu.Unlock()
+	if !wasClosed {
+		close(l.stop)
+	}
+	<-l.done
+	l.dbmu.Lock()
+	defer l.dbmu.Unlock()
+	if l.db == nil {
+		return nil
+	}
+	// Write the memory index so that the next Open need not rebuild it.
+	// Best effort: Open rebuilds it from the entries if this fails.
+	l.closeMu.RLock()
+	failed := l.failed
+	l.closeMu.RUnlock()
+	if !l.opts.ReadOnly && failed == nil && l.idx.n > 0 {
+		size := l.Size()
+		_ = l.db.Update(func(tx *bolt.Tx) error { return l.idx.flushTo(tx, nil, size, size) })
+	}
+	err := l.db.Close()
+	l.db = nil
+	if err != nil {
+		return fmt.Errorf("audit: close: %w", err)
+	}
+	return nil
+}
+
+// view runs fn in a read transaction on the current file.
+func (l *Log) view(fn func(*bolt.Tx) error) error {
+	l.dbmu.RLock()
+	defer l.dbmu.RUnlock()
+	if l.db == nil {
+		return ErrClosed
+	}
+	return l.db.View(fn)
+}
+
+// Append records e and returns its index and RFC 6962 leaf hash once the
+// entry is durable: committed to the file and fsync'd. Concurrent appends
+// share commits (group commit): a lone append commits at once, with no
+// timer; appends that arrive during a commit go in the next one together.
+//
+// A zero e.Time is set from Options.Now. An invalid entry or one carrying
+// key material is refused (ErrInvalidEntry, ErrKeyMaterial) before anything
+// is written. Any other error means the entry is not known to be durable:
+// the caller must fail closed (deny). If ctx ends while the commit is in
+// flight, Append returns ctx.Err() and the entry may still be recorded.
+func (l *Log) Append(ctx context.Context, e Entry) (uint64, [32]byte, error) {
+	if e.Time.IsZero() {
+		e.Time = l.now()
+	}
+	// Encode first: it checks every string for key material, which must
+	// be named as such whatever else is wrong with the entry.
+	data, err := e.Encode()
+	if err != nil {
+		return 0, [32]byte{}, err
+	}
+	if err := e.Validate(); err != nil {
+		return 0, [32]byte{}, err
+	}
+	r := &appendReq{data: data, leaf: LeafHash(data), done: make(chan appendResult, 1)}
+	r.keys = makeIndexKeys(&e)
+	r.unixNano = e.Time.UnixNano()
+	if err := ctx.Err(); err != nil {
+		return 0, [32]byte{}, err
+	}
+
+	l.closeMu.RLock()
+	if l.closed {
+		err := l.failed
+		l.closeMu.RUnlock()
+		if err != nil {
+			return 0, [32]byte{}, err
+		}
+		return 0, [32]byte{}, ErrClosed
+	}
+	select {
+	case l.reqs <- r:
+	case <-ctx.Done():
+		l.closeMu.RUnlock()
+		return 0, [32]byte{}, ctx.Err()
+	}
+	l.closeMu.RUnlock()
+
+	select {
+	case res := <-r.done:
+		if res.err != nil {
+			return 0, [32]byte{}, res.err
+		}
+		return res.index, r.leaf, nil
+	case <-ctx.Done():
+		return 0, [32]byte{}, ctx.Err()
+	}
+}
+
+// writer is the single goroutine that commits appends. It takes the first
+// queued request, drains whatever else is queued (up to MaxBatch) without
+// waiting, and commits them in one transaction; appends that arrive during
+// that commit form the next batch. One appender thus never waits for a
+// timer, and many appenders share each fsync.
+func (l *Log) writer() {
+	defer close(l.done)
+	batch := make([]*appendReq, 0, l.maxBatch)
+	for {
+		select {
+		case r := <-l.reqs:
+			batch = append(batch[:0], r)
+		case <-l.stop:
+			// Appenders that got past the closed check have queued
+			// their requests; commit them, then stop.
+			for {
+				batch = batch[:0]
+			drain:
+				for len(batch) < l.maxBatch {
+					select {
+					case r := <-l.reqs:
+						batch = append(batch, r)
+					default:
+						break drain
+					}
+				}
+				if len(batch) == 0 {
+					return
+				}
+				l.commit(batch)
+			}
+		}
+	fill:
+		for len(batch) < l.maxBatch {
+			select {
+			case r := <-l.reqs:
+				batch = append(batch, r)
+			default:
+				break fill
+			}
+		}
+		l.commit(batch)
+	}
+}
+
+// commit writes batch in one transaction and answers every request.
+func (l *Log) commit(batch []*appendReq) {
+	l.closeMu.RLock()
+	failed := l.failed
+	l.closeMu.RUnlock()
+	if failed != nil {
+		for _, r := range batch {
+			r.done <- appendResult{err: failed}
+		}
+		return
+	}
+
+	l.stmu.RLock()
+	start := l.size
+	rng := cloneRange(l.rng)
+	l.stmu.RUnlock()
+
+	l.idx.mu.RLock()
+	flush := l.idx.n+len(batch) >= indexFlushEntries
+	l.idx.mu.RUnlock()
+
+	l.dbmu.RLock()
+	err := l.db.Update(func(tx *bolt.Tx) error {
+		return l.writeBatch(tx, start, rng, batch, flush)
+	})
+	l.dbmu.RUnlock()
+
+	if err != nil {
+		err = fmt.Errorf("%w: commit of %d entries at index %d: %w", ErrUnavailable, len(batch), start, err)
+		for _, r := range batch {
+			r.done <- appendResult{err: err}
+		}
+		l.recoverAfter(err)
+		return
+	}
+	end := start + uint64(len(batch))
+	l.idx.mu.Lock()
+	if flush {
+		l.idx.reset(end)
+	} else {
+		for i, r := range batch {
+			l.idx.add(start+uint64(i), &r.keys)
+		}
+	}
+	l.idx.mu.Unlock()
+	l.stmu.Lock()
+	l.size = end
+	l.rng = rng
+	l.stmu.Unlock()
+	for i, r := range batch {
+		r.done <- appendResult{index: start + uint64(i)}
+	}
+}
+
+func (l *Log) writeBatch(tx *bolt.Tx, start uint64, rng *compact.Range, batch []*appendReq, flush bool) error {
+	// The entries of the batch: one chunk keyed by its first index.
+	size := 0
+	for _, r := range batch {
+		size += 2 + len(r.data)
+	}
+	chunk := make([]byte, 0, size)
+	// New nodes at tile levels (tree levels 0, 8, 16, …), in index order
+	// per level.
+	var fresh [8][][]byte
+	visit := func(id compact.NodeID, h []byte) {
+		if id.Level%8 == 0 {
+			fresh[id.Level/8] = append(fresh[id.Level/8], h)
+		}
+	}
+	for _, r := range batch {
+		chunk = appendRecord(chunk, r.data)
+		if err := rng.Append(r.leaf[:], visit); err != nil {
+			return err
+		}
+	}
+	if err := putChunk(tx, start, chunk); err != nil {
+		return err
+	}
+	if err := putTiles(tx.Bucket(bucketTiles), start, rng.End(), fresh[:]); err != nil {
+		return err
+	}
+	times := tx.Bucket(bucketIdxTime)
+	times.FillPercent = 1
+	if err := times.Put(u64(start), timeRecord(batch)); err != nil {
+		return err
+	}
+	if flush {
+		if err := l.idx.flushTo(tx, batch, start, rng.End()); err != nil {
+			return err
+		}
+	}
+	return tx.Bucket(bucketMeta).Put(metaTree, encodeTreeState(rng.End(), rng))
+}
+
+// putTiles appends the new node hashes of each tile level to its tiles.
+// Tile level L holds the tree level 8L nodes; growing the tree from start
+// to end leaves created nodes [start>>8L, end>>8L) at that level.
+func putTiles(b *bolt.Bucket, start, end uint64, fresh [][][]byte) error {
+	for tl, hs := range fresh {
+		if len(hs) == 0 {
+			continue
+		}
+		shift := 8 * uint(tl)
+		first, last := start>>shift, end>>shift
+		if last-first != uint64(len(hs)) {
+			return fmt.Errorf("%w: %d new nodes at tile level %d, want %d", ErrCorrupt, len(hs), tl, last-first)
+		}
+		for idx := first; idx < last; {
+			n := idx / TileWidth
+			k := tileKey(uint(tl), n)
+			old := b.Get(k)
+			if uint64(len(old)) != (idx%TileWidth)*32 {
+				return fmt.Errorf("%w: tile %d/%d has %d hashes, want %d", ErrCorrupt, tl, n, len(old)/32, idx%TileWidth)
+			}
+			stop := min(last, (n+1)*TileWidth)
+			t := make([]byte, 0, (stop-n*TileWidth)*32)
+			t = append(t, old...)
+			for ; idx < stop; idx++ {
+				t = append(t, hs[idx-first]...)
+			}
+			if err := b.Put(k, t); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// checkStoredTree checks that the entries end at size and that the tree
+// state is made of the stored nodes.
+func checkStoredTree(tx *bolt.Tx, size uint64, rng *compact.Range) error {
+	k, _ := tx.Bucket(bucketEntries).Cursor().Last()
+	var v []byte
+	if k != nil {
+		v = chunkData(tx.Bucket(bucketEntries), k)
+	}
+	switch {
+	case size == 0 && k != nil:
+		return fmt.Errorf("%w: entries stored beyond the tree (size 0)", ErrCorrupt)
+	case size > 0:
+		if len(k) != 8 {
+			return fmt.Errorf("%w: no entries, tree size %d", ErrCorrupt, size)
+		}
+		recs, err := splitRecords(v)
+		if err != nil {
+			return fmt.Errorf("%w: last entry chunk: %v", ErrCorrupt, err)
+		}
+		if end := binary.BigEndian.Uint64(k) + uint64(len(recs)); end != size {
+			return fmt.Errorf("%w: entries end at %d, tree size is %d", ErrCorrupt, end, size)
+		}
+	}
+	nr := newNodeReader(tx)
+	for i, id := range compact.RangeNodes(0, size, nil) {
+		h, err := nr.node(id.Level, id.Index)
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(h, rng.Hashes()[i]) {
+			return fmt.Errorf("%w: tree state disagrees with stored node (%d,%d)", ErrCorrupt, id.Level, id.Index)
+		}
+	}
+	return nil
+}
+
+func u64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
+
+func cloneRange(r *compact.Range) *compact.Range {
+	hs := make([][]byte, len(r.Hashes()))
+	copy(hs, r.Hashes()) // the hashes themselves are never modified in place
+	c, err := rangeFactory.NewRange(r.Begin(), r.End(), hs)
+	if err != nil {
+		panic(err) // same shape as r
+	}
+	return c
+}
+
+// recoverAfter reopens the file after a failed commit. bbolt rolled the
+// transaction back in memory, but if the failure came after its meta page
+// reached the page cache (a failed fsync), the file may already describe
+// the new tree while bbolt's free list says its pages are free. Reopening
+// rebuilds bbolt's view from the file, and load re-checks the tree state
+// against the stored nodes. If that fails the log refuses every later
+// append (ErrFailed).
+func (l *Log) recoverAfter(cause error) {
+	// Lock order everywhere: cpMu, dbmu, stmu.
+	l.cpMu.Lock()
+	defer l.cpMu.Unlock()
+	l.dbmu.Lock()
+	defer l.dbmu.Unlock()
+	_ = l.db.Close()
+	l.db = nil
+	fail := func(err error) {
+		l.closeMu.Lock()
+		l.failed = fmt.Errorf("%w: after %v: %w", ErrFailed, cause, err)
+		l.closeMu.Unlock()
+	}
+	db, err := l.openDB()
+	if err != nil {
+		fail(err)
+		return
+	}
+	l.db = db
+	l.stmu.Lock()
+	defer l.stmu.Unlock()
+	if err := l.load(); err != nil {
+		fail(err)
+	}
+}
+
+// validOrigin applies the note key-name rules to the origin (it is both).
+func validOrigin(s string) bool {
+	if s == "" || len(s) > 256 {
+		return false
+	}
+	for _, r := range s {
+		if r <= ' ' || r == '+' || r == 0x7f || r == 0x2014 {
+			return false
+		}
+	}
+	return true
+}
