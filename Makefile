@@ -8,6 +8,9 @@ BIN         := bin
 TOOLS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/nvmegate/tools
 BUF_VERSION := v1.75.0
 BUF         := $(TOOLS_CACHE)/buf-$(BUF_VERSION)/buf
+# The opa CLI runs `opa test policy/` with the same OPA version as go.mod's.
+OPA_VERSION := $(shell $(GO) list -m -f '{{.Version}}' github.com/open-policy-agent/opa)
+OPA         := $(TOOLS_CACHE)/opa-$(OPA_VERSION)/opa
 
 .PHONY: all build test demo proto lint bench fuzz clean
 
@@ -16,9 +19,13 @@ all: build
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 
-test:
+test: $(OPA)
 	$(GO) vet ./...
 	$(GO) test ./...
+	$(OPA) test policy/
+
+$(OPA):
+	GOBIN=$(dir $(OPA)) $(GO) install github.com/open-policy-agent/opa@$(OPA_VERSION)
 
 demo: build
 	./scripts/demo.sh

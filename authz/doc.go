@@ -33,7 +33,7 @@
 //	    "full_method": "/nvmegate.v1.Inventory/AddTarget"
 //	  },
 //	  "action":   "inventory.add_target",  // DescribeFunc's, else derived from the method
-//	  "resource": {...},                   // DescribeFunc's description of the records; {} if none
+//	  "resource": {...},                   // the stored records involved; {} if none
 //	  "time":     "2026-10-01T12:00:00Z",  // RFC 3339 (UTC, nanoseconds when present)
 //	  "gateway":  {"trust_domain": "example.org"}  // the evaluating gateway's own trust domain
 //	}
@@ -44,16 +44,27 @@
 // input.gateway carries the gateway's trust domain so that policy can refuse
 // callers of foreign trust domains (defence in depth: mTLS already does).
 //
+// The action is what the default policy authorizes: roles list actions
+// ("access.connect", "inventory.*") in data.nvmegate.roles, so a
+// DescribeFunc that returns an action other than the method's decides which
+// rules apply. input.resource holds the stored records the request
+// involves (job scope, subsystem, namespaces with tenant, region, data
+// class and dataset, target with region and fabric, host bindings) and the
+// request's own asks (requested host NQN, TTL, mode); policy/README.md
+// documents every key, which actions need which, and an example.
+//
 // # Decision document (data.nvmegate.authz.decision)
 //
 //	{
 //	  "allow":       true,
-//	  "reasons":     ["role admin may call nvmegate.v1.Inventory"],
-//	  "obligations": {}
+//	  "reasons":     ["role node may perform access.connect in job j1"],
+//	  "obligations": {"max_ttl": "1h", "require_tls": true, "auth_mode": "tls", "read_only": true}
 //	}
 //
 // All three fields are required. reasons is an array of non-empty strings,
-// non-empty on a deny: the rules that refused, or the rules that allowed.
+// non-empty on a deny: the rules that refused, or the rule that allowed.
+// The default policy sets obligations for access.connect and access.renew
+// (the grants) and {} for every other decision.
 // Deny reasons are shown to the caller in the PermissionDenied message, so
 // a policy must not put in them what the caller may not learn. obligations
 // holds only these keys, each optional:
@@ -90,9 +101,15 @@
 //   - the call's context ends: a deny and the context's error.
 //
 // A policy is compiled once per revision (strict mode, Rego v1, without the
-// network builtins http.send and net.lookup_ip_addr) and must decide the
-// samples of its selftest.json as stated before it serves; NewEngine and
-// Reload refuse it otherwise, and Reload keeps the previous revision.
+// network builtins http.send and net.lookup_ip_addr) with its data
+// (policy.Bundle.Data, converted to OPA values once, in an in-memory store
+// the decisions only read). Before it serves, the engine evaluates the
+// policy's LoadCheckQuery once: problems in the data refuse the revision
+// (ErrData), and the derived tables it returns are stored at
+// data.nvmegate.derived. Then the revision must decide the samples of its
+// selftest.json as stated. NewEngine and Reload refuse a revision that fails
+// any step (ErrCompile, ErrData, ErrSelfTest), and Reload keeps the
+// previous one.
 //
 // Every Decision gets a fresh ID (a UUIDv7: time-ordered, 74 random bits),
 // the revision that decided it and the evaluation time.

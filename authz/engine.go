@@ -4,12 +4,16 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/storage"
+	"github.com/open-policy-agent/opa/v1/storage/inmem"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/nvmegate/nvmegate"
@@ -62,10 +66,12 @@ type Options struct {
 
 // Status describes the policy revision an Engine is serving.
 type Status struct {
-	Revision string    // policy.Bundle.Revision
-	Source   string    // Options.Source or the source given to Reload
-	LoadedAt time.Time // when it started serving
-	Modules  []string  // names of the loaded Rego modules (tests excluded)
+	Revision  string    // policy.Bundle.Revision: the manifest's revision or the digest
+	Digest    string    // policy.Bundle.Digest: changes with any file, whatever the manifest says
+	Source    string    // Options.Source or the source given to Reload
+	LoadedAt  time.Time // when it started serving
+	Modules   []string  // names of the loaded Rego modules (tests excluded)
+	DataFiles []string  // names of the loaded data.json files
 }
 
 // Engine is the OPA-backed Authorizer. It compiles a bundle's modules once,
@@ -86,6 +92,7 @@ type Engine struct {
 type loaded struct {
 	query  rego.PreparedEvalQuery
 	status Status
+	bundle *policy.Bundle // what was prepared; Explain builds candidates on it
 }
 
 // NewEngine compiles and self-tests the bundle of opts and returns an engine
@@ -170,25 +177,124 @@ var capabilities = func() *ast.Capabilities {
 	return c
 }()
 
-// prepare compiles b (strict mode, Rego v1, builtin errors are evaluation
-// errors) and runs its self-test samples against the result.
-func (e *Engine) prepare(ctx context.Context, b *policy.Bundle, source string) (*loaded, error) {
+// LoadCheckQuery is the document the engine evaluates once per revision,
+// before the self-test, if the policy defines it:
+//
+//	{"problems": [...], "derived": {...}}
+//
+// Any problem (a malformed class, residency entry or role in the data)
+// refuses the revision with ErrData. derived is stored at
+// data.nvmegate.derived for the decisions of that revision: tables the
+// policy computes from its data once instead of per request.
+const LoadCheckQuery = "data.nvmegate.authz.load_check"
+
+// regoOptions are the options of every query the engine prepares from b.
+func regoOptions(b *policy.Bundle, query string, store storage.Store) []func(*rego.Rego) {
 	opts := []func(*rego.Rego){
-		rego.Query(DecisionQuery),
+		rego.Query(query),
 		rego.SetRegoVersion(ast.RegoV1),
 		rego.Strict(true),
 		rego.StrictBuiltinErrors(true),
 		rego.Capabilities(capabilities),
 		rego.GenerateJSON(termResult),
+		rego.Store(store),
 	}
 	for _, m := range b.Modules {
 		opts = append(opts, rego.Module(m.Name, m.Source))
 	}
-	q, err := rego.New(opts...).PrepareForEval(ctx)
+	return opts
+}
+
+// prepareData converts b's data to OPA values, runs the policy's load
+// check on it and returns the read-only store the decisions of this
+// revision read. The data is converted once, here: an evaluation reads the
+// parts the policy refers to (data.nvmegate.roles[role], ...) without
+// converting or copying, so the size of the data does not slow decisions.
+func prepareData(ctx context.Context, b *policy.Bundle) (storage.Store, error) {
+	data := b.Data
+	if data == nil {
+		data = map[string]any{}
+	}
+	v, err := ast.InterfaceToValue(data)
+	if err != nil {
+		return nil, fmt.Errorf("%w: revision %s: data: %v", ErrCompile, b.Revision, err)
+	}
+	root, ok := v.(ast.Object)
+	if !ok {
+		return nil, fmt.Errorf("%w: revision %s: data is %s, not an object", ErrCompile, b.Revision, ast.ValueName(v))
+	}
+	rs, err := rego.New(regoOptions(b, LoadCheckQuery, inmem.NewFromASTObject(root))...).Eval(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: revision %s: %v", ErrCompile, b.Revision, err)
 	}
-	l := &loaded{query: q, status: Status{Revision: b.Revision, Source: source, LoadedAt: e.now()}}
+	if len(rs) == 0 {
+		return inmem.NewFromASTObject(root), nil // the policy defines no load check
+	}
+	t, _ := rs[0].Expressions[0].Value.(*ast.Term)
+	res, ok := t.Value.(ast.Object)
+	if !ok {
+		return nil, fmt.Errorf("%w: revision %s: %s is not an object", ErrData, b.Revision, LoadCheckQuery)
+	}
+	var problems []string
+	if p := res.Get(ast.StringTerm("problems")); p != nil {
+		coll, ok := p.Value.(interface {
+			Iter(func(*ast.Term) error) error
+		})
+		if !ok {
+			return nil, fmt.Errorf("%w: revision %s: load_check.problems is not a collection", ErrData, b.Revision)
+		}
+		coll.Iter(func(x *ast.Term) error {
+			if s, ok := x.Value.(ast.String); ok {
+				problems = append(problems, string(s))
+			} else {
+				problems = append(problems, x.String())
+			}
+			return nil
+		})
+	}
+	if len(problems) > 0 {
+		slices.Sort(problems)
+		return nil, fmt.Errorf("%w: revision %s: %s", ErrData, b.Revision, strings.Join(problems, "; "))
+	}
+	derived := res.Get(ast.StringTerm("derived"))
+	if derived == nil {
+		return inmem.NewFromASTObject(root), nil
+	}
+	// data.nvmegate.derived: a new nvmegate object in a new root, so that
+	// nothing the first store holds changes.
+	kNvmegate := ast.StringTerm("nvmegate")
+	nv := ast.NewObject()
+	if old := root.Get(kNvmegate); old != nil {
+		o, ok := old.Value.(ast.Object)
+		if !ok {
+			return nil, fmt.Errorf("%w: revision %s: data.nvmegate is not an object", ErrData, b.Revision)
+		}
+		o.Foreach(func(k, v *ast.Term) { nv.Insert(k, v) })
+	}
+	nv.Insert(ast.StringTerm("derived"), derived)
+	out := ast.NewObject()
+	root.Foreach(func(k, v *ast.Term) {
+		if !k.Equal(kNvmegate) {
+			out.Insert(k, v)
+		}
+	})
+	out.Insert(kNvmegate, ast.NewTerm(nv))
+	return inmem.NewFromASTObject(out), nil
+}
+
+// prepare runs b's load check, compiles b (strict mode, Rego v1, builtin
+// errors are evaluation errors) with b's data, and runs its self-test
+// samples against the result.
+func (e *Engine) prepare(ctx context.Context, b *policy.Bundle, source string) (*loaded, error) {
+	store, err := prepareData(ctx, b)
+	if err != nil {
+		return nil, err
+	}
+	q, err := rego.New(regoOptions(b, DecisionQuery, store)...).PrepareForEval(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: revision %s: %v", ErrCompile, b.Revision, err)
+	}
+	l := &loaded{query: q, bundle: b, status: Status{Revision: b.Revision, Digest: b.Digest, Source: source, LoadedAt: e.now(), DataFiles: b.DataFiles}}
 	for _, m := range b.Modules {
 		l.status.Modules = append(l.status.Modules, m.Name)
 	}

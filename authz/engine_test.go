@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"reflect"
 	"regexp"
@@ -87,35 +88,36 @@ func TestEngineDefaultPolicy(t *testing.T) {
 		unknown   = "spiffe://example.org/workload/x"
 		foreign   = "spiffe://evil.example/admin/alice"
 	)
-	health := "any caller of trust domain example.org may call grpc.health.v1.Health"
+	health := func(a string) []string { return []string{"any caller of trust domain example.org may perform " + a} }
 	for _, tc := range []struct {
 		id, method string
 		allow      bool
 		reasons    []string
 	}{
-		{admin, "/nvmegate.v1.Inventory/AddTarget", true, []string{"role admin may call nvmegate.v1.Inventory"}},
-		{admin, "/nvmegate.v1.Inventory/ListNamespaces", true, []string{"role admin may call nvmegate.v1.Inventory"}},
-		{admin, "/nvmegate.v1.Policy/Explain", true, []string{"role admin may call nvmegate.v1.Policy"}},
-		{admin, "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", true, []string{"role admin may call grpc.reflection.v1.ServerReflection"}},
-		{admin, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", true, []string{"role admin may call grpc.reflection.v1alpha.ServerReflection"}},
-		{admin, "/grpc.health.v1.Health/Check", true, []string{health}},
-		{node, "/grpc.health.v1.Health/Check", true, []string{health}},
-		{node, "/grpc.health.v1.Health/Watch", true, []string{health}},
-		{unknown, "/grpc.health.v1.Health/Check", true, []string{health}},
-		{gateway, "/grpc.health.v1.Health/Check", true, []string{health}},
+		{admin, "/nvmegate.v1.Inventory/AddTarget", true, []string{"role admin may perform inventory.add_target"}},
+		{admin, "/nvmegate.v1.Inventory/ListNamespaces", true, []string{"role admin may perform inventory.list_namespaces"}},
+		{admin, "/nvmegate.v1.Policy/Explain", true, []string{"role admin may perform policy.explain"}},
+		{admin, "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", true, []string{"role admin may perform server_reflection.server_reflection_info"}},
+		{admin, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", true, []string{"role admin may perform server_reflection.server_reflection_info"}},
+		{admin, "/grpc.health.v1.Health/Check", true, health("health.check")},
+		{node, "/grpc.health.v1.Health/Check", true, health("health.check")},
+		{node, "/grpc.health.v1.Health/Watch", true, health("health.watch")},
+		{unknown, "/grpc.health.v1.Health/Check", true, health("health.check")},
+		{gateway, "/grpc.health.v1.Health/Check", true, health("health.check")},
+		{auditor, "/nvmegate.v1.Audit/Query", true, []string{"role auditor may perform audit.query"}},
 
-		{node, "/nvmegate.v1.Inventory/AddTarget", false, []string{"no rule allows role node to call nvmegate.v1.Inventory/AddTarget"}},
-		{auditor, "/nvmegate.v1.Inventory/ListTargets", false, []string{"no rule allows role auditor to call nvmegate.v1.Inventory/ListTargets"}},
-		{scheduler, "/nvmegate.v1.Policy/Explain", false, []string{"no rule allows role scheduler to call nvmegate.v1.Policy/Explain"}},
-		{target, "/nvmegate.v1.Inventory/AddTarget", false, []string{"no rule allows role target to call nvmegate.v1.Inventory/AddTarget"}},
-		{gateway, "/nvmegate.v1.Inventory/AddTarget", false, []string{"no rule allows role gateway to call nvmegate.v1.Inventory/AddTarget"}},
-		{unknown, "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", false, []string{"no rule allows role unknown to call grpc.reflection.v1.ServerReflection/ServerReflectionInfo"}},
-		{node, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", false, []string{"no rule allows role node to call grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"}},
-		{admin, "/nvmegate.v1.Access/Connect", false, []string{"no rule allows role admin to call nvmegate.v1.Access/Connect"}},
-		{"spiffe://example.org/admin/x/y", "/nvmegate.v1.Inventory/AddTarget", false, []string{"no rule allows role unknown to call nvmegate.v1.Inventory/AddTarget"}},
+		{node, "/nvmegate.v1.Inventory/AddTarget", false, []string{"no rule allows role node to perform inventory.add_target"}},
+		{auditor, "/nvmegate.v1.Inventory/ListTargets", false, []string{"no rule allows role auditor to perform inventory.list_targets"}},
+		{scheduler, "/nvmegate.v1.Policy/Explain", false, []string{"no rule allows role scheduler to perform policy.explain"}},
+		{target, "/nvmegate.v1.Inventory/AddTarget", false, []string{"no rule allows role target to perform inventory.add_target"}},
+		{gateway, "/nvmegate.v1.Inventory/AddTarget", false, []string{"no rule allows role gateway to perform inventory.add_target"}},
+		{unknown, "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", false, []string{"no rule allows role unknown to perform server_reflection.server_reflection_info"}},
+		{node, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", false, []string{"no rule allows role node to perform server_reflection.server_reflection_info"}},
+		{admin, "/nvmegate.v1.Access/Connect", false, []string{"no rule allows role admin to perform access.connect"}},
+		{"spiffe://example.org/admin/x/y", "/nvmegate.v1.Inventory/AddTarget", false, []string{"no rule allows role unknown to perform inventory.add_target"}},
 		{foreign, "/nvmegate.v1.Inventory/AddTarget", false, []string{"caller trust domain evil.example is not the gateway's trust domain example.org"}},
 		{"spiffe://evil.example/node/n", "/grpc.health.v1.Health/Check", false, []string{"caller trust domain evil.example is not the gateway's trust domain example.org"}},
-		{admin, "not-a-method", false, []string{"request names no RPC method", "request names no RPC service"}},
+		{admin, "not-a-method", false, []string{"request names no RPC method", "request names no RPC service", "request names no action"}},
 	} {
 		t.Run(tc.id+tc.method, func(t *testing.T) {
 			clk.Add(time.Second)
@@ -175,7 +177,7 @@ func TestEngineGarbledCaller(t *testing.T) {
 			c.TrustDomain = "example.org"
 		}, "caller SPIFFE ID is not in the caller's trust domain"},
 		{"role case", func(c *authz.Caller) { c.Role = "ADMIN" },
-			"no rule allows role ADMIN to call nvmegate.v1.Inventory/AddTarget"},
+			"no rule allows role ADMIN to perform inventory.add_target"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := good
@@ -458,7 +460,8 @@ decision := {"allow": r.status_code == 200, "reasons": ["r"], "obligations": {}}
 	}
 }
 
-// brokenBundles are policies NewEngine and Reload must refuse.
+// brokenBundles are policies NewEngine and Reload must refuse: the embedded
+// bundle with one file changed.
 func brokenBundles(t testing.TB) map[string]struct {
 	b    *policy.Bundle
 	want error
@@ -468,13 +471,25 @@ func brokenBundles(t testing.TB) map[string]struct {
 	if err != nil {
 		t.Fatal(err)
 	}
-	good := embedded.Modules[0].Source
-	samples := func() []sample {
-		var out []sample
-		for _, s := range embedded.Samples {
-			out = append(out, sample{Name: s.Name, Input: s.Input, Allow: *s.Allow, Reasons: s.Reasons})
+	authzRego := string(mustRead(t, embedded.FS(), "authz.rego"))
+	dataJSON := string(mustRead(t, embedded.FS(), "data.json"))
+	selftest := string(mustRead(t, embedded.FS(), "selftest.json"))
+	with := func(name, content string) *policy.Bundle {
+		t.Helper()
+		fsys := copyFS(t, embedded)
+		fsys[name] = &fstest.MapFile{Data: []byte(content)}
+		b, err := policy.Load(fsys)
+		if err != nil {
+			t.Fatal(err)
 		}
-		return out
+		return b
+	}
+	replace := func(src, old, new string) string {
+		t.Helper()
+		if !strings.Contains(src, old) {
+			t.Fatalf("broken bundle: %q not found", old)
+		}
+		return strings.Replace(src, old, new, 1)
 	}
 	type broken = struct {
 		b    *policy.Bundle
@@ -482,33 +497,42 @@ func brokenBundles(t testing.TB) map[string]struct {
 		msg  string
 	}
 	return map[string]broken{
-		"syntax error": {bundle(t, map[string]string{"authz.rego": good + "\nallow if {"}, samples()...),
+		"syntax error":                  {with("authz.rego", authzRego+"\nallow if {"), authz.ErrCompile, "rego_parse_error"},
+		"strict mode (unused variable)": {with("authz.rego", authzRego+"\nx if { y := 1 }\n"), authz.ErrCompile, "assigned var y unused"},
+		"type error":                    {with("authz.rego", authzRego+"\nx := count(1)\n"), authz.ErrCompile, "rego_type_error"},
+		"rego v0 syntax": {with("authz.rego", "package nvmegate.authz\ndecision = {\"allow\": true, \"reasons\": [], \"obligations\": {}} { true }\n"),
 			authz.ErrCompile, "rego_parse_error"},
-		"strict mode (unused variable)": {bundle(t, map[string]string{"authz.rego": good + "\nx if { y := 1 }\n"}, samples()...),
-			authz.ErrCompile, "assigned var y unused"},
-		"type error": {bundle(t, map[string]string{"authz.rego": good + "\nx := count(1)\n"}, samples()...),
-			authz.ErrCompile, "rego_type_error"},
-		"rego v0 syntax": {bundle(t, map[string]string{"authz.rego": "package nvmegate.authz\ndecision = {\"allow\": true, \"reasons\": [], \"obligations\": {}} { true }\n"}, samples()...),
-			authz.ErrCompile, "rego_parse_error"},
-		"decision undefined (wrong package)": {bundle(t, map[string]string{"authz.rego": strings.Replace(good, "package nvmegate.authz", "package nvmegate.authz2", 1)}, samples()...),
+		"decision undefined (renamed)": {with("authz.rego", replace(authzRego, "decision := {", "decisions := {")),
 			authz.ErrSelfTest, "decision is undefined"},
-		"decision undefined (renamed)": {bundle(t, map[string]string{"authz.rego": strings.Replace(good, "decision := {", "decisions := {", 1)}, samples()...),
-			authz.ErrSelfTest, "decision is undefined"},
-		"allow-all": {bundle(t, map[string]string{"authz.rego": strings.Replace(good, "default allow := false", "default allow := true", 1)}, samples()...),
+		"allow-all": {with("authz.rego", replace(authzRego, `} else := {"allow": false, "reasons": deny_reasons, "obligations": {}}`, `} else := {"allow": true, "reasons": deny_reasons, "obligations": {}}`)),
 			authz.ErrSelfTest, "got allow=true, want allow=false"},
-		"grants to node": {bundle(t, map[string]string{"authz.rego": strings.Replace(good, `role_permissions := {"admin": {`, `role_permissions := {"node": {"nvmegate.v1.Inventory": ["*"]}, "admin": {`, 1)}, samples()...),
-			authz.ErrSelfTest, `"node may not add a target": got allow=true`},
-		"reason text changed": {bundle(t, map[string]string{"authz.rego": strings.Replace(good, "no rule allows role", "no rule lets role", 1)}, samples()...),
+		// The node's job scope still applies: no job, no inventory.
+		"data that grants nodes the inventory": {with("data.json", replace(dataJSON, `"actions": ["access.discover",`, `"actions": ["inventory.*", "access.discover",`)),
+			authz.ErrSelfTest, `"node may not add a target": got other reasons`},
+		"data that drops the residency fence": {with("data.json", replace(dataJSON, `"eu-west":    {"target_regions": ["eu-west", "eu-central"]},`, `"eu-west":    {"target_regions": ["eu-west", "eu-central", "us-east"]},`)),
+			authz.ErrSelfTest, `"node may not connect where the target breaks residency": got allow=true`},
+		"data that the data checks refuse": {with("data.json", replace(dataJSON, `"internal": {"max_ttl": "24h"}`, `"internal": {"max_ttl": "1 day"}`)),
+			authz.ErrData, "class internal: max_ttl has an invalid value 1 day"},
+		"data with a reserved key": {with("nvmegate/derived/data.json", `{}`),
+			authz.ErrData, "nvmegate.derived is reserved"},
+		"reason text changed": {with("authz.rego", replace(authzRego, "no rule allows role", "no rule lets role")),
 			authz.ErrSelfTest, "got other reasons"},
-		"malformed obligations": {bundle(t, map[string]string{"authz.rego": strings.Replace(good, "default obligations := {}", `default obligations := {"mystery": true}`, 1)}, samples()...),
+		"malformed obligations": {with("authz.rego", replace(authzRego, `"obligations": fast[1]}`, `"obligations": object.union(fast[1], {"mystery": true})}`)),
 			authz.ErrSelfTest, `unknown obligation "mystery"`},
-		"sample input with an unknown field": {bundle(t, map[string]string{"authz.rego": good},
-			append(samples(), allowSample(`{"caler": {}}`))...),
+		"sample input with an unknown field": {with("selftest.json", replace(selftest, `{"samples": [`, `{"samples": [{"name": "typo", "input": {"caler": {}}, "allow": false},`)),
 			authz.ErrSelfTest, "not an input document"},
-		"sample evaluation error": {bundle(t, map[string]string{"authz.rego": good + "\nboom if to_number(input.action) > 0\n" +
-			"deny contains \"boom\" if boom\n"}, append(samples(), denySample(`{"action": "x"}`))...),
+		"sample evaluation error": {with("authz.rego", authzRego+"\nproblems contains \"boom\" if to_number(input.action) > 0\n"),
 			authz.ErrSelfTest, "evaluation failed"},
 	}
+}
+
+func mustRead(t testing.TB, fsys fs.FS, name string) []byte {
+	t.Helper()
+	data, err := fs.ReadFile(fsys, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
 }
 
 func TestNewEngineRefusesBrokenPolicy(t *testing.T) {
@@ -562,15 +586,20 @@ func TestReload(t *testing.T) {
 		t.Errorf("nil bundle: %v", err)
 	}
 
-	// A good candidate that lets nodes add targets (and says so in its
-	// samples) replaces it, with a new revision.
-	good := embedded.Modules[0].Source
-	nodeMay := strings.Replace(good, `role_permissions := {"admin": {`, `role_permissions := {"node": {"nvmegate.v1.Inventory": ["AddTarget"]}, "admin": {`, 1)
-	nb := bundle(t, map[string]string{"authz.rego": nodeMay},
-		sample{Name: "node may add", Input: json.RawMessage(`{"caller": {"id": "spiffe://example.org/node/n", "trust_domain": "example.org", "role": "node"},
-			"rpc": {"service": "nvmegate.v1.Inventory", "method": "AddTarget"}, "gateway": {"trust_domain": "example.org"}}`), Allow: true},
-		sample{Name: "node may not delete", Input: json.RawMessage(`{"caller": {"id": "spiffe://example.org/node/n", "trust_domain": "example.org", "role": "node"},
-			"rpc": {"service": "nvmegate.v1.Inventory", "method": "DeleteTarget"}, "gateway": {"trust_domain": "example.org"}}`), Allow: false})
+	// A good candidate, with data that lets auditors read targets and a
+	// sample that says so, replaces it, with a new revision.
+	fsys := copyFS(t, embedded)
+	dataJSON := strings.Replace(string(mustRead(t, fsys, "data.json")), `"actions": ["audit.query",`, `"actions": ["inventory.get_target", "audit.query",`, 1)
+	fsys["data.json"] = &fstest.MapFile{Data: []byte(dataJSON)}
+	selftest := strings.Replace(string(mustRead(t, fsys, "selftest.json")), `{"samples": [`, `{"samples": [{"name": "auditor may read a target",
+		"input": {"caller": {"id": "spiffe://example.org/auditor/eve", "trust_domain": "example.org", "role": "auditor"},
+		"rpc": {"service": "nvmegate.v1.Inventory", "method": "GetTarget"}, "action": "inventory.get_target", "resource": {},
+		"gateway": {"trust_domain": "example.org"}}, "allow": true},`, 1)
+	fsys["selftest.json"] = &fstest.MapFile{Data: []byte(selftest)}
+	nb, err := policy.Load(fsys)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if nb.Revision == st.Revision {
 		t.Fatal("revision did not change with content")
 	}
@@ -581,14 +610,15 @@ func TestReload(t *testing.T) {
 	if got := e.Status(); got.Revision != nb.Revision || got.Source != "/etc/nvmegate/policy" || !got.LoadedAt.Equal(clk.Now()) {
 		t.Errorf("status after reload %+v", got)
 	}
-	d, err := e.Authorize(context.Background(), nodeAdd)
-	if err != nil || !d.Allow || d.PolicyRevision != nb.Revision || !slices.Equal(d.Reasons, []string{"role node may call nvmegate.v1.Inventory"}) {
+	d, err := e.Authorize(context.Background(), input("spiffe://example.org/auditor/eve", "/nvmegate.v1.Inventory/GetTarget"))
+	if err != nil || !d.Allow || d.PolicyRevision != nb.Revision || !slices.Equal(d.Reasons, []string{"role auditor may perform inventory.get_target"}) {
 		t.Errorf("after reload: %+v, %v", d, err)
 	}
-	d, _ = e.Authorize(context.Background(), input("spiffe://example.org/node/gpu-01", "/nvmegate.v1.Inventory/DeleteTarget"))
+	d, _ = e.Authorize(context.Background(), input("spiffe://example.org/auditor/eve", "/nvmegate.v1.Inventory/RemoveTarget"))
 	if d.Allow {
-		t.Error("method list not honoured")
+		t.Error("action list not honoured")
 	}
+	_ = nodeAdd
 }
 
 // TestReloadConcurrent swaps revisions while requests are decided: every
@@ -596,13 +626,12 @@ func TestReload(t *testing.T) {
 func TestReloadConcurrent(t *testing.T) {
 	e, _, _ := newEngine(t, nil)
 	embedded, _ := policy.Load(policy.Default())
-	other := bundle(t, map[string]string{"authz.rego": embedded.Modules[0].Source + "\n# another revision\n"}, func() []sample {
-		var out []sample
-		for _, s := range embedded.Samples {
-			out = append(out, sample{Name: s.Name, Input: s.Input, Allow: *s.Allow, Reasons: s.Reasons})
-		}
-		return out
-	}()...)
+	fsys := copyFS(t, embedded)
+	fsys["authz.rego"] = &fstest.MapFile{Data: append(mustRead(t, fsys, "authz.rego"), "\n# another revision\n"...)}
+	other, err := policy.Load(fsys)
+	if err != nil {
+		t.Fatal(err)
+	}
 	revs := map[string]bool{embedded.Revision: true, other.Revision: true}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -17,6 +17,12 @@ var (
 	// Reload; a running engine keeps its previous revision.
 	ErrCompile = errors.New("authz: policy does not compile")
 
+	// ErrData: the policy's checks of its own data (LoadCheckQuery) found
+	// problems, e.g. a data class whose max_ttl is not a duration; the
+	// error lists them. Returned by NewEngine and Reload; a running engine
+	// keeps its previous revision.
+	ErrData = errors.New("authz: policy data is invalid")
+
 	// ErrSelfTest: the policy compiled but decided a self-test sample
 	// differently from selftest.json, or produced a malformed decision for
 	// it. The error is a *SelfTestError naming the sample. Returned by

@@ -41,7 +41,7 @@ func ExampleEngine_Authorize() {
 	}
 	fmt.Println(e.Status().Source)
 	// Output:
-	// true [role admin may call nvmegate.v1.Inventory]
-	// false [no rule allows role node to call nvmegate.v1.Inventory/AddTarget]
+	// true [role admin may perform inventory.add_target]
+	// false [no rule allows role node to perform inventory.add_target]
 	// embedded
 }

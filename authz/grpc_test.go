@@ -189,7 +189,7 @@ const (
 	nodeID  = "spiffe://example.org/node/gpu-01"
 )
 
-var deniedRE = regexp.MustCompile(`^permission denied: no rule allows role node to call nvmegate.v1.Inventory/AddTarget; decision ([0-9a-f-]{36})$`)
+var deniedRE = regexp.MustCompile(`^permission denied: no rule allows role node to perform inventory.add_target; decision ([0-9a-f-]{36})$`)
 
 func TestInterceptorUnauthenticated(t *testing.T) {
 	// Default peer-ID lookup over a connection without TLS: no SPIFFE ID.
@@ -245,7 +245,7 @@ func TestInterceptorUnary(t *testing.T) {
 		t.Errorf("caller in handler %+v", s.inv.caller)
 	}
 	d := s.inv.decision
-	if d == nil || !d.Allow || !uuid7RE.MatchString(d.ID) || d.Reasons[0] != "role admin may call nvmegate.v1.Inventory" {
+	if d == nil || !d.Allow || !uuid7RE.MatchString(d.ID) || d.Reasons[0] != "role admin may perform inventory.add_target" {
 		t.Errorf("decision in handler %+v", d)
 	}
 	if !strings.Contains(s.log.String(), "level=DEBUG") || !strings.Contains(s.log.String(), "decision_id="+d.ID) {
@@ -270,6 +270,9 @@ func TestInterceptorStream(t *testing.T) {
 	ctx := context.Background()
 	var gotReq []any
 	s.describe = func(_ context.Context, fullMethod string, req any) (string, map[string]any, error) {
+		if fullMethod == "/grpc.health.v1.Health/Watch" {
+			return "", nil, nil // the default action, health.watch
+		}
 		gotReq = append(gotReq, req)
 		return "inventory.watch", map[string]any{"stream": true}, nil
 	}
@@ -288,7 +291,7 @@ func TestInterceptorStream(t *testing.T) {
 	}
 
 	_, err = s.watch(as(ctx, nodeID))
-	wantCode(t, err, codes.PermissionDenied, "permission denied: no rule allows role node to call nvmegate.v1.Inventory/Watch; decision ")
+	wantCode(t, err, codes.PermissionDenied, "permission denied: no rule allows role node to perform inventory.watch; decision ")
 	if s.inv.calls != 1 {
 		t.Error("the stream handler ran for a denied call")
 	}

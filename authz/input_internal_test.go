@@ -25,7 +25,11 @@ func BenchmarkInputConversion(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	opts := []func(*rego.Rego){rego.Query(DecisionQuery), rego.SetRegoVersion(ast.RegoV1), rego.GenerateJSON(termResult)}
+	store, err := prepareData(context.Background(), bundle)
+	if err != nil {
+		b.Fatal(err)
+	}
+	opts := []func(*rego.Rego){rego.Query(DecisionQuery), rego.SetRegoVersion(ast.RegoV1), rego.GenerateJSON(termResult), rego.Store(store)}
 	for _, m := range bundle.Modules {
 		opts = append(opts, rego.Module(m.Name, m.Source))
 	}

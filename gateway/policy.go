@@ -2,19 +2,25 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
+
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/nvmegate/nvmegate"
-
 	"github.com/nvmegate/nvmegate/authz"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
 
-// PolicyInfo reports the loaded policy.
+// PolicyInfo reports on the loaded policy and dry-runs inputs against it.
 type PolicyInfo interface {
 	Status() authz.Status
+	// Explain evaluates input exactly as given, against the live policy or,
+	// when candidate is non-empty, the live bundle with those modules added
+	// or replaced. It returns the decision and the raw decision document.
+	Explain(ctx context.Context, input map[string]any, candidate map[string]string) (*nvmegate.Decision, []byte, error)
 }
 
-// policyService implements Policy.Status; Explain comes with the Policy issue.
+// policyService implements the Policy service for security admins.
 type policyService struct {
 	pb.UnimplementedPolicyServer
 	info PolicyInfo
@@ -26,4 +32,37 @@ func (s *policyService) Status(context.Context, *pb.PolicyStatusRequest) (*pb.Po
 	}
 	st := s.info.Status()
 	return &pb.PolicyStatusResponse{Revision: st.Revision, Source: st.Source, LoadedAt: ts(st.LoadedAt), Modules: st.Modules}, nil
+}
+
+func (s *policyService) Explain(ctx context.Context, r *pb.ExplainRequest) (*pb.ExplainResponse, error) {
+	if s.info == nil {
+		return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "no policy engine is configured")
+	}
+	var input map[string]any
+	if err := json.Unmarshal(r.InputJson, &input); err != nil {
+		return nil, nvmegate.Invalid("input_json", "must be a JSON object: %v", err)
+	}
+	d, raw, err := s.info.Explain(ctx, input, r.CandidateModules)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.ExplainResponse{Decision: decisionToProto(d), DecisionJson: raw}, nil
+}
+
+func decisionToProto(d *nvmegate.Decision) *pb.Decision {
+	if d == nil {
+		return nil
+	}
+	o := d.Obligations
+	p := &pb.Decision{
+		Id: d.ID, Allow: d.Allow, Reasons: d.Reasons, PolicyRevision: d.PolicyRevision, EvaluatedAt: ts(d.EvaluatedAt),
+		Obligations: &pb.Obligations{
+			RequireTls: o.RequireTLS, AuthMode: o.AuthMode, MinHash: o.MinHash, MinDhGroup: o.MinDHGroup,
+			Bidirectional: o.Bidirectional, ReadOnly: o.ReadOnly, MaxIops: o.MaxIOPS, MaxMbps: o.MaxMBps,
+		},
+	}
+	if o.MaxTTL > 0 {
+		p.Obligations.MaxTtl = durationpb.New(o.MaxTTL)
+	}
+	return p
 }

@@ -1,272 +1,229 @@
 package nvmegate.authz_test
 
+# The decision document, the request's identity fields, and what each role
+# may do (data.nvmegate.roles).
+
 import data.nvmegate.authz
-
-# --- Fixtures ---------------------------------------------------------------
-
-td := "example.org"
-
-caller(role, path) := {
-	"id": concat("", ["spiffe://", td, path]),
-	"trust_domain": td,
-	"role": role,
-	"tenant": "",
-	"name": "x",
-}
-
-req(c, service, method) := {
-	"caller": c,
-	"rpc": {
-		"service": service,
-		"method": method,
-		"full_method": concat("", ["/", service, "/", method]),
-	},
-	"action": "test.action",
-	"resource": {},
-	"time": "2026-10-01T12:00:00Z",
-	"gateway": {"trust_domain": td},
-}
-
-admin := caller("admin", "/admin/alice")
-
-node := caller("node", "/node/gpu-01")
-
-auditor := caller("auditor", "/auditor/eve")
-
-scheduler := object.union(caller("scheduler", "/tenant/acme/scheduler/slurm"), {"tenant": "acme"})
-
-target := caller("target", "/target/t1")
-
-unknown := caller("unknown", "/workload/foo")
-
-decide(input_doc) := d if {
-	d := authz.decision with input as input_doc
-}
-
-allowed(d) if {
-	d.allow == true
-	count(d.reasons) > 0
-	d.obligations == {}
-}
-
-denied_with(d, reason) if {
-	d.allow == false
-	reason in d.reasons
-}
 
 # --- The decision document ---------------------------------------------------
 
 test_decision_defined_without_input if {
 	d := authz.decision
-	d.allow == false
-	count(d.reasons) > 0
-	is_object(d.obligations)
+	denied(d)
 }
 
-test_decision_defined_with_empty_input if {
+test_decision_with_empty_input if {
 	d := decide({})
-	d.allow == false
-	d.reasons == [
-		"caller has no SPIFFE ID",
-		"caller has no role",
-		"caller has no trust domain",
-		"gateway trust domain is not set",
-		"request names no RPC method",
-		"request names no RPC service",
-	]
+	d == {
+		"allow": false,
+		"reasons": [
+			"caller has no SPIFFE ID",
+			"caller has no role",
+			"caller has no trust domain",
+			"gateway trust domain is not set",
+			"request has no resource description",
+			"request names no RPC method",
+			"request names no RPC service",
+			"request names no action",
+		],
+		"obligations": {},
+	}
 }
 
 test_decision_has_exactly_three_fields if {
-	d := decide(req(admin, "nvmegate.v1.Inventory", "AddTarget"))
-	object.keys(d) == {"allow", "reasons", "obligations"}
-}
-
-# --- Admin: Inventory, Policy, reflection -------------------------------------
-
-test_admin_may_call_inventory if {
-	d := decide(req(admin, "nvmegate.v1.Inventory", "AddTarget"))
-	allowed(d)
-	d.reasons == ["role admin may call nvmegate.v1.Inventory"]
-}
-
-test_admin_may_call_every_inventory_method if {
-	every m in ["AddTarget", "ListNamespaces", "DeleteSubsystem", "AnyFutureMethod"] {
-		allowed(decide(req(admin, "nvmegate.v1.Inventory", m)))
+	every x in [req(admin, "inventory.add_target", {}), req(node, "inventory.add_target", {}), connect({})] {
+		object.keys(decide(x)) == {"allow", "reasons", "obligations"}
 	}
 }
 
-test_admin_may_call_policy if {
-	d := decide(req(admin, "nvmegate.v1.Policy", "Explain"))
-	allowed(d)
-	d.reasons == ["role admin may call nvmegate.v1.Policy"]
-}
-
-test_admin_may_use_reflection if {
-	every s in ["grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"] {
-		allowed(decide(req(admin, s, "ServerReflectionInfo")))
+test_non_object_inputs_denied if {
+	every x in ["admin", 42, [], null, true] {
+		denied(decide(x))
 	}
 }
 
-test_admin_denied_other_services if {
-	d := decide(req(admin, "nvmegate.v1.Access", "Connect"))
-	d.allow == false
-	d.reasons == ["no rule allows role admin to call nvmegate.v1.Access/Connect"]
+test_allow_rule_agrees_with_decision if {
+	authz.allow with input as connect({})
+	not authz.allow with input as req(node, "inventory.add_target", {})
 }
 
-test_admin_of_foreign_trust_domain_denied if {
-	c := object.union(admin, {"id": "spiffe://evil.example/admin/alice", "trust_domain": "evil.example"})
-	d := decide(req(c, "nvmegate.v1.Inventory", "AddTarget"))
-	d.allow == false
-	d.reasons == ["caller trust domain evil.example is not the gateway's trust domain example.org"]
+# --- Admins ----------------------------------------------------------------------
+
+admin_actions := [
+	"inventory.add_target", "inventory.list_namespaces", "inventory.remove_host_binding",
+	"policy.explain", "policy.status", "keys.rotate", "keys.status",
+	"audit.query", "audit.export", "audit.lineage",
+	"jobs.get", "jobs.list", "jobs.finish", "access.list_grants", "access.revoke",
+	"server_reflection.server_reflection_info",
+]
+
+test_admin_actions_allowed if {
+	every a in admin_actions {
+		d := decide(req(admin, a, {"kind": "none", "tenant": "acme"}))
+		d == {"allow": true, "reasons": [sprintf("role admin may perform %s", [a])], "obligations": {}}
+	}
 }
 
-test_admin_id_outside_claimed_trust_domain_denied if {
-	c := object.union(admin, {"id": "spiffe://evil.example/admin/alice"})
-	d := decide(req(c, "nvmegate.v1.Inventory", "AddTarget"))
-	d.reasons == ["caller SPIFFE ID is not in the caller's trust domain"]
-	d.allow == false
+test_admin_is_not_tenant_scoped if {
+	allowed(decide(req(admin, "jobs.finish", {"kind": "job", "tenant": "globex", "job": object.union(job_rec, {"tenant": "globex"})})))
 }
 
-test_admin_id_with_trust_domain_prefix_denied if {
-	# "spiffe://example.org.evil/..." starts with "spiffe://example.org"
-	c := object.union(admin, {"id": "spiffe://example.org.evil/admin/alice"})
-	denied_with(decide(req(c, "nvmegate.v1.Inventory", "AddTarget")), "caller SPIFFE ID is not in the caller's trust domain")
+test_admin_denied_node_and_scheduler_actions if {
+	every a in ["access.connect", "access.discover", "jobs.admit", "target.watch"] {
+		decide(req(admin, a, {})).reasons == [sprintf("no rule allows role admin to perform %s", [a])]
+	}
 }
 
-# --- Other roles: no inventory or policy ----------------------------------
+test_admin_wildcard_covers_future_methods if {
+	allowed(decide(req(admin, "inventory.rename_target", {})))
+}
 
-test_other_roles_denied_inventory_and_policy if {
-	every c in [node, auditor, scheduler, target, unknown] {
-		every s in ["nvmegate.v1.Inventory", "nvmegate.v1.Policy", "grpc.reflection.v1.ServerReflection"] {
-			d := decide(req(c, s, "M"))
-			d.allow == false
-			d.reasons == [sprintf("no rule allows role %s to call %s/M", [c.role, s])]
+# --- Auditors --------------------------------------------------------------------
+
+test_auditor_reads_audit_and_policy_status if {
+	every a in ["audit.query", "audit.checkpoint", "audit.inclusion_proof", "audit.consistency_proof", "audit.export", "audit.lineage", "policy.status"] {
+		decide(req(auditor, a, {"kind": "audit", "tenant": ""})).reasons == [sprintf("role auditor may perform %s", [a])]
+	}
+}
+
+test_auditor_denied_everything_else if {
+	every a in ["policy.explain", "inventory.get_namespace", "keys.status", "jobs.get", "access.list_grants", "audit.prune"] {
+		decide(req(auditor, a, {})).reasons == [sprintf("no rule allows role auditor to perform %s", [a])]
+	}
+}
+
+# --- Health: any caller of the gateway's trust domain ------------------------------
+
+test_health_for_every_role if {
+	every c in [admin, auditor, scheduler, node, target_agent, gateway_peer, unknown] {
+		every a in ["health.check", "health.watch", "health.list"] {
+			d := decide(req(c, a, {"kind": "none", "tenant": ""}))
+			d.reasons == [sprintf("any caller of trust domain example.org may perform %s", [a])]
+			d.allow == true
 		}
 	}
 }
 
-test_node_denied_add_target_reason if {
-	d := decide(req(node, "nvmegate.v1.Inventory", "AddTarget"))
-	d == {
-		"allow": false,
-		"reasons": ["no rule allows role node to call nvmegate.v1.Inventory/AddTarget"],
-		"obligations": {},
+test_health_foreign_trust_domain_denied if {
+	c := object.union(node, {"id": "spiffe://other.example/node/gpu-01", "trust_domain": "other.example"})
+	decide(req(c, "health.check", {})).reasons == ["caller trust domain other.example is not the gateway's trust domain example.org"]
+}
+
+test_open_actions_are_data if {
+	d := decide(req(node, "health.check", {})) with data.nvmegate.authenticated_actions as []
+	d.reasons == ["no rule allows role node to perform health.check"]
+	allowed(decide(req(node, "audit.checkpoint", {}))) with data.nvmegate.authenticated_actions as ["audit.checkpoint"]
+}
+
+# --- Other roles -------------------------------------------------------------------
+
+test_unknown_and_gateway_roles_get_nothing_but_health if {
+	every c in [unknown, gateway_peer] {
+		every a in ["inventory.get_target", "server_reflection.server_reflection_info", "access.connect", "audit.query"] {
+			decide(req(c, a, {})).reasons == [sprintf("no rule allows role %s to perform %s", [c.role, a])]
+		}
 	}
 }
 
 test_role_name_is_case_sensitive if {
 	c := object.union(admin, {"role": "Admin"})
-	denied_with(
-		decide(req(c, "nvmegate.v1.Inventory", "AddTarget")),
-		"no rule allows role Admin to call nvmegate.v1.Inventory/AddTarget",
-	)
+	decide(req(c, "inventory.add_target", {})).reasons == ["no rule allows role Admin to perform inventory.add_target"]
 }
 
-test_service_name_must_match_exactly if {
-	every s in ["nvmegate.v1.inventory", "nvmegate.v2.Inventory", "nvmegate.v1.Inventory ", ""] {
-		decide(req(admin, s, "AddTarget")).allow == false
+# --- Roles are data --------------------------------------------------------------------
+
+test_site_grants_by_data if {
+	roles := object.union(data.nvmegate.roles, {"node": {"scope": "global", "actions": ["inventory.get_target"]}})
+	d := decide(req(node, "inventory.get_target", {})) with data.nvmegate.roles as roles
+	d.reasons == ["role node may perform inventory.get_target"]
+	denied(decide(req(node, "inventory.add_target", {}))) with data.nvmegate.roles as roles
+}
+
+test_site_service_wildcard if {
+	roles := {"auditor": {"scope": "global", "actions": ["keys.*"]}}
+	allowed(decide(req(auditor, "keys.status", {}))) with data.nvmegate.roles as roles
+	denied(decide(req(auditor, "audit.query", {}))) with data.nvmegate.roles as roles
+}
+
+test_unknown_scope_in_data_denies if {
+	roles := {"admin": {"scope": "everywhere", "actions": ["inventory.*"]}}
+	d := decide(req(admin, "inventory.add_target", {})) with data.nvmegate.roles as roles
+	d.reasons == ["data error: role admin has unknown scope everywhere"]
+}
+
+test_no_roles_in_data_denies if {
+	d := decide(req(admin, "inventory.add_target", {})) with data.nvmegate.roles as {}
+	d.reasons == ["no rule allows role admin to perform inventory.add_target"]
+}
+
+# --- Identity and the request's own fields ------------------------------------------
+
+test_foreign_trust_domain_denied if {
+	c := object.union(admin, {"id": "spiffe://evil.example/admin/alice", "trust_domain": "evil.example"})
+	decide(req(c, "inventory.add_target", {})).reasons == ["caller trust domain evil.example is not the gateway's trust domain example.org"]
+}
+
+test_id_outside_claimed_trust_domain_denied if {
+	every id in ["spiffe://evil.example/admin/alice", "spiffe://example.org.evil/admin/alice", "spiffe://example.org", "example.org/admin/alice"] {
+		c := object.union(admin, {"id": id})
+		decide(req(c, "inventory.add_target", {})).reasons == ["caller SPIFFE ID is not in the caller's trust domain"]
 	}
 }
 
-# --- Health: any caller of the gateway's trust domain ---------------------
-
-test_health_any_role_of_own_trust_domain if {
-	every c in [admin, node, auditor, scheduler, target, unknown] {
-		d := decide(req(c, "grpc.health.v1.Health", "Check"))
-		allowed(d)
-		d.reasons == ["any caller of trust domain example.org may call grpc.health.v1.Health"]
-	}
-}
-
-test_health_watch_allowed if {
-	allowed(decide(req(node, "grpc.health.v1.Health", "Watch")))
-}
-
-test_health_foreign_trust_domain_denied if {
-	c := object.union(node, {"id": "spiffe://other.example/node/gpu-01", "trust_domain": "other.example"})
-	d := decide(req(c, "grpc.health.v1.Health", "Check"))
-	d.allow == false
-	d.reasons == ["caller trust domain other.example is not the gateway's trust domain example.org"]
-}
-
-test_admin_health_granted_by_trust_domain_rule if {
-	# admin is not granted Health by role, only by the trust-domain rule
-	d := decide(req(admin, "grpc.health.v1.Health", "Check"))
-	d.reasons == ["any caller of trust domain example.org may call grpc.health.v1.Health"]
-}
-
-# --- Missing or garbled fields deny -------------------------------------------
-
-test_missing_caller_denied if {
-	d := decide(object.remove(req(admin, "grpc.health.v1.Health", "Check"), ["caller"]))
-	d.allow == false
-	d.reasons == ["caller has no SPIFFE ID", "caller has no role", "caller has no trust domain"]
-}
-
-test_missing_caller_fields_denied if {
-	every f in ["id", "trust_domain", "role"] {
-		d := decide(req(object.remove(admin, [f]), "nvmegate.v1.Inventory", "AddTarget"))
-		d.allow == false
-		count(d.reasons) > 0
-	}
-}
-
-test_empty_or_non_string_caller_fields_denied if {
+test_missing_or_garbled_identity_fields_denied if {
 	every f in ["id", "trust_domain", "role"] {
 		every v in ["", 1, true, null, ["admin"], {"admin": true}] {
-			d := decide(req(object.union(admin, {f: v}), "grpc.health.v1.Health", "Check"))
-			d.allow == false
-			count(d.reasons) > 0
+			denied(decide(req(object.union(admin, {f: v}), "health.check", {})))
 		}
 	}
+	denied_with(decide(req(object.union(admin, {"role": ""}), "health.check", {})), "caller has no role")
+	denied_with(decide(req(object.remove(admin, ["id"]), "health.check", {})), "caller has no SPIFFE ID")
 }
 
-test_empty_role_denied_with_reason if {
-	denied_with(decide(req(object.union(admin, {"role": ""}), "grpc.health.v1.Health", "Check")), "caller has no role")
-}
-
-test_missing_gateway_trust_domain_denied if {
-	every doc in [
-		object.remove(req(node, "grpc.health.v1.Health", "Check"), ["gateway"]),
-		object.union(req(node, "grpc.health.v1.Health", "Check"), {"gateway": {"trust_domain": ""}}),
-	] {
-		denied_with(decide(doc), "gateway trust domain is not set")
-	}
-}
-
-test_missing_rpc_denied if {
-	d := decide(object.remove(req(admin, "nvmegate.v1.Inventory", "AddTarget"), ["rpc"]))
-	d.allow == false
-	d.reasons == ["request names no RPC method", "request names no RPC service"]
-}
-
-test_missing_rpc_method_denied if {
-	doc := json.remove(req(admin, "nvmegate.v1.Inventory", "AddTarget"), ["rpc/method"])
-	d := decide(doc)
-	d.reasons == ["request names no RPC method"]
-	d.allow == false
-}
-
-test_non_object_input_denied if {
-	every doc in ["admin", 42, [], null] {
-		d := decide(doc)
-		d.allow == false
-		count(d.reasons) > 0
-	}
-}
-
-# --- Tables stay plain JSON (they move to data later) ----------------------
-
-test_tables_are_json if {
-	json.unmarshal(json.marshal(authz.role_permissions)) == authz.role_permissions
-	json.unmarshal(json.marshal(authz.authenticated_services)) == authz.authenticated_services
-}
-
-test_non_object_caller_rpc_or_gateway_denied if {
-	base := req(admin, "nvmegate.v1.Inventory", "AddTarget")
+test_missing_caller_rpc_gateway_denied if {
+	base := req(admin, "inventory.add_target", {})
+	decide(object.remove(base, ["caller"])).reasons == ["caller has no SPIFFE ID", "caller has no role", "caller has no trust domain"]
+	decide(object.remove(base, ["rpc"])).reasons == ["request names no RPC method", "request names no RPC service"]
+	decide(json.remove(base, ["rpc/method"])).reasons == ["request names no RPC method"]
+	decide(object.remove(base, ["gateway"])).reasons == ["gateway trust domain is not set"]
 	every patch in [{"caller": "admin"}, {"caller": null}, {"rpc": ["nvmegate.v1.Inventory", "AddTarget"]}, {"gateway": "example.org"}] {
-		d := decide(object.union(base, patch))
-		d.allow == false
-		count(d.reasons) > 0
+		denied(decide(object.union(base, patch)))
 	}
+}
+
+test_action_required_and_well_formed if {
+	base := req(admin, "inventory.add_target", {})
+	decide(object.remove(base, ["action"])).reasons == ["request names no action"]
+	every a in ["Inventory.AddTarget", "inventory", "inventory.add_target.x", "inventory.*", " inventory.add_target"] {
+		decide(object.union(base, {"action": a})).reasons == [sprintf("request action %s is not of the form service.method", [a])]
+	}
+	decide(object.union(base, {"action": 7})).reasons == ["request names no action"]
+}
+
+test_resource_must_be_an_object if {
+	every r in [null, "x", [], 1] {
+		decide(req(admin, "inventory.add_target", r)).reasons == ["request has no resource description"]
+	}
+	decide(object.remove(req(admin, "health.check", {}), ["resource"])).reasons == ["request has no resource description"]
+}
+
+test_deny_always_has_a_reason if {
+	# Were the reasons of a failed check ever missing, the deny says so.
+	d := decide(connect({"job": {"state": "finished"}})) with authz.problems as set()
+	d.reasons == ["request is outside the scope of role node"]
+}
+
+test_accessors_are_total if {
+	authz.resource == {} with input as {"resource": 1}
+	authz.job == {} with input as {"resource": {"job": "j1"}}
+	authz.namespaces == [] with input as {"resource": {"namespaces": "x"}}
+	authz.nodes == [] with input as {"resource": {}}
+}
+
+test_helpers if {
+	authz.show_at({"a": 1}, "a") == "1"
+	authz.show_at({}, "a") == "<missing>"
+	authz.has_key({"a": false}, "a")
+	not authz.has_key({"a": false}, "b")
+	not authz.string_at(["x"]) with input as "x"
 }

@@ -48,6 +48,22 @@ $out" ;;
   esac
 }
 
+# decides WHAT VERDICT -- CMD...: CMD (a policy dry run) must print VERDICT
+# (ALLOW or DENY) first.
+decides() {
+  local what=$1 want=$2; shift 3
+  steps=$((steps + 1))
+  printf '%2d. %s\n' "$steps" "$what"
+  local out
+  out=$("$@" 2>&1) || fail "step $steps ($what): the dry run failed:
+$out"
+  case "$out" in
+    "$want"*) printf '%s\n' "$out" | sed 's/^/      /'; ok_steps=$((ok_steps + 1)) ;;
+    *) fail "step $steps ($what): expected $want, got:
+$out" ;;
+  esac
+}
+
 echo "== starting the dev gateway (trust domain nvmegate.test, state in $DEMO)"
 "$BIN/nvmegated" dev --dir "$DEMO" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --log-format json 2>"$log" &
 gw=$!
@@ -109,11 +125,25 @@ refused "a second identity cannot take globex-node-1's host NQN" FailedPrecondit
 refused "a node cannot change the inventory" PermissionDenied -- \
   as acme-node-1 inventory target add rogue --fabric fab-eu --region eu-west \
     --port id=1,transport=tcp,family=ipv4,address=10.9.9.9,service=4420
-refused "a scheduler cannot read the inventory (for now: only admins)" PermissionDenied -- \
-  as acme-scheduler inventory subsystem list
+ok "acme's scheduler reads acme's subsystems" -- as acme-scheduler inventory subsystem list --tenant acme
+refused "acme's scheduler cannot read globex's subsystems (tenant isolation)" PermissionDenied -- \
+  as acme-scheduler inventory subsystem list --tenant globex
 refused "a malformed NQN is refused naming the field" "subsystem.nqn" -- \
   as admin inventory subsystem add not-an-nqn --target stor-eu-1 --tenant acme --ports 1 --dhchap
 ok "the policy revision in force" -- as admin policy status
+
+echo "== the security admin dry-runs job admissions against the live policy (Policy.Explain)"
+IN=scripts/demo-inputs
+decides "acme's scheduler admits a job reading acme's dataset in eu-west" ALLOW -- \
+  as admin policy explain --input "$IN/admit-ok.json"
+decides "... but not with a namespace of another tenant (tenant isolation)" DENY -- \
+  as admin policy explain --input "$IN/admit-other-tenant.json"
+decides "... nor when the job may only read in us-east (residency)" DENY -- \
+  as admin policy explain --input "$IN/admit-residency.json"
+decides "... nor write to an immutable dataset (data class obligation)" DENY -- \
+  as admin policy explain --input "$IN/admit-immutable-rw.json"
+decides "the same decision offline, from the policy sources (policy eval)" ALLOW -- \
+  "$BIN/nvmegate" policy eval --policy policy --input "$IN/admit-ok.json"
 
 echo "== the NVMe key formats nvmegate emits (offline, no gateway involved)"
 dh=$("$BIN/nvmegate" keys gen dhchap --hash sha384) || fail "keys gen dhchap"
@@ -141,6 +171,6 @@ trap - EXIT
 [ "$rc" -eq 0 ] || fail "the gateway exited with status $rc on SIGTERM"
 
 echo
-echo "Demo passed: $steps steps ($ok_steps succeeded as expected, $refused_steps refused as expected)."
+echo "Demo passed: $steps steps ($ok_steps succeeded or decided as expected, $refused_steps refused as expected)."
 echo "  inventory: $counts"
 echo "  state, SVIDs and the gateway log are in $DEMO/"

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"sigs.k8s.io/yaml"
@@ -24,6 +25,8 @@ type Config struct {
 	StateDir string `json:"state_dir"`
 	// Identity says where the gateway's own SVID and the trust bundle come from.
 	Identity IdentityConfig `json:"identity"`
+	// Policy selects the Rego policy; the embedded default when unset.
+	Policy PolicyConfig `json:"policy"`
 	// Log configures slog output on stderr.
 	Log LogConfig `json:"log"`
 	// ReadyFile, if set, is written with the bound addresses (JSON) once the
@@ -40,6 +43,28 @@ type IdentityConfig struct {
 	Cert   string `json:"cert"`
 	Key    string `json:"key"`
 	Bundle string `json:"bundle"`
+}
+
+// PolicyConfig selects where the policy comes from. A directory or bundle
+// file is checked again every ReloadInterval and a new revision is swapped
+// in after it compiles and passes its self-test; a broken one is refused and
+// logged, and the serving policy stays.
+type PolicyConfig struct {
+	// Dir is a directory of .rego files, data.json files and selftest.json.
+	Dir string `json:"dir"`
+	// Bundle is an OPA bundle file (.tar.gz).
+	Bundle string `json:"bundle"`
+	// ReloadInterval is a Go duration; default 5s.
+	ReloadInterval string `json:"reload_interval"`
+}
+
+// reloadInterval parses ReloadInterval (validated by validate).
+func (p PolicyConfig) reloadInterval() time.Duration {
+	d, err := time.ParseDuration(p.ReloadInterval)
+	if err != nil {
+		return 5 * time.Second
+	}
+	return d
 }
 
 // LogConfig configures logging.
@@ -77,6 +102,9 @@ func (c *Config) setDefaults() {
 	if c.Log.Level == "" {
 		c.Log.Level = "info"
 	}
+	if c.Policy.ReloadInterval == "" {
+		c.Policy.ReloadInterval = "5s"
+	}
 }
 
 // validate checks the configuration once, before anything starts.
@@ -99,6 +127,12 @@ func (c *Config) validate() error {
 		return errors.New("identity: spiffe_socket or cert, key and bundle are required")
 	case files && (id.Cert == "" || id.Key == "" || id.Bundle == ""):
 		return errors.New("identity: cert, key and bundle must all be set")
+	}
+	if c.Policy.Dir != "" && c.Policy.Bundle != "" {
+		return errors.New("policy: set dir or bundle, not both")
+	}
+	if d, err := time.ParseDuration(c.Policy.ReloadInterval); err != nil || d < 100*time.Millisecond {
+		return fmt.Errorf("policy.reload_interval must be a duration of at least 100ms, got %q", c.Policy.ReloadInterval)
 	}
 	switch c.Log.Format {
 	case "text", "json":

@@ -23,7 +23,6 @@ import (
 	"github.com/nvmegate/nvmegate/authz"
 	"github.com/nvmegate/nvmegate/gateway"
 	"github.com/nvmegate/nvmegate/identity"
-	"github.com/nvmegate/nvmegate/policy"
 	"github.com/nvmegate/nvmegate/store"
 )
 
@@ -42,6 +41,7 @@ type Main struct {
 	db       *store.DB
 	source   identity.Source
 	engine   *authz.Engine
+	reloader *policyReloader // nil for the embedded policy
 	server   *gateway.Server
 	grpcLis  net.Listener
 	httpLis  net.Listener
@@ -74,6 +74,9 @@ func (m *Main) ParseFlags(_ context.Context, args []string) error {
 	fs.StringVar(&flags.Log.Format, "log-format", "", "text or json")
 	fs.StringVar(&flags.Log.Level, "log-level", "", "debug, info, warn or error")
 	fs.StringVar(&flags.ReadyFile, "ready-file", "", "write the bound addresses here once serving")
+	fs.StringVar(&flags.Policy.Dir, "policy-dir", "", "policy directory (.rego, data.json, selftest.json), hot-reloaded")
+	fs.StringVar(&flags.Policy.Bundle, "policy-bundle", "", "OPA bundle file (.tar.gz), hot-reloaded")
+	fs.StringVar(&flags.Policy.ReloadInterval, "policy-reload-interval", "", "how often to check the policy for changes (default 5s)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -113,6 +116,9 @@ func overlay(c *Config, f Config) {
 	set(&c.Log.Format, f.Log.Format)
 	set(&c.Log.Level, f.Log.Level)
 	set(&c.ReadyFile, f.ReadyFile)
+	set(&c.Policy.Dir, f.Policy.Dir)
+	set(&c.Policy.Bundle, f.Policy.Bundle)
+	set(&c.Policy.ReloadInterval, f.Policy.ReloadInterval)
 }
 
 // Open validates the configuration and starts everything that can fail
@@ -153,12 +159,16 @@ func (m *Main) Open(ctx context.Context) (err error) {
 	if !svid.ID.MemberOf(td) {
 		return fmt.Errorf("identity: the gateway's SVID %s is not in trust domain %s", svid.ID, td)
 	}
-	bundle, err := policy.Load(policy.Default())
+	src := policySource{dir: c.Policy.Dir, bundle: c.Policy.Bundle}
+	bundle, err := src.load()
 	if err != nil {
-		return fmt.Errorf("policy: %w", err)
+		return fmt.Errorf("policy %s: %w", src.name(), err)
 	}
-	if m.engine, err = authz.NewEngine(ctx, authz.Options{TrustDomain: td, Bundle: bundle, Source: authz.SourceEmbedded, Logger: m.log}); err != nil {
-		return fmt.Errorf("policy: %w", err)
+	if m.engine, err = authz.NewEngine(ctx, authz.Options{TrustDomain: td, Bundle: bundle, Source: src.name(), Logger: m.log}); err != nil {
+		return fmt.Errorf("policy %s: %w", src.name(), err)
+	}
+	if src.dir != "" || src.bundle != "" {
+		m.reloader = &policyReloader{engine: m.engine, source: src, interval: c.Policy.reloadInterval(), log: m.log}
 	}
 
 	m.registry = prometheus.NewRegistry()
@@ -214,6 +224,9 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return m.server.Serve(ctx, m.grpcLis) })
+	if m.reloader != nil {
+		g.Go(func() error { return m.reloader.Run(ctx) })
+	}
 	if m.httpSrv != nil {
 		g.Go(func() error {
 			errc := make(chan error, 1)

@@ -1,0 +1,103 @@
+package authz
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"testing/fstest"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/rego"
+
+	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/policy"
+)
+
+// Explain is the dry run behind Policy.Explain and `nvmegate policy eval`:
+// it evaluates input exactly as given — nothing is filled in or replaced,
+// not even input.gateway — and returns the Decision the gateway would act
+// on together with the raw decision document the policy produced (null if
+// it produced none). The Decision applies the same fail-closed checks as
+// Authorize, so a malformed allow shows as the deny it would be.
+//
+// With candidate modules (file name → Rego source), the serving bundle with
+// those modules added or replaced is compiled and self-tested first, as
+// Reload would; a candidate that Reload would refuse is an EINVALID error
+// naming why, and nothing is swapped in.
+func (e *Engine) Explain(ctx context.Context, input map[string]any, candidate map[string]string) (*nvmegate.Decision, []byte, error) {
+	l := e.current.Load()
+	if len(candidate) > 0 {
+		c, err := e.candidate(ctx, l.bundle, candidate)
+		if err != nil {
+			return nil, nil, err
+		}
+		l = c
+	}
+	now := e.now()
+	d := &nvmegate.Decision{ID: newDecisionID(now), PolicyRevision: l.status.Revision, EvaluatedAt: now}
+	v, err := ast.InterfaceToValue(input)
+	if err != nil {
+		return nil, nil, nvmegate.Invalid("input_json", "cannot be a policy input: %v", err)
+	}
+	rs, err := l.query.Eval(ctx, rego.EvalParsedInput(v), rego.EvalTime(now))
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, nil, cerr
+		}
+		d.Reasons = []string{ReasonEvaluationFailed + ": " + err.Error()}
+		return d, []byte("null"), nil
+	}
+	raw := []byte("null")
+	if len(rs) > 0 && len(rs[0].Expressions) > 0 {
+		if t, ok := rs[0].Expressions[0].Value.(*ast.Term); ok {
+			if j, err := ast.JSON(t.Value); err == nil {
+				raw, _ = json.Marshal(j)
+			}
+		}
+	}
+	out, problem := parseResult(rs)
+	if problem != nil {
+		d.Reasons = []string{reasonMalformed + problem.Error()}
+		return d, raw, nil
+	}
+	d.Allow, d.Reasons, d.Obligations = out.allow, out.reasons, out.obligations
+	return d, raw, nil
+}
+
+// candidate prepares base with modules added or replaced.
+func (e *Engine) candidate(ctx context.Context, base *policy.Bundle, modules map[string]string) (*loaded, error) {
+	files := fstest.MapFS{}
+	err := fs.WalkDir(base.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, err := fs.ReadFile(base.FS(), p)
+		files[p] = &fstest.MapFile{Data: data}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("authz: candidate: %w", err)
+	}
+	for name, src := range modules {
+		if path.Ext(name) != ".rego" || !fs.ValidPath(name) {
+			return nil, nvmegate.Invalid("candidate_modules", "module names must be relative paths ending in .rego (got %q)", name)
+		}
+		files[name] = &fstest.MapFile{Data: []byte(src)}
+	}
+	b, err := policy.Load(files)
+	if err != nil {
+		return nil, nvmegate.Invalid("candidate_modules", "%v", err)
+	}
+	l, err := e.prepare(ctx, b, "candidate")
+	var st *SelfTestError
+	switch {
+	case errors.As(err, &st):
+		return nil, nvmegate.Invalid("candidate_modules", "the candidate fails self-test sample %q: %s", st.Sample, st.Problem)
+	case err != nil:
+		return nil, nvmegate.Invalid("candidate_modules", "%v", err)
+	}
+	return l, nil
+}

@@ -1,0 +1,212 @@
+package nvmegate.authz
+
+# --- Scopes -------------------------------------------------------------------
+#
+# A role's scope (data.nvmegate.roles[role].scope) bounds what its actions may
+# touch:
+#
+#   global  anything (admins, auditors);
+#   tenant  the caller's tenant only (schedulers): input.resource.tenant and
+#           the tenant of every record (job, subsystem, namespaces) must be
+#           the caller's;
+#   job     an active, unexpired job that names the caller, with the caller's
+#           own host binding, for the job's tenant only (nodes);
+#   target  the caller's own target only (target agents).
+#
+# Reasons name only what the caller sent or may know: the other tenant of a
+# record is never named, and a node learns nothing about a job that does not
+# name it.
+
+# subject_tenant: the tenant whose resources the call may touch (for the
+# reasons of a deny).
+subject_tenant := input.caller.tenant if role_scope == "tenant"
+
+subject_tenant := job.tenant if {
+	role_scope == "job"
+	node_in_job
+}
+
+subject_tenant := job.tenant if role_scope == "global"
+
+# --- tenant: schedulers ---------------------------------------------------------
+
+# tenant_ok(t): the request concerns only tenant t's resources.
+tenant_ok(t) if {
+	is_string(t)
+	t != ""
+	res := input.resource
+	res.tenant == t
+	object.get(res, ["job", "tenant"], t) == t
+	object.get(res, ["subsystem", "tenant"], t) == t
+	namespace_tenants_ok(t)
+}
+
+tenant_problems contains sprintf("role %s has no tenant", [input.caller.role]) if {
+	not non_empty(object.get(input.caller, "tenant", null))
+}
+
+tenant_problems contains sprintf("a %s of tenant %s may act only on tenant %s's resources", [input.caller.role, t, t]) if {
+	t := input.caller.tenant
+	non_empty(t)
+	not resource.tenant == t
+}
+
+tenant_problems contains sprintf("job %s is not in tenant %s", [show_at(job, "job_id"), t]) if {
+	t := input.caller.tenant
+	has_key(job, "tenant")
+	not job.tenant == t
+}
+
+tenant_problems contains sprintf("subsystem %s is not in tenant %s", [show_at(subsystem, "nqn"), t]) if {
+	t := input.caller.tenant
+	has_key(subsystem, "tenant")
+	not subsystem.tenant == t
+}
+
+# A namespace the gateway could not find has no tenant: it is not the
+# caller's either, and the reason does not say whether it exists.
+tenant_problems contains sprintf("namespace %s is not in tenant %s", [ns_label(ns), t]) if {
+	t := input.caller.tenant
+	some ns in namespaces
+	not ns.tenant == t
+}
+
+tenant_problems contains p if some p in list_shape_problems("namespaces", "namespace")
+
+# --- job: nodes -----------------------------------------------------------------
+
+node_in_job if input.caller.id in job.nodes
+
+# job_ok(t): the caller is a node of job t's active, unexpired scope, with
+# its own binding, and the request concerns only tenant t's resources.
+job_ok(t) if {
+	is_string(t)
+	t != ""
+	c := input.caller
+	res := input.resource
+	j := res.job
+	c.id in j.nodes
+	j.state == "active"
+	now_ns < time_ns(j.expires_at)
+	b := res.host_binding
+	b.spiffe_id == c.id
+	nqn := b.host_nqn
+	is_string(nqn)
+	nqn != ""
+	is_boolean(object.get(b, "bound", false))
+	object.get(b, "tenant", "") in {"", t}
+	is_object(object.get(res, "request", {}))
+	object.get(res, ["request", "host_nqn"], "") in {"", nqn}
+	object.get(res, ["request", "mode"], "") in {"", "ro", "rw"}
+	object.get(res, "tenant", "") in {"", t}
+	object.get(res, ["subsystem", "tenant"], t) == t
+	namespace_tenants_ok(t)
+}
+
+job_problems contains "request names no job" if not has_job_record
+
+has_job_record if is_object(resource.job)
+
+job_problems contains sprintf("node %s is not in the scope of job %s", [input.caller.id, show_at(job, "job_id")]) if {
+	has_job_record
+	not node_in_job
+}
+
+job_problems contains "request has no host binding for the caller" if not has_binding_record
+
+has_binding_record if is_object(resource.host_binding)
+
+job_problems contains "host binding is not the caller's" if {
+	has_binding_record
+	not host_binding.spiffe_id == input.caller.id
+}
+
+job_problems contains "host binding has no host NQN" if {
+	host_binding.spiffe_id == input.caller.id
+	not non_empty(object.get(host_binding, "host_nqn", null))
+}
+
+job_problems contains sprintf("host NQN %v is not bound to node %s", [request.host_nqn, input.caller.id]) if {
+	not object.get(request, "host_nqn", "") in {"", object.get(host_binding, "host_nqn", null)}
+}
+
+job_problems contains p if some p in record_shape_problems("job", "job")
+
+job_problems contains p if some p in record_shape_problems("host_binding", "binding")
+
+job_problems contains p if some p in record_shape_problems("request", "request")
+
+job_problems contains "request time is not an RFC 3339 time" if not input_time_valid
+
+# The problems below are named only for a job that names the caller: a node
+# learns nothing about other jobs.
+job_problems contains p if {
+	node_in_job
+	some p in job_member_problems
+}
+
+job_member_problems contains sprintf("job %s has no tenant", [show_at(job, "job_id")]) if {
+	not non_empty(object.get(job, "tenant", null))
+}
+
+job_member_problems contains sprintf("job %s is not active (state %s)", [show_at(job, "job_id"), show_at(job, "state")]) if {
+	not job.state == "active"
+}
+
+job_member_problems contains sprintf("job %s has no valid expiry", [show_at(job, "job_id")]) if {
+	not valid_time(object.get(job, "expires_at", null))
+}
+
+job_member_problems contains sprintf("job %s expired at %s", [show_at(job, "job_id"), job.expires_at]) if {
+	expiry_ns <= now_ns
+}
+
+job_member_problems contains sprintf("node %s is bound to a tenant other than job %s's", [input.caller.id, show_at(job, "job_id")]) if {
+	not object.get(host_binding, "tenant", "") in {"", object.get(job, "tenant", null)}
+}
+
+job_member_problems contains sprintf("request concerns a tenant other than job %s's", [show_at(job, "job_id")]) if {
+	not object.get(resource, "tenant", "") in {"", object.get(job, "tenant", null)}
+}
+
+job_member_problems contains sprintf("subsystem %s is not in job %s's tenant", [show_at(subsystem, "nqn"), show_at(job, "job_id")]) if {
+	has_key(subsystem, "tenant")
+	not subsystem.tenant == job.tenant
+}
+
+job_member_problems contains sprintf("namespace %s is not in job %s's tenant", [ns_label(ns), show_at(job, "job_id")]) if {
+	some ns in namespaces
+	not ns.tenant == job.tenant
+}
+
+job_member_problems contains p if some p in list_shape_problems("namespaces", "namespace")
+
+# --- target: target agents --------------------------------------------------------
+
+target_ok if {
+	name := input.caller.name
+	is_string(name)
+	name != ""
+	target.id == name
+}
+
+target_problems contains sprintf("target agent %v may act only on its own target", [object.get(input.caller, "name", "")]) if {
+	not target_ok
+}
+
+# --- Helpers ------------------------------------------------------------------------
+
+# namespace_tenants_ok: every namespace is tenant t's (namespace actions
+# check it with the other facts of each namespace, in namespaces_ok).
+namespace_tenants_ok(t) if {
+	input.action in namespace_actions
+	t == t
+} else if {
+	nss := object.get(input.resource, "namespaces", [])
+	is_array(nss)
+	every ns in nss {
+		ns.tenant == t
+	}
+}
+
+ns_label(ns) := sprintf("%v/%v", [show_at(ns, "subsystem_nqn"), show_at(ns, "nsid")])
