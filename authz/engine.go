@@ -96,7 +96,7 @@ type loaded struct {
 }
 
 // NewEngine compiles and self-tests the bundle of opts and returns an engine
-// serving it. It fails with ErrConfig, ErrCompile or a *SelfTestError
+// serving it. It fails with ErrConfig, ErrCompile, ErrData or a *SelfTestError
 // (ErrSelfTest): a broken policy never serves.
 func NewEngine(ctx context.Context, opts Options) (*Engine, error) {
 	if opts.TrustDomain.IsZero() {
@@ -134,7 +134,7 @@ func NewEngine(ctx context.Context, opts Options) (*Engine, error) {
 
 // Reload compiles and self-tests b and, only if both succeed, makes it the
 // serving revision; otherwise the previous revision keeps serving and the
-// error (ErrCompile, ErrSelfTest) says why. source is reported by Status.
+// error (ErrCompile, ErrData, ErrSelfTest) says why. source is reported by Status.
 // Evaluations in flight finish on the revision they started with.
 func (e *Engine) Reload(ctx context.Context, b *policy.Bundle, source string) error {
 	if b == nil {

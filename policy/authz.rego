@@ -12,12 +12,20 @@
 #   residency.rego, classes.rego (classes and obligations), data.rego (the
 #   checks of data.nvmegate the engine runs once per revision).
 #
-#   Every check has two halves. A positive rule (input_ok, scope_ok,
-#   namespaces_ok, ...) decides: allow needs all that apply, so a field that
-#   is missing or of the wrong type makes a check fail, never pass. Only when
-#   a request is denied are the problems computed: the reasons, one per
-#   failed check. The split keeps an allow cheap (every rule evaluated costs
-#   microseconds) and the tests hold the two halves to each other.
+#   Every check has two halves. A positive rule (input_ok, job_ok,
+#   tenant_ok, namespaces_ok, ...) decides: allow needs all that apply, so a
+#   field that is missing or of the wrong type makes a check fail, never
+#   pass. Only when a request is denied are the problems computed: the
+#   reasons, one per failed check. The split keeps an allow cheap (every rule
+#   evaluated costs microseconds) and the tests (the property test in
+#   authz/property_test.go above all) hold the two halves to each other.
+#
+#   Beware of two Rego traps the rules avoid: an else branch is taken when
+#   the previous branch's value is undefined, not only when its body fails
+#   (so checks that must not fall through are separate definitions, see
+#   action_checks); and `not f(x.y)` is false, not true, when x.y is
+#   undefined (the argument is evaluated outside the negation), so negated
+#   calls take values that are always defined (object.get, helper rules).
 package nvmegate.authz
 
 # decision is the one document the gateway reads. Every field is always

@@ -44,8 +44,8 @@ type policyReloader struct {
 	source   policySource
 	interval time.Duration
 	log      *slog.Logger
-	// refused remembers the last refused revision so that it is logged once,
-	// not at every tick.
+	// refused remembers the last refused digest (or load error) so that it
+	// is logged once, not at every tick.
 	refused string
 }
 
@@ -75,13 +75,15 @@ func (r *policyReloader) check(ctx context.Context) bool {
 		}
 		return false
 	}
-	if b.Revision == r.engine.Status().Revision || b.Revision == r.refused {
+	// Compare content digests, not revisions: a bundle's .manifest may keep
+	// its revision while its files change.
+	if b.Digest == r.engine.Status().Digest || b.Digest == r.refused {
 		return false
 	}
 	if err := r.engine.Reload(ctx, b, r.source.name()); err != nil {
-		// The engine has logged why; remember the revision so that it is
+		// The engine has logged why; remember the digest so that it is
 		// not compiled and logged again at every tick.
-		r.refused = b.Revision
+		r.refused = b.Digest
 		return false
 	}
 	r.refused = ""
