@@ -4,10 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io/fs"
 	"path"
-	"testing/fstest"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
@@ -69,25 +67,14 @@ func (e *Engine) Explain(ctx context.Context, input map[string]any, candidate ma
 
 // candidate prepares base with modules added or replaced.
 func (e *Engine) candidate(ctx context.Context, base *policy.Bundle, modules map[string]string) (*loaded, error) {
-	files := fstest.MapFS{}
-	err := fs.WalkDir(base.FS(), ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		data, err := fs.ReadFile(base.FS(), p)
-		files[p] = &fstest.MapFile{Data: data}
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("authz: candidate: %w", err)
-	}
+	files := make(map[string][]byte, len(modules))
 	for name, src := range modules {
 		if path.Ext(name) != ".rego" || !fs.ValidPath(name) {
 			return nil, nvmegate.Invalid("candidate_modules", "module names must be relative paths ending in .rego (got %q)", name)
 		}
-		files[name] = &fstest.MapFile{Data: []byte(src)}
+		files[name] = []byte(src)
 	}
-	b, err := policy.Load(files)
+	b, err := base.With(files)
 	if err != nil {
 		return nil, nvmegate.Invalid("candidate_modules", "%v", err)
 	}

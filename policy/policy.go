@@ -98,14 +98,28 @@ type Bundle struct {
 }
 
 // FS returns the loaded files as a read-only file system: Load(b.FS())
-// yields an equal bundle. Copy them into an fstest.MapFS to build a
-// candidate from a serving bundle (other modules, more data).
+// yields an equal bundle. To build a candidate from a serving bundle (other
+// modules, more data), use With.
 func (b *Bundle) FS() fs.FS {
 	m := fstest.MapFS{}
 	for name, data := range b.files {
 		m[name] = &fstest.MapFile{Data: data, Mode: 0o444}
 	}
 	return m
+}
+
+// With loads a new bundle: b's files with files added or replaced (path →
+// contents). It builds candidates (Policy.Explain) and merges extra data
+// (`nvmegate policy eval --data`) without touching b.
+func (b *Bundle) With(files map[string][]byte) (*Bundle, error) {
+	m := fstest.MapFS{}
+	for name, data := range b.files {
+		m[name] = &fstest.MapFile{Data: data, Mode: 0o444}
+	}
+	for name, data := range files {
+		m[name] = &fstest.MapFile{Data: data, Mode: 0o444}
+	}
+	return Load(m)
 }
 
 // LoadDir loads the bundle directory dir (see Load).

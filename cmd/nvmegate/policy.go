@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"testing/fstest"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
@@ -225,26 +224,15 @@ func loadPolicyDir(dir, dataFile string) (*policy.Bundle, error) {
 	if err := json.Unmarshal(raw, &extra); err != nil {
 		return nil, fmt.Errorf("--data: not a JSON object: %w", err)
 	}
-	files := fstest.MapFS{}
-	if err := fs.WalkDir(b.FS(), ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		data, err := fs.ReadFile(b.FS(), p)
-		files[p] = &fstest.MapFile{Data: data}
-		return err
-	}); err != nil {
-		return nil, err
-	}
+	files := map[string][]byte{}
 	for k, v := range extra {
 		obj, ok := v.(map[string]any)
 		if !ok || !fs.ValidPath(k) || strings.Contains(k, "/") {
 			return nil, fmt.Errorf("--data: top-level key %q must hold an object", k)
 		}
-		data, _ := json.Marshal(obj)
-		files[k+"/data.json"] = &fstest.MapFile{Data: data}
+		files[k+"/data.json"], _ = json.Marshal(obj)
 	}
-	return policy.Load(files)
+	return b.With(files)
 }
 
 func newOfflineEngine(ctx context.Context, b *policy.Bundle, source, td string) (*authz.Engine, error) {
