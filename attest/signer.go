@@ -2,6 +2,7 @@ package attest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
@@ -241,7 +242,7 @@ func OpenKeyDir(dir string, alg Algorithm, create bool) (*KeyDir, error) {
 		d.signers = append(d.signers, s)
 	}
 	slices.SortFunc(d.signers, func(a, b *LocalSigner) int {
-		return cmpUint(a.pub.Version, b.pub.Version)
+		return cmp.Compare(a.pub.Version, b.pub.Version)
 	})
 	if len(d.signers) == 0 {
 		if !create {
@@ -305,14 +306,4 @@ func (d *KeyDir) PublicKeys() []PublicKey {
 		out[i] = s.pub
 	}
 	return out
-}
-
-func cmpUint(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }

@@ -2,6 +2,7 @@ package attest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto"
 	"crypto/ed25519"
@@ -145,7 +146,7 @@ func (s *VaultSigner) readVersions(ctx context.Context) ([]PublicKey, PublicKey,
 	if cur.der == nil {
 		return nil, PublicKey{}, fmt.Errorf("vault signer: key %s: latest version %d has no public key", s.cfg.Key, latest)
 	}
-	slices.SortFunc(all, func(a, b PublicKey) int { return cmpUint(a.Version, b.Version) })
+	slices.SortFunc(all, func(a, b PublicKey) int { return cmp.Compare(a.Version, b.Version) })
 	return all, cur, nil
 }
 

@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -100,7 +101,7 @@ func (d *dirSource) history() ([]located, error) {
 			hs = append(hs, h{s, located{data, rel}})
 		}
 	}
-	slices.SortFunc(hs, func(a, b h) int { return cmpU(a.size, b.size) })
+	slices.SortFunc(hs, func(a, b h) int { return cmp.Compare(a.size, b.size) })
 	out := make([]located, len(hs))
 	for i := range hs {
 		out[i] = hs[i].l

@@ -2,6 +2,7 @@ package audit
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -277,7 +278,7 @@ func verify(ctx context.Context, src tlogSource, keys []attest.PublicKey, since 
 			checks = append(checks, earlier{c, h.loc})
 		}
 	}
-	slices.SortFunc(checks, func(a, b earlier) int { return cmpU(a.cp.Size, b.cp.Size) })
+	slices.SortFunc(checks, func(a, b earlier) int { return cmp.Compare(a.cp.Size, b.cp.Size) })
 
 	// Stream the leaves: entries (E) and level-0 tiles (T) side by side.
 	// rngT is the tree of the tile hashes (entry hashes where a tile is
@@ -519,16 +520,6 @@ func locEntry(src tlogSource, i, size uint64) string {
 		return EntryBundlePath(n, int(min(TileWidth, size-n*TileWidth))) + "#" + strconv.FormatUint(i%TileWidth, 10)
 	}
 	return "entries/" + strconv.FormatUint(i, 10)
-}
-
-func cmpU(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // upperTiles checks the hash tiles of levels ≥ 1 against the nodes of the

@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -56,17 +55,7 @@ func TestPolicyExplainAndStatus(t *testing.T) {
 
 func TestPolicyEvalOffline(t *testing.T) {
 	pdir := t.TempDir()
-	err := fs.WalkDir(policy.Default(), ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		data, err := fs.ReadFile(policy.Default(), p)
-		if err != nil {
-			return err
-		}
-		os.MkdirAll(filepath.Join(pdir, filepath.Dir(p)), 0o755)
-		return os.WriteFile(filepath.Join(pdir, p), data, 0o644)
-	})
+	err := os.CopyFS(pdir, policy.Default())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -36,20 +35,7 @@ func (s *syncBuffer) String() string {
 // copyDefaultPolicy writes the embedded policy into a directory.
 func copyDefaultPolicy(t *testing.T, dir string) {
 	t.Helper()
-	err := fs.WalkDir(policy.Default(), ".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		data, err := fs.ReadFile(policy.Default(), path)
-		if err != nil {
-			return err
-		}
-		if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(path)), 0o755); err != nil {
-			return err
-		}
-		return os.WriteFile(filepath.Join(dir, path), data, 0o644)
-	})
-	if err != nil {
+	if err := os.CopyFS(dir, policy.Default()); err != nil {
 		t.Fatal(err)
 	}
 }
