@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -29,9 +30,9 @@ type Filter struct {
 	// grant reaches every namespace of its subsystem).
 	SubsystemNQN string
 	NSID         uint32
-	Kind         EventKind
-	Since        time.Time // entry time ≥ Since
-	Until        time.Time // entry time < Until
+	Kinds        []EventKind // any of these kinds; empty means every kind
+	Since        time.Time   // entry time ≥ Since
+	Until        time.Time   // entry time < Until
 }
 
 // Page selects one page of a query.
@@ -180,7 +181,7 @@ func (l *Log) Query(ctx context.Context, f Filter, p Page) ([]Record, string, er
 func (f *Filter) match(e *Entry) bool {
 	if f.JobID != "" && e.JobID != f.JobID ||
 		f.Tenant != "" && e.Tenant != f.Tenant ||
-		f.Kind != "" && e.Kind != f.Kind ||
+		len(f.Kinds) > 0 && !slices.Contains(f.Kinds, e.Kind) ||
 		!f.Since.IsZero() && e.Time.Before(f.Since) ||
 		!f.Until.IsZero() && !e.Time.Before(f.Until) {
 		return false

@@ -3,6 +3,7 @@ package audit_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -75,7 +76,8 @@ func TestQuery(t *testing.T) {
 		"subsystem":       {SubsystemNQN: "nqn.2026-01.io.nvmegate:sub-3"},
 		"namespace":       {SubsystemNQN: "nqn.2026-01.io.nvmegate:sub-3", NSID: 2},
 		"time":            {Since: t0, Until: t1},
-		"kind":            {Kind: audit.EventGrant, JobID: "job-1"},
+		"kind":            {Kinds: []audit.EventKind{audit.EventGrant}, JobID: "job-1"},
+		"kinds":           {Kinds: []audit.EventKind{audit.EventGrant, audit.EventDeny}},
 		"none":            {JobID: "no-such-job"},
 		"namespace, wide": {SubsystemNQN: wide.SubsystemNQN, NSID: 2},
 	} {
@@ -112,7 +114,7 @@ func TestQuery(t *testing.T) {
 
 // match is the reference semantics of Filter.
 func match(f audit.Filter, e audit.Entry) bool {
-	if f.JobID != "" && e.JobID != f.JobID || f.Tenant != "" && e.Tenant != f.Tenant || f.Kind != "" && e.Kind != f.Kind {
+	if f.JobID != "" && e.JobID != f.JobID || f.Tenant != "" && e.Tenant != f.Tenant || len(f.Kinds) > 0 && !slices.Contains(f.Kinds, e.Kind) {
 		return false
 	}
 	if !f.Since.IsZero() && e.Time.Before(f.Since) || !f.Until.IsZero() && !e.Time.Before(f.Until) {

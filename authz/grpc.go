@@ -39,6 +39,18 @@ func WithPeerID(f func(ctx context.Context) (spiffeid.ID, bool)) InterceptorOpti
 	return func(g *guard) { g.peerID = f }
 }
 
+// RefusalRecorder records a call that authorization refuses (a denial, or
+// a decision that failed) before the caller is answered; the gateway
+// appends it to the audit log. d may be nil when no decision could be made.
+// An error is logged and the call stays refused.
+type RefusalRecorder func(ctx context.Context, in *Input, d *nvmegate.Decision, err error) error
+
+// WithRefusalRecorder has the interceptors call r for every refused call
+// except those whose context ended.
+func WithRefusalRecorder(r RefusalRecorder) InterceptorOption {
+	return func(g *guard) { g.record = r }
+}
+
 // UnaryServerInterceptor authorizes every unary call with a:
 //
 //   - no verified SPIFFE ID on the connection: codes.Unauthenticated;
@@ -91,6 +103,7 @@ type guard struct {
 	describe DescribeFunc
 	log      *slog.Logger
 	peerID   func(context.Context) (spiffeid.ID, bool)
+	record   RefusalRecorder // nil records nothing
 }
 
 func newGuard(a Authorizer, describe DescribeFunc, log *slog.Logger, opts []InterceptorOption) *guard {
@@ -128,22 +141,27 @@ func (g *guard) check(ctx context.Context, fullMethod string, req any) (context.
 		}
 	}
 
-	d, err := g.a.Authorize(ctx, NewInput(caller, fullMethod, action, resource))
+	in := NewInput(caller, fullMethod, action, resource)
+	d, err := g.a.Authorize(ctx, in)
 	switch {
 	case err != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
 		g.logDecision(ctx, slog.LevelInfo, caller, fullMethod, d, err)
 		return nil, status.FromContextError(err).Err()
 	case err != nil:
 		g.logDecision(ctx, slog.LevelError, caller, fullMethod, d, err)
+		g.recordRefusal(ctx, in, d, err)
 		if d == nil {
 			return nil, status.Error(codes.Internal, "authorization failed")
 		}
 		return nil, status.Errorf(codes.Internal, "authorization failed; decision %s", d.ID)
 	case d == nil:
-		g.logDecision(ctx, slog.LevelError, caller, fullMethod, d, errors.New("authorizer returned no decision"))
+		err := errors.New("authorizer returned no decision")
+		g.logDecision(ctx, slog.LevelError, caller, fullMethod, d, err)
+		g.recordRefusal(ctx, in, d, err)
 		return nil, status.Error(codes.Internal, "authorization failed")
 	case !d.Allow:
 		g.logDecision(ctx, slog.LevelInfo, caller, fullMethod, d, nil)
+		g.recordRefusal(ctx, in, d, nil)
 		reasons := strings.Join(d.Reasons, "; ")
 		if reasons == "" {
 			reasons = "denied by policy"
@@ -151,7 +169,20 @@ func (g *guard) check(ctx context.Context, fullMethod string, req any) (context.
 		return nil, status.Errorf(codes.PermissionDenied, "permission denied: %s; decision %s", reasons, d.ID)
 	}
 	g.logDecision(ctx, slog.LevelDebug, caller, fullMethod, d, nil)
-	return NewContext(ctx, caller, d), nil
+	return context.WithValue(ctx, contextKey{}, &authorized{caller: caller, decision: d, input: in}), nil
+}
+
+func (g *guard) recordRefusal(ctx context.Context, in *Input, d *nvmegate.Decision, err error) {
+	if g.record == nil {
+		return
+	}
+	if rerr := g.record(ctx, in, d, err); rerr != nil {
+		attrs := []slog.Attr{slog.String("caller", in.Caller.ID), slog.String("method", in.RPC.FullMethod), slog.Any("error", rerr)}
+		if d != nil {
+			attrs = append(attrs, slog.String("decision_id", d.ID))
+		}
+		g.log.LogAttrs(ctx, slog.LevelError, "authz: refusal not recorded", attrs...)
+	}
 }
 
 func (g *guard) logDecision(ctx context.Context, level slog.Level, c Caller, fullMethod string, d *nvmegate.Decision, err error) {
@@ -194,6 +225,7 @@ func describeStatus(err error) error {
 type authorized struct {
 	caller   Caller
 	decision *nvmegate.Decision
+	input    *Input // nil when built by NewContext
 }
 
 type contextKey struct{}
@@ -202,6 +234,17 @@ type contextKey struct{}
 // that allowed the call. The interceptors call it; handler tests may too.
 func NewContext(ctx context.Context, c Caller, d *nvmegate.Decision) context.Context {
 	return context.WithValue(ctx, contextKey{}, &authorized{caller: c, decision: d})
+}
+
+// InputFromContext returns the policy input the interceptors authorized
+// the call with (the action and the records it is about), for handlers and
+// later interceptors that record the call.
+func InputFromContext(ctx context.Context) (*Input, bool) {
+	a, ok := ctx.Value(contextKey{}).(*authorized)
+	if !ok || a.input == nil {
+		return nil, false
+	}
+	return a.input, true
 }
 
 // CallerFromContext returns the caller the interceptors authorized.

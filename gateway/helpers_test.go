@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"context"
+	"crypto/rand"
 	"io"
 	"log/slog"
 	"net"
@@ -14,6 +15,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"google.golang.org/grpc"
 
+	"github.com/nvmegate/nvmegate/attest"
+	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/authz"
 	"github.com/nvmegate/nvmegate/gateway"
 	"github.com/nvmegate/nvmegate/identity"
@@ -31,6 +34,8 @@ type testGateway struct {
 	ca       *devca.CA
 	registry *prometheus.Registry
 	engine   *authz.Engine
+	audit    *audit.Log // the real log in a temp dir, signed by an Ed25519 key
+	auditKey attest.PublicKey
 }
 
 type gatewayOption func(*gateway.Config)
@@ -60,8 +65,23 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 	if err != nil {
 		t.Fatal(err)
 	}
+	signer, err := attest.GenerateKey(attest.Ed25519, rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := attest.NewLocalSigner(signer, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	alog, err := audit.Open(filepath.Join(dir, "audit.db"), audit.Options{Origin: "nvmegate.test/audit", Signer: ls})
+	if err != nil {
+		t.Fatal(err)
+	}
 	reg := prometheus.NewRegistry()
 	cfg := gateway.Config{
+		Audit:       alog,
+		ExportDir:   dir,
 		Credentials: identity.ServerCredentials(identity.StaticSource(svid, ca.Bundle()), td),
 		Store:       db,
 		Authorizer:  engine,
@@ -88,8 +108,9 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 			t.Errorf("Serve: %v", err)
 		}
 		db.Close()
+		alog.Close()
 	})
-	return &testGateway{addr: lis.Addr().String(), ca: ca, registry: reg, engine: engine}
+	return &testGateway{addr: lis.Addr().String(), ca: ca, registry: reg, engine: engine, audit: alog, auditKey: ls.PublicKey()}
 }
 
 // client connects as spiffe://nvmegate.test/<path> with a fresh SVID.

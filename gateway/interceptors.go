@@ -21,7 +21,9 @@ import (
 //	recover   a panic becomes Internal, the stack goes to the log
 //	status    domain errors become gRPC statuses (status.go)
 //	validate  malformed requests stop here with InvalidArgument
-//	authz     the caller's SPIFFE ID and the request go to policy
+//	authz     the caller's SPIFFE ID and the request go to policy; refusals
+//	          are recorded in the audit log (audit.go)
+//	audit     state-changing calls are recorded before they change anything
 //
 // so that nothing reaches a handler unvalidated or unauthorized.
 
@@ -74,7 +76,9 @@ func (s *Server) unaryInterceptors() []grpc.UnaryServerInterceptor {
 			}
 			return h(ctx, req)
 		},
-		authz.UnaryServerInterceptor(s.authorizer, s.describe, s.log, authz.WithPeerID(identity.PeerID)),
+		authz.UnaryServerInterceptor(s.authorizer, s.describe, s.log,
+			authz.WithPeerID(identity.PeerID), authz.WithRefusalRecorder(s.recordRefusal)),
+		s.auditChanges,
 	}
 }
 
@@ -94,7 +98,8 @@ func (s *Server) streamInterceptors() []grpc.StreamServerInterceptor {
 		// the stream is authorized: policy decides on the RPC and caller
 		// alone (no stream of ours takes a request policy needs to see), and
 		// every received message is validated before the handler gets it.
-		authz.StreamServerInterceptor(s.authorizer, s.describe, s.log, authz.WithPeerID(identity.PeerID)),
+		authz.StreamServerInterceptor(s.authorizer, s.describe, s.log,
+			authz.WithPeerID(identity.PeerID), authz.WithRefusalRecorder(s.recordRefusal)),
 		func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 			return h(srv, &validatingStream{ServerStream: ss, now: s.now})
 		},

@@ -19,7 +19,8 @@ import (
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
 
-// Config wires a Server. Store, Authorizer and Credentials are required.
+// Config wires a Server. Credentials, Store, Authorizer and Audit are
+// required.
 type Config struct {
 	// Credentials are the transport credentials: mTLS with X.509-SVIDs in
 	// every real deployment (identity.ServerCredentials).
@@ -28,6 +29,12 @@ type Config struct {
 	Store InventoryStore
 	// Authorizer decides every RPC.
 	Authorizer authz.Authorizer
+	// Audit is the audit log: every refused call and every change is
+	// recorded in it before the caller is answered (audit.go), and the
+	// Audit service reads it. Required: the gateway does not run unaudited.
+	Audit AuditLog
+	// ExportDir stages Audit.Export files; "" means the system temp dir.
+	ExportDir string
 	// Policy reports the loaded policy for Policy.Status; optional.
 	Policy PolicyInfo
 	// Logger defaults to slog.Default().
@@ -47,6 +54,7 @@ type Server struct {
 	health          *health.Server
 	authorizer      authz.Authorizer
 	store           InventoryStore
+	audit           AuditLog
 	log             *slog.Logger
 	metrics         *metrics
 	now             func() time.Time
@@ -55,12 +63,13 @@ type Server struct {
 
 // New builds a Server from cfg.
 func New(cfg Config) (*Server, error) {
-	if cfg.Credentials == nil || cfg.Store == nil || cfg.Authorizer == nil {
-		return nil, errors.New("gateway: Credentials, Store and Authorizer are required")
+	if cfg.Credentials == nil || cfg.Store == nil || cfg.Authorizer == nil || cfg.Audit == nil {
+		return nil, errors.New("gateway: Credentials, Store, Authorizer and Audit are required")
 	}
 	s := &Server{
 		authorizer:      cfg.Authorizer,
 		store:           cfg.Store,
+		audit:           cfg.Audit,
 		log:             cfg.Logger,
 		now:             cfg.Now,
 		shutdownTimeout: cfg.ShutdownTimeout,
@@ -90,12 +99,12 @@ func New(cfg Config) (*Server, error) {
 	)
 	pb.RegisterInventoryServer(s.grpc, &inventoryService{store: cfg.Store})
 	pb.RegisterPolicyServer(s.grpc, &policyService{info: cfg.Policy})
+	pb.RegisterAuditServer(s.grpc, &auditService{log: cfg.Audit, exportDir: cfg.ExportDir})
 	// Services whose issues have not landed: every RPC answers Unimplemented
 	// after validation and policy, never a fake success.
 	pb.RegisterJobsServer(s.grpc, pb.UnimplementedJobsServer{})
 	pb.RegisterAccessServer(s.grpc, pb.UnimplementedAccessServer{})
 	pb.RegisterKeysServer(s.grpc, pb.UnimplementedKeysServer{})
-	pb.RegisterAuditServer(s.grpc, pb.UnimplementedAuditServer{})
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	return s, nil

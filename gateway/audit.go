@@ -1,0 +1,377 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/audit"
+	"github.com/nvmegate/nvmegate/authz"
+	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
+)
+
+// AuditLog is the audit log as the gateway uses it (*audit.Log): the
+// interceptors append, the Audit service reads.
+type AuditLog interface {
+	Append(ctx context.Context, e audit.Entry) (uint64, [32]byte, error)
+	Query(ctx context.Context, f audit.Filter, p audit.Page) ([]audit.Record, string, error)
+	Checkpoint(ctx context.Context) (audit.Checkpoint, error)
+	LatestCheckpoint() (audit.Checkpoint, error)
+	InclusionProof(ctx context.Context, index, treeSize uint64) ([][]byte, error)
+	ConsistencyProof(ctx context.Context, from, to uint64) ([][]byte, error)
+	LeafHashAt(index uint64) ([32]byte, error)
+	Export(ctx context.Context, dir string, treeSize uint64) (audit.Checkpoint, error)
+}
+
+// What is recorded, and when (the audit contract):
+//
+//   - every call authorization refuses: a "deny" entry, before the caller
+//     gets PermissionDenied (authz.WithRefusalRecorder);
+//   - every allowed call that changes state: its entry BEFORE the change,
+//     so nothing changes without a durable entry. If the append fails the
+//     change is not made and the caller gets Unavailable. If the change
+//     then fails, a second entry says so (the first stays: the log is
+//     append-only).
+//
+// Reads (Get, List, Query, proofs) are not recorded. Grants, renewals and
+// job admissions are recorded by their handlers, which know the keys and
+// leases involved.
+
+// changeKinds are the state-changing RPCs the audit interceptor records.
+var changeKinds = map[string]audit.EventKind{
+	"/nvmegate.v1.Inventory/AddTarget":         audit.EventInventoryChange,
+	"/nvmegate.v1.Inventory/RemoveTarget":      audit.EventInventoryChange,
+	"/nvmegate.v1.Inventory/AddSubsystem":      audit.EventInventoryChange,
+	"/nvmegate.v1.Inventory/RemoveSubsystem":   audit.EventInventoryChange,
+	"/nvmegate.v1.Inventory/AddNamespace":      audit.EventInventoryChange,
+	"/nvmegate.v1.Inventory/RemoveNamespace":   audit.EventInventoryChange,
+	"/nvmegate.v1.Inventory/AddHostBinding":    audit.EventInventoryChange,
+	"/nvmegate.v1.Inventory/RemoveHostBinding": audit.EventInventoryChange,
+}
+
+// errAuditUnavailable answers a change that was not made because its entry
+// could not be made durable.
+var errAuditUnavailable = nvmegate.Errorf(nvmegate.EUNAVAILABLE, "audit log unavailable: nothing was changed; retry later")
+
+// auditChanges is the innermost unary interceptor: it records the
+// state-changing calls of changeKinds around their handlers.
+func (s *Server) auditChanges(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	kind, ok := changeKinds[info.FullMethod]
+	if !ok {
+		return h(ctx, req)
+	}
+	in, ok := authz.InputFromContext(ctx)
+	if !ok {
+		// Only the authz interceptor reaches here; without its input the
+		// chain is miswired, and nothing may change unrecorded.
+		return nil, nvmegate.Errorf(nvmegate.EINTERNAL, "audit: call has no authorization input")
+	}
+	d, _ := authz.DecisionFromContext(ctx)
+	e := entryFor(in, d, kind)
+	e.Time = s.now()
+	if _, _, err := s.audit.Append(ctx, e); err != nil {
+		s.log.ErrorContext(ctx, "audit append failed; change refused", "method", info.FullMethod, "error", err)
+		return nil, errAuditUnavailable
+	}
+	resp, err := h(ctx, req)
+	if err != nil {
+		e.Time = s.now()
+		e.Detail = fmt.Sprintf("%s failed (%s)", e.Detail, codeName(err))
+		if _, _, aerr := s.audit.Append(context.WithoutCancel(ctx), e); aerr != nil {
+			s.log.ErrorContext(ctx, "audit append of a failed change failed", "method", info.FullMethod, "error", aerr)
+		}
+	}
+	return resp, err
+}
+
+// codeName names an error's kind for an entry: the domain code, never the
+// message (which may quote input).
+func codeName(err error) string {
+	if c := nvmegate.ErrorCode(err); c != "" {
+		return c
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return "canceled"
+	}
+	return nvmegate.EINTERNAL
+}
+
+// recordRefusal is the authz.RefusalRecorder: a deny entry per refused call.
+func (s *Server) recordRefusal(ctx context.Context, in *authz.Input, d *nvmegate.Decision, err error) error {
+	e := entryFor(in, d, audit.EventDeny)
+	e.Time = s.now()
+	if err != nil {
+		e.Detail += ": authorization failed"
+	}
+	// The caller is refused whatever happens here; record even if it hung up.
+	_, _, aerr := s.audit.Append(context.WithoutCancel(ctx), e)
+	return aerr
+}
+
+// entryFor builds the entry of a call from its policy input: the records
+// the call is about, as described from the store (describe.go), and the
+// decision. Detail is the action and the record's key.
+func entryFor(in *authz.Input, d *nvmegate.Decision, kind audit.EventKind) audit.Entry {
+	r := in.Resource
+	e := audit.Entry{
+		Kind:         kind,
+		Caller:       in.Caller.ID,
+		Tenant:       str(r, "tenant"),
+		JobID:        str(r, "job", "job_id"),
+		SubsystemNQN: str(r, "subsystem", "nqn"),
+		HostNQN:      str(r, "host_binding", "host_nqn"),
+		Detail:       in.Action,
+	}
+	if e.Tenant == "" {
+		e.Tenant = firstSet(str(r, "job", "tenant"), str(r, "subsystem", "tenant"), str(r, "host_binding", "tenant"))
+	}
+	nss, _ := r["namespaces"].([]any)
+	for _, x := range nss {
+		ns, _ := x.(map[string]any)
+		nsid, _ := ns["nsid"].(int64)
+		if nsid <= 0 || nsid > 0xFFFFFFFF {
+			continue
+		}
+		e.Namespaces = append(e.Namespaces, audit.Namespace{
+			SubsystemNQN:  str(ns, "subsystem_nqn"),
+			NSID:          uint32(nsid),
+			Mode:          str(ns, "mode"),
+			Dataset:       str(ns, "dataset", "name"),
+			DatasetDigest: str(ns, "dataset", "digest"),
+		})
+	}
+	if key := resourceKey(r); key != "" {
+		e.Detail += " " + key
+	}
+	if d != nil {
+		e.Decision = &audit.Decision{Allow: d.Allow, ID: d.ID, PolicyRevision: d.PolicyRevision, Reasons: d.Reasons}
+	}
+	return e
+}
+
+// resourceKey names the record an inventory call is about.
+func resourceKey(r map[string]any) string {
+	switch str(r, "kind") {
+	case "target":
+		return str(r, "target", "id")
+	case "subsystem":
+		return str(r, "subsystem", "nqn")
+	case "host_binding":
+		return str(r, "host_binding", "spiffe_id")
+	case "namespace":
+		nss, _ := r["namespaces"].([]any)
+		if len(nss) == 1 {
+			ns, _ := nss[0].(map[string]any)
+			nsid, _ := ns["nsid"].(int64)
+			return str(ns, "subsystem_nqn") + "/" + strconv.FormatInt(nsid, 10)
+		}
+	}
+	return ""
+}
+
+// str reads a string at path in nested maps; "" if absent.
+func str(m map[string]any, path ...string) string {
+	for i, k := range path {
+		v, ok := m[k]
+		if !ok {
+			return ""
+		}
+		if i == len(path)-1 {
+			s, _ := v.(string)
+			return s
+		}
+		if m, ok = v.(map[string]any); !ok {
+			return ""
+		}
+	}
+	return ""
+}
+
+func firstSet(ss ...string) string {
+	for _, s := range ss {
+		if s != "" {
+			return s
+		}
+	}
+	return ""
+}
+
+// auditService answers the Audit RPCs from the log. Policy has already
+// decided who may read it (auditors and admins in the default policy).
+type auditService struct {
+	pb.UnimplementedAuditServer
+	log       AuditLog
+	exportDir string // where exports are staged; "" means os.TempDir()
+}
+
+// auditErr maps the log's errors to domain errors with caller-safe messages.
+func auditErr(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, audit.ErrInvalidQuery):
+		return nvmegate.Invalid("page_token", "is not a token this log issued")
+	case errors.Is(err, audit.ErrTreeSize):
+		return nvmegate.Errorf(nvmegate.EINVALID, "index or tree size is beyond the log")
+	case errors.Is(err, audit.ErrNoCheckpoint):
+		return nvmegate.Errorf(nvmegate.ENOTFOUND, "no signed checkpoint of that tree size")
+	case errors.Is(err, audit.ErrUnavailable), errors.Is(err, audit.ErrClosed), errors.Is(err, audit.ErrFailed):
+		return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "audit log unavailable")
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return err
+	}
+	return fmt.Errorf("audit: %w", err) // Internal; the status interceptor logs it
+}
+
+func (s *auditService) Query(ctx context.Context, r *pb.QueryRequest) (*pb.QueryResponse, error) {
+	f := audit.Filter{JobID: r.JobId, Tenant: r.Tenant, SubsystemNQN: r.SubsystemNqn, NSID: r.Nsid}
+	if r.Since != nil {
+		f.Since = r.Since.AsTime()
+	}
+	if r.Until != nil {
+		f.Until = r.Until.AsTime()
+	}
+	for _, k := range r.Kinds {
+		f.Kinds = append(f.Kinds, audit.EventKind(k))
+	}
+	recs, next, err := s.log.Query(ctx, f, audit.Page{Size: int(r.PageSize), Token: r.PageToken})
+	if err != nil {
+		return nil, auditErr(err)
+	}
+	out := &pb.QueryResponse{NextPageToken: next, Entries: make([]*pb.AuditEntry, 0, len(recs))}
+	for i := range recs {
+		out.Entries = append(out.Entries, entryToProto(&recs[i]))
+	}
+	return out, nil
+}
+
+func entryToProto(r *audit.Record) *pb.AuditEntry {
+	e := &r.Entry
+	p := &pb.AuditEntry{
+		Index: r.Index, LeafHash: r.LeafHash[:], Entry: r.Raw, Time: timestamppb.New(e.Time),
+		Kind: string(e.Kind), JobId: e.JobID, Tenant: e.Tenant, Caller: e.Caller,
+	}
+	if e.Decision != nil {
+		p.DecisionId, p.Allow = e.Decision.ID, e.Decision.Allow
+	}
+	return p
+}
+
+// Checkpoint signs one if the log grew (the checkpointer would within a
+// second anyway), so that an auditor always gets one covering every entry
+// appended before the call.
+func (s *auditService) Checkpoint(ctx context.Context, _ *pb.CheckpointRequest) (*pb.CheckpointResponse, error) {
+	c, err := s.log.Checkpoint(ctx)
+	if errors.Is(err, audit.ErrNoSigner) {
+		c, err = s.log.LatestCheckpoint()
+	}
+	if err != nil {
+		return nil, auditErr(err)
+	}
+	return &pb.CheckpointResponse{Checkpoint: c.Note, Size: c.Size, RootHash: c.Hash[:]}, nil
+}
+
+// latestSize is the tree size of the latest signed checkpoint: proofs
+// default to it, as a verifier can only check them against a signed root.
+func (s *auditService) latestSize() (uint64, error) {
+	c, err := s.log.LatestCheckpoint()
+	if err != nil {
+		if errors.Is(err, audit.ErrNoCheckpoint) {
+			return 0, nvmegate.Errorf(nvmegate.ECONFLICT, "the log has no signed checkpoint yet; ask for one with Audit.Checkpoint")
+		}
+		return 0, auditErr(err)
+	}
+	return c.Size, nil
+}
+
+func (s *auditService) InclusionProof(ctx context.Context, r *pb.InclusionProofRequest) (*pb.InclusionProofResponse, error) {
+	size := r.TreeSize
+	if size == 0 {
+		var err error
+		if size, err = s.latestSize(); err != nil {
+			return nil, err
+		}
+		if r.Index >= size {
+			return nil, nvmegate.Invalid("index", "%d is not covered by the latest checkpoint (tree size %d)", r.Index, size)
+		}
+	}
+	hashes, err := s.log.InclusionProof(ctx, r.Index, size)
+	if err != nil {
+		return nil, auditErr(err)
+	}
+	leaf, err := s.log.LeafHashAt(r.Index)
+	if err != nil {
+		return nil, auditErr(err)
+	}
+	return &pb.InclusionProofResponse{Index: r.Index, TreeSize: size, LeafHash: leaf[:], Hashes: hashes}, nil
+}
+
+func (s *auditService) ConsistencyProof(ctx context.Context, r *pb.ConsistencyProofRequest) (*pb.ConsistencyProofResponse, error) {
+	to := r.ToSize
+	if to == 0 {
+		var err error
+		if to, err = s.latestSize(); err != nil {
+			return nil, err
+		}
+		if r.FromSize > to {
+			return nil, nvmegate.Invalid("from_size", "%d exceeds the latest checkpoint's tree size %d", r.FromSize, to)
+		}
+	}
+	hashes, err := s.log.ConsistencyProof(ctx, r.FromSize, to)
+	if err != nil {
+		return nil, auditErr(err)
+	}
+	return &pb.ConsistencyProofResponse{FromSize: r.FromSize, ToSize: to, Hashes: hashes}, nil
+}
+
+// Export writes the tlog-tiles export of a signed tree size into a staging
+// directory and streams its files, then removes it.
+func (s *auditService) Export(r *pb.ExportRequest, stream grpc.ServerStreamingServer[pb.ExportResponse]) error {
+	ctx := stream.Context()
+	size := r.TreeSize
+	if size == 0 {
+		// A fresh checkpoint, so that the export covers every entry so far.
+		if _, err := s.log.Checkpoint(ctx); err != nil && !errors.Is(err, audit.ErrNoSigner) {
+			return auditErr(err)
+		}
+		var err error
+		if size, err = s.latestSize(); err != nil {
+			return err
+		}
+	}
+	dir, err := os.MkdirTemp(s.exportDir, "export-")
+	if err != nil {
+		return fmt.Errorf("audit export: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	if _, err := s.log.Export(ctx, filepath.Join(dir, "out"), size); err != nil {
+		return auditErr(err)
+	}
+	root := filepath.Join(dir, "out")
+	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(root, p)
+		if err != nil {
+			return err
+		}
+		return stream.Send(&pb.ExportResponse{Path: filepath.ToSlash(rel), Data: data})
+	})
+}
+
+func (s *auditService) Lineage(context.Context, *pb.LineageRequest) (*pb.LineageResponse, error) {
+	return nil, nvmegate.Errorf(nvmegate.EUNIMPLEMENTED, "lineage attestations are built from job grants, which arrive with the connect flow")
+}

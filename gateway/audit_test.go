@@ -1,0 +1,286 @@
+package gateway_test
+
+import (
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/transparency-dev/merkle/proof"
+	"github.com/transparency-dev/merkle/rfc6962"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/nvmegate/nvmegate/attest"
+	"github.com/nvmegate/nvmegate/audit"
+	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
+)
+
+// queryAll reads every entry of the log as the auditor, through the RPC.
+func queryAll(t *testing.T, c pb.AuditClient, req *pb.QueryRequest) []audit.Entry {
+	t.Helper()
+	var out []audit.Entry
+	for {
+		resp, err := c.Query(ctxT(t), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range resp.Entries {
+			d, err := audit.DecodeEntry(e.Entry)
+			if err != nil {
+				t.Fatalf("entry %d: %v", e.Index, err)
+			}
+			if d.Caller != e.Caller || string(d.Kind) != e.Kind || d.JobID != e.JobId {
+				t.Fatalf("entry %d: summary %v disagrees with the entry bytes %+v", e.Index, e, d)
+			}
+			out = append(out, d)
+		}
+		if resp.NextPageToken == "" {
+			return out
+		}
+		req.PageToken = resp.NextPageToken
+	}
+}
+
+var decisionIDRE = regexp.MustCompile(`decision ([0-9a-f-]{36})`)
+
+// Every change is in the log before its answer, with the decision that
+// allowed it; every refusal is in the log with the decision that refused it;
+// a change that fails leaves a second entry saying so.
+func TestAuditRecordsChangesAndRefusals(t *testing.T) {
+	g := startGateway(t)
+	inv := pb.NewInventoryClient(g.client(t, admin))
+	ctx := ctxT(t)
+	if _, err := inv.AddTarget(ctx, &pb.AddTargetRequest{Target: validTarget()}); err != nil {
+		t.Fatal(err)
+	}
+	if g.audit.Size() != 1 {
+		t.Fatalf("log has %d entries after one change, want 1", g.audit.Size())
+	}
+	_, err := pb.NewInventoryClient(g.client(t, node)).AddTarget(ctx, &pb.AddTargetRequest{Target: validTarget()})
+	wantCode(t, err, codes.PermissionDenied)
+	m := decisionIDRE.FindStringSubmatch(status.Convert(err).Message())
+	if m == nil {
+		t.Fatalf("no decision ID in %q", err)
+	}
+	_, err = inv.AddTarget(ctx, &pb.AddTargetRequest{Target: validTarget()})
+	wantCode(t, err, codes.AlreadyExists)
+	if _, err := inv.AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: validSubsystem()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inv.AddNamespace(ctx, &pb.AddNamespaceRequest{Namespace: validNamespace()}); err != nil {
+		t.Fatal(err)
+	}
+	// Reads are not recorded.
+	if _, err := inv.GetTarget(ctx, &pb.GetTargetRequest{Id: "stor-eu-1"}); err != nil {
+		t.Fatal(err)
+	}
+
+	got := queryAll(t, pb.NewAuditClient(g.client(t, auditor)), &pb.QueryRequest{PageSize: 2})
+	type want struct {
+		kind   audit.EventKind
+		caller string
+		allow  bool
+		detail string
+		tenant string
+	}
+	wants := []want{
+		{audit.EventInventoryChange, admin, true, "inventory.add_target stor-eu-1", ""},
+		{audit.EventDeny, node, false, "inventory.add_target stor-eu-1", ""},
+		{audit.EventInventoryChange, admin, true, "inventory.add_target stor-eu-1", ""},
+		{audit.EventInventoryChange, admin, true, "inventory.add_target stor-eu-1 failed (exists)", ""},
+		{audit.EventInventoryChange, admin, true, "inventory.add_subsystem " + subNQN, "acme"},
+		{audit.EventInventoryChange, admin, true, "inventory.add_namespace " + subNQN + "/1", "acme"},
+	}
+	if len(got) != len(wants) {
+		for _, e := range got {
+			t.Logf("%s %s %q", e.Kind, e.Caller, e.Detail)
+		}
+		t.Fatalf("%d entries, want %d", len(got), len(wants))
+	}
+	for i, w := range wants {
+		e := got[i]
+		if e.Kind != w.kind || e.Caller != "spiffe://nvmegate.test"+w.caller || e.Detail != w.detail || e.Tenant != w.tenant {
+			t.Errorf("entry %d: %s %s %q tenant %q, want %+v", i, e.Kind, e.Caller, e.Detail, e.Tenant, w)
+		}
+		if e.Decision == nil || e.Decision.Allow != w.allow || e.Decision.ID == "" || e.Decision.PolicyRevision == "" {
+			t.Errorf("entry %d: decision %+v, want allow=%v with an ID and revision", i, e.Decision, w.allow)
+		}
+	}
+	if d := got[1].Decision; d.ID != m[1] || len(d.Reasons) == 0 {
+		t.Errorf("deny entry: decision %+v, want ID %s (the one the caller was told) with reasons", d, m[1])
+	}
+	ns := got[5].Namespaces
+	if len(ns) != 1 || ns[0].NSID != 1 || ns[0].Dataset != "common-crawl/2026-10" || ns[0].DatasetDigest != digest {
+		t.Errorf("namespace entry: %+v", ns)
+	}
+
+	// Filters reach the log: only denials; only the tenant's entries.
+	if d := queryAll(t, pb.NewAuditClient(g.client(t, auditor)), &pb.QueryRequest{Kinds: []string{"deny"}}); len(d) != 1 || d[0].Kind != audit.EventDeny {
+		t.Errorf("kinds=[deny]: %d entries", len(d))
+	}
+	if a := queryAll(t, pb.NewAuditClient(g.client(t, admin)), &pb.QueryRequest{Tenant: "acme"}); len(a) != 2 {
+		t.Errorf("tenant=acme: %d entries, want 2", len(a))
+	}
+}
+
+// Only auditors and admins read the log; other callers are refused by
+// policy, and the refusal is itself recorded.
+func TestAuditReadsArePolicyGated(t *testing.T) {
+	g := startGateway(t)
+	for _, who := range []string{sched, node} {
+		_, err := pb.NewAuditClient(g.client(t, who)).Query(ctxT(t), &pb.QueryRequest{Tenant: "acme"})
+		wantCode(t, err, codes.PermissionDenied)
+		_, err = pb.NewAuditClient(g.client(t, who)).Checkpoint(ctxT(t), &pb.CheckpointRequest{})
+		wantCode(t, err, codes.PermissionDenied)
+	}
+	got := queryAll(t, pb.NewAuditClient(g.client(t, auditor)), &pb.QueryRequest{})
+	if len(got) != 4 {
+		t.Fatalf("%d entries, want the 4 refusals", len(got))
+	}
+	for _, e := range got {
+		if e.Kind != audit.EventDeny || !strings.HasPrefix(e.Detail, "audit.") {
+			t.Errorf("entry %s %q, want a deny of an audit action", e.Kind, e.Detail)
+		}
+	}
+}
+
+// A change whose entry cannot be made durable is not made: the caller gets
+// Unavailable and the store is unchanged. Refusals stay refusals.
+func TestAuditFailClosed(t *testing.T) {
+	g := startGateway(t)
+	if err := g.audit.Close(); err != nil {
+		t.Fatal(err)
+	}
+	inv := pb.NewInventoryClient(g.client(t, admin))
+	_, err := inv.AddTarget(ctxT(t), &pb.AddTargetRequest{Target: validTarget()})
+	wantCode(t, err, codes.Unavailable, "audit log unavailable", "nothing was changed")
+	_, err = inv.GetTarget(ctxT(t), &pb.GetTargetRequest{Id: "stor-eu-1"})
+	wantCode(t, err, codes.NotFound)
+	_, err = pb.NewInventoryClient(g.client(t, node)).AddTarget(ctxT(t), &pb.AddTargetRequest{Target: validTarget()})
+	wantCode(t, err, codes.PermissionDenied)
+}
+
+// The auditor's read path end to end: a signed checkpoint, inclusion and
+// consistency proofs that verify against it, and an export that the
+// offline verifier accepts with the log's public key.
+func TestAuditCheckpointProofsExport(t *testing.T) {
+	g := startGateway(t)
+	inv := pb.NewInventoryClient(g.client(t, admin))
+	ac := pb.NewAuditClient(g.client(t, auditor))
+	ctx := ctxT(t)
+
+	_, err := ac.InclusionProof(ctx, &pb.InclusionProofRequest{Index: 0})
+	wantCode(t, err, codes.FailedPrecondition, "no signed checkpoint")
+
+	if _, err := inv.AddTarget(ctx, &pb.AddTargetRequest{Target: validTarget()}); err != nil {
+		t.Fatal(err)
+	}
+	cp1, err := ac.Checkpoint(ctx, &pb.CheckpointRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inv.AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: validSubsystem()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inv.AddNamespace(ctx, &pb.AddNamespaceRequest{Namespace: validNamespace()}); err != nil {
+		t.Fatal(err)
+	}
+	cp2, err := ac.Checkpoint(ctx, &pb.CheckpointRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []attest.PublicKey{g.auditKey}
+	c1, _, err := audit.OpenCheckpoint(cp1.Checkpoint, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, _, err := audit.OpenCheckpoint(cp2.Checkpoint, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c1.Size != 1 || c2.Size != 3 || cp2.Size != 3 || string(cp2.RootHash) != string(c2.Hash[:]) {
+		t.Fatalf("checkpoints of sizes %d and %d (response %d), want 1 and 3", c1.Size, c2.Size, cp2.Size)
+	}
+
+	for i := range uint64(3) {
+		p, err := ac.InclusionProof(ctx, &pb.InclusionProofRequest{Index: i})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.TreeSize != 3 {
+			t.Fatalf("proof for tree size %d, want the latest checkpoint's 3", p.TreeSize)
+		}
+		if err := proof.VerifyInclusion(rfc6962.DefaultHasher, i, p.TreeSize, p.LeafHash, p.Hashes, c2.Hash[:]); err != nil {
+			t.Fatalf("inclusion of %d: %v", i, err)
+		}
+	}
+	cons, err := ac.ConsistencyProof(ctx, &pb.ConsistencyProofRequest{FromSize: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := proof.VerifyConsistency(rfc6962.DefaultHasher, 1, cons.ToSize, cons.Hashes, c1.Hash[:], c2.Hash[:]); err != nil {
+		t.Fatal(err)
+	}
+	_, err = ac.InclusionProof(ctx, &pb.InclusionProofRequest{Index: 3})
+	wantCode(t, err, codes.InvalidArgument, "not covered")
+	_, err = ac.InclusionProof(ctx, &pb.InclusionProofRequest{Index: 1, TreeSize: 99})
+	wantCode(t, err, codes.InvalidArgument, "beyond the log")
+
+	// Export through the stream, then verify offline with the public key
+	// only.
+	dir := t.TempDir()
+	stream, err := ac.Export(ctx, &pb.ExportRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := 0
+	for {
+		f, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, filepath.FromSlash(f.Path))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, f.Data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		files++
+	}
+	rep, err := audit.Verify(ctx, dir, keys, cp1.Checkpoint, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() || rep.TreeSize != 3 || rep.Entries != 3 {
+		t.Fatalf("export of %d files: %+v", files, rep)
+	}
+	// The same export with an entry bundle altered fails verification.
+	bundle := filepath.Join(dir, filepath.FromSlash(audit.EntryBundlePath(0, 3)))
+	data, err := os.ReadFile(bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := strings.Index(string(data), "stor-eu-1")
+	if i < 0 {
+		t.Fatal("target ID not found in the entry bundle")
+	}
+	data[i] = 'S'
+	if err := os.WriteFile(bundle, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rep, err = audit.Verify(ctx, dir, keys, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Has(audit.KindModifiedEntry) {
+		t.Fatalf("altered export: %+v", rep.Failures)
+	}
+}
