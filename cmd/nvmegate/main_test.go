@@ -16,6 +16,8 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/nvmegate/nvmegate/attest"
+	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/authz"
 	"github.com/nvmegate/nvmegate/gateway"
 	"github.com/nvmegate/nvmegate/identity"
@@ -59,7 +61,16 @@ func startDevGatewayAs(t *testing.T, serverName string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := gateway.New(gateway.Config{Credentials: identity.ServerCredentials(src, td), Store: db, Authorizer: engine, Policy: engine, Logger: log})
+	keys, err := attest.OpenKeyDir(filepath.Join(dir, "audit-keys"), attest.Ed25519, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alog, err := audit.Open(filepath.Join(dir, "audit.db"), audit.Options{Origin: "nvmegate.test/nvmegate-audit", Signer: keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := gateway.New(gateway.Config{Credentials: identity.ServerCredentials(src, td), Store: db, Audit: alog, ExportDir: dir,
+		Authorizer: engine, Policy: engine, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,6 +85,7 @@ func startDevGatewayAs(t *testing.T, serverName string) string {
 		cancel()
 		<-done
 		db.Close()
+		alog.Close()
 	})
 	return dir
 }

@@ -4,10 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"sigs.k8s.io/yaml"
+
+	"github.com/nvmegate/nvmegate/attest"
 )
 
 // Config is the daemon's configuration: a YAML file (--config) overridden by
@@ -27,6 +30,8 @@ type Config struct {
 	Identity IdentityConfig `json:"identity"`
 	// Policy selects the Rego policy; the embedded default when unset.
 	Policy PolicyConfig `json:"policy"`
+	// Audit configures the audit log and its checkpoint signing key.
+	Audit AuditConfig `json:"audit"`
 	// Log configures slog output on stderr.
 	Log LogConfig `json:"log"`
 	// ReadyFile, if set, is written with the bound addresses (JSON) once the
@@ -67,6 +72,26 @@ func (p PolicyConfig) reloadInterval() time.Duration {
 	return d
 }
 
+// AuditConfig configures the signed audit log (bbolt) and the local key
+// that signs its checkpoints.
+type AuditConfig struct {
+	// Path of the log file. Default <state_dir>/audit.db.
+	Path string `json:"path"`
+	// Origin names the log in its checkpoints (C2SP tlog-checkpoint), e.g.
+	// "gw1.example.org/audit". Default "<trust_domain>/nvmegate-audit".
+	// Fixed when the log is created.
+	Origin string `json:"origin"`
+	// KeyDir holds the checkpoint signing keys, one file per version
+	// (created with a new key if empty). Default <state_dir>/audit-keys.
+	KeyDir string `json:"key_dir"`
+	// Algorithm of a newly created signing key: "ed25519" (default) or
+	// "ecdsa-p256".
+	Algorithm string `json:"algorithm"`
+	// CheckpointInterval is how often a checkpoint is signed while entries
+	// arrive; a Go duration, default 1s.
+	CheckpointInterval string `json:"checkpoint_interval"`
+}
+
 // LogConfig configures logging.
 type LogConfig struct {
 	// Format is "text" (default) or "json".
@@ -105,6 +130,31 @@ func (c *Config) setDefaults() {
 	if c.Policy.ReloadInterval == "" {
 		c.Policy.ReloadInterval = "5s"
 	}
+	a := &c.Audit
+	if a.Path == "" && c.StateDir != "" {
+		a.Path = filepath.Join(c.StateDir, "audit.db")
+	}
+	if a.KeyDir == "" && c.StateDir != "" {
+		a.KeyDir = filepath.Join(c.StateDir, "audit-keys")
+	}
+	if a.Origin == "" && c.TrustDomain != "" {
+		a.Origin = c.TrustDomain + "/nvmegate-audit"
+	}
+	if a.Algorithm == "" {
+		a.Algorithm = string(attest.Ed25519)
+	}
+	if a.CheckpointInterval == "" {
+		a.CheckpointInterval = "1s"
+	}
+}
+
+// checkpointInterval parses CheckpointInterval (validated by validate).
+func (a AuditConfig) checkpointInterval() time.Duration {
+	d, err := time.ParseDuration(a.CheckpointInterval)
+	if err != nil {
+		return time.Second
+	}
+	return d
 }
 
 // validate checks the configuration once, before anything starts.
@@ -133,6 +183,17 @@ func (c *Config) validate() error {
 	}
 	if d, err := time.ParseDuration(c.Policy.ReloadInterval); err != nil || d < 100*time.Millisecond {
 		return fmt.Errorf("policy.reload_interval must be a duration of at least 100ms, got %q", c.Policy.ReloadInterval)
+	}
+	switch attest.Algorithm(c.Audit.Algorithm) {
+	case attest.Ed25519, attest.ECDSAP256:
+	default:
+		return fmt.Errorf("audit.algorithm must be %s or %s, got %q", attest.Ed25519, attest.ECDSAP256, c.Audit.Algorithm)
+	}
+	if d, err := time.ParseDuration(c.Audit.CheckpointInterval); err != nil || d < 10*time.Millisecond || d > time.Hour {
+		return fmt.Errorf("audit.checkpoint_interval must be a duration from 10ms to 1h, got %q", c.Audit.CheckpointInterval)
+	}
+	if c.Audit.Origin == "" {
+		return errors.New("audit.origin is required")
 	}
 	switch c.Log.Format {
 	case "text", "json":

@@ -20,6 +20,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/nvmegate/nvmegate/attest"
+	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/authz"
 	"github.com/nvmegate/nvmegate/gateway"
 	"github.com/nvmegate/nvmegate/identity"
@@ -39,6 +41,8 @@ type Main struct {
 	log      *slog.Logger
 	registry *prometheus.Registry
 	db       *store.DB
+	audit    *audit.Log
+	auditKey *attest.KeyDir
 	source   identity.Source
 	engine   *authz.Engine
 	reloader *policyReloader // nil for the embedded policy
@@ -147,6 +151,13 @@ func (m *Main) Open(ctx context.Context) (err error) {
 	if m.db, err = store.Open(filepath.Join(c.StateDir, "inventory.db"), store.Options{}); err != nil {
 		return fmt.Errorf("inventory store: %w", err)
 	}
+	alg := attest.Algorithm(c.Audit.Algorithm)
+	if m.auditKey, err = attest.OpenKeyDir(c.Audit.KeyDir, alg, true); err != nil {
+		return fmt.Errorf("audit signing key: %w", err)
+	}
+	if m.audit, err = audit.Open(c.Audit.Path, audit.Options{Origin: c.Audit.Origin, Signer: m.auditKey}); err != nil {
+		return fmt.Errorf("audit log: %w", err)
+	}
 	if m.source, err = m.openIdentity(ctx); err != nil {
 		return fmt.Errorf("identity: %w", err)
 	}
@@ -167,8 +178,14 @@ func (m *Main) Open(ctx context.Context) (err error) {
 	if m.engine, err = authz.NewEngine(ctx, authz.Options{TrustDomain: td, Bundle: bundle, Source: src.name(), Logger: m.log}); err != nil {
 		return fmt.Errorf("policy %s: %w", src.name(), err)
 	}
+	// The policy that decides from now on is on the record before any
+	// decision is.
+	self := svid.ID.String()
+	if err := recordPolicyLoad(ctx, m.audit, self, m.engine.Status(), nil); err != nil {
+		return fmt.Errorf("audit log: %w", err)
+	}
 	if src.dir != "" || src.bundle != "" {
-		m.reloader = &policyReloader{engine: m.engine, source: src, interval: c.Policy.reloadInterval(), log: m.log}
+		m.reloader = &policyReloader{engine: m.engine, source: src, interval: c.Policy.reloadInterval(), log: m.log, audit: m.audit, self: self}
 	}
 
 	m.registry = prometheus.NewRegistry()
@@ -176,6 +193,8 @@ func (m *Main) Open(ctx context.Context) (err error) {
 	m.server, err = gateway.New(gateway.Config{
 		Credentials: identity.ServerCredentials(m.source, td),
 		Store:       m.db,
+		Audit:       m.audit,
+		ExportDir:   c.StateDir,
 		Authorizer:  m.engine,
 		Policy:      m.engine,
 		Logger:      m.log,
@@ -201,7 +220,8 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		}
 	}
 	m.log.Info("nvmegated open", "grpc", m.GRPCAddr(), "http", m.HTTPAddr(),
-		"trust_domain", c.TrustDomain, "policy_revision", m.engine.Status().Revision)
+		"trust_domain", c.TrustDomain, "policy_revision", m.engine.Status().Revision,
+		"audit_origin", m.audit.Origin(), "audit_size", m.audit.Size(), "audit_key", m.auditKey.PublicKey().KeyID())
 	return nil
 }
 
@@ -223,7 +243,21 @@ func (m *Main) Run(ctx context.Context) error {
 		return errors.New("Run called before a successful Open")
 	}
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return m.server.Serve(ctx, m.grpcLis) })
+	// The checkpointer signs its last checkpoint after the server has
+	// stopped, so that it covers every entry of every answered call.
+	cpCtx, cpCancel := context.WithCancel(context.WithoutCancel(ctx))
+	g.Go(func() error {
+		defer cpCancel()
+		return m.server.Serve(ctx, m.grpcLis)
+	})
+	g.Go(func() error {
+		cp := &audit.Checkpointer{Log: m.audit, Interval: m.Config.Audit.checkpointInterval(),
+			OnError: func(err error) { m.log.Error("audit checkpoint not signed; retrying", "err", err) }}
+		if err := cp.Run(cpCtx); err != nil {
+			return fmt.Errorf("audit checkpoints: %w", err)
+		}
+		return nil
+	})
 	if m.reloader != nil {
 		g.Go(func() error { return m.reloader.Run(ctx) })
 	}
@@ -276,6 +310,9 @@ func (m *Main) Close() error {
 	}
 	if m.db != nil {
 		errs = append(errs, m.db.Close())
+	}
+	if m.audit != nil {
+		errs = append(errs, m.audit.Close())
 	}
 	if m.Config.ReadyFile != "" {
 		os.Remove(m.Config.ReadyFile)

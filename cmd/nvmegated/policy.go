@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
+	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/authz"
 	"github.com/nvmegate/nvmegate/policy"
 )
@@ -44,6 +47,8 @@ type policyReloader struct {
 	source   policySource
 	interval time.Duration
 	log      *slog.Logger
+	audit    *audit.Log // new and refused revisions are recorded here
+	self     string     // the gateway's SPIFFE ID, the caller of its entries
 	// refused remembers the last refused digest (or load error) so that it
 	// is logged once, not at every tick.
 	refused string
@@ -70,6 +75,7 @@ func (r *policyReloader) check(ctx context.Context) bool {
 	if err != nil {
 		if key := "load:" + err.Error(); key != r.refused {
 			r.refused = key
+			r.record(ctx, authz.Status{Source: r.source.name()}, err)
 			r.log.Warn("policy refused: it does not load; the serving policy stays",
 				"source", r.source.name(), "serving_revision", r.engine.Status().Revision, "err", err)
 		}
@@ -84,8 +90,37 @@ func (r *policyReloader) check(ctx context.Context) bool {
 		// The engine has logged why; remember the digest so that it is
 		// not compiled and logged again at every tick.
 		r.refused = b.Digest
+		r.record(ctx, authz.Status{Revision: b.Revision, Digest: b.Digest, Source: r.source.name()}, err)
 		return false
 	}
 	r.refused = ""
+	r.record(ctx, r.engine.Status(), nil)
 	return true
+}
+
+// record appends a policy_load entry; a failure is logged (the reload has
+// happened or not whatever the log says, and the next decision's entries
+// name the revision that made them).
+func (r *policyReloader) record(ctx context.Context, st authz.Status, refusal error) {
+	if r.audit == nil {
+		return
+	}
+	if err := recordPolicyLoad(ctx, r.audit, r.self, st, refusal); err != nil {
+		r.log.Error("policy load not recorded in the audit log", "revision", st.Revision, "err", err)
+	}
+}
+
+// recordPolicyLoad appends the policy_load entry of a revision that now
+// serves (refusal nil) or was refused (refusal says why).
+func recordPolicyLoad(ctx context.Context, log *audit.Log, self string, st authz.Status, refusal error) error {
+	e := audit.Entry{Kind: audit.EventPolicyLoad, Caller: self,
+		Detail: fmt.Sprintf("policy revision %s (digest %s) from %s serving", st.Revision, st.Digest, st.Source)}
+	if refusal != nil {
+		e.Detail = fmt.Sprintf("policy from %s refused, the serving revision stays: %v", st.Source, refusal)
+	}
+	if len(e.Detail) > 1024 { // compile errors can be long; the log bounds fields
+		e.Detail = strings.ToValidUTF8(e.Detail[:1024], "") + "…"
+	}
+	_, _, err := log.Append(ctx, e)
+	return err
 }

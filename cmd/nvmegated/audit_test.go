@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"io"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/nvmegate/nvmegate/attest"
+	"github.com/nvmegate/nvmegate/audit"
+	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
+)
+
+// The daemon records the policy it starts with, every change and every
+// refusal, and on shutdown signs a checkpoint that covers all of them; the
+// log then verifies offline with the public keys of its key directory.
+func TestDaemonAuditLog(t *testing.T) {
+	dir := t.TempDir()
+	m := NewMain()
+	m.Stderr = io.Discard
+	if err := m.ParseFlags(context.Background(), []string{"dev", "--dir", dir, "--listen", "127.0.0.1:0", "--http-listen", "off"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := m.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+
+	target := &pb.Target{Id: "stor-1", Fabric: "fab", Region: "eu-west", Driver: "nvmet",
+		Ports: []*pb.Port{{Id: 1, Transport: "tcp", AddressFamily: "ipv4", Address: "127.0.0.1", ServiceId: "4420"}}}
+	if _, err := pb.NewInventoryClient(devConn(t, m.GRPCAddr(), dir, "admin")).AddTarget(ctxT(t), &pb.AddTargetRequest{Target: target}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := pb.NewInventoryClient(devConn(t, m.GRPCAddr(), dir, "acme-node-1")).AddTarget(ctxT(t), &pb.AddTargetRequest{Target: target})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("node AddTarget: %v, want PermissionDenied", err)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return")
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	keys, err := attest.OpenKeyDir(m.Config.Audit.KeyDir, attest.Ed25519, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := audit.Open(m.Config.Audit.Path, audit.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	recs, _, err := l.Query(context.Background(), audit.Filter{}, audit.Page{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []audit.EventKind
+	for _, r := range recs {
+		kinds = append(kinds, r.Entry.Kind)
+	}
+	want := []audit.EventKind{audit.EventPolicyLoad, audit.EventInventoryChange, audit.EventDeny}
+	if len(kinds) != len(want) || kinds[0] != want[0] || kinds[1] != want[1] || kinds[2] != want[2] {
+		t.Fatalf("entries %v, want %v", kinds, want)
+	}
+	if recs[0].Entry.Caller != "spiffe://nvmegate.test/gateway/nvmegated" {
+		t.Errorf("policy_load caller %q, want the gateway's own ID", recs[0].Entry.Caller)
+	}
+	cp, err := l.LatestCheckpoint()
+	if err != nil || cp.Size != 3 {
+		t.Fatalf("latest checkpoint size %d (%v), want 3: the shutdown checkpoint covers every entry", cp.Size, err)
+	}
+	rep, err := audit.CheckFile(context.Background(), m.Config.Audit.Path, keys.PublicKeys(), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() || rep.Entries != 3 {
+		t.Fatalf("offline check: %+v", rep)
+	}
+}
