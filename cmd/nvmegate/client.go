@@ -66,7 +66,7 @@ func (a *app) root() *cobra.Command {
 	f.StringVar(&a.serverID, "server-id", "", "required SPIFFE ID of the gateway (default: any spiffe://<td>/gateway/... of the client's trust domain)")
 	f.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
 	f.DurationVar(&a.timeout, "timeout", 30*time.Second, "deadline of each RPC")
-	root.AddCommand(a.inventoryCmd(), a.policyCmd(), a.keysCmd(), a.hostNQNCmd())
+	root.AddCommand(a.inventoryCmd(), a.policyCmd(), a.auditCmd(), a.keysCmd(), a.hostNQNCmd())
 	return root
 }
 
@@ -173,11 +173,14 @@ func (a *app) call(cmd *cobra.Command, fn func(ctx context.Context, conn *grpc.C
 	if err != nil {
 		return err
 	}
-	if err := fn(ctx, conn); err != nil {
-		if st, ok := status.FromError(err); ok {
-			return fmt.Errorf("%s: %s", st.Code(), st.Message())
-		}
-		return err
+	return statusErr(fn(ctx, conn))
+}
+
+// statusErr turns a gRPC status into an error that names the code and the
+// gateway's message; other errors pass through.
+func statusErr(err error) error {
+	if st, ok := status.FromError(err); ok && err != nil {
+		return fmt.Errorf("%s: %s", st.Code(), st.Message())
 	}
-	return nil
+	return err
 }
