@@ -409,8 +409,8 @@ func (a *app) printReport(r *audit.Report) {
 	for _, k := range r.SignedBy {
 		fmt.Fprintf(w, "signed by:    %s key v%d %s\n", k.Algorithm, k.Version, k.KeyID)
 	}
-	fmt.Fprintf(w, "entries:      %d verified\n", r.Entries)
-	fmt.Fprintf(w, "checkpoints:  %d verified\n", r.Checkpoints)
+	fmt.Fprintf(w, "entries:      %d checked\n", r.Entries)
+	fmt.Fprintf(w, "checkpoints:  %d checked\n", r.Checkpoints)
 	if r.OK() {
 		fmt.Fprintln(w, "result:       OK")
 		return
