@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"io"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 
 	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/audit"
+	"github.com/nvmegate/nvmegate/internal/vaulttest"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
 
@@ -18,11 +21,52 @@ import (
 // refusal, and on shutdown signs a checkpoint that covers all of them; the
 // log then verifies offline with the public keys of its key directory.
 func TestDaemonAuditLog(t *testing.T) {
+	m := auditStory(t, nil)
+	keys, err := attest.OpenKeyDir(m.Config.Audit.KeyDir, attest.Ed25519, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkAuditFile(t, m, keys.PublicKeys())
+}
+
+// With audit.vault set, a real Vault's Transit key signs the checkpoints;
+// the log verifies offline with the public keys Vault lists.
+func TestDaemonAuditLogVaultSigner(t *testing.T) {
+	v := vaulttest.Start(t)
+	ctx := context.Background()
+	if err := v.Write(ctx, "transit/keys/nvmegate-audit", map[string]any{"type": "ed25519"}); err != nil {
+		t.Fatal(err)
+	}
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(v.Token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m := auditStory(t, func(c *Config) {
+		c.Audit.Vault = VaultSignerConfig{Address: v.Addr, TokenFile: tokenFile, Key: "nvmegate-audit"}
+	})
+	s, err := attest.NewVaultSigner(ctx, attest.VaultConfig{Address: v.Addr, Token: v.Token, Key: "nvmegate-audit"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkAuditFile(t, m, s.PublicKeys())
+	// The local key directory was not used.
+	if _, err := os.Stat(m.Config.Audit.KeyDir); !os.IsNotExist(err) {
+		t.Errorf("local key dir created with a Vault signer: %v", err)
+	}
+}
+
+// auditStory runs the daemon (dev mode, config changed by edit), makes one
+// change and one refused call, and stops it.
+func auditStory(t *testing.T, edit func(*Config)) *Main {
+	t.Helper()
 	dir := t.TempDir()
 	m := NewMain()
 	m.Stderr = io.Discard
 	if err := m.ParseFlags(context.Background(), []string{"dev", "--dir", dir, "--listen", "127.0.0.1:0", "--http-listen", "off"}); err != nil {
 		t.Fatal(err)
+	}
+	if edit != nil {
+		edit(&m.Config)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -53,11 +97,14 @@ func TestDaemonAuditLog(t *testing.T) {
 	if err := m.Close(); err != nil {
 		t.Fatal(err)
 	}
+	return m
+}
 
-	keys, err := attest.OpenKeyDir(m.Config.Audit.KeyDir, attest.Ed25519, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+// checkAuditFile checks the stopped daemon's log: the policy load, the
+// change and the refusal, covered by the shutdown checkpoint, verifying
+// offline under keys.
+func checkAuditFile(t *testing.T, m *Main, keys []attest.PublicKey) {
+	t.Helper()
 	l, err := audit.Open(m.Config.Audit.Path, audit.Options{ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
@@ -82,7 +129,7 @@ func TestDaemonAuditLog(t *testing.T) {
 	if err != nil || cp.Size != 3 {
 		t.Fatalf("latest checkpoint size %d (%v), want 3: the shutdown checkpoint covers every entry", cp.Size, err)
 	}
-	rep, err := audit.CheckFile(context.Background(), m.Config.Audit.Path, keys.PublicKeys(), nil, nil)
+	rep, err := audit.CheckFile(context.Background(), m.Config.Audit.Path, keys, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

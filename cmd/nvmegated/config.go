@@ -90,6 +90,22 @@ type AuditConfig struct {
 	// CheckpointInterval is how often a checkpoint is signed while entries
 	// arrive; a Go duration, default 1s.
 	CheckpointInterval string `json:"checkpoint_interval"`
+	// Vault, if its key is set, signs checkpoints with a Vault Transit key
+	// instead of KeyDir's local key.
+	Vault VaultSignerConfig `json:"vault"`
+}
+
+// VaultSignerConfig names a Vault Transit signing key (type ed25519 or
+// ecdsa-p256) for checkpoints.
+type VaultSignerConfig struct {
+	// Address of Vault; default $VAULT_ADDR.
+	Address string `json:"address"`
+	// TokenFile holds the Vault token; default $VAULT_TOKEN.
+	TokenFile string `json:"token_file"`
+	// TransitPath is the Transit mount; default "transit".
+	TransitPath string `json:"transit_path"`
+	// Key is the Transit key name; empty means the local key.
+	Key string `json:"key"`
 }
 
 // LogConfig configures logging.

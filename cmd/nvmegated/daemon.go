@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -42,7 +43,7 @@ type Main struct {
 	registry *prometheus.Registry
 	db       *store.DB
 	audit    *audit.Log
-	auditKey *attest.KeyDir
+	auditKey signer // the local KeyDir, or a Vault Transit key
 	source   identity.Source
 	engine   *authz.Engine
 	reloader *policyReloader // nil for the embedded policy
@@ -151,8 +152,7 @@ func (m *Main) Open(ctx context.Context) (err error) {
 	if m.db, err = store.Open(filepath.Join(c.StateDir, "inventory.db"), store.Options{}); err != nil {
 		return fmt.Errorf("inventory store: %w", err)
 	}
-	alg := attest.Algorithm(c.Audit.Algorithm)
-	if m.auditKey, err = attest.OpenKeyDir(c.Audit.KeyDir, alg, true); err != nil {
+	if m.auditKey, err = openSigner(ctx, c.Audit); err != nil {
 		return fmt.Errorf("audit signing key: %w", err)
 	}
 	if m.audit, err = audit.Open(c.Audit.Path, audit.Options{Origin: c.Audit.Origin, Signer: m.auditKey}); err != nil {
@@ -235,6 +235,31 @@ func (m *Main) openIdentity(ctx context.Context) (identity.Source, error) {
 		return identity.NewWorkloadSource(ctx, id.SPIFFESocket)
 	}
 	return identity.NewFileSource(id.Cert, id.Key, id.Bundle, identity.WithLogger(m.log))
+}
+
+// signer is a checkpoint signer that can list its key versions.
+type signer interface {
+	attest.Signer
+	PublicKeys() []attest.PublicKey
+}
+
+// openSigner opens the checkpoint signing key: a Vault Transit key if
+// configured, else the local key directory (created with a new key).
+func openSigner(ctx context.Context, c AuditConfig) (signer, error) {
+	if c.Vault.Key == "" {
+		return attest.OpenKeyDir(c.KeyDir, attest.Algorithm(c.Algorithm), true)
+	}
+	token := os.Getenv("VAULT_TOKEN")
+	if c.Vault.TokenFile != "" {
+		b, err := os.ReadFile(c.Vault.TokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("vault token: %w", err)
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return attest.NewVaultSigner(ctx, attest.VaultConfig{Address: c.Vault.Address, Token: token, TransitPath: c.Vault.TransitPath, Key: c.Vault.Key})
 }
 
 // Run serves until ctx ends or a task fails; the first failure stops all.

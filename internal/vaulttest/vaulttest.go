@@ -1,0 +1,176 @@
+package vaulttest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	vault "github.com/hashicorp/vault/api"
+)
+
+// Version is the Vault release scripts/build-vault.sh builds by default.
+const Version = "v1.21.0"
+
+// Server is a running Vault dev server.
+type Server struct {
+	Addr   string        // http://127.0.0.1:PORT
+	Token  string        // the root token
+	Client *vault.Client // authenticated with Token
+
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// Binary returns the Vault binary to use: $NVMEGATE_VAULT, else the
+// build script's cache path; "" if neither exists.
+func Binary() string {
+	if p := os.Getenv("NVMEGATE_VAULT"); p != "" {
+		return p
+	}
+	cache := os.Getenv("TOOLS_CACHE")
+	if cache == "" {
+		base := os.Getenv("XDG_CACHE_HOME")
+		if base == "" {
+			home, err := os.UserHomeDir()
+			if err != nil {
+				return ""
+			}
+			base = filepath.Join(home, ".cache")
+		}
+		cache = filepath.Join(base, "nvmegate", "tools")
+	}
+	p := filepath.Join(cache, "vault-"+Version, "vault")
+	if _, err := os.Stat(p); err != nil {
+		return ""
+	}
+	return p
+}
+
+// Start starts a dev server for t and stops it when t ends.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	bin := Binary()
+	if bin == "" {
+		msg := "no Vault binary: run scripts/build-vault.sh (or set NVMEGATE_VAULT)"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := make([]byte, 16)
+	rand.Read(tok)
+	s := &Server{Addr: fmt.Sprintf("http://127.0.0.1:%d", port), Token: "root-" + hex.EncodeToString(tok), done: make(chan struct{})}
+	home := t.TempDir() // the dev server writes ~/.vault-token
+	logf, err := os.Create(filepath.Join(home, "vault.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.cmd = exec.Command(bin, "server", "-dev", "-dev-no-store-token",
+		"-dev-root-token-id="+s.Token, fmt.Sprintf("-dev-listen-address=127.0.0.1:%d", port))
+	s.cmd.Env = append(os.Environ(), "HOME="+home, "VAULT_ADDR=", "VAULT_TOKEN=")
+	s.cmd.Stdout, s.cmd.Stderr = logf, logf
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { s.cmd.Wait(); logf.Close(); close(s.done) }()
+	t.Cleanup(func() {
+		s.Stop()
+		if t.Failed() {
+			if b, err := os.ReadFile(logf.Name()); err == nil {
+				t.Logf("vault log:\n%s", tail(string(b), 40))
+			}
+		}
+	})
+
+	cfg := vault.DefaultConfig()
+	cfg.Address = s.Addr
+	if s.Client, err = vault.NewClient(cfg); err != nil {
+		t.Fatal(err)
+	}
+	s.Client.SetToken(s.Token)
+	if err := s.waitReady(60 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Client.Sys().Mount("transit", &vault.MountInput{Type: "transit"}); err != nil {
+		t.Fatalf("enable transit: %v", err)
+	}
+	return s
+}
+
+// waitReady polls the health endpoint; the deadline only bounds a server
+// that never comes up.
+func (s *Server) waitReady(limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		select {
+		case <-s.done:
+			return fmt.Errorf("vault exited during start")
+		default:
+		}
+		resp, err := http.Get(s.Addr + "/v1/sys/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("vault not ready after %v: %v", limit, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Stop stops the server (idempotent): a test may stop Vault midway to see
+// the gateway degrade.
+func (s *Server) Stop() {
+	select {
+	case <-s.done:
+		return
+	default:
+	}
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+	case <-time.After(10 * time.Second):
+		s.cmd.Process.Kill()
+		<-s.done
+	}
+}
+
+// Write writes data at path with the root token.
+func (s *Server) Write(ctx context.Context, path string, data map[string]any) error {
+	_, err := s.Client.Logical().WriteWithContext(ctx, path, data)
+	return err
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
