@@ -12,12 +12,17 @@
 // records the request names (describe.go). Handlers therefore only see
 // valid, authorized requests.
 //
+// The audit log (audit.go) hears of every refused call from the authz
+// interceptor and of every state-changing call from the innermost
+// interceptor, before the change: no change without a durable entry. The
+// Audit service reads the log for auditors.
+//
 // Services whose issues have not landed are registered with the generated
 // Unimplemented servers, so they answer Unimplemented after validation and
 // policy: never a fake success.
 //
 // Usage:
 //
-//	srv, err := gateway.New(gateway.Config{Credentials: creds, Store: db, Authorizer: engine})
+//	srv, err := gateway.New(gateway.Config{Credentials: creds, Store: db, Audit: log, Authorizer: engine})
 //	go srv.Serve(ctx, listener) // returns after ctx ends and a graceful stop
 package gateway
