@@ -1,0 +1,282 @@
+package keystest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nvmegate/nvmegate/keys"
+	"github.com/nvmegate/nvmegate/keys/nvmefmt"
+)
+
+// Opener opens the backend under test. Calling it again must reopen the
+// same storage (a restart); the suite closes what it opens.
+type Opener func(t *testing.T) keys.Backend
+
+// Run runs the suite. Names are unique per run, so a shared server may
+// hold other tests' keys.
+func Run(t *testing.T, open Opener) {
+	prefix := fmt.Sprintf("nqn.2026-01.io.nvmegate.test:conf-%d", time.Now().UnixNano())
+	t.Run("Roots", func(t *testing.T) { testRoots(t, open, prefix+"-roots") })
+	t.Run("ConcurrentRotation", func(t *testing.T) { testConcurrent(t, open, prefix+"-race") })
+	t.Run("DataKeys", func(t *testing.T) { testDataKeys(t, open, prefix+"-dek/1") })
+	t.Run("Restart", func(t *testing.T) { testRestart(t, open, prefix+"-restart") })
+	t.Run("ManagerGraceAndSchedule", func(t *testing.T) { testManager(t, open, prefix+"-mgr") })
+}
+
+func secret(t *testing.T) []byte {
+	b := make([]byte, keys.RootSize)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func openClosed(t *testing.T, open Opener) keys.Backend {
+	b := open(t)
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+var t0 = time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+
+func testRoots(t *testing.T, open Opener, sub string) {
+	ctx := context.Background()
+	b := openClosed(t, open)
+	if rs, err := b.Roots(ctx, sub); err != nil || len(rs) != 0 {
+		t.Fatalf("new subsystem: %v %v", rs, err)
+	}
+	s1 := secret(t)
+	rs, err := b.AddRoot(ctx, sub, 0, s1, t0, t0.Add(-time.Hour))
+	if err != nil || len(rs) != 1 || rs[0].Version != 1 || !bytes.Equal(rs[0].Secret, s1) || !rs[0].Created.Equal(t0) {
+		t.Fatalf("first root: %v %v", rs, err)
+	}
+	if _, err := b.AddRoot(ctx, sub, 0, secret(t), t0, t0); !errors.Is(err, keys.ErrConflict) {
+		t.Fatalf("second v1: %v, want ErrConflict", err)
+	}
+	if _, err := b.AddRoot(ctx, sub, 5, secret(t), t0, t0); !errors.Is(err, keys.ErrConflict) {
+		t.Fatalf("stale prev: %v, want ErrConflict", err)
+	}
+	t1 := t0.Add(time.Hour)
+	s2 := secret(t)
+	rs, err = b.AddRoot(ctx, sub, 1, s2, t1, t1.Add(-time.Hour))
+	if err != nil || len(rs) != 2 || rs[1].Version != 2 || !rs[0].Superseded.Equal(t1) || !rs[1].Superseded.IsZero() {
+		t.Fatalf("second root: %v %v", rs, err)
+	}
+	got, err := b.Roots(ctx, sub)
+	if err != nil || len(got) != 2 || !bytes.Equal(got[0].Secret, s1) || !bytes.Equal(got[1].Secret, s2) {
+		t.Fatalf("read back: %v %v", got, err)
+	}
+	// Versions superseded before dropBefore are dropped (v1, superseded
+	// 3h ago); the one superseded now stays.
+	t2 := t1.Add(3 * time.Hour)
+	rs, err = b.AddRoot(ctx, sub, 2, secret(t), t2, t2.Add(-time.Hour))
+	if err != nil || len(rs) != 2 || rs[0].Version != 2 || rs[1].Version != 3 {
+		t.Fatalf("after pruning: %v %v", rs, err)
+	}
+	subs, err := b.Subsystems(ctx)
+	if err != nil || !contains(subs, sub) {
+		t.Fatalf("Subsystems %v %v", subs, err)
+	}
+	if _, err := b.AddRoot(ctx, sub, 3, []byte("short"), t2, t2); !errors.Is(err, keys.ErrInvalid) {
+		t.Fatalf("short secret: %v", err)
+	}
+}
+
+func contains(ss []string, s string) bool {
+	for _, x := range ss {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Many writers with the same prev: exactly one wins (check-and-set), as two
+// gateways rotating the same root at once must make one new version.
+func testConcurrent(t *testing.T, open Opener, sub string) {
+	ctx := context.Background()
+	b := openClosed(t, open)
+	if _, err := b.AddRoot(ctx, sub, 0, secret(t), t0, t0); err != nil {
+		t.Fatal(err)
+	}
+	const n = 8
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	wins, conflicts := 0, 0
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := b.AddRoot(ctx, sub, 1, secret(t), t0.Add(time.Minute), t0)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				wins++
+			case errors.Is(err, keys.ErrConflict):
+				conflicts++
+			default:
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	rs, err := b.Roots(ctx, sub)
+	if wins != 1 || conflicts != n-1 || err != nil || rs[len(rs)-1].Version != 2 {
+		t.Fatalf("%d wins, %d conflicts, current %v (%v); want exactly one new version", wins, conflicts, rs, err)
+	}
+}
+
+func testDataKeys(t *testing.T, open Opener, ns string) {
+	ctx := context.Background()
+	b := openClosed(t, open)
+	if _, err := b.DataKey(ctx, ns); !errors.Is(err, keys.ErrNotFound) {
+		t.Fatalf("absent data key: %v", err)
+	}
+	w1, err := b.CreateDataKey(ctx, ns)
+	if err != nil || w1.KEKVersion != 1 || w1.Ciphertext == "" {
+		t.Fatalf("create: %+v %v", w1, err)
+	}
+	if _, err := b.CreateDataKey(ctx, ns); !errors.Is(err, keys.ErrConflict) {
+		t.Fatalf("second create: %v", err)
+	}
+	stored, err := b.DataKey(ctx, ns)
+	if err != nil || stored != w1 {
+		t.Fatalf("stored %+v %v", stored, err)
+	}
+	dek, err := b.Unwrap(ctx, ns, w1)
+	if err != nil || len(dek) != 32 {
+		t.Fatalf("unwrap: %d bytes, %v", len(dek), err)
+	}
+	if bytes.Contains([]byte(w1.Ciphertext), dek) {
+		t.Fatal("ciphertext contains the key")
+	}
+	w2, err := b.RotateDataKey(ctx, ns)
+	if err != nil || w2.KEKVersion != 2 || w2.Ciphertext == w1.Ciphertext {
+		t.Fatalf("rotate: %+v %v", w2, err)
+	}
+	for _, w := range []keys.Wrapped{w1, w2} {
+		if d, err := b.Unwrap(ctx, ns, w); err != nil || !bytes.Equal(d, dek) {
+			t.Fatalf("unwrap KEK v%d after rotation: %v", w.KEKVersion, err)
+		}
+	}
+	vs, err := b.KEKVersions(ctx, ns)
+	if err != nil || len(vs) != 2 || vs[0].Version != 1 || vs[1].Version != 2 || vs[1].Created.IsZero() {
+		t.Fatalf("KEK versions %+v %v", vs, err)
+	}
+	bad := w2
+	bad.Ciphertext = bad.Ciphertext[:len(bad.Ciphertext)-4] + "AAAA"
+	if _, err := b.Unwrap(ctx, ns, bad); err == nil {
+		t.Fatal("a corrupted ciphertext unwrapped")
+	}
+	if _, err := b.RotateDataKey(ctx, ns+"-absent"); !errors.Is(err, keys.ErrNotFound) {
+		t.Fatalf("rotate absent: %v", err)
+	}
+}
+
+func testRestart(t *testing.T, open Opener, sub string) {
+	ctx := context.Background()
+	b := open(t)
+	s := secret(t)
+	if _, err := b.AddRoot(ctx, sub, 0, s, t0, t0); err != nil {
+		t.Fatal(err)
+	}
+	w, err := b.CreateDataKey(ctx, sub+"/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dek, err := b.Unwrap(ctx, sub+"/1", w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b = openClosed(t, open)
+	rs, err := b.Roots(ctx, sub)
+	if err != nil || len(rs) != 1 || !bytes.Equal(rs[0].Secret, s) {
+		t.Fatalf("roots after reopen: %v %v", rs, err)
+	}
+	w2, err := b.DataKey(ctx, sub+"/1")
+	if err != nil || w2 != w {
+		t.Fatalf("data key after reopen: %v", err)
+	}
+	if d, err := b.Unwrap(ctx, sub+"/1", w2); err != nil || !bytes.Equal(d, dek) {
+		t.Fatalf("unwrap after reopen: %v", err)
+	}
+}
+
+// clock is a fake clock the test moves by hand.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.now = c.now.Add(d); c.mu.Unlock() }
+
+// The Manager over the backend: derivation from the current root, the
+// grace period of superseded versions, scheduled rotation and the
+// staleness bound, all on a fake clock.
+func testManager(t *testing.T, open Opener, sub string) {
+	ctx := context.Background()
+	b := openClosed(t, open)
+	clk := &clock{now: t0}
+	var events []keys.RotationEvent
+	m, err := keys.NewManager(keys.Options{Backend: b, Now: clk.Now, Grace: time.Hour, RotationPeriod: 24 * time.Hour,
+		MaxStaleness: 10 * time.Minute, OnRotate: func(_ context.Context, e keys.RotationEvent) error { events = append(events, e); return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := "nqn.2014-08.org.nvmexpress:uuid:00000001-aaaa-4000-8000-000000000000"
+	p := keys.CredentialParams{DHCHAPHash: nvmefmt.SHA384, Bidirectional: true, TLSHash: nvmefmt.SHA256}
+	c1, err := m.Credentials(ctx, host, sub, p)
+	if err != nil || c1.RootVersion != 1 || len(events) != 1 || events[0].Reason != "first use" {
+		t.Fatalf("first credentials: %v %v %v", c1, err, events)
+	}
+	if again, _ := m.Credentials(ctx, host, sub, p); again != c1 {
+		t.Fatal("credentials are not stable for one root version")
+	}
+	// A day later the schedule rotates it.
+	clk.Add(24 * time.Hour)
+	m.Tick(ctx)
+	c2, err := m.Credentials(ctx, host, sub, p)
+	if err != nil || c2.RootVersion != 2 || c2.HostSecret == c1.HostSecret || len(events) != 2 || events[1].Reason != "scheduled" {
+		t.Fatalf("after the scheduled rotation: %v %v %v", c2, err, events)
+	}
+	// v1 serves renewals within the grace, then is refused.
+	if old, err := m.CredentialsAt(ctx, host, sub, 1, p); err != nil || old != c1 {
+		t.Fatalf("v1 within grace: %v", err)
+	}
+	clk.Add(time.Hour)
+	m.Tick(ctx) // the background refresh
+	if _, err := m.CredentialsAt(ctx, host, sub, 1, p); !errors.Is(err, keys.ErrExpired) {
+		t.Fatalf("v1 after grace: %v, want ErrExpired", err)
+	}
+	st, err := m.Status(ctx, sub)
+	if err != nil || st.Current != 2 || !st.NextRotation.Equal(t0.Add(48*time.Hour)) || st.Versions[0].Fingerprint == "" {
+		t.Fatalf("status %+v %v", st, err)
+	}
+	// Revocation rotates at once.
+	if err := m.Revoked(ctx, sub, "job j1 finished"); err != nil {
+		t.Fatal(err)
+	}
+	if c3, err := m.Credentials(ctx, host, sub, p); err != nil || c3.RootVersion != 3 {
+		t.Fatalf("after revocation: %v %v", c3, err)
+	}
+	// Past the staleness bound without a refresh, issuance fails closed.
+	clk.Add(11 * time.Minute)
+	if _, err := m.Credentials(ctx, host, sub, p); !errors.Is(err, keys.ErrUnavailable) {
+		t.Fatalf("stale cache: %v, want ErrUnavailable", err)
+	}
+	m.Tick(ctx) // a refresh that succeeds restores service
+	if _, err := m.Credentials(ctx, host, sub, p); err != nil {
+		t.Fatalf("after refresh: %v", err)
+	}
+}

@@ -1,0 +1,417 @@
+package localstore
+
+import (
+	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/nvmegate/nvmegate/keys"
+)
+
+var (
+	bucketRoots = []byte("roots")
+	bucketKEKs  = []byte("keks")
+	bucketDEKs  = []byte("deks")
+)
+
+// ErrKeyFile is returned by Open for a key file that is unusable: the wrong
+// size, or readable by others.
+var ErrKeyFile = errors.New("localstore: bad key file")
+
+// Store is the local keys.Backend.
+type Store struct {
+	db   *bolt.DB
+	aead cipher.AEAD
+	now  func() time.Time
+}
+
+var _ keys.Backend = (*Store)(nil)
+
+// Open opens (creating if needed) the store at path, sealed under keyFile
+// (created with a new random key, 0600, if absent).
+func Open(path, keyFile string) (*Store, error) {
+	key, err := loadKey(keyFile)
+	if err != nil {
+		return nil, err
+	}
+	block, err := aes.NewCipher(key)
+	if err != nil {
+		return nil, err
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("localstore: %w", err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketRoots, bucketKEKs, bucketDEKs} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("localstore: %w", err)
+	}
+	return &Store{db: db, aead: aead, now: time.Now}, nil
+}
+
+// loadKey reads the 32-byte key, or creates it. A key file others can read
+// is refused: it would expose every key in the store.
+func loadKey(path string) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		key := make([]byte, 32)
+		if _, err := rand.Read(key); err != nil {
+			return nil, err
+		}
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return nil, err
+		}
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("localstore: create key file: %w", err)
+		}
+		if _, err := f.Write(key); err != nil {
+			f.Close()
+			return nil, err
+		}
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return nil, err
+		}
+		return key, f.Close()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("localstore: key file: %w", err)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("%w: %s has mode %v; it must not be readable by group or others (chmod 600)", ErrKeyFile, path, fi.Mode().Perm())
+	}
+	key, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("localstore: key file: %w", err)
+	}
+	if len(key) != 32 {
+		return nil, fmt.Errorf("%w: %s holds %d bytes, want 32", ErrKeyFile, path, len(key))
+	}
+	return key, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+func aad(bucket, name []byte) []byte {
+	return append(append(append([]byte{}, bucket...), 0), name...)
+}
+
+func (s *Store) seal(bucket, name []byte, v any) ([]byte, error) {
+	plain, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	nonce := make([]byte, s.aead.NonceSize(), s.aead.NonceSize()+len(plain)+s.aead.Overhead())
+	if _, err := rand.Read(nonce); err != nil {
+		return nil, err
+	}
+	return s.aead.Seal(nonce, nonce, plain, aad(bucket, name)), nil
+}
+
+func (s *Store) open(bucket, name, sealed []byte, v any) error {
+	n := s.aead.NonceSize()
+	if len(sealed) < n {
+		return fmt.Errorf("localstore: %s/%s: sealed value too short", bucket, name)
+	}
+	plain, err := s.aead.Open(nil, sealed[:n], sealed[n:], aad(bucket, name))
+	if err != nil {
+		// The wrong key file, or a value changed on disk.
+		return fmt.Errorf("localstore: %s/%s does not unseal with this key file", bucket, name)
+	}
+	return json.Unmarshal(plain, v)
+}
+
+func (s *Store) get(tx *bolt.Tx, bucket []byte, name string, v any) (bool, error) {
+	raw := tx.Bucket(bucket).Get([]byte(name))
+	if raw == nil {
+		return false, nil
+	}
+	return true, s.open(bucket, []byte(name), raw, v)
+}
+
+func (s *Store) put(tx *bolt.Tx, bucket []byte, name string, v any) error {
+	sealed, err := s.seal(bucket, []byte(name), v)
+	if err != nil {
+		return err
+	}
+	return tx.Bucket(bucket).Put([]byte(name), sealed)
+}
+
+func checkName(kind, name string) error {
+	if name == "" || len(name) > 1024 {
+		return fmt.Errorf("%w: %s name must be 1-1024 bytes", keys.ErrInvalid, kind)
+	}
+	return nil
+}
+
+// Roots implements keys.Backend.
+func (s *Store) Roots(ctx context.Context, subsystem string) ([]keys.Root, error) {
+	if err := checkName("subsystem", subsystem); err != nil {
+		return nil, err
+	}
+	var roots []keys.Root
+	err := s.db.View(func(tx *bolt.Tx) error {
+		_, err := s.get(tx, bucketRoots, subsystem, &roots)
+		return err
+	})
+	return roots, err
+}
+
+// AddRoot implements keys.Backend: the check and the write are one bbolt
+// transaction.
+func (s *Store) AddRoot(ctx context.Context, subsystem string, prev uint64, secret []byte, now, dropBefore time.Time) ([]keys.Root, error) {
+	if err := checkName("subsystem", subsystem); err != nil {
+		return nil, err
+	}
+	if len(secret) != keys.RootSize {
+		return nil, fmt.Errorf("%w: root must be %d bytes", keys.ErrInvalid, keys.RootSize)
+	}
+	var out []keys.Root
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		var roots []keys.Root
+		if _, err := s.get(tx, bucketRoots, subsystem, &roots); err != nil {
+			return err
+		}
+		var cur uint64
+		if len(roots) > 0 {
+			cur = roots[len(roots)-1].Version
+		}
+		if cur != prev {
+			return fmt.Errorf("%w: %s is at root v%d, not v%d", keys.ErrConflict, subsystem, cur, prev)
+		}
+		out = keys.NextRoots(roots, secret, now, dropBefore)
+		return s.put(tx, bucketRoots, subsystem, out)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Subsystems implements keys.Backend.
+func (s *Store) Subsystems(ctx context.Context) ([]string, error) {
+	var out []string
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketRoots).ForEach(func(k, _ []byte) error {
+			out = append(out, string(k))
+			return nil
+		})
+	})
+	return out, err
+}
+
+// kek is one version of a namespace's key-encryption key.
+type kek struct {
+	Version uint64    `json:"version"`
+	Key     []byte    `json:"key"`
+	Created time.Time `json:"created"`
+}
+
+// Ciphertexts are "local:v<KEK version>:<base64(nonce || sealed DEK)>",
+// sealed with the KEK and the namespace as associated data.
+func (s *Store) wrap(namespace string, k kek, dek []byte) (keys.Wrapped, error) {
+	aead, err := gcm(k.Key)
+	if err != nil {
+		return keys.Wrapped{}, err
+	}
+	nonce := make([]byte, aead.NonceSize())
+	if _, err := rand.Read(nonce); err != nil {
+		return keys.Wrapped{}, err
+	}
+	ct := aead.Seal(nonce, nonce, dek, []byte(namespace))
+	return keys.Wrapped{KEKVersion: k.Version, Ciphertext: "local:v" + strconv.FormatUint(k.Version, 10) + ":" + base64.StdEncoding.EncodeToString(ct)}, nil
+}
+
+func gcm(key []byte) (cipher.AEAD, error) {
+	block, err := aes.NewCipher(key)
+	if err != nil {
+		return nil, err
+	}
+	return cipher.NewGCM(block)
+}
+
+func (s *Store) unwrap(namespace string, keks []kek, w keys.Wrapped) ([]byte, error) {
+	rest, ok := strings.CutPrefix(w.Ciphertext, "local:v")
+	if !ok {
+		return nil, fmt.Errorf("%w: not a local ciphertext", keys.ErrInvalid)
+	}
+	vs, b64, ok := strings.Cut(rest, ":")
+	v, err := strconv.ParseUint(vs, 10, 64)
+	if !ok || err != nil {
+		return nil, fmt.Errorf("%w: malformed local ciphertext", keys.ErrInvalid)
+	}
+	ct, err := base64.StdEncoding.DecodeString(b64)
+	if err != nil {
+		return nil, fmt.Errorf("%w: malformed local ciphertext", keys.ErrInvalid)
+	}
+	for _, k := range keks {
+		if k.Version != v {
+			continue
+		}
+		aead, err := gcm(k.Key)
+		if err != nil {
+			return nil, err
+		}
+		if len(ct) < aead.NonceSize() {
+			return nil, fmt.Errorf("%w: malformed local ciphertext", keys.ErrInvalid)
+		}
+		dek, err := aead.Open(nil, ct[:aead.NonceSize()], ct[aead.NonceSize():], []byte(namespace))
+		if err != nil {
+			return nil, fmt.Errorf("%w: data key of %s does not unwrap with KEK v%d", keys.ErrInvalid, namespace, v)
+		}
+		return dek, nil
+	}
+	return nil, fmt.Errorf("%w: %s has no KEK v%d", keys.ErrNotFound, namespace, v)
+}
+
+func newKEK(version uint64, now time.Time) (kek, error) {
+	k := kek{Version: version, Key: make([]byte, 32), Created: now}
+	_, err := rand.Read(k.Key)
+	return k, err
+}
+
+// CreateDataKey implements keys.Backend.
+func (s *Store) CreateDataKey(ctx context.Context, namespace string) (keys.Wrapped, error) {
+	if err := checkName("namespace", namespace); err != nil {
+		return keys.Wrapped{}, err
+	}
+	var w keys.Wrapped
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		if tx.Bucket(bucketDEKs).Get([]byte(namespace)) != nil {
+			return fmt.Errorf("%w: %s already has a data key", keys.ErrConflict, namespace)
+		}
+		var keks []kek
+		if _, err := s.get(tx, bucketKEKs, namespace, &keks); err != nil {
+			return err
+		}
+		if len(keks) == 0 {
+			k, err := newKEK(1, s.now())
+			if err != nil {
+				return err
+			}
+			keks = []kek{k}
+			if err := s.put(tx, bucketKEKs, namespace, keks); err != nil {
+				return err
+			}
+		}
+		dek := make([]byte, 32)
+		if _, err := rand.Read(dek); err != nil {
+			return err
+		}
+		var err error
+		if w, err = s.wrap(namespace, keks[len(keks)-1], dek); err != nil {
+			return err
+		}
+		return s.put(tx, bucketDEKs, namespace, w)
+	})
+	return w, err
+}
+
+// DataKey implements keys.Backend.
+func (s *Store) DataKey(ctx context.Context, namespace string) (keys.Wrapped, error) {
+	if err := checkName("namespace", namespace); err != nil {
+		return keys.Wrapped{}, err
+	}
+	var w keys.Wrapped
+	err := s.db.View(func(tx *bolt.Tx) error {
+		ok, err := s.get(tx, bucketDEKs, namespace, &w)
+		if err == nil && !ok {
+			err = fmt.Errorf("%w: %s has no data key", keys.ErrNotFound, namespace)
+		}
+		return err
+	})
+	return w, err
+}
+
+// Unwrap implements keys.Backend.
+func (s *Store) Unwrap(ctx context.Context, namespace string, w keys.Wrapped) ([]byte, error) {
+	var keks []kek
+	err := s.db.View(func(tx *bolt.Tx) error {
+		_, err := s.get(tx, bucketKEKs, namespace, &keks)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s.unwrap(namespace, keks, w)
+}
+
+// RotateDataKey implements keys.Backend.
+func (s *Store) RotateDataKey(ctx context.Context, namespace string) (keys.Wrapped, error) {
+	var w keys.Wrapped
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		var keks []kek
+		if _, err := s.get(tx, bucketKEKs, namespace, &keks); err != nil {
+			return err
+		}
+		var old keys.Wrapped
+		ok, err := s.get(tx, bucketDEKs, namespace, &old)
+		if err != nil {
+			return err
+		}
+		if !ok || len(keks) == 0 {
+			return fmt.Errorf("%w: %s has no data key", keys.ErrNotFound, namespace)
+		}
+		dek, err := s.unwrap(namespace, keks, old)
+		if err != nil {
+			return err
+		}
+		k, err := newKEK(keks[len(keks)-1].Version+1, s.now())
+		if err != nil {
+			return err
+		}
+		keks = append(keks, k)
+		if err := s.put(tx, bucketKEKs, namespace, keks); err != nil {
+			return err
+		}
+		if w, err = s.wrap(namespace, k, dek); err != nil {
+			return err
+		}
+		return s.put(tx, bucketDEKs, namespace, w)
+	})
+	return w, err
+}
+
+// KEKVersions implements keys.Backend.
+func (s *Store) KEKVersions(ctx context.Context, namespace string) ([]keys.KEKVersion, error) {
+	var keks []kek
+	err := s.db.View(func(tx *bolt.Tx) error {
+		_, err := s.get(tx, bucketKEKs, namespace, &keks)
+		return err
+	})
+	out := make([]keys.KEKVersion, 0, len(keks))
+	for _, k := range keks {
+		out = append(out, keys.KEKVersion{Version: k.Version, Created: k.Created})
+	}
+	return out, err
+}

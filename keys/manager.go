@@ -1,0 +1,390 @@
+package keys
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// RotationEvent describes a rotation for the audit hook. It carries
+// versions and fingerprints, never keys.
+type RotationEvent struct {
+	Kind        string // "access_root" or "data_key"
+	Name        string // subsystem NQN, or namespace "<NQN>/<NSID>"
+	Version     uint64 // the new version (root version or KEK version)
+	Fingerprint string // of the new root; "" for data keys
+	Reason      string // "scheduled", "on demand: …", "revocation: …"
+	Time        time.Time
+}
+
+// Options configure a Manager. Backend is required; zero durations take
+// the documented defaults.
+type Options struct {
+	Backend Backend
+	// Grace is how long a superseded root version stays usable (renewals
+	// of grants issued under it). Default 1h.
+	Grace time.Duration
+	// RotationPeriod is the age at which Run rotates a root. Default 720h
+	// (30 days); negative disables scheduled rotation.
+	RotationPeriod time.Duration
+	// RefreshInterval is how often Run re-reads cached roots. Default 30s.
+	RefreshInterval time.Duration
+	// MaxStaleness bounds the age of the cached roots credentials are
+	// derived from; past it, issuance fails with ErrUnavailable. Default 5m.
+	MaxStaleness time.Duration
+	// OnRotate is told of every rotation this manager made (the audit
+	// hook); its error is returned by Rotate after the rotation happened.
+	OnRotate func(context.Context, RotationEvent) error
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+	// Logger; nil discards.
+	Logger *slog.Logger
+}
+
+// Manager serves the key hierarchy of one gateway from a Backend, with the
+// current roots cached in memory. Safe for concurrent use.
+type Manager struct {
+	b    Backend
+	opts Options
+	log  *slog.Logger
+
+	mu    sync.RWMutex
+	cache map[string]*cached // subsystem NQN → roots
+
+	backendReads atomic.Uint64 // round trips to the backend, for metrics and benchmarks
+}
+
+// cached is a subsystem's roots as last read from the backend.
+type cached struct {
+	roots   []Root // oldest first; the last is current
+	fetched time.Time
+}
+
+// NewManager returns a Manager over opts.Backend.
+func NewManager(opts Options) (*Manager, error) {
+	if opts.Backend == nil {
+		return nil, errors.New("keys: Backend is required")
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&opts.Grace, time.Hour)
+	def(&opts.RotationPeriod, 30*24*time.Hour)
+	def(&opts.RefreshInterval, 30*time.Second)
+	def(&opts.MaxStaleness, 5*time.Minute)
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Manager{b: opts.Backend, opts: opts, log: log, cache: map[string]*cached{}}, nil
+}
+
+// BackendReads is the number of round trips to the backend so far.
+func (m *Manager) BackendReads() uint64 { return m.backendReads.Load() }
+
+// Credentials derives hostNQN's credentials for subsystem subNQN from the
+// current root, from the cache: it reaches the backend only the first time
+// a subsystem is used (Warm avoids even that). It fails with ErrUnavailable
+// if the cached roots are older than MaxStaleness.
+func (m *Manager) Credentials(ctx context.Context, hostNQN, subNQN string, p CredentialParams) (Credentials, error) {
+	r, err := m.current(ctx, subNQN)
+	if err != nil {
+		return Credentials{}, err
+	}
+	return Derive(r, hostNQN, subNQN, p)
+}
+
+// CredentialsAt derives credentials from root version v, which must be the
+// current one or superseded less than Grace ago (else ErrExpired).
+func (m *Manager) CredentialsAt(ctx context.Context, hostNQN, subNQN string, v uint64, p CredentialParams) (Credentials, error) {
+	c, err := m.fresh(ctx, subNQN)
+	if err != nil {
+		return Credentials{}, err
+	}
+	now := m.opts.Now()
+	for _, r := range c.roots {
+		if r.Version != v {
+			continue
+		}
+		if !r.Superseded.IsZero() && !now.Before(r.Superseded.Add(m.opts.Grace)) {
+			return Credentials{}, fmt.Errorf("%w: %s root v%d was superseded at %s (grace %s)", ErrExpired, subNQN, v,
+				r.Superseded.UTC().Format(time.RFC3339), m.opts.Grace)
+		}
+		return Derive(r, hostNQN, subNQN, p)
+	}
+	return Credentials{}, fmt.Errorf("%w: %s has no root v%d", ErrExpired, subNQN, v)
+}
+
+// current returns the current root of subNQN, creating version 1 if the
+// subsystem has none.
+func (m *Manager) current(ctx context.Context, subNQN string) (Root, error) {
+	c, err := m.fresh(ctx, subNQN)
+	if err != nil {
+		return Root{}, err
+	}
+	if len(c.roots) > 0 {
+		return c.roots[len(c.roots)-1], nil
+	}
+	if _, err := m.rotate(ctx, subNQN, 0, "first use"); err != nil && !errors.Is(err, ErrConflict) {
+		return Root{}, err
+	}
+	if c, err = m.load(ctx, subNQN); err != nil {
+		return Root{}, err
+	}
+	if len(c.roots) == 0 {
+		return Root{}, fmt.Errorf("%w: %s has no root after creating one", ErrUnavailable, subNQN)
+	}
+	return c.roots[len(c.roots)-1], nil
+}
+
+// fresh returns the cached roots of subNQN, loading them on first use, and
+// refuses roots older than MaxStaleness.
+func (m *Manager) fresh(ctx context.Context, subNQN string) (*cached, error) {
+	if subNQN == "" {
+		return nil, fmt.Errorf("%w: subsystem NQN is required", ErrInvalid)
+	}
+	m.mu.RLock()
+	c := m.cache[subNQN]
+	m.mu.RUnlock()
+	if c == nil {
+		return m.load(ctx, subNQN)
+	}
+	if age := m.opts.Now().Sub(c.fetched); age > m.opts.MaxStaleness {
+		return nil, fmt.Errorf("%w: the roots of %s were last confirmed %s ago (bound %s); no credentials are issued until the key store answers",
+			ErrUnavailable, subNQN, age.Round(time.Second), m.opts.MaxStaleness)
+	}
+	return c, nil
+}
+
+// load reads subNQN's roots from the backend into the cache.
+func (m *Manager) load(ctx context.Context, subNQN string) (*cached, error) {
+	m.backendReads.Add(1)
+	roots, err := m.b.Roots(ctx, subNQN)
+	if err != nil {
+		return nil, err
+	}
+	return m.store(subNQN, roots), nil
+}
+
+func (m *Manager) store(subNQN string, roots []Root) *cached {
+	c := &cached{roots: roots, fetched: m.opts.Now()}
+	m.mu.Lock()
+	m.cache[subNQN] = c
+	m.mu.Unlock()
+	return c
+}
+
+// Warm loads the roots of the given subsystems (and of every subsystem the
+// backend knows) into the cache, so that no connect waits for them.
+func (m *Manager) Warm(ctx context.Context, subsystems ...string) error {
+	known, err := m.b.Subsystems(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, s := range slices.Compact(slices.Sorted(slices.Values(append(known, subsystems...)))) {
+		if _, err := m.load(ctx, s); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", s, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Rotate makes a new root version of subNQN now. If another gateway
+// rotated it concurrently, Rotate makes none and returns that version with
+// an error wrapping ErrConflict: a root is never rotated twice for one
+// reason.
+func (m *Manager) Rotate(ctx context.Context, subNQN, reason string) (Root, error) {
+	m.backendReads.Add(1)
+	roots, err := m.b.Roots(ctx, subNQN)
+	if err != nil {
+		return Root{}, err
+	}
+	var prev uint64
+	if len(roots) > 0 {
+		prev = roots[len(roots)-1].Version
+	}
+	return m.rotate(ctx, subNQN, prev, reason)
+}
+
+func (m *Manager) rotate(ctx context.Context, subNQN string, prev uint64, reason string) (Root, error) {
+	secret := make([]byte, RootSize)
+	if _, err := rand.Read(secret); err != nil {
+		return Root{}, err
+	}
+	now := m.opts.Now()
+	m.backendReads.Add(1)
+	roots, err := m.b.AddRoot(ctx, subNQN, prev, secret, now, now.Add(-m.opts.Grace))
+	if errors.Is(err, ErrConflict) {
+		// Someone else rotated: take their version, make none.
+		if c, lerr := m.load(ctx, subNQN); lerr == nil && len(c.roots) > 0 {
+			return c.roots[len(c.roots)-1], err
+		}
+		return Root{}, err
+	}
+	if err != nil {
+		return Root{}, err
+	}
+	m.store(subNQN, roots)
+	cur := roots[len(roots)-1]
+	m.log.Info("keys: access root rotated", "subsystem", subNQN, "version", cur.Version, "reason", reason)
+	if m.opts.OnRotate != nil {
+		ev := RotationEvent{Kind: "access_root", Name: subNQN, Version: cur.Version, Fingerprint: RootFingerprint(cur), Reason: reason, Time: now}
+		if err := m.opts.OnRotate(ctx, ev); err != nil {
+			return cur, fmt.Errorf("keys: rotation of %s to v%d not recorded: %w", subNQN, cur.Version, err)
+		}
+	}
+	return cur, nil
+}
+
+// Revoked is the hook the connect flow calls when access ends (a job
+// finished, a grant revoked): the subsystem's root rotates, so that
+// credentials derived from the old one stop working after the grace.
+func (m *Manager) Revoked(ctx context.Context, subNQN, why string) error {
+	_, err := m.Rotate(ctx, subNQN, "revocation: "+why)
+	if errors.Is(err, ErrConflict) {
+		return nil // rotated concurrently: the old root is superseded either way
+	}
+	return err
+}
+
+// Run refreshes the cached roots every RefreshInterval and rotates those
+// older than RotationPeriod, until ctx ends. A backend outage is logged and
+// retried; issuance fails closed once the cache is too stale.
+func (m *Manager) Run(ctx context.Context, tick <-chan time.Time) error {
+	if tick == nil {
+		t := time.NewTicker(m.opts.RefreshInterval)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick:
+			m.Tick(ctx)
+		}
+	}
+}
+
+// Tick is one round of Run: refresh every cached subsystem, and rotate the
+// ones whose current root is older than RotationPeriod.
+func (m *Manager) Tick(ctx context.Context) {
+	m.mu.RLock()
+	subs := make([]string, 0, len(m.cache))
+	for s := range m.cache {
+		subs = append(subs, s)
+	}
+	m.mu.RUnlock()
+	slices.Sort(subs)
+	now := m.opts.Now()
+	for _, s := range subs {
+		c, err := m.load(ctx, s)
+		if err != nil {
+			m.log.Warn("keys: refresh failed; serving cached roots until the staleness bound", "subsystem", s, "err", err)
+			continue
+		}
+		if m.opts.RotationPeriod < 0 || len(c.roots) == 0 {
+			continue
+		}
+		cur := c.roots[len(c.roots)-1]
+		if now.Sub(cur.Created) >= m.opts.RotationPeriod {
+			if _, err := m.rotate(ctx, s, cur.Version, "scheduled"); err != nil && !errors.Is(err, ErrConflict) {
+				m.log.Warn("keys: scheduled rotation failed", "subsystem", s, "err", err)
+			}
+		}
+	}
+}
+
+// RootStatus describes a subsystem's root versions, never their secrets.
+type RootStatus struct {
+	Subsystem    string
+	Current      uint64
+	NextRotation time.Time // zero if scheduled rotation is off
+	Versions     []VersionStatus
+}
+
+// VersionStatus is one root version's state.
+type VersionStatus struct {
+	Version     uint64
+	Created     time.Time
+	Superseded  time.Time // zero for current
+	ValidUntil  time.Time // zero for current
+	Fingerprint string
+}
+
+// Status reads subNQN's roots from the backend (not the cache: it is for
+// operators) and describes them, newest first.
+func (m *Manager) Status(ctx context.Context, subNQN string) (RootStatus, error) {
+	c, err := m.load(ctx, subNQN)
+	if err != nil {
+		return RootStatus{}, err
+	}
+	st := RootStatus{Subsystem: subNQN}
+	for i := len(c.roots) - 1; i >= 0; i-- {
+		r := c.roots[i]
+		v := VersionStatus{Version: r.Version, Created: r.Created, Superseded: r.Superseded, Fingerprint: RootFingerprint(r)}
+		if !r.Superseded.IsZero() {
+			v.ValidUntil = r.Superseded.Add(m.opts.Grace)
+		}
+		st.Versions = append(st.Versions, v)
+	}
+	if len(c.roots) > 0 {
+		cur := c.roots[len(c.roots)-1]
+		st.Current = cur.Version
+		if m.opts.RotationPeriod > 0 {
+			st.NextRotation = cur.Created.Add(m.opts.RotationPeriod)
+		}
+	}
+	return st, nil
+}
+
+// Subsystems lists the subsystems that have roots.
+func (m *Manager) Subsystems(ctx context.Context) ([]string, error) { return m.b.Subsystems(ctx) }
+
+// DataKey returns the namespace's data key, creating it on first use.
+func (m *Manager) DataKey(ctx context.Context, namespace string) ([]byte, Wrapped, error) {
+	w, err := m.b.DataKey(ctx, namespace)
+	if errors.Is(err, ErrNotFound) {
+		w, err = m.b.CreateDataKey(ctx, namespace)
+		if errors.Is(err, ErrConflict) {
+			w, err = m.b.DataKey(ctx, namespace)
+		}
+	}
+	if err != nil {
+		return nil, Wrapped{}, err
+	}
+	k, err := m.b.Unwrap(ctx, namespace, w)
+	return k, w, err
+}
+
+// RotateDataKey rotates the namespace's KEK and rewraps its data key.
+func (m *Manager) RotateDataKey(ctx context.Context, namespace, reason string) (Wrapped, error) {
+	w, err := m.b.RotateDataKey(ctx, namespace)
+	if err != nil {
+		return Wrapped{}, err
+	}
+	if m.opts.OnRotate != nil {
+		ev := RotationEvent{Kind: "data_key", Name: namespace, Version: w.KEKVersion, Reason: reason, Time: m.opts.Now()}
+		if err := m.opts.OnRotate(ctx, ev); err != nil {
+			return w, fmt.Errorf("keys: rotation of %s's data key not recorded: %w", namespace, err)
+		}
+	}
+	return w, nil
+}
+
+// KEKVersions lists a namespace's key-encryption key versions.
+func (m *Manager) KEKVersions(ctx context.Context, namespace string) ([]KEKVersion, error) {
+	return m.b.KEKVersions(ctx, namespace)
+}
