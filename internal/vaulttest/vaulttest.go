@@ -143,6 +143,7 @@ func (s *Server) Stop() {
 		return
 	default:
 	}
+	s.cmd.Process.Signal(syscall.SIGCONT) // a paused server cannot handle SIGTERM
 	s.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-s.done:
@@ -151,6 +152,14 @@ func (s *Server) Stop() {
 		<-s.done
 	}
 }
+
+// Pause freezes the server (SIGSTOP): requests hang as with a Vault that
+// stopped answering, until Resume. (Stopping a dev server would lose its
+// in-memory data; pausing keeps it, so recovery can be tested.)
+func (s *Server) Pause() { s.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Resume continues a paused server.
+func (s *Server) Resume() { s.cmd.Process.Signal(syscall.SIGCONT) }
 
 // Write writes data at path with the root token.
 func (s *Server) Write(ctx context.Context, path string, data map[string]any) error {
