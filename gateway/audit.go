@@ -55,6 +55,7 @@ var changeKinds = map[string]audit.EventKind{
 	"/nvmegate.v1.Inventory/RemoveNamespace":   audit.EventInventoryChange,
 	"/nvmegate.v1.Inventory/AddHostBinding":    audit.EventInventoryChange,
 	"/nvmegate.v1.Inventory/RemoveHostBinding": audit.EventInventoryChange,
+	"/nvmegate.v1.Keys/Rotate":                 audit.EventKeyRotation,
 }
 
 // errAuditUnavailable answers a change that was not made because its entry
@@ -162,7 +163,7 @@ func resourceKey(r map[string]any) string {
 	switch str(r, "kind") {
 	case "target":
 		return str(r, "target", "id")
-	case "subsystem":
+	case "subsystem", "key":
 		return str(r, "subsystem", "nqn")
 	case "host_binding":
 		return str(r, "host_binding", "spiffe_id")

@@ -35,6 +35,9 @@ type Config struct {
 	Audit AuditLog
 	// ExportDir stages Audit.Export files; "" means the system temp dir.
 	ExportDir string
+	// Keys is the key manager behind the Keys service; nil leaves Keys
+	// answering Unimplemented.
+	Keys KeyManager
 	// Policy reports the loaded policy for Policy.Status; optional.
 	Policy PolicyInfo
 	// Logger defaults to slog.Default().
@@ -99,12 +102,16 @@ func New(cfg Config) (*Server, error) {
 	)
 	pb.RegisterInventoryServer(s.grpc, &inventoryService{store: cfg.Store})
 	pb.RegisterPolicyServer(s.grpc, &policyService{info: cfg.Policy})
+	if cfg.Keys != nil {
+		pb.RegisterKeysServer(s.grpc, &keysService{keys: cfg.Keys, store: cfg.Store})
+	} else {
+		pb.RegisterKeysServer(s.grpc, pb.UnimplementedKeysServer{})
+	}
 	pb.RegisterAuditServer(s.grpc, &auditService{log: cfg.Audit, exportDir: cfg.ExportDir})
 	// Services whose issues have not landed: every RPC answers Unimplemented
 	// after validation and policy, never a fake success.
 	pb.RegisterJobsServer(s.grpc, pb.UnimplementedJobsServer{})
 	pb.RegisterAccessServer(s.grpc, pb.UnimplementedAccessServer{})
-	pb.RegisterKeysServer(s.grpc, pb.UnimplementedKeysServer{})
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	return s, nil

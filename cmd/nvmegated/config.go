@@ -30,6 +30,8 @@ type Config struct {
 	Identity IdentityConfig `json:"identity"`
 	// Policy selects the Rego policy; the embedded default when unset.
 	Policy PolicyConfig `json:"policy"`
+	// Keys configures the key store and the rotation of access roots.
+	Keys KeysConfig `json:"keys"`
 	// Audit configures the audit log and its checkpoint signing key.
 	Audit AuditConfig `json:"audit"`
 	// Log configures slog output on stderr.
@@ -70,6 +72,55 @@ func (p PolicyConfig) reloadInterval() time.Duration {
 		return 5 * time.Second
 	}
 	return d
+}
+
+// KeysConfig selects the key store (local by default) and the timing of
+// the key manager. Durations are Go durations.
+type KeysConfig struct {
+	// Backend is "local" (default: a bbolt file sealed under a key file in
+	// the state dir) or "vault".
+	Backend string `json:"backend"`
+	// LocalPath and LocalKeyFile locate the local store; defaults
+	// <state_dir>/keys.db and <state_dir>/keys.key (0600, created).
+	LocalPath    string `json:"local_path"`
+	LocalKeyFile string `json:"local_key_file"`
+	// Vault configures the vault backend.
+	Vault VaultKeysConfig `json:"vault"`
+	// RotationPeriod of access roots (default 720h); Grace of a superseded
+	// root (default 1h); RefreshInterval of the cache (default 30s);
+	// MaxStaleness past which no credentials are issued (default 5m).
+	RotationPeriod  string `json:"rotation_period"`
+	Grace           string `json:"grace"`
+	RefreshInterval string `json:"refresh_interval"`
+	MaxStaleness    string `json:"max_staleness"`
+}
+
+// VaultKeysConfig is the vault key backend: address, one way to log in,
+// mounts and prefix (defaults secret, transit, nvmegate, matching
+// deploy/vault/nvmegate.hcl).
+type VaultKeysConfig struct {
+	Address   string `json:"address"`
+	CACert    string `json:"ca_cert"`
+	TokenFile string `json:"token_file"`
+	AppRole   *struct {
+		RoleID       string `json:"role_id"`
+		SecretIDFile string `json:"secret_id_file"`
+		Mount        string `json:"mount"`
+	} `json:"approle"`
+	// Cert logs in with the gateway's own SVID (cert auth).
+	Cert *struct {
+		Mount string `json:"mount"`
+		Name  string `json:"name"`
+	} `json:"cert"`
+	KVMount      string `json:"kv_mount"`
+	TransitMount string `json:"transit_mount"`
+	Prefix       string `json:"prefix"`
+}
+
+// durations parses the key manager's durations (validated by validate).
+func (k KeysConfig) durations() (rotation, grace, refresh, stale time.Duration) {
+	p := func(s string) time.Duration { d, _ := time.ParseDuration(s); return d }
+	return p(k.RotationPeriod), p(k.Grace), p(k.RefreshInterval), p(k.MaxStaleness)
 }
 
 // AuditConfig configures the signed audit log (bbolt) and the local key
@@ -146,6 +197,24 @@ func (c *Config) setDefaults() {
 	if c.Policy.ReloadInterval == "" {
 		c.Policy.ReloadInterval = "5s"
 	}
+	k := &c.Keys
+	if k.Backend == "" {
+		k.Backend = "local"
+	}
+	if k.LocalPath == "" && c.StateDir != "" {
+		k.LocalPath = filepath.Join(c.StateDir, "keys.db")
+	}
+	if k.LocalKeyFile == "" && c.StateDir != "" {
+		k.LocalKeyFile = filepath.Join(c.StateDir, "keys.key")
+	}
+	for _, d := range []struct {
+		p *string
+		v string
+	}{{&k.RotationPeriod, "720h"}, {&k.Grace, "1h"}, {&k.RefreshInterval, "30s"}, {&k.MaxStaleness, "5m"}} {
+		if *d.p == "" {
+			*d.p = d.v
+		}
+	}
 	a := &c.Audit
 	if a.Path == "" && c.StateDir != "" {
 		a.Path = filepath.Join(c.StateDir, "audit.db")
@@ -199,6 +268,28 @@ func (c *Config) validate() error {
 	}
 	if d, err := time.ParseDuration(c.Policy.ReloadInterval); err != nil || d < 100*time.Millisecond {
 		return fmt.Errorf("policy.reload_interval must be a duration of at least 100ms, got %q", c.Policy.ReloadInterval)
+	}
+	switch c.Keys.Backend {
+	case "local":
+	case "vault":
+		v := c.Keys.Vault
+		n := 0
+		for _, set := range []bool{v.TokenFile != "", v.AppRole != nil, v.Cert != nil} {
+			if set {
+				n++
+			}
+		}
+		if n > 1 {
+			return errors.New("keys.vault: set one of token_file, approle, cert")
+		}
+	default:
+		return fmt.Errorf("keys.backend must be local or vault, got %q", c.Keys.Backend)
+	}
+	for name, v := range map[string]string{"rotation_period": c.Keys.RotationPeriod, "grace": c.Keys.Grace,
+		"refresh_interval": c.Keys.RefreshInterval, "max_staleness": c.Keys.MaxStaleness} {
+		if d, err := time.ParseDuration(v); err != nil || d <= 0 {
+			return fmt.Errorf("keys.%s must be a positive duration, got %q", name, v)
+		}
 	}
 	switch attest.Algorithm(c.Audit.Algorithm) {
 	case attest.Ed25519, attest.ECDSAP256:

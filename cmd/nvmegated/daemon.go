@@ -26,6 +26,9 @@ import (
 	"github.com/nvmegate/nvmegate/authz"
 	"github.com/nvmegate/nvmegate/gateway"
 	"github.com/nvmegate/nvmegate/identity"
+	"github.com/nvmegate/nvmegate/keys"
+	"github.com/nvmegate/nvmegate/keys/localstore"
+	"github.com/nvmegate/nvmegate/keys/vaultstore"
 	"github.com/nvmegate/nvmegate/store"
 )
 
@@ -42,6 +45,8 @@ type Main struct {
 	log      *slog.Logger
 	registry *prometheus.Registry
 	db       *store.DB
+	keyStore keys.Backend
+	keys     *keys.Manager
 	audit    *audit.Log
 	auditKey signer // the local KeyDir, or a Vault Transit key
 	source   identity.Source
@@ -184,6 +189,9 @@ func (m *Main) Open(ctx context.Context) (err error) {
 	if err := recordPolicyLoad(ctx, m.audit, self, m.engine.Status(), nil); err != nil {
 		return fmt.Errorf("audit log: %w", err)
 	}
+	if err := m.openKeys(ctx, self); err != nil {
+		return fmt.Errorf("keys: %w", err)
+	}
 	if src.dir != "" || src.bundle != "" {
 		m.reloader = &policyReloader{engine: m.engine, source: src, interval: c.Policy.reloadInterval(), log: m.log, audit: m.audit, self: self}
 	}
@@ -194,6 +202,7 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		Credentials: identity.ServerCredentials(m.source, td),
 		Store:       m.db,
 		Audit:       m.audit,
+		Keys:        m.keys,
 		ExportDir:   c.StateDir,
 		Authorizer:  m.engine,
 		Policy:      m.engine,
@@ -235,6 +244,75 @@ func (m *Main) openIdentity(ctx context.Context) (identity.Source, error) {
 		return identity.NewWorkloadSource(ctx, id.SPIFFESocket)
 	}
 	return identity.NewFileSource(id.Cert, id.Key, id.Bundle, identity.WithLogger(m.log))
+}
+
+// openKeys opens the key store and the manager, whose rotations go to the
+// audit log, and warms its cache with every inventory subsystem so that no
+// connect waits on the store.
+func (m *Main) openKeys(ctx context.Context, self string) error {
+	c := m.Config.Keys
+	var err error
+	switch c.Backend {
+	case "vault":
+		v := c.Vault
+		vc := vaultstore.Config{Address: v.Address, CACert: v.CACert, TokenFile: v.TokenFile,
+			KVMount: v.KVMount, TransitMount: v.TransitMount, Prefix: v.Prefix, Logger: m.log}
+		switch {
+		case v.AppRole != nil:
+			vc.AppRole = &vaultstore.AppRole{RoleID: v.AppRole.RoleID, SecretIDFile: v.AppRole.SecretIDFile, Mount: v.AppRole.Mount}
+		case v.Cert != nil:
+			id := m.Config.Identity
+			if id.Cert == "" {
+				return errors.New("vault cert auth uses the gateway's SVID files: set identity.cert and identity.key")
+			}
+			vc.Cert = &vaultstore.CertAuth{Mount: v.Cert.Mount, Name: v.Cert.Name}
+			vc.ClientCert, vc.ClientKey = id.Cert, id.Key
+		case v.TokenFile == "":
+			vc.Token = os.Getenv("VAULT_TOKEN")
+		}
+		m.keyStore, err = vaultstore.Open(ctx, vc)
+	default:
+		m.keyStore, err = localstore.Open(c.LocalPath, c.LocalKeyFile)
+	}
+	if err != nil {
+		return err
+	}
+	rotation, grace, refresh, stale := c.durations()
+	m.keys, err = keys.NewManager(keys.Options{Backend: m.keyStore, RotationPeriod: rotation, Grace: grace,
+		RefreshInterval: refresh, MaxStaleness: stale, Logger: m.log,
+		OnRotate: func(ctx context.Context, ev keys.RotationEvent) error {
+			_, _, err := m.audit.Append(ctx, audit.Entry{Kind: audit.EventKeyRotation, Caller: self, Time: ev.Time,
+				SubsystemNQN: subsystemOf(ev),
+				Keys:         []audit.KeyRef{{Class: ev.Kind, ID: ev.Name, Version: ev.Version, Fingerprint: ev.Fingerprint}},
+				Detail:       fmt.Sprintf("%s of %s rotated to v%d: %s", ev.Kind, ev.Name, ev.Version, ev.Reason)})
+			return err
+		}})
+	if err != nil {
+		return err
+	}
+	subs, _, err := m.db.ListSubsystems(ctx, store.SubsystemFilter{}, store.Page{Size: store.MaxPageSize})
+	if err != nil {
+		return err
+	}
+	names := make([]string, 0, len(subs))
+	for _, s := range subs {
+		names = append(names, s.NQN)
+	}
+	if err := m.keys.Warm(ctx, names...); err != nil {
+		// Not fatal: the store may be briefly unreachable; first use and
+		// the background refresh load what is missing.
+		m.log.Warn("keys: cache not warmed", "err", err)
+	}
+	return nil
+}
+
+// subsystemOf is the subsystem NQN of a rotated key: the name of a root,
+// the part before the last "/" of a data key's "<NQN>/<NSID>".
+func subsystemOf(ev keys.RotationEvent) string {
+	if i := strings.LastIndexByte(ev.Name, '/'); ev.Kind == "data_key" && i > 0 {
+		return ev.Name[:i]
+	}
+	return ev.Name
 }
 
 // signer is a checkpoint signer that can list its key versions.
@@ -286,6 +364,7 @@ func (m *Main) Run(ctx context.Context) error {
 	if m.reloader != nil {
 		g.Go(func() error { return m.reloader.Run(ctx) })
 	}
+	g.Go(func() error { return m.keys.Run(ctx, nil) })
 	if m.httpSrv != nil {
 		g.Go(func() error {
 			errc := make(chan error, 1)
@@ -335,6 +414,9 @@ func (m *Main) Close() error {
 	}
 	if m.db != nil {
 		errs = append(errs, m.db.Close())
+	}
+	if m.keyStore != nil {
+		errs = append(errs, m.keyStore.Close())
 	}
 	if m.audit != nil {
 		errs = append(errs, m.audit.Close())

@@ -1,0 +1,197 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/keys"
+	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
+	"github.com/nvmegate/nvmegate/store"
+)
+
+// KeyManager is what the Keys service needs of keys.Manager.
+type KeyManager interface {
+	Rotate(ctx context.Context, subsystem, reason string) (keys.Root, error)
+	Status(ctx context.Context, subsystem string) (keys.RootStatus, error)
+	Subsystems(ctx context.Context) ([]string, error)
+	DataKey(ctx context.Context, namespace string) ([]byte, keys.Wrapped, error)
+	RotateDataKey(ctx context.Context, namespace, reason string) (keys.Wrapped, error)
+	KEKVersions(ctx context.Context, namespace string) ([]keys.KEKVersion, error)
+}
+
+// NamespaceKeyName names a namespace's data key in the key store.
+func NamespaceKeyName(subsystemNQN string, nsid uint32) string {
+	return subsystemNQN + "/" + strconv.FormatUint(uint64(nsid), 10)
+}
+
+// keysService answers Keys.Rotate and Keys.Status; it never returns key
+// material. Rotations are recorded twice in the audit log: the request
+// (with the decision) before, by the audit interceptor, and the new
+// version with its fingerprint after, by the key manager's hook.
+type keysService struct {
+	pb.UnimplementedKeysServer
+	keys  KeyManager
+	store InventoryStore
+}
+
+// keyErr maps key-store errors to domain errors with caller-safe messages.
+func keyErr(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, keys.ErrUnavailable):
+		return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "key store unavailable; retry later")
+	case errors.Is(err, keys.ErrConflict):
+		return nvmegate.Errorf(nvmegate.ECONFLICT, "the key was rotated concurrently by another gateway; see Keys.Status")
+	case errors.Is(err, keys.ErrNotFound):
+		return nvmegate.Errorf(nvmegate.ENOTFOUND, "no such key")
+	}
+	return fmt.Errorf("keys: %w", err)
+}
+
+func (s *keysService) Rotate(ctx context.Context, r *pb.RotateRequest) (*pb.RotateResponse, error) {
+	reason := "on demand"
+	if r.Reason != "" {
+		reason += ": " + r.Reason
+	}
+	switch r.Kind {
+	case pb.KeyKind_KEY_KIND_ACCESS_ROOT:
+		if _, err := s.store.Subsystem(ctx, r.SubsystemNqn); err != nil {
+			return nil, err
+		}
+		if _, err := s.keys.Rotate(ctx, r.SubsystemNqn, reason); err != nil {
+			return nil, keyErr(err)
+		}
+		st, err := s.keys.Status(ctx, r.SubsystemNqn)
+		if err != nil {
+			return nil, keyErr(err)
+		}
+		return &pb.RotateResponse{Status: rootStatus(st)}, nil
+	default: // KEY_KIND_DATA_KEY (validated)
+		if _, err := s.store.Namespace(ctx, r.SubsystemNqn, r.Nsid); err != nil {
+			return nil, err
+		}
+		name := NamespaceKeyName(r.SubsystemNqn, r.Nsid)
+		// A namespace gets its data key on first use; rotating one that
+		// has none yet makes it.
+		if _, _, err := s.keys.DataKey(ctx, name); err != nil {
+			return nil, keyErr(err)
+		}
+		if _, err := s.keys.RotateDataKey(ctx, name, reason); err != nil {
+			return nil, keyErr(err)
+		}
+		st, err := s.dataKeyStatus(ctx, r.SubsystemNqn, r.Nsid)
+		if err != nil {
+			return nil, err
+		}
+		return &pb.RotateResponse{Status: st}, nil
+	}
+}
+
+func (s *keysService) Status(ctx context.Context, r *pb.KeysStatusRequest) (*pb.KeysStatusResponse, error) {
+	subs := []string{r.SubsystemNqn}
+	if r.SubsystemNqn == "" {
+		var err error
+		if subs, err = s.allSubsystems(ctx); err != nil {
+			return nil, err
+		}
+	} else if _, err := s.store.Subsystem(ctx, r.SubsystemNqn); err != nil {
+		return nil, err
+	}
+	out := &pb.KeysStatusResponse{}
+	for _, sub := range subs {
+		if r.Kind != pb.KeyKind_KEY_KIND_DATA_KEY {
+			st, err := s.keys.Status(ctx, sub)
+			if err != nil {
+				return nil, keyErr(err)
+			}
+			if st.Current != 0 {
+				out.Keys = append(out.Keys, rootStatus(st))
+			}
+		}
+		if r.Kind != pb.KeyKind_KEY_KIND_ACCESS_ROOT {
+			nss, err := s.namespaces(ctx, sub)
+			if err != nil {
+				return nil, err
+			}
+			for _, nsid := range nss {
+				st, err := s.dataKeyStatus(ctx, sub, nsid)
+				if err != nil {
+					return nil, err
+				}
+				if st.CurrentVersion != 0 {
+					out.Keys = append(out.Keys, st)
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// allSubsystems lists the inventory's subsystems.
+func (s *keysService) allSubsystems(ctx context.Context) ([]string, error) {
+	var out []string
+	tok := ""
+	for {
+		subs, next, err := s.store.ListSubsystems(ctx, store.SubsystemFilter{}, store.Page{Size: store.MaxPageSize, Token: tok})
+		if err != nil {
+			return nil, err
+		}
+		for _, sub := range subs {
+			out = append(out, sub.NQN)
+		}
+		if next == "" {
+			return out, nil
+		}
+		tok = next
+	}
+}
+
+func (s *keysService) namespaces(ctx context.Context, sub string) ([]uint32, error) {
+	var out []uint32
+	tok := ""
+	for {
+		nss, next, err := s.store.ListNamespaces(ctx, store.NamespaceFilter{SubsystemNQN: sub}, store.Page{Size: store.MaxPageSize, Token: tok})
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range nss {
+			out = append(out, n.NSID)
+		}
+		if next == "" {
+			return out, nil
+		}
+		tok = next
+	}
+}
+
+func (s *keysService) dataKeyStatus(ctx context.Context, sub string, nsid uint32) (*pb.KeyStatus, error) {
+	vs, err := s.keys.KEKVersions(ctx, NamespaceKeyName(sub, nsid))
+	if err != nil {
+		return nil, keyErr(err)
+	}
+	st := &pb.KeyStatus{Kind: pb.KeyKind_KEY_KIND_DATA_KEY, SubsystemNqn: sub, Nsid: nsid}
+	for i := len(vs) - 1; i >= 0; i-- {
+		v := &pb.KeyVersion{Version: vs[i].Version, CreatedAt: ts(vs[i].Created)}
+		if i < len(vs)-1 {
+			v.SupersededAt = ts(vs[i+1].Created)
+		}
+		st.Versions = append(st.Versions, v)
+	}
+	if len(vs) > 0 {
+		st.CurrentVersion = vs[len(vs)-1].Version
+	}
+	return st, nil
+}
+
+func rootStatus(st keys.RootStatus) *pb.KeyStatus {
+	out := &pb.KeyStatus{Kind: pb.KeyKind_KEY_KIND_ACCESS_ROOT, SubsystemNqn: st.Subsystem, CurrentVersion: st.Current, NextRotation: ts(st.NextRotation)}
+	for _, v := range st.Versions {
+		out.Versions = append(out.Versions, &pb.KeyVersion{Version: v.Version, CreatedAt: ts(v.Created),
+			SupersededAt: ts(v.Superseded), ValidUntil: ts(v.ValidUntil), Fingerprint: v.Fingerprint})
+	}
+	return out
+}
