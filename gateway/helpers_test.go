@@ -21,6 +21,8 @@ import (
 	"github.com/nvmegate/nvmegate/gateway"
 	"github.com/nvmegate/nvmegate/identity"
 	"github.com/nvmegate/nvmegate/identity/devca"
+	"github.com/nvmegate/nvmegate/keys"
+	"github.com/nvmegate/nvmegate/keys/localstore"
 	"github.com/nvmegate/nvmegate/policy"
 	"github.com/nvmegate/nvmegate/store"
 )
@@ -36,6 +38,7 @@ type testGateway struct {
 	engine   *authz.Engine
 	audit    *audit.Log // the real log in a temp dir, signed by an Ed25519 key
 	auditKey attest.PublicKey
+	keyStore *localstore.Store // the real local key store in a temp dir
 }
 
 type gatewayOption func(*gateway.Config)
@@ -78,8 +81,17 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ks, err := localstore.Open(filepath.Join(dir, "keys.db"), filepath.Join(dir, "keys.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	km, err := keys.NewManager(keys.Options{Backend: ks})
+	if err != nil {
+		t.Fatal(err)
+	}
 	reg := prometheus.NewRegistry()
 	cfg := gateway.Config{
+		Keys:        km,
 		Audit:       alog,
 		ExportDir:   dir,
 		Credentials: identity.ServerCredentials(identity.StaticSource(svid, ca.Bundle()), td),
@@ -109,8 +121,9 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 		}
 		db.Close()
 		alog.Close()
+		ks.Close()
 	})
-	return &testGateway{addr: lis.Addr().String(), ca: ca, registry: reg, engine: engine, audit: alog, auditKey: ls.PublicKey()}
+	return &testGateway{addr: lis.Addr().String(), ca: ca, registry: reg, engine: engine, audit: alog, auditKey: ls.PublicKey(), keyStore: ks}
 }
 
 // client connects as spiffe://nvmegate.test/<path> with a fresh SVID.

@@ -18,8 +18,8 @@ import (
 // keysCmd groups the key commands. format, parse and gen work offline: they
 // only touch the NVMe key formats, never the gateway.
 func (a *app) keysCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "keys", Short: "NVMe key formats (offline) and, later, key rotation"}
-	cmd.AddCommand(a.keysFormatCmd(), a.keysParseCmd(), a.keysGenCmd())
+	cmd := &cobra.Command{Use: "keys", Short: "Key rotation and status (gateway); NVMe key formats (offline)"}
+	cmd.AddCommand(a.keysRotateCmd(), a.keysStatusCmd(), a.keysFormatCmd(), a.keysParseCmd(), a.keysGenCmd())
 	return cmd
 }
 

@@ -141,3 +141,34 @@ func TestHostNQNCommand(t *testing.T) {
 		t.Fatal("hostnqn accepted a non-SPIFFE ID")
 	}
 }
+
+func TestKeysRotateStatusCommands(t *testing.T) {
+	dir := startDevGateway(t)
+	mustCLI(t, dir, "admin", "inventory", "target", "add", "stor-eu-1", "--fabric", "fab-eu", "--region", "eu-west",
+		"--port", "id=1,transport=tcp,family=ipv4,address=10.0.0.10,service=4420")
+	mustCLI(t, dir, "admin", "inventory", "subsystem", "add", nqn, "--target", "stor-eu-1", "--tenant", "acme", "--ports", "1", "--dhchap")
+	mustCLI(t, dir, "admin", "inventory", "namespace", "add", nqn, "1", "--tenant", "acme", "--region", "eu-west",
+		"--class", "internal", "--dataset", "ds", "--digest", digest)
+	out := mustCLI(t, dir, "admin", "keys", "rotate", "--subsystem", nqn, "--reason", "first")
+	if !strings.Contains(out, "access-root") || !strings.Contains(out, "current, rotates") {
+		t.Fatalf("rotate:\n%s", out)
+	}
+	mustCLI(t, dir, "admin", "keys", "rotate", "--subsystem", nqn)
+	mustCLI(t, dir, "admin", "keys", "rotate", "--subsystem", nqn, "--nsid", "1")
+	out = mustCLI(t, dir, "admin", "keys", "status")
+	for _, want := range []string{"grace until", "hmac-sha256:", "data-key", nqn + "/1"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("status lacks %q:\n%s", want, out)
+		}
+	}
+	out = mustCLI(t, dir, "admin", "keys", "status", "--kind", "data-key")
+	if strings.Contains(out, "access-root") {
+		t.Fatalf("--kind data-key lists roots:\n%s", out)
+	}
+	if _, err := cli(t, dir, "admin", "keys", "status", "--kind", "dek"); err == nil || !strings.Contains(err.Error(), "--kind must be") {
+		t.Fatalf("bad kind: %v", err)
+	}
+	if _, err := cli(t, dir, "acme-scheduler", "keys", "rotate", "--subsystem", nqn); err == nil || !strings.Contains(err.Error(), "PermissionDenied") {
+		t.Fatalf("scheduler rotating: %v", err)
+	}
+}

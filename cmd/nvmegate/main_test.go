@@ -22,6 +22,8 @@ import (
 	"github.com/nvmegate/nvmegate/gateway"
 	"github.com/nvmegate/nvmegate/identity"
 	"github.com/nvmegate/nvmegate/identity/devca"
+	"github.com/nvmegate/nvmegate/keys"
+	"github.com/nvmegate/nvmegate/keys/localstore"
 	"github.com/nvmegate/nvmegate/policy"
 	"github.com/nvmegate/nvmegate/store"
 )
@@ -61,15 +63,23 @@ func startDevGatewayAs(t *testing.T, serverName string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys, err := attest.OpenKeyDir(filepath.Join(dir, "audit-keys"), attest.Ed25519, true)
+	signer, err := attest.OpenKeyDir(filepath.Join(dir, "audit-keys"), attest.Ed25519, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	alog, err := audit.Open(filepath.Join(dir, "audit.db"), audit.Options{Origin: "nvmegate.test/nvmegate-audit", Signer: keys})
+	alog, err := audit.Open(filepath.Join(dir, "audit.db"), audit.Options{Origin: "nvmegate.test/nvmegate-audit", Signer: signer})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := gateway.New(gateway.Config{Credentials: identity.ServerCredentials(src, td), Store: db, Audit: alog, ExportDir: dir,
+	ks, err := localstore.Open(filepath.Join(dir, "keys.db"), filepath.Join(dir, "keys.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	km, err := keys.NewManager(keys.Options{Backend: ks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := gateway.New(gateway.Config{Credentials: identity.ServerCredentials(src, td), Store: db, Audit: alog, ExportDir: dir, Keys: km,
 		Authorizer: engine, Policy: engine, Logger: log})
 	if err != nil {
 		t.Fatal(err)
@@ -86,6 +96,7 @@ func startDevGatewayAs(t *testing.T, serverName string) string {
 		<-done
 		db.Close()
 		alog.Close()
+		ks.Close()
 	})
 	return dir
 }
