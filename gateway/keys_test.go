@@ -19,8 +19,14 @@ func TestKeysRotateAndStatus(t *testing.T) {
 	inv := pb.NewInventoryClient(g.client(t, admin))
 	for _, err := range []error{
 		func() error { _, err := inv.AddTarget(ctx, &pb.AddTargetRequest{Target: validTarget()}); return err }(),
-		func() error { _, err := inv.AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: validSubsystem()}); return err }(),
-		func() error { _, err := inv.AddNamespace(ctx, &pb.AddNamespaceRequest{Namespace: validNamespace()}); return err }(),
+		func() error {
+			_, err := inv.AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: validSubsystem()})
+			return err
+		}(),
+		func() error {
+			_, err := inv.AddNamespace(ctx, &pb.AddNamespaceRequest{Namespace: validNamespace()})
+			return err
+		}(),
 	} {
 		if err != nil {
 			t.Fatal(err)

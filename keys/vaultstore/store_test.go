@@ -103,7 +103,10 @@ func TestConformanceAppRoleLeastPrivilege(t *testing.T) {
 		func() error { _, err := c.Logical().Write("transit/keys/other", nil); return err },
 		func() error { _, err := c.Logical().Delete("secret/metadata/nvmegate/roots/x"); return err },
 		func() error { _, err := c.Logical().Write("transit/keys/nvmegate-audit/rotate", nil); return err },
-		func() error { _, err := c.Logical().Write("sys/policies/acl/nvmegate", map[string]any{"policy": ""}); return err },
+		func() error {
+			_, err := c.Logical().Write("sys/policies/acl/nvmegate", map[string]any{"policy": ""})
+			return err
+		},
 	} {
 		var re *vault.ResponseError
 		if err := op(); !errors.As(err, &re) || re.StatusCode != 403 {
@@ -287,4 +290,6 @@ func TestVaultOutageAndSecretHygiene(t *testing.T) {
 	}
 }
 
-func hexs(i int) string { return strings.ToLower(strings.TrimLeft(hex.EncodeToString([]byte{byte(i >> 24), byte(i >> 16), byte(i >> 8), byte(i)}), "0")) }
+func hexs(i int) string {
+	return strings.ToLower(strings.TrimLeft(hex.EncodeToString([]byte{byte(i >> 24), byte(i >> 16), byte(i >> 8), byte(i)}), "0"))
+}
