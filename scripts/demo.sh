@@ -160,6 +160,14 @@ else
   echo "   (nvme-cli not installed: skipping its check of the generated secret)"
 fi
 
+echo "== keys: per-subsystem access roots and per-namespace data keys (local sealed store; never shown)"
+ok "the admin rotates acme's access root (created on first use)" -- as admin keys rotate --subsystem "$ACME" --reason "demo"
+ok "... and again: the previous root stays valid for the grace period" -- as admin keys rotate --subsystem "$ACME" --reason "demo, again"
+ok "the admin rotates the data key of acme's namespace 1 (KEK rotated, data key rewrapped)" -- \
+  as admin keys rotate --subsystem "$ACME" --nsid 1 --reason "demo"
+ok "key status: versions, ages, grace, next rotation and fingerprints" -- as admin keys status
+refused "a scheduler may not rotate keys" PermissionDenied -- as acme-scheduler keys rotate --subsystem "$ACME"
+
 echo "== the audit log: every change and every refusal above, signed and verifiable offline"
 ok "the auditor lists the refusals recorded so far" -- as auditor audit query --kind deny --page-size 5
 ok "the auditor saves the current signed checkpoint" -- as auditor audit checkpoint --out "$DEMO/checkpoint-1"
