@@ -3,6 +3,8 @@ package vaulttest
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"fmt"
 	"net"
@@ -23,9 +25,10 @@ const Version = "v1.21.0"
 
 // Server is a running Vault dev server.
 type Server struct {
-	Addr   string        // http://127.0.0.1:PORT
+	Addr   string        // http://127.0.0.1:PORT, or https:// with TLS
 	Token  string        // the root token
 	Client *vault.Client // authenticated with Token
+	CACert string        // with TLS: the PEM file of the CA of Vault's certificate
 
 	cmd  *exec.Cmd
 	done chan struct{}
@@ -56,8 +59,17 @@ func Binary() string {
 	return p
 }
 
+// Option configures Start.
+type Option func(*startOptions)
+
+type startOptions struct{ tls bool }
+
+// WithTLS serves HTTPS with a certificate of the dev server's own CA
+// (Server.CACert), as certificate auth needs.
+func WithTLS() Option { return func(o *startOptions) { o.tls = true } }
+
 // Start starts a dev server for t and stops it when t ends.
-func Start(t testing.TB) *Server {
+func Start(t testing.TB, opts ...Option) *Server {
 	t.Helper()
 	bin := Binary()
 	if bin == "" {
@@ -79,8 +91,18 @@ func Start(t testing.TB) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.cmd = exec.Command(bin, "server", "-dev", "-dev-no-store-token",
-		"-dev-root-token-id="+s.Token, fmt.Sprintf("-dev-listen-address=127.0.0.1:%d", port))
+	var o startOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	args := []string{"server", "-dev", "-dev-no-store-token", "-dev-root-token-id=" + s.Token, fmt.Sprintf("-dev-listen-address=127.0.0.1:%d", port)}
+	if o.tls {
+		certDir := t.TempDir()
+		args = append(args, "-dev-tls", "-dev-tls-cert-dir="+certDir)
+		s.Addr = fmt.Sprintf("https://127.0.0.1:%d", port)
+		s.CACert = filepath.Join(certDir, "vault-ca.pem")
+	}
+	s.cmd = exec.Command(bin, args...)
 	s.cmd.Env = append(os.Environ(), "HOME="+home, "VAULT_ADDR=", "VAULT_TOKEN=")
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	if err := s.cmd.Start(); err != nil {
@@ -96,15 +118,20 @@ func Start(t testing.TB) *Server {
 		}
 	})
 
+	if err := s.waitReady(60 * time.Second); err != nil {
+		t.Fatal(err)
+	}
 	cfg := vault.DefaultConfig()
 	cfg.Address = s.Addr
+	if s.CACert != "" {
+		if err := cfg.ConfigureTLS(&vault.TLSConfig{CACert: s.CACert}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if s.Client, err = vault.NewClient(cfg); err != nil {
 		t.Fatal(err)
 	}
 	s.Client.SetToken(s.Token)
-	if err := s.waitReady(60 * time.Second); err != nil {
-		t.Fatal(err)
-	}
 	if err := s.Client.Sys().Mount("transit", &vault.MountInput{Type: "transit"}); err != nil {
 		t.Fatalf("enable transit: %v", err)
 	}
@@ -121,7 +148,7 @@ func (s *Server) waitReady(limit time.Duration) error {
 			return fmt.Errorf("vault exited during start")
 		default:
 		}
-		resp, err := http.Get(s.Addr + "/v1/sys/health")
+		resp, err := s.healthClient().Get(s.Addr + "/v1/sys/health")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
@@ -133,6 +160,21 @@ func (s *Server) waitReady(limit time.Duration) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// healthClient trusts the dev CA (with TLS); until the server has written
+// the CA file, requests fail and the probe keeps polling.
+func (s *Server) healthClient() *http.Client {
+	if s.CACert == "" {
+		return http.DefaultClient
+	}
+	pem, err := os.ReadFile(s.CACert)
+	if err != nil {
+		return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: x509.NewCertPool()}}}
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 }
 
 // Stop stops the server (idempotent): a test may stop Vault midway to see

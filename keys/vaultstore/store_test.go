@@ -15,7 +15,9 @@ import (
 	"time"
 
 	vault "github.com/hashicorp/vault/api"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/nvmegate/nvmegate/identity/devca"
 	"github.com/nvmegate/nvmegate/internal/vaulttest"
 	"github.com/nvmegate/nvmegate/keys"
 	"github.com/nvmegate/nvmegate/keys/keystest"
@@ -292,4 +294,62 @@ func TestVaultOutageAndSecretHygiene(t *testing.T) {
 
 func hexs(i int) string {
 	return strings.ToLower(strings.TrimLeft(hex.EncodeToString([]byte{byte(i >> 24), byte(i >> 16), byte(i >> 8), byte(i)}), "0"))
+}
+
+// Certificate auth with the gateway's own X.509-SVID: Vault trusts the
+// trust domain's bundle for SPIFFE IDs spiffe://<td>/gateway/*; the
+// gateway's SVID logs in (and works under the shipped policy), a node's
+// SVID of the same trust domain does not.
+func TestCertAuthWithSVID(t *testing.T) {
+	v := vaulttest.Start(t, vaulttest.WithTLS())
+	ctx := context.Background()
+	hcl, err := os.ReadFile(filepath.Join("..", "..", "deploy", "vault", "nvmegate.hcl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Client.Sys().PutPolicyWithContext(ctx, "nvmegate", string(hcl)); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Client.Sys().EnableAuthWithOptionsWithContext(ctx, "cert", &vault.EnableAuthOptions{Type: "cert"}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	now := time.Now()
+	ca, err := devca.New(spiffeid.RequireTrustDomainFromString("nvmegate.test"), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundlePEM, err := ca.Bundle().Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundle := string(bundlePEM)
+	if err := v.Write(ctx, "auth/cert/certs/nvmegate", map[string]any{
+		"certificate": bundle, "allowed_uri_sans": "spiffe://nvmegate.test/gateway/*",
+		"token_policies": "nvmegate", "token_ttl": "1h"}); err != nil {
+		t.Fatal(err)
+	}
+	login := func(path string) (*vaultstore.Store, error) {
+		svid, err := ca.Issue(spiffeid.RequireFromString("spiffe://nvmegate.test"+path), now.Add(-time.Minute), now.Add(time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := devca.WriteSVID(dir, "svid", svid); err != nil {
+			t.Fatal(err)
+		}
+		cert, key := filepath.Join(dir, "svid.pem"), filepath.Join(dir, "svid.key")
+		return vaultstore.Open(ctx, vaultstore.Config{Address: v.Addr, CACert: v.CACert, ClientCert: cert, ClientKey: key, Cert: &vaultstore.CertAuth{}})
+	}
+	s, err := login("/gateway/nvmegated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	sub := "nqn.2026-01.io.nvmegate.test:cert-auth"
+	if _, err := s.AddRoot(ctx, sub, 0, bytes.Repeat([]byte{7}, 32), time.Now(), time.Time{}); err != nil {
+		t.Fatalf("gateway SVID under the shipped policy: %v", err)
+	}
+	if _, err := login("/node/acme-gpu-1"); err == nil {
+		t.Fatal("a node's SVID logged in")
+	}
 }
