@@ -33,6 +33,11 @@ type Options struct {
 	// RotationPeriod is the age at which Run rotates a root. Default 720h
 	// (30 days); negative disables scheduled rotation.
 	RotationPeriod time.Duration
+	// DataKeyRotationPeriod is the age of a namespace's KEK at which Run
+	// rotates it (and rewraps the data key). Default 2160h (90 days);
+	// negative disables it. Run looks at the namespaces given to
+	// TrackDataKeys and those whose data keys this manager used.
+	DataKeyRotationPeriod time.Duration
 	// RefreshInterval is how often Run re-reads cached roots. Default 30s.
 	RefreshInterval time.Duration
 	// MaxStaleness bounds the age of the cached roots credentials are
@@ -54,8 +59,9 @@ type Manager struct {
 	opts Options
 	log  *slog.Logger
 
-	mu    sync.RWMutex
-	cache map[string]*cached // subsystem NQN → roots
+	mu       sync.RWMutex
+	cache    map[string]*cached  // subsystem NQN → roots
+	dataKeys map[string]struct{} // namespaces whose KEKs Run rotates on schedule
 
 	backendReads atomic.Uint64 // round trips to the backend, for metrics and benchmarks
 }
@@ -78,6 +84,7 @@ func NewManager(opts Options) (*Manager, error) {
 	}
 	def(&opts.Grace, time.Hour)
 	def(&opts.RotationPeriod, 30*24*time.Hour)
+	def(&opts.DataKeyRotationPeriod, 90*24*time.Hour)
 	def(&opts.RefreshInterval, 30*time.Second)
 	def(&opts.MaxStaleness, 5*time.Minute)
 	if opts.Now == nil {
@@ -87,7 +94,7 @@ func NewManager(opts Options) (*Manager, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Manager{b: opts.Backend, opts: opts, log: log, cache: map[string]*cached{}}, nil
+	return &Manager{b: opts.Backend, opts: opts, log: log, cache: map[string]*cached{}, dataKeys: map[string]struct{}{}}, nil
 }
 
 // BackendReads is the number of round trips to the backend so far.
@@ -278,15 +285,30 @@ func (m *Manager) Run(ctx context.Context, tick <-chan time.Time) error {
 	}
 }
 
-// Tick is one round of Run: refresh every cached subsystem, and rotate the
-// ones whose current root is older than RotationPeriod.
+// TrackDataKeys adds namespaces to the scheduled data-key rotation.
+func (m *Manager) TrackDataKeys(namespaces ...string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, n := range namespaces {
+		m.dataKeys[n] = struct{}{}
+	}
+}
+
+// Tick is one round of Run: refresh every cached subsystem, rotate the
+// roots older than RotationPeriod and the tracked KEKs older than
+// DataKeyRotationPeriod.
 func (m *Manager) Tick(ctx context.Context) {
 	m.mu.RLock()
 	subs := make([]string, 0, len(m.cache))
 	for s := range m.cache {
 		subs = append(subs, s)
 	}
+	nss := make([]string, 0, len(m.dataKeys))
+	for n := range m.dataKeys {
+		nss = append(nss, n)
+	}
 	m.mu.RUnlock()
+	defer m.tickDataKeys(ctx, nss)
 	slices.Sort(subs)
 	now := m.opts.Now()
 	for _, s := range subs {
@@ -303,6 +325,27 @@ func (m *Manager) Tick(ctx context.Context) {
 			if _, err := m.rotate(ctx, s, cur.Version, "scheduled"); err != nil && !errors.Is(err, ErrConflict) {
 				m.log.Warn("keys: scheduled rotation failed", "subsystem", s, "err", err)
 			}
+		}
+	}
+}
+
+func (m *Manager) tickDataKeys(ctx context.Context, nss []string) {
+	if m.opts.DataKeyRotationPeriod < 0 {
+		return
+	}
+	slices.Sort(nss)
+	now := m.opts.Now()
+	for _, n := range nss {
+		vs, err := m.b.KEKVersions(ctx, n)
+		if err != nil {
+			m.log.Warn("keys: data key check failed", "namespace", n, "err", err)
+			continue
+		}
+		if len(vs) == 0 || now.Sub(vs[len(vs)-1].Created) < m.opts.DataKeyRotationPeriod {
+			continue
+		}
+		if _, err := m.RotateDataKey(ctx, n, "scheduled"); err != nil {
+			m.log.Warn("keys: scheduled data key rotation failed", "namespace", n, "err", err)
 		}
 	}
 }
@@ -353,8 +396,10 @@ func (m *Manager) Status(ctx context.Context, subNQN string) (RootStatus, error)
 // Subsystems lists the subsystems that have roots.
 func (m *Manager) Subsystems(ctx context.Context) ([]string, error) { return m.b.Subsystems(ctx) }
 
-// DataKey returns the namespace's data key, creating it on first use.
+// DataKey returns the namespace's data key, creating it on first use, and
+// tracks it for scheduled rotation.
 func (m *Manager) DataKey(ctx context.Context, namespace string) ([]byte, Wrapped, error) {
+	m.TrackDataKeys(namespace)
 	w, err := m.b.DataKey(ctx, namespace)
 	if errors.Is(err, ErrNotFound) {
 		w, err = m.b.CreateDataKey(ctx, namespace)

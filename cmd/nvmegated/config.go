@@ -89,10 +89,12 @@ type KeysConfig struct {
 	// RotationPeriod of access roots (default 720h); Grace of a superseded
 	// root (default 1h); RefreshInterval of the cache (default 30s);
 	// MaxStaleness past which no credentials are issued (default 5m).
-	RotationPeriod  string `json:"rotation_period"`
-	Grace           string `json:"grace"`
-	RefreshInterval string `json:"refresh_interval"`
-	MaxStaleness    string `json:"max_staleness"`
+	RotationPeriod string `json:"rotation_period"`
+	// DataKeyRotationPeriod of namespace KEKs (default 2160h).
+	DataKeyRotationPeriod string `json:"data_key_rotation_period"`
+	Grace                 string `json:"grace"`
+	RefreshInterval       string `json:"refresh_interval"`
+	MaxStaleness          string `json:"max_staleness"`
 }
 
 // VaultKeysConfig is the vault key backend: address, one way to log in,
@@ -118,9 +120,9 @@ type VaultKeysConfig struct {
 }
 
 // durations parses the key manager's durations (validated by validate).
-func (k KeysConfig) durations() (rotation, grace, refresh, stale time.Duration) {
+func (k KeysConfig) durations() (rotation, dataKeys, grace, refresh, stale time.Duration) {
 	p := func(s string) time.Duration { d, _ := time.ParseDuration(s); return d }
-	return p(k.RotationPeriod), p(k.Grace), p(k.RefreshInterval), p(k.MaxStaleness)
+	return p(k.RotationPeriod), p(k.DataKeyRotationPeriod), p(k.Grace), p(k.RefreshInterval), p(k.MaxStaleness)
 }
 
 // AuditConfig configures the signed audit log (bbolt) and the local key
@@ -210,7 +212,7 @@ func (c *Config) setDefaults() {
 	for _, d := range []struct {
 		p *string
 		v string
-	}{{&k.RotationPeriod, "720h"}, {&k.Grace, "1h"}, {&k.RefreshInterval, "30s"}, {&k.MaxStaleness, "5m"}} {
+	}{{&k.RotationPeriod, "720h"}, {&k.DataKeyRotationPeriod, "2160h"}, {&k.Grace, "1h"}, {&k.RefreshInterval, "30s"}, {&k.MaxStaleness, "5m"}} {
 		if *d.p == "" {
 			*d.p = d.v
 		}
@@ -285,7 +287,7 @@ func (c *Config) validate() error {
 	default:
 		return fmt.Errorf("keys.backend must be local or vault, got %q", c.Keys.Backend)
 	}
-	for name, v := range map[string]string{"rotation_period": c.Keys.RotationPeriod, "grace": c.Keys.Grace,
+	for name, v := range map[string]string{"rotation_period": c.Keys.RotationPeriod, "data_key_rotation_period": c.Keys.DataKeyRotationPeriod, "grace": c.Keys.Grace,
 		"refresh_interval": c.Keys.RefreshInterval, "max_staleness": c.Keys.MaxStaleness} {
 		if d, err := time.ParseDuration(v); err != nil || d <= 0 {
 			return fmt.Errorf("keys.%s must be a positive duration, got %q", name, v)

@@ -277,8 +277,8 @@ func (m *Main) openKeys(ctx context.Context, self string) error {
 	if err != nil {
 		return err
 	}
-	rotation, grace, refresh, stale := c.durations()
-	m.keys, err = keys.NewManager(keys.Options{Backend: m.keyStore, RotationPeriod: rotation, Grace: grace,
+	rotation, dataKeys, grace, refresh, stale := c.durations()
+	m.keys, err = keys.NewManager(keys.Options{Backend: m.keyStore, RotationPeriod: rotation, DataKeyRotationPeriod: dataKeys, Grace: grace,
 		RefreshInterval: refresh, MaxStaleness: stale, Logger: m.log,
 		OnRotate: func(ctx context.Context, ev keys.RotationEvent) error {
 			_, _, err := m.audit.Append(ctx, audit.Entry{Kind: audit.EventKeyRotation, Caller: self, Time: ev.Time,
@@ -290,13 +290,30 @@ func (m *Main) openKeys(ctx context.Context, self string) error {
 	if err != nil {
 		return err
 	}
-	subs, _, err := m.db.ListSubsystems(ctx, store.SubsystemFilter{}, store.Page{Size: store.MaxPageSize})
-	if err != nil {
-		return err
+	var names []string
+	for tok := ""; ; {
+		subs, next, err := m.db.ListSubsystems(ctx, store.SubsystemFilter{}, store.Page{Size: store.MaxPageSize, Token: tok})
+		if err != nil {
+			return err
+		}
+		for _, s := range subs {
+			names = append(names, s.NQN)
+		}
+		if tok = next; tok == "" {
+			break
+		}
 	}
-	names := make([]string, 0, len(subs))
-	for _, s := range subs {
-		names = append(names, s.NQN)
+	for tok := ""; ; {
+		nss, next, err := m.db.ListNamespaces(ctx, store.NamespaceFilter{}, store.Page{Size: store.MaxPageSize, Token: tok})
+		if err != nil {
+			return err
+		}
+		for _, n := range nss {
+			m.keys.TrackDataKeys(gateway.NamespaceKeyName(n.SubsystemNQN, n.NSID))
+		}
+		if tok = next; tok == "" {
+			break
+		}
 	}
 	if err := m.keys.Warm(ctx, names...); err != nil {
 		// Not fatal: the store may be briefly unreachable; first use and

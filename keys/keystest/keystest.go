@@ -270,6 +270,26 @@ func testManager(t *testing.T, open Opener, sub string) {
 	if c3, err := m.Credentials(ctx, host, sub, p); err != nil || c3.RootVersion != 3 {
 		t.Fatalf("after revocation: %v %v", c3, err)
 	}
+	// Data keys: created on first use, rotated by the schedule once their
+	// KEK is older than the period (the backend stamps KEKs with the real
+	// clock; the fake one is days ahead).
+	ns := sub + "/1"
+	dek, w1, err := m.DataKey(ctx, ns)
+	if err != nil || w1.KEKVersion != 1 {
+		t.Fatalf("data key: %v", err)
+	}
+	clk.Add(91 * 24 * time.Hour)
+	m.Tick(ctx)
+	w2, err := b.DataKey(ctx, ns)
+	if err != nil || w2.KEKVersion != 2 {
+		t.Fatalf("after the data key period: %+v %v", w2, err)
+	}
+	if d, err := b.Unwrap(ctx, ns, w2); err != nil || !bytes.Equal(d, dek) {
+		t.Fatalf("rewrapped data key: %v", err)
+	}
+	if last := events[len(events)-1]; last.Kind != "data_key" || last.Reason != "scheduled" || last.Version != 2 {
+		t.Fatalf("rotation event %+v", last)
+	}
 	// Past the staleness bound without a refresh, issuance fails closed.
 	clk.Add(11 * time.Minute)
 	if _, err := m.Credentials(ctx, host, sub, p); !errors.Is(err, keys.ErrUnavailable) {
