@@ -21,7 +21,7 @@ import (
 // refusal, and on shutdown signs a checkpoint that covers all of them; the
 // log then verifies offline with the public keys of its key directory.
 func TestDaemonAuditLog(t *testing.T) {
-	m := auditStory(t, nil)
+	m := auditStory(t, nil, nil)
 	keys, err := attest.OpenKeyDir(m.Config.Audit.KeyDir, attest.Ed25519, false)
 	if err != nil {
 		t.Fatal(err)
@@ -43,7 +43,7 @@ func TestDaemonAuditLogVaultSigner(t *testing.T) {
 	}
 	m := auditStory(t, func(c *Config) {
 		c.Audit.Vault = VaultSignerConfig{Address: v.Addr, TokenFile: tokenFile, Key: "nvmegate-audit"}
-	})
+	}, nil)
 	s, err := attest.NewVaultSigner(ctx, attest.VaultConfig{Address: v.Addr, Token: v.Token, Key: "nvmegate-audit"})
 	if err != nil {
 		t.Fatal(err)
@@ -56,8 +56,8 @@ func TestDaemonAuditLogVaultSigner(t *testing.T) {
 }
 
 // auditStory runs the daemon (dev mode, config changed by edit), makes one
-// change and one refused call, and stops it.
-func auditStory(t *testing.T, edit func(*Config)) *Main {
+// change and one refused call, then runs during (if any), and stops it.
+func auditStory(t *testing.T, edit func(*Config), during func(m *Main, dir string)) *Main {
 	t.Helper()
 	dir := t.TempDir()
 	m := NewMain()
@@ -84,6 +84,9 @@ func auditStory(t *testing.T, edit func(*Config)) *Main {
 	_, err := pb.NewInventoryClient(devConn(t, m.GRPCAddr(), dir, "acme-node-1")).AddTarget(ctxT(t), &pb.AddTargetRequest{Target: target})
 	if status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("node AddTarget: %v, want PermissionDenied", err)
+	}
+	if during != nil {
+		during(m, dir)
 	}
 	cancel()
 	select {
@@ -135,5 +138,42 @@ func checkAuditFile(t *testing.T, m *Main, keys []attest.PublicKey) {
 	}
 	if !rep.OK() || rep.Entries != 3 {
 		t.Fatalf("offline check: %+v", rep)
+	}
+}
+
+// A rotation through Keys.Rotate leaves two entries: the admin's request
+// with its decision (before), and the gateway's record of the new version
+// with its fingerprint (after). Neither holds key material.
+func TestDaemonKeyRotationAudited(t *testing.T) {
+	sub := "nqn.2026-01.io.nvmegate.test:acme-train"
+	m := auditStory(t, nil, func(m *Main, dir string) {
+		conn := devConn(t, m.GRPCAddr(), dir, "admin")
+		if _, err := pb.NewInventoryClient(conn).AddSubsystem(ctxT(t), &pb.AddSubsystemRequest{Subsystem: &pb.Subsystem{
+			Nqn: sub, TargetId: "stor-1", Tenant: "acme", PortIds: []uint32{1}, Dhchap: true}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pb.NewKeysClient(conn).Rotate(ctxT(t), &pb.RotateRequest{Kind: pb.KeyKind_KEY_KIND_ACCESS_ROOT, SubsystemNqn: sub, Reason: "test"}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	l, err := audit.Open(m.Config.Audit.Path, audit.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	recs, _, err := l.Query(context.Background(), audit.Filter{Kinds: []audit.EventKind{audit.EventKeyRotation}}, audit.Page{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 2 {
+		t.Fatalf("%d key_rotation entries, want 2", len(recs))
+	}
+	req, done := recs[0].Entry, recs[1].Entry
+	if req.Caller != "spiffe://nvmegate.test/admin/ops" || req.Decision == nil || !req.Decision.Allow {
+		t.Errorf("request entry: %+v", req)
+	}
+	if done.Caller != "spiffe://nvmegate.test/gateway/nvmegated" || len(done.Keys) != 1 || done.Keys[0].Version != 1 ||
+		done.Keys[0].Class != "access_root" || done.SubsystemNQN != sub || len(done.Keys[0].Fingerprint) < 20 {
+		t.Errorf("rotation entry: %+v", done)
 	}
 }
