@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math/big"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
@@ -99,6 +100,17 @@ func (c *CA) Bundle() *x509bundle.Bundle {
 	return x509bundle.FromX509Authorities(c.td, []*x509.Certificate{c.cert})
 }
 
+// subject of a dev SVID: the workload's path as common name (SPIRE sets
+// one from an entry's DNS name), which Vault's certificate auth needs as
+// the identity alias; omitted past the 64 bytes X.520 allows.
+func subject(id spiffeid.ID) pkix.Name {
+	n := pkix.Name{Organization: []string{"nvmegate dev"}}
+	if cn := strings.TrimPrefix(id.Path(), "/"); len(cn) <= 64 {
+		n.CommonName = cn
+	}
+	return n
+}
+
 // Issue issues an X.509-SVID for id, valid from notBefore to notAfter. The
 // validity is not checked against the current time (nor is notBefore held to
 // the root's notBefore), so tests can issue expired or not-yet-valid SVIDs;
@@ -127,7 +139,7 @@ func (c *CA) Issue(id spiffeid.ID, notBefore, notAfter time.Time) (*x509svid.SVI
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
-		Subject:               pkix.Name{Organization: []string{"nvmegate dev"}},
+		Subject:               subject(id),
 		URIs:                  []*url.URL{id.URL()},
 		NotBefore:             notBefore,
 		NotAfter:              notAfter,

@@ -241,7 +241,7 @@ func classify(err error) error {
 	var re *vault.ResponseError
 	if errors.As(err, &re) {
 		if re.StatusCode >= 500 {
-			return fmt.Errorf("%w: vault answered %d", keys.ErrUnavailable, re.StatusCode)
+			return fmt.Errorf("%w: vault answered %d: %s", keys.ErrUnavailable, re.StatusCode, strings.Join(re.Errors, "; "))
 		}
 		return fmt.Errorf("vault answered %d: %s", re.StatusCode, strings.Join(re.Errors, "; "))
 	}
