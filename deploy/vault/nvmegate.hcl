@@ -1,6 +1,12 @@
 # Least-privilege Vault policy of an nvmegate gateway, for the default
-# mounts (KV v2 at secret/, Transit at transit/) and prefix (nvmegate).
-# Change the three together if you change them in the gateway's config.
+# mounts (KV v2 at secret/, the KEK Transit mount at nvmegate-kek/, the
+# signing key in transit/) and prefix (nvmegate). Change them together if
+# you change them in the gateway's config.
+#
+# "+" matches exactly one path segment: nvmegate-kek/keys/+ is a key, never
+# its /config, /trim, /export or deletion, which the gateway must not reach
+# (it could make a KEK exportable or destroy old versions). That is why the
+# KEKs have a Transit mount of their own.
 
 # Access-credential roots and wrapped data keys: read, create, and
 # check-and-set updates. No delete, no destroy, no metadata writes: history
@@ -10,37 +16,38 @@ path "secret/data/nvmegate/*" {
 }
 
 # Listing the subsystems that have roots (the key manager warms its cache).
-path "secret/metadata/nvmegate/roots" {
-  capabilities = ["list"]
-}
 path "secret/metadata/nvmegate/roots/" {
   capabilities = ["list"]
 }
 
-# Per-namespace key-encryption keys: create, read versions, rotate; make,
-# unwrap and rewrap data keys. The gateway can never export or delete them.
-path "transit/keys/nvmegate-ns-*" {
-  capabilities = ["create", "read", "update"]
+# Per-namespace key-encryption keys: create (a write to keys/<name>),
+# read versions, rotate; make, unwrap and rewrap data keys.
+path "nvmegate-kek/keys/+" {
+  capabilities = ["read", "update"]
 }
-path "transit/datakey/wrapped/nvmegate-ns-*" {
+path "nvmegate-kek/keys/+/rotate" {
   capabilities = ["update"]
 }
-path "transit/decrypt/nvmegate-ns-*" {
+path "nvmegate-kek/datakey/wrapped/+" {
   capabilities = ["update"]
 }
-path "transit/rewrap/nvmegate-ns-*" {
+path "nvmegate-kek/decrypt/+" {
+  capabilities = ["update"]
+}
+path "nvmegate-kek/rewrap/+" {
   capabilities = ["update"]
 }
 
 # The audit log's checkpoint signing key (audit.vault.key): read its public
-# versions and sign. Rotating it is an operator's act, not the gateway's.
+# versions and sign (ed25519 at sign/<key>, ECDSA at sign/<key>/sha2-256).
+# Rotating it is an operator's act, not the gateway's.
 path "transit/keys/nvmegate-audit" {
   capabilities = ["read"]
 }
 path "transit/sign/nvmegate-audit" {
   capabilities = ["update"]
 }
-path "transit/sign/nvmegate-audit/*" {
+path "transit/sign/nvmegate-audit/sha2-256" {
   capabilities = ["update"]
 }
 

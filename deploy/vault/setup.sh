@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepares a Vault for nvmegate: mounts (KV v2 at secret/, Transit at
-# transit/), the least-privilege policy (nvmegate.hcl), the audit log's
+# transit/ for the signing key and at nvmegate-kek/ for the namespace KEKs
+# alone), the least-privilege policy (nvmegate.hcl), the audit log's
 # signing key, and a login for the gateway:
 #
 #   deploy/vault/setup.sh approle OUT_DIR          # role_id and secret_id files in OUT_DIR
@@ -20,6 +21,7 @@ enable() { # enable TYPE PATH [ARGS...]
 }
 enable kv secret -version=2
 enable transit transit
+enable transit nvmegate-kek
 vault policy write nvmegate "$here/nvmegate.hcl"
 vault write -f transit/keys/nvmegate-audit type=ed25519 >/dev/null
 

@@ -132,8 +132,12 @@ func Start(t testing.TB, opts ...Option) *Server {
 		t.Fatal(err)
 	}
 	s.Client.SetToken(s.Token)
-	if err := s.Client.Sys().Mount("transit", &vault.MountInput{Type: "transit"}); err != nil {
-		t.Fatalf("enable transit: %v", err)
+	// transit/ for signing keys, nvmegate-kek/ for the namespace KEKs (as
+	// deploy/vault/setup.sh mounts them).
+	for _, m := range []string{"transit", "nvmegate-kek"} {
+		if err := s.Client.Sys().Mount(m, &vault.MountInput{Type: "transit"}); err != nil {
+			t.Fatalf("enable transit at %s: %v", m, err)
+		}
 	}
 	return s
 }

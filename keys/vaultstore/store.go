@@ -37,8 +37,11 @@ type Config struct {
 	ClientCert string // PEM file, for Cert auth
 	ClientKey  string // PEM file, for Cert auth
 
-	KVMount      string        // default "secret"
-	TransitMount string        // default "transit"
+	KVMount string // default "secret"
+	// TransitMount holds the namespace KEKs and nothing else, so that the
+	// policy can grant by single path segment (keys/+, not keys/+/config):
+	// default "nvmegate-kek".
+	TransitMount string
 	Prefix       string        // default "nvmegate"
 	Timeout      time.Duration // per request; default 5s
 	Logger       *slog.Logger
@@ -77,7 +80,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		}
 	}
 	def(&cfg.KVMount, "secret")
-	def(&cfg.TransitMount, "transit")
+	def(&cfg.TransitMount, "nvmegate-kek")
 	def(&cfg.Prefix, "nvmegate")
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 5 * time.Second

@@ -100,11 +100,32 @@ func TestConformanceAppRoleLeastPrivilege(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.SetToken(login.Auth.ClientToken)
+	// A KEK the policy's token made (through the store).
+	if _, err := s.CreateDataKey(context.Background(), "nqn.2026-01.io.nvmegate.test:policy/1"); err != nil {
+		t.Fatal(err)
+	}
+	kekName := kekOf(t, v, "nqn.2026-01.io.nvmegate.test:policy/1")
 	for _, op := range []func() error{
 		func() error { _, err := c.Logical().Read("secret/data/other/x"); return err },
 		func() error { _, err := c.Logical().Write("transit/keys/other", nil); return err },
 		func() error { _, err := c.Logical().Delete("secret/metadata/nvmegate/roots/x"); return err },
 		func() error { _, err := c.Logical().Write("transit/keys/nvmegate-audit/rotate", nil); return err },
+		// A KEK's config, trim and deletion are out of reach: no making it
+		// exportable, no destroying old versions.
+		func() error {
+			_, err := c.Logical().Write("nvmegate-kek/keys/"+kekName+"/config", map[string]any{"exportable": true})
+			return err
+		},
+		func() error {
+			_, err := c.Logical().Write("nvmegate-kek/keys/"+kekName+"/config", map[string]any{"deletion_allowed": true})
+			return err
+		},
+		func() error {
+			_, err := c.Logical().Write("nvmegate-kek/keys/"+kekName+"/trim", map[string]any{"min_available_version": 2})
+			return err
+		},
+		func() error { _, err := c.Logical().Delete("nvmegate-kek/keys/" + kekName); return err },
+		func() error { _, err := c.Logical().Read("nvmegate-kek/export/encryption-key/" + kekName); return err },
 		func() error {
 			_, err := c.Logical().Write("sys/policies/acl/nvmegate", map[string]any{"policy": ""})
 			return err
@@ -352,4 +373,21 @@ func TestCertAuthWithSVID(t *testing.T) {
 	if _, err := login("/node/acme-gpu-1"); err == nil {
 		t.Fatal("a node's SVID logged in")
 	}
+}
+
+// kekOf finds the Transit key the store made for a namespace.
+func kekOf(t *testing.T, v *vaulttest.Server, ns string) string {
+	t.Helper()
+	sec, err := v.Client.Logical().List("nvmegate-kek/keys")
+	if err != nil || sec == nil {
+		t.Fatalf("list KEKs: %v", err)
+	}
+	for _, k := range sec.Data["keys"].([]any) {
+		name := k.(string)
+		if strings.HasPrefix(name, "nvmegate-ns-") {
+			return name
+		}
+	}
+	t.Fatalf("no KEK for %s", ns)
+	return ""
 }
