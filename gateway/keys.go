@@ -17,7 +17,7 @@ type KeyManager interface {
 	Rotate(ctx context.Context, subsystem, reason string) (keys.Root, error)
 	Status(ctx context.Context, subsystem string) (keys.RootStatus, error)
 	Subsystems(ctx context.Context) ([]string, error)
-	DataKey(ctx context.Context, namespace string) ([]byte, keys.Wrapped, error)
+	EnsureDataKey(ctx context.Context, namespace string) error
 	RotateDataKey(ctx context.Context, namespace, reason string) (keys.Wrapped, error)
 	KEKVersions(ctx context.Context, namespace string) ([]keys.KEKVersion, error)
 }
@@ -62,12 +62,16 @@ func (s *keysService) Rotate(ctx context.Context, r *pb.RotateRequest) (*pb.Rota
 		if _, err := s.store.Subsystem(ctx, r.SubsystemNqn); err != nil {
 			return nil, err
 		}
-		if _, err := s.keys.Rotate(ctx, r.SubsystemNqn, reason); err != nil {
-			return nil, keyErr(err)
-		}
-		st, err := s.keys.Status(ctx, r.SubsystemNqn)
+		root, err := s.keys.Rotate(ctx, r.SubsystemNqn, reason)
 		if err != nil {
 			return nil, keyErr(err)
+		}
+		// The rotation happened: a status that cannot be read now must not
+		// turn it into a failure (the caller would rotate again).
+		st, err := s.keys.Status(ctx, r.SubsystemNqn)
+		if err != nil {
+			st = keys.RootStatus{Subsystem: r.SubsystemNqn, Current: root.Version,
+				Versions: []keys.VersionStatus{{Version: root.Version, Created: root.Created, Fingerprint: keys.RootFingerprint(root)}}}
 		}
 		return &pb.RotateResponse{Status: rootStatus(st)}, nil
 	default: // KEY_KIND_DATA_KEY (validated)
@@ -77,15 +81,16 @@ func (s *keysService) Rotate(ctx context.Context, r *pb.RotateRequest) (*pb.Rota
 		name := NamespaceKeyName(r.SubsystemNqn, r.Nsid)
 		// A namespace gets its data key on first use; rotating one that
 		// has none yet makes it.
-		if _, _, err := s.keys.DataKey(ctx, name); err != nil {
+		if err := s.keys.EnsureDataKey(ctx, name); err != nil {
 			return nil, keyErr(err)
 		}
-		if _, err := s.keys.RotateDataKey(ctx, name, reason); err != nil {
+		w, err := s.keys.RotateDataKey(ctx, name, reason)
+		if err != nil {
 			return nil, keyErr(err)
 		}
 		st, err := s.dataKeyStatus(ctx, r.SubsystemNqn, r.Nsid)
 		if err != nil {
-			return nil, err
+			st = &pb.KeyStatus{Kind: pb.KeyKind_KEY_KIND_DATA_KEY, SubsystemNqn: r.SubsystemNqn, Nsid: r.Nsid, CurrentVersion: w.KEKVersion}
 		}
 		return &pb.RotateResponse{Status: st}, nil
 	}

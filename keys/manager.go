@@ -17,10 +17,15 @@ import (
 type RotationEvent struct {
 	Kind        string // "access_root" or "data_key"
 	Name        string // subsystem NQN, or namespace "<NQN>/<NSID>"
-	Version     uint64 // the new version (root version or KEK version)
+	Version     uint64 // the new version; 0 for a data key before Transit picks it
 	Fingerprint string // of the new root; "" for data keys
 	Reason      string // "scheduled", "on demand: …", "revocation: …"
 	Time        time.Time
+	// Outcome is "" when the hook is called before the change (its error
+	// then vetoes the change: nothing rotates unrecorded), "applied" after
+	// a data key rotation (whose new version only Transit knows), or
+	// "not applied: …" after a change that failed.
+	Outcome string
 }
 
 // Options configure a Manager. Backend is required; zero durations take
@@ -43,8 +48,10 @@ type Options struct {
 	// MaxStaleness bounds the age of the cached roots credentials are
 	// derived from; past it, issuance fails with ErrUnavailable. Default 5m.
 	MaxStaleness time.Duration
-	// OnRotate is told of every rotation this manager made (the audit
-	// hook); its error is returned by Rotate after the rotation happened.
+	// OnRotate is the audit hook: called before every rotation this
+	// manager makes, with the new version and fingerprint (an error vetoes
+	// the rotation), and again if the rotation then fails, or, for data
+	// keys, when the new version is known (see RotationEvent.Outcome).
 	OnRotate func(context.Context, RotationEvent) error
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
@@ -119,6 +126,12 @@ func (m *Manager) CredentialsAt(ctx context.Context, hostNQN, subNQN string, v u
 	if err != nil {
 		return Credentials{}, err
 	}
+	if v > currentVersion(c.roots) {
+		// Another gateway rotated since our last refresh.
+		if c, err = m.load(ctx, subNQN); err != nil {
+			return Credentials{}, err
+		}
+	}
 	now := m.opts.Now()
 	for _, r := range c.roots {
 		if r.Version != v {
@@ -184,12 +197,25 @@ func (m *Manager) load(ctx context.Context, subNQN string) (*cached, error) {
 	return m.store(subNQN, roots), nil
 }
 
+// store caches roots read or written just now, unless the cache already
+// holds a newer current version: a slow read that started before a
+// rotation must not roll the cache back to the superseded root.
 func (m *Manager) store(subNQN string, roots []Root) *cached {
 	c := &cached{roots: roots, fetched: m.opts.Now()}
 	m.mu.Lock()
+	defer m.mu.Unlock()
+	if old := m.cache[subNQN]; old != nil && currentVersion(old.roots) > currentVersion(roots) {
+		return old
+	}
 	m.cache[subNQN] = c
-	m.mu.Unlock()
 	return c
+}
+
+func currentVersion(roots []Root) uint64 {
+	if len(roots) == 0 {
+		return 0
+	}
+	return roots[len(roots)-1].Version
 }
 
 // Warm loads the roots of the given subsystems (and of every subsystem the
@@ -231,8 +257,19 @@ func (m *Manager) rotate(ctx context.Context, subNQN string, prev uint64, reason
 		return Root{}, err
 	}
 	now := m.opts.Now()
+	next := Root{Version: prev + 1, Secret: secret, Created: now}
+	ev := RotationEvent{Kind: "access_root", Name: subNQN, Version: next.Version, Fingerprint: RootFingerprint(next), Reason: reason, Time: now}
+	if err := m.record(ctx, ev); err != nil {
+		return Root{}, fmt.Errorf("keys: rotation of %s not made: it could not be recorded: %w", subNQN, err)
+	}
 	m.backendReads.Add(1)
 	roots, err := m.b.AddRoot(ctx, subNQN, prev, secret, now, now.Add(-m.opts.Grace))
+	if err != nil {
+		ev.Outcome = "not applied: " + outcome(err)
+		if rerr := m.record(ctx, ev); rerr != nil {
+			m.log.Error("keys: failed rotation not recorded", "subsystem", subNQN, "err", rerr)
+		}
+	}
 	if errors.Is(err, ErrConflict) {
 		// Someone else rotated: take their version, make none.
 		if c, lerr := m.load(ctx, subNQN); lerr == nil && len(c.roots) > 0 {
@@ -246,13 +283,27 @@ func (m *Manager) rotate(ctx context.Context, subNQN string, prev uint64, reason
 	m.store(subNQN, roots)
 	cur := roots[len(roots)-1]
 	m.log.Info("keys: access root rotated", "subsystem", subNQN, "version", cur.Version, "reason", reason)
-	if m.opts.OnRotate != nil {
-		ev := RotationEvent{Kind: "access_root", Name: subNQN, Version: cur.Version, Fingerprint: RootFingerprint(cur), Reason: reason, Time: now}
-		if err := m.opts.OnRotate(ctx, ev); err != nil {
-			return cur, fmt.Errorf("keys: rotation of %s to v%d not recorded: %w", subNQN, cur.Version, err)
-		}
-	}
 	return cur, nil
+}
+
+func (m *Manager) record(ctx context.Context, ev RotationEvent) error {
+	if m.opts.OnRotate == nil {
+		return nil
+	}
+	return m.opts.OnRotate(ctx, ev)
+}
+
+// outcome names a failure for the audit log without its details.
+func outcome(err error) string {
+	switch {
+	case errors.Is(err, ErrConflict):
+		return "rotated concurrently by another gateway"
+	case errors.Is(err, ErrUnavailable):
+		return "key store unavailable"
+	case errors.Is(err, ErrNotFound):
+		return "no such key"
+	}
+	return "key store error"
 }
 
 // Revoked is the hook the connect flow calls when access ends (a job
@@ -414,19 +465,38 @@ func (m *Manager) DataKey(ctx context.Context, namespace string) ([]byte, Wrappe
 	return k, w, err
 }
 
-// RotateDataKey rotates the namespace's KEK and rewraps its data key.
-func (m *Manager) RotateDataKey(ctx context.Context, namespace, reason string) (Wrapped, error) {
-	w, err := m.b.RotateDataKey(ctx, namespace)
-	if err != nil {
-		return Wrapped{}, err
-	}
-	if m.opts.OnRotate != nil {
-		ev := RotationEvent{Kind: "data_key", Name: namespace, Version: w.KEKVersion, Reason: reason, Time: m.opts.Now()}
-		if err := m.opts.OnRotate(ctx, ev); err != nil {
-			return w, fmt.Errorf("keys: rotation of %s's data key not recorded: %w", namespace, err)
+// EnsureDataKey makes the namespace's data key if it has none, without
+// unwrapping it (no plaintext key in the gateway's memory).
+func (m *Manager) EnsureDataKey(ctx context.Context, namespace string) error {
+	m.TrackDataKeys(namespace)
+	_, err := m.b.DataKey(ctx, namespace)
+	if errors.Is(err, ErrNotFound) {
+		_, err = m.b.CreateDataKey(ctx, namespace)
+		if errors.Is(err, ErrConflict) {
+			err = nil
 		}
 	}
-	return w, nil
+	return err
+}
+
+// RotateDataKey rotates the namespace's KEK and rewraps its data key. The
+// audit hook hears of it before (and may veto) and after.
+func (m *Manager) RotateDataKey(ctx context.Context, namespace, reason string) (Wrapped, error) {
+	ev := RotationEvent{Kind: "data_key", Name: namespace, Reason: reason, Time: m.opts.Now()}
+	if err := m.record(ctx, ev); err != nil {
+		return Wrapped{}, fmt.Errorf("keys: rotation of %s's data key not made: it could not be recorded: %w", namespace, err)
+	}
+	w, err := m.b.RotateDataKey(ctx, namespace)
+	if err != nil {
+		ev.Outcome = "not applied: " + outcome(err)
+	} else {
+		ev.Outcome, ev.Version = "applied", w.KEKVersion
+	}
+	ev.Time = m.opts.Now()
+	if rerr := m.record(ctx, ev); rerr != nil {
+		m.log.Error("keys: data key rotation outcome not recorded", "namespace", namespace, "err", rerr)
+	}
+	return w, err
 }
 
 // KEKVersions lists a namespace's key-encryption key versions.

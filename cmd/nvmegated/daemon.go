@@ -284,7 +284,7 @@ func (m *Main) openKeys(ctx context.Context, self string) error {
 			_, _, err := m.audit.Append(ctx, audit.Entry{Kind: audit.EventKeyRotation, Caller: self, Time: ev.Time,
 				SubsystemNQN: subsystemOf(ev),
 				Keys:         []audit.KeyRef{{Class: ev.Kind, ID: ev.Name, Version: ev.Version, Fingerprint: ev.Fingerprint}},
-				Detail:       fmt.Sprintf("%s of %s rotated to v%d: %s", ev.Kind, ev.Name, ev.Version, ev.Reason)})
+				Detail:       rotationDetail(ev)})
 			return err
 		}})
 	if err != nil {
@@ -321,6 +321,22 @@ func (m *Main) openKeys(ctx context.Context, self string) error {
 		m.log.Warn("keys: cache not warmed", "err", err)
 	}
 	return nil
+}
+
+// rotationDetail says what a rotation entry records: a rotation about to
+// happen (written before it), or its outcome.
+func rotationDetail(ev keys.RotationEvent) string {
+	to := ""
+	if ev.Version != 0 {
+		to = fmt.Sprintf(" to v%d", ev.Version)
+	}
+	switch {
+	case ev.Outcome == "":
+		return fmt.Sprintf("%s of %s: rotating%s (%s)", ev.Kind, ev.Name, to, ev.Reason)
+	case ev.Outcome == "applied":
+		return fmt.Sprintf("%s of %s rotated%s (%s)", ev.Kind, ev.Name, to, ev.Reason)
+	}
+	return fmt.Sprintf("%s of %s: rotation%s %s (%s)", ev.Kind, ev.Name, to, ev.Outcome, ev.Reason)
 }
 
 // subsystemOf is the subsystem NQN of a rotated key: the name of a root,

@@ -86,11 +86,20 @@ func (r *policyReloader) check(ctx context.Context) bool {
 	if b.Digest == r.engine.Status().Digest || b.Digest == r.refused {
 		return false
 	}
+	cand := authz.Status{Revision: b.Revision, Digest: b.Digest, Source: r.source.name()}
+	// On the record before it can decide anything: if the log cannot take
+	// the entry, the new policy is not loaded (and tried again next tick).
+	if r.audit != nil {
+		if err := appendPolicyEntry(ctx, r.audit, r.self, fmt.Sprintf("policy revision %s (digest %s) from %s: loading", cand.Revision, cand.Digest, cand.Source)); err != nil {
+			r.log.Error("policy not loaded: the audit log did not take its entry", "revision", b.Revision, "err", err)
+			return false
+		}
+	}
 	if err := r.engine.Reload(ctx, b, r.source.name()); err != nil {
 		// The engine has logged why; remember the digest so that it is
 		// not compiled and logged again at every tick.
 		r.refused = b.Digest
-		r.record(ctx, authz.Status{Revision: b.Revision, Digest: b.Digest, Source: r.source.name()}, err)
+		r.record(ctx, cand, err)
 		return false
 	}
 	r.refused = ""
@@ -113,14 +122,17 @@ func (r *policyReloader) record(ctx context.Context, st authz.Status, refusal er
 // recordPolicyLoad appends the policy_load entry of a revision that now
 // serves (refusal nil) or was refused (refusal says why).
 func recordPolicyLoad(ctx context.Context, log *audit.Log, self string, st authz.Status, refusal error) error {
-	e := audit.Entry{Kind: audit.EventPolicyLoad, Caller: self,
-		Detail: fmt.Sprintf("policy revision %s (digest %s) from %s serving", st.Revision, st.Digest, st.Source)}
+	detail := fmt.Sprintf("policy revision %s (digest %s) from %s serving", st.Revision, st.Digest, st.Source)
 	if refusal != nil {
-		e.Detail = fmt.Sprintf("policy from %s refused, the serving revision stays: %v", st.Source, refusal)
+		detail = fmt.Sprintf("policy from %s refused, the serving revision stays: %v", st.Source, refusal)
 	}
-	if len(e.Detail) > 1024 { // compile errors can be long; the log bounds fields
-		e.Detail = strings.ToValidUTF8(e.Detail[:1024], "") + "…"
+	return appendPolicyEntry(ctx, log, self, detail)
+}
+
+func appendPolicyEntry(ctx context.Context, log *audit.Log, self, detail string) error {
+	if len(detail) > 1024 { // compile errors can be long; the log bounds fields
+		detail = strings.ToValidUTF8(detail[:1024], "") + "…"
 	}
-	_, _, err := log.Append(ctx, e)
+	_, _, err := log.Append(ctx, audit.Entry{Kind: audit.EventPolicyLoad, Caller: self, Detail: detail})
 	return err
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/policy"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
@@ -113,5 +114,39 @@ func TestPolicyHotReload(t *testing.T) {
 	// And the admin is still allowed, a node still refused: the old policy decides.
 	if _, err := pb.NewInventoryClient(devConn(t, m.GRPCAddr(), dir, "admin")).ListTargets(ctxT(t), &pb.ListTargetsRequest{}); err != nil {
 		t.Fatal(err)
+	}
+
+	// Every step is on the record, the new revision before it served.
+	recs, _, err := m.audit.Query(ctx, audit.Filter{Kinds: []audit.EventKind{audit.EventPolicyLoad}}, audit.Page{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var details []string
+	for _, r := range recs {
+		details = append(details, r.Entry.Detail)
+	}
+	want := []string{"serving", ": loading", "serving", ": loading", "refused"}
+	if len(details) != len(want) {
+		t.Fatalf("policy_load entries:\n%s", strings.Join(details, "\n"))
+	}
+	for i, w := range want {
+		if !strings.Contains(details[i], w) {
+			t.Fatalf("entry %d %q, want %q", i, details[i], w)
+		}
+	}
+	if !strings.Contains(details[1], second.Revision) {
+		t.Fatalf("loading entry %q does not name revision %s", details[1], second.Revision)
+	}
+
+	// Without the audit log, a new policy is not loaded at all.
+	if err := os.WriteFile(rego, append(src, []byte("\n# another review\n")...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m.audit.Close()
+	if m.reloader.check(ctx) {
+		t.Fatal("a policy was loaded that the audit log could not record")
+	}
+	if got := status(); got.Revision != second.Revision {
+		t.Fatalf("serving revision changed to %s without an audit entry", got.Revision)
 	}
 }
