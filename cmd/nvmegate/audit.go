@@ -194,6 +194,9 @@ func (a *app) auditProofCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
+				if resp.Index != index {
+					return fmt.Errorf("gateway answered a proof for entry %d, not %d", resp.Index, index)
+				}
 				status := "not checked (no --key)"
 				if cp != nil {
 					if resp.TreeSize != cp.Size {
@@ -215,22 +218,65 @@ func (a *app) auditProofCmd() *cobra.Command {
 	inclusion.Flags().StringSliceVar(&keyFiles, "key", nil, "public key file(s) of the log (v<N>.pem or .vkey)")
 	inclusion.MarkFlagRequired("index")
 
+	var sinceFile string
 	consistency := &cobra.Command{
-		Use: "consistency --from N [--to M] [--key FILE]", Short: "Prove that tree size M extends tree size N", Args: cobra.NoArgs,
+		Use:   "consistency (--from N | --since CHECKPOINT_FILE --key FILE) [--to M]",
+		Short: "Prove that the log at tree size M extends tree size N; with --since and --key, check it against both signed checkpoints",
+		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			var old *audit.Checkpoint
+			if sinceFile != "" {
+				keys, err := checkpointKeys(keyFiles)
+				if err != nil {
+					return err
+				}
+				if len(keys) == 0 {
+					return errors.New("--since needs --key to check the saved checkpoint's signature")
+				}
+				note, err := os.ReadFile(sinceFile)
+				if err != nil {
+					return err
+				}
+				c, _, err := audit.OpenCheckpoint(note, keys)
+				if err != nil {
+					return fmt.Errorf("saved checkpoint: %w", err)
+				}
+				old, from = &c, c.Size
+			}
+			if from == 0 {
+				return errors.New("give --from N or --since CHECKPOINT_FILE")
+			}
 			return a.call(cmd, func(ctx context.Context, c *grpc.ClientConn) error {
+				cur, err := verified(ctx, c)
+				if err != nil {
+					return err
+				}
+				if cur != nil && to == 0 {
+					to = cur.Size
+				}
 				resp, err := pb.NewAuditClient(c).ConsistencyProof(ctx, &pb.ConsistencyProofRequest{FromSize: from, ToSize: to})
 				if err != nil {
 					return err
 				}
-				return a.print(resp, []string{"FROM", "TO", "HASHES"},
-					[][]string{{strconv.FormatUint(resp.FromSize, 10), strconv.FormatUint(resp.ToSize, 10), strconv.Itoa(len(resp.Hashes))}})
+				status := "not checked (no --since and --key)"
+				if old != nil && cur != nil {
+					if resp.FromSize != old.Size || resp.ToSize != cur.Size {
+						return fmt.Errorf("proof is for sizes %d→%d; the signed checkpoints have %d→%d", resp.FromSize, resp.ToSize, old.Size, cur.Size)
+					}
+					if err := proof.VerifyConsistency(rfc6962.DefaultHasher, old.Size, cur.Size, resp.Hashes, old.Hash[:], cur.Hash[:]); err != nil {
+						return fmt.Errorf("the log does NOT extend the saved checkpoint (fork or rollback): %w", err)
+					}
+					status = "verified: the signed log extends the saved checkpoint"
+				}
+				return a.print(resp, []string{"FROM", "TO", "HASHES", "PROOF"},
+					[][]string{{strconv.FormatUint(resp.FromSize, 10), strconv.FormatUint(resp.ToSize, 10), strconv.Itoa(len(resp.Hashes)), status}})
 			})
 		},
 	}
 	consistency.Flags().Uint64Var(&from, "from", 0, "smaller tree size")
 	consistency.Flags().Uint64Var(&to, "to", 0, "larger tree size (default: the latest checkpoint's)")
-	consistency.MarkFlagRequired("from")
+	consistency.Flags().StringVar(&sinceFile, "since", "", "a checkpoint saved earlier (audit checkpoint --out): prove the log extends it")
+	consistency.Flags().StringSliceVar(&keyFiles, "key", nil, "public key file(s) of the log (v<N>.pem or .vkey)")
 	cmd.AddCommand(inclusion, consistency)
 	return cmd
 }

@@ -59,7 +59,13 @@ func TestAuditCommands(t *testing.T) {
 	if !strings.Contains(out, "verified against the signed checkpoint") {
 		t.Fatalf("inclusion proof: %s", out)
 	}
-	mustCLI(t, dir, "auditor", "audit", "proof", "consistency", "--from", "1")
+	out = mustCLI(t, dir, "auditor", "audit", "proof", "consistency", "--since", before, "--key", pubs[0])
+	if !strings.Contains(out, "verified: the signed log extends the saved checkpoint") {
+		t.Fatalf("consistency proof: %s", out)
+	}
+	if _, err := cli(t, dir, "auditor", "audit", "proof", "consistency", "--since", before); err == nil || !strings.Contains(err.Error(), "needs --key") {
+		t.Fatalf("--since without --key: %v", err)
+	}
 
 	out = mustCLI(t, dir, "auditor", "audit", "verify", exp, "--key", pubs[0], "--since", before)
 	if !strings.Contains(out, "result:       OK") || !strings.Contains(out, "entries:      4 checked") {

@@ -3,6 +3,7 @@ package vaultstore
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -100,9 +101,28 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	vc.Timeout = cfg.Timeout
 	vc.MaxRetries = 0 // the Manager retries on its own schedule; a hung Vault must not multiply waits
-	if cfg.CACert != "" || cfg.ClientCert != "" {
-		if err := vc.ConfigureTLS(&vault.TLSConfig{CACert: cfg.CACert, ClientCert: cfg.ClientCert, ClientKey: cfg.ClientKey}); err != nil {
+	if cfg.CACert != "" {
+		if err := vc.ConfigureTLS(&vault.TLSConfig{CACert: cfg.CACert}); err != nil {
 			return nil, fmt.Errorf("vaultstore: tls: %w", err)
+		}
+	}
+	if cfg.ClientCert != "" {
+		// The client certificate is the gateway's SVID, which rotates: read
+		// the files at every handshake, not once.
+		tr, ok := vc.HttpClient.Transport.(*http.Transport)
+		if !ok {
+			return nil, errors.New("vaultstore: unexpected HTTP transport")
+		}
+		if tr.TLSClientConfig == nil {
+			tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		certFile, keyFile := cfg.ClientCert, cfg.ClientKey
+		tr.TLSClientConfig.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			c, err := tls.LoadX509KeyPair(certFile, keyFile)
+			if err != nil {
+				return nil, fmt.Errorf("vaultstore: client certificate: %w", err)
+			}
+			return &c, nil
 		}
 	}
 	c, err := vault.NewClient(vc)

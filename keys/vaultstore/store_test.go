@@ -370,6 +370,13 @@ func TestCertAuthWithSVID(t *testing.T) {
 	if _, err := s.AddRoot(ctx, sub, 0, bytes.Repeat([]byte{7}, 32), time.Now(), time.Time{}); err != nil {
 		t.Fatalf("gateway SVID under the shipped policy: %v", err)
 	}
+	// The SVID files rotate; a login made after that presents the new SVID
+	// (the old one is gone from disk).
+	s2, err := login("/gateway/nvmegated")
+	if err != nil {
+		t.Fatalf("login after the SVID rotated: %v", err)
+	}
+	s2.Close()
 	if _, err := login("/node/acme-gpu-1"); err == nil {
 		t.Fatal("a node's SVID logged in")
 	}
