@@ -163,8 +163,15 @@ func resourceKey(r map[string]any) string {
 	switch str(r, "kind") {
 	case "target":
 		return str(r, "target", "id")
-	case "subsystem", "key":
+	case "subsystem":
 		return str(r, "subsystem", "nqn")
+	case "key":
+		k, _ := r["key"].(map[string]any)
+		name := str(r, "subsystem", "nqn")
+		if nsid, ok := k["nsid"].(int64); ok {
+			name += "/" + strconv.FormatInt(nsid, 10)
+		}
+		return str(r, "key", "class") + " " + name
 	case "host_binding":
 		return str(r, "host_binding", "spiffe_id")
 	case "namespace":

@@ -110,7 +110,16 @@ func (d describer) resource(req any) (map[string]any, error) {
 		return out, nil
 
 	case *pb.RotateRequest:
-		return d.subsystemAs("key", r.SubsystemNqn)
+		out, err := d.subsystemAs("key", r.SubsystemNqn)
+		if err != nil {
+			return nil, err
+		}
+		k := map[string]any{"class": "access_root"}
+		if r.Kind == pb.KeyKind_KEY_KIND_DATA_KEY {
+			k = map[string]any{"class": "data_key", "nsid": int64(r.Nsid)}
+		}
+		out["key"] = k
+		return out, nil
 	case *pb.KeysStatusRequest:
 		if r.SubsystemNqn == "" {
 			return res("key", ""), nil

@@ -86,12 +86,16 @@ func TestKeysRotateAndStatus(t *testing.T) {
 	var failed int
 	got := queryAll(t, pb.NewAuditClient(g.client(t, auditor)), &pb.QueryRequest{Kinds: []string{"key_rotation"}})
 	for _, e := range got {
-		if e.Kind != audit.EventKeyRotation || !strings.HasPrefix(e.Detail, "keys.rotate "+subNQN) || e.Decision == nil || !e.Decision.Allow {
+		if e.Kind != audit.EventKeyRotation || !strings.HasPrefix(e.Detail, "keys.rotate ") || !strings.Contains(e.Detail, subNQN) ||
+			e.Decision == nil || !e.Decision.Allow {
 			t.Errorf("entry %q", e.Detail)
 		}
 		if strings.Contains(e.Detail, " failed (") {
 			failed++
 		}
+	}
+	if got[2].Detail != "keys.rotate data_key "+subNQN+"/1" {
+		t.Errorf("data key entry %q names the class and namespace", got[2].Detail)
 	}
 	if len(got) != 5 || failed != 1 {
 		t.Fatalf("%d key_rotation entries (%d failed), want 5 (1)", len(got), failed)
