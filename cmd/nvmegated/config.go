@@ -287,11 +287,18 @@ func (c *Config) validate() error {
 	default:
 		return fmt.Errorf("keys.backend must be local or vault, got %q", c.Keys.Backend)
 	}
-	for name, v := range map[string]string{"rotation_period": c.Keys.RotationPeriod, "data_key_rotation_period": c.Keys.DataKeyRotationPeriod, "grace": c.Keys.Grace,
-		"refresh_interval": c.Keys.RefreshInterval, "max_staleness": c.Keys.MaxStaleness} {
+	for name, v := range map[string]string{"rotation_period": c.Keys.RotationPeriod, "data_key_rotation_period": c.Keys.DataKeyRotationPeriod} {
+		if d, err := time.ParseDuration(v); err != nil || d == 0 {
+			return fmt.Errorf("keys.%s must be a duration (negative: no scheduled rotation), got %q", name, v)
+		}
+	}
+	for name, v := range map[string]string{"grace": c.Keys.Grace, "refresh_interval": c.Keys.RefreshInterval, "max_staleness": c.Keys.MaxStaleness} {
 		if d, err := time.ParseDuration(v); err != nil || d <= 0 {
 			return fmt.Errorf("keys.%s must be a positive duration, got %q", name, v)
 		}
+	}
+	if _, _, _, refresh, stale := c.Keys.durations(); refresh*2 > stale {
+		return fmt.Errorf("keys.refresh_interval (%s) must be at most half of keys.max_staleness (%s), or one failed refresh stops issuance", refresh, stale)
 	}
 	switch attest.Algorithm(c.Audit.Algorithm) {
 	case attest.Ed25519, attest.ECDSAP256:

@@ -218,6 +218,12 @@ func TestConfigValidation(t *testing.T) {
 		"both identities":  {func(c *Config) { c.Identity.Cert = "x" }, "not both"},
 		"partial files":    {func(c *Config) { c.Identity = IdentityConfig{Cert: "c", Key: "k"} }, "must all be set"},
 		"log format":       {func(c *Config) { c.Log.Format = "xml" }, "log.format"},
+		"keys backend":     {func(c *Config) { c.Keys.Backend = "hsm" }, "keys.backend"},
+		"zero grace":       {func(c *Config) { c.Keys.Grace = "0s" }, "keys.grace"},
+		"slow refresh":     {func(c *Config) { c.Keys.RefreshInterval = "10m" }, "at most half of keys.max_staleness"},
+		"zero rotation":    {func(c *Config) { c.Keys.RotationPeriod = "0s" }, "keys.rotation_period"},
+		"audit algorithm":  {func(c *Config) { c.Audit.Algorithm = "rsa" }, "audit.algorithm"},
+		"checkpoint every": {func(c *Config) { c.Audit.CheckpointInterval = "2h" }, "audit.checkpoint_interval"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := base
@@ -227,6 +233,14 @@ func TestConfigValidation(t *testing.T) {
 				t.Fatalf("validate() = %v, want %q", err, tc.want)
 			}
 		})
+	}
+	// The defaults are valid, and a negative period turns scheduled
+	// rotation off.
+	c := base
+	c.Keys.RotationPeriod = "-1s"
+	c.setDefaults()
+	if err := c.validate(); err != nil {
+		t.Fatal(err)
 	}
 }
 
