@@ -41,9 +41,15 @@ type AuditLog interface {
 //     then fails, a second entry says so (the first stays: the log is
 //     append-only).
 //
-// Reads (Get, List, Query, proofs) are not recorded. Grants, renewals and
-// job admissions are recorded by their handlers, which know the keys and
-// leases involved.
+// Not recorded: reads (Get, List, Query, proofs), and calls refused before
+// policy sees them: malformed requests (InvalidArgument from validation or
+// describe) and peers without a verified SVID (refused in the TLS
+// handshake, before any RPC).
+//
+// Grants, renewals and job admissions will be recorded by their handlers,
+// which know the keys and leases involved; key rotations are recorded also
+// by the key manager (version and fingerprint, before the write), policy
+// loads by the daemon.
 
 // changeKinds are the state-changing RPCs the audit interceptor records.
 var changeKinds = map[string]audit.EventKind{

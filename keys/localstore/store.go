@@ -9,11 +9,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -77,44 +79,74 @@ func Open(path, keyFile string) (*Store, error) {
 	return &Store{db: db, aead: aead, now: time.Now}, nil
 }
 
-// loadKey reads the 32-byte key, or creates it. A key file others can read
-// is refused: it would expose every key in the store.
+// loadKey reads the 32-byte key, or creates it. The file is opened once
+// without following symlinks, and its mode checked on that descriptor: a
+// key file others can read is refused, as it would expose every key in the
+// store.
 func loadKey(path string) ([]byte, error) {
-	fi, err := os.Stat(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if errors.Is(err, fs.ErrNotExist) {
-		key := make([]byte, 32)
-		if _, err := rand.Read(key); err != nil {
-			return nil, err
-		}
-		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-			return nil, err
-		}
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			return nil, fmt.Errorf("localstore: create key file: %w", err)
-		}
-		if _, err := f.Write(key); err != nil {
-			f.Close()
-			return nil, err
-		}
-		if err := f.Sync(); err != nil {
-			f.Close()
-			return nil, err
-		}
-		return key, f.Close()
+		return createKey(path)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("localstore: key file: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("localstore: key file: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%w: %s is not a regular file", ErrKeyFile, path)
 	}
 	if fi.Mode().Perm()&0o077 != 0 {
 		return nil, fmt.Errorf("%w: %s has mode %v; it must not be readable by group or others (chmod 600)", ErrKeyFile, path, fi.Mode().Perm())
 	}
-	key, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("localstore: key file: %w", err)
+	key := make([]byte, 33)
+	n, err := io.ReadFull(f, key)
+	if n != 32 || !errors.Is(err, io.ErrUnexpectedEOF) {
+		return nil, fmt.Errorf("%w: %s must hold exactly 32 bytes", ErrKeyFile, path)
 	}
-	if len(key) != 32 {
-		return nil, fmt.Errorf("%w: %s holds %d bytes, want 32", ErrKeyFile, path, len(key))
+	return key[:32], nil
+}
+
+// createKey writes a new random key to a temporary file and links it into
+// place, so that a crash never leaves a short key file behind and two
+// processes never both create one (the link fails if the name exists).
+func createKey(path string) ([]byte, error) {
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return nil, err
+	}
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	tmp, err := os.CreateTemp(dir, ".keyfile-*")
+	if err != nil {
+		return nil, fmt.Errorf("localstore: create key file: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(0o600); err != nil {
+		tmp.Close()
+		return nil, err
+	}
+	if _, err := tmp.Write(key); err != nil {
+		tmp.Close()
+		return nil, err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return nil, err
+	}
+	if err := tmp.Close(); err != nil {
+		return nil, err
+	}
+	if err := os.Link(tmp.Name(), path); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return loadKey(path) // another process made it first
+		}
+		return nil, fmt.Errorf("localstore: create key file: %w", err)
 	}
 	return key, nil
 }

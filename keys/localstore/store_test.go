@@ -65,4 +65,17 @@ func TestKeyFile(t *testing.T) {
 	if _, err := localstore.Open(filepath.Join(dir, "b.db"), filepath.Join(dir, "short")); err == nil {
 		t.Fatal("short key file accepted")
 	}
+	os.WriteFile(filepath.Join(dir, "long"), make([]byte, 33), 0o600)
+	if _, err := localstore.Open(filepath.Join(dir, "c.db"), filepath.Join(dir, "long")); err == nil {
+		t.Fatal("long key file accepted")
+	}
+	// A symlink is not followed to a key file elsewhere.
+	os.Symlink(other, filepath.Join(dir, "link"))
+	if _, err := localstore.Open(filepath.Join(dir, "d.db"), filepath.Join(dir, "link")); err == nil {
+		t.Fatal("a symlinked key file was followed")
+	}
+	// No temporary files are left beside a created key.
+	if tmp, _ := filepath.Glob(filepath.Join(dir, ".keyfile-*")); len(tmp) != 0 {
+		t.Fatalf("left behind: %v", tmp)
+	}
 }
