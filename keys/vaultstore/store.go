@@ -3,8 +3,8 @@ package vaultstore
 import (
 	"cmp"
 	"context"
-	"crypto/tls"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
