@@ -9,8 +9,10 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 
 	vault "github.com/hashicorp/vault/api"
@@ -22,6 +24,7 @@ import (
 type VaultConfig struct {
 	Address     string // Vault address, e.g. https://vault:8200 (VAULT_ADDR if "")
 	Token       string // Vault token (VAULT_TOKEN if "")
+	TokenFile   string // read at every Refresh instead of Token (Vault Agent rotates it)
 	TransitPath string // mount path of the Transit engine; "" means "transit"
 	Key         string // the Transit key name (type ed25519 or ecdsa-p256)
 }
@@ -71,8 +74,17 @@ func NewVaultSigner(ctx context.Context, cfg VaultConfig) (*VaultSigner, error) 
 	return s, nil
 }
 
-// Refresh re-reads the key's versions and pins the latest one.
+// Refresh re-reads the token file (if any) and the key's versions, and
+// pins the latest version. Call it periodically: it picks up a key rotated
+// in Vault and a token replaced in its file.
 func (s *VaultSigner) Refresh(ctx context.Context) error {
+	if s.cfg.TokenFile != "" {
+		b, err := os.ReadFile(s.cfg.TokenFile)
+		if err != nil {
+			return fmt.Errorf("vault signer: token file: %w", err)
+		}
+		s.client.SetToken(strings.TrimSpace(string(b)))
+	}
 	all, latest, err := s.readVersions(ctx)
 	if err != nil {
 		return err
@@ -156,8 +168,27 @@ func (s *VaultSigner) Sign(ctx context.Context, msg []byte) ([]byte, error) {
 	s.mu.RLock()
 	sv, pub := s.sv, s.pub
 	s.mu.RUnlock()
-	var used string
-	sig, err := sv.SignMessage(bytes.NewReader(msg), options.WithContext(ctx), options.ReturnKeyVersionUsed(&used))
+	// sigstore's provider does not pass the context to its HTTP call (it
+	// has its own timeout and retries): wait for it only as long as ctx
+	// allows, so that a hung Vault cannot hold a shutdown.
+	type result struct {
+		sig  []byte
+		used string
+		err  error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		var r result
+		r.sig, r.err = sv.SignMessage(bytes.NewReader(msg), options.WithContext(ctx), options.ReturnKeyVersionUsed(&r.used))
+		ch <- r
+	}()
+	var r result
+	select {
+	case <-ctx.Done():
+		return nil, fmt.Errorf("vault signer: sign with %s: %w", s.cfg.Key, ctx.Err())
+	case r = <-ch:
+	}
+	sig, used, err := r.sig, r.used, r.err
 	if err != nil {
 		return nil, fmt.Errorf("vault signer: sign with %s: %w", s.cfg.Key, err)
 	}

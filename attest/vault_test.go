@@ -2,8 +2,12 @@ package attest_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	vault "github.com/hashicorp/vault/api"
 
 	"golang.org/x/mod/sumdb/note"
 
@@ -78,6 +82,45 @@ func TestVaultSigner(t *testing.T) {
 			}
 		})
 	}
+	// With a token file, Refresh reads the token again: a replaced token is
+	// used, a revoked one fails the refresh (and the signer keeps its pin).
+	t.Run("token file", func(t *testing.T) {
+		ctx := context.Background()
+		tok, err := v.Client.Auth().Token().Create(&vault.TokenCreateRequest{TTL: "1h"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := filepath.Join(t.TempDir(), "token")
+		if err := os.WriteFile(f, []byte(tok.Auth.ClientToken+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		s, err := attest.NewVaultSigner(ctx, attest.VaultConfig{Address: v.Addr, TokenFile: f, Key: "audit-log-ed25519"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Sign(ctx, []byte("m")); err != nil {
+			t.Fatal(err)
+		}
+		tok2, err := v.Client.Auth().Token().Create(&vault.TokenCreateRequest{TTL: "1h"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := v.Client.Auth().Token().RevokeTree(tok.Auth.ClientToken); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Refresh(ctx); err == nil {
+			t.Fatal("refresh with a revoked token succeeded")
+		}
+		if err := os.WriteFile(f, []byte(tok2.Auth.ClientToken), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Refresh(ctx); err != nil {
+			t.Fatalf("refresh with the replaced token: %v", err)
+		}
+		if _, err := s.Sign(ctx, []byte("m")); err != nil {
+			t.Fatalf("sign with the replaced token: %v", err)
+		}
+	})
 	t.Run("refusals", func(t *testing.T) {
 		ctx := context.Background()
 		if err := v.Write(ctx, "transit/keys/hmac-only", map[string]any{"type": "aes256-gcm96"}); err != nil {

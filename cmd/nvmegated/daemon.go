@@ -360,17 +360,10 @@ func openSigner(ctx context.Context, c AuditConfig) (signer, error) {
 	if c.Vault.Key == "" {
 		return attest.OpenKeyDir(c.KeyDir, attest.Algorithm(c.Algorithm), true)
 	}
-	token := os.Getenv("VAULT_TOKEN")
-	if c.Vault.TokenFile != "" {
-		b, err := os.ReadFile(c.Vault.TokenFile)
-		if err != nil {
-			return nil, fmt.Errorf("vault token: %w", err)
-		}
-		token = strings.TrimSpace(string(b))
-	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	return attest.NewVaultSigner(ctx, attest.VaultConfig{Address: c.Vault.Address, Token: token, TransitPath: c.Vault.TransitPath, Key: c.Vault.Key})
+	return attest.NewVaultSigner(ctx, attest.VaultConfig{Address: c.Vault.Address, Token: os.Getenv("VAULT_TOKEN"),
+		TokenFile: c.Vault.TokenFile, TransitPath: c.Vault.TransitPath, Key: c.Vault.Key})
 }
 
 // Run serves until ctx ends or a task fails; the first failure stops all.
@@ -398,6 +391,24 @@ func (m *Main) Run(ctx context.Context) error {
 		g.Go(func() error { return m.reloader.Run(ctx) })
 	}
 	g.Go(func() error { return m.keys.Run(ctx, nil) })
+	if r, ok := m.auditKey.(interface{ Refresh(context.Context) error }); ok {
+		// A Vault signing key: pick up a rotated key version or a replaced
+		// token file every minute.
+		g.Go(func() error {
+			t := time.NewTicker(time.Minute)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-t.C:
+					if err := r.Refresh(ctx); err != nil {
+						m.log.Warn("audit signer refresh failed; signing with the pinned version", "err", err)
+					}
+				}
+			}
+		})
+	}
 	if m.httpSrv != nil {
 		g.Go(func() error {
 			errc := make(chan error, 1)

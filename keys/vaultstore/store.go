@@ -138,22 +138,82 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	case cfg.Token != "":
 		c.SetToken(cfg.Token)
 	case cfg.TokenFile != "":
-		b, err := os.ReadFile(cfg.TokenFile)
-		if err != nil {
-			return nil, fmt.Errorf("vaultstore: token file: %w", err)
-		}
-		c.SetToken(strings.TrimSpace(string(b)))
-	default:
-		secret, err := s.login(ctx)
+		tok, err := readToken(cfg.TokenFile)
 		if err != nil {
 			return nil, err
 		}
-		rctx, cancel := context.WithCancel(context.Background())
-		s.cancel = cancel
+		c.SetToken(tok)
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	switch {
+	case cfg.AppRole != nil || cfg.Cert != nil:
+		secret, err := s.login(ctx)
+		if err != nil {
+			cancel()
+			return nil, err
+		}
 		s.wg.Add(1)
 		go s.renew(rctx, secret)
+	case cfg.TokenFile != "":
+		// Vault Agent (or an operator) replaces the file's token before it
+		// expires: pick the new one up.
+		s.wg.Add(1)
+		go s.watchTokenFile(rctx)
+	default:
+		// A renewable token is kept alive; a token that is not renewable
+		// lives as long as its TTL, which the operator chose.
+		if sec, err := s.selfSecret(ctx); err == nil && sec.Auth.Renewable {
+			s.wg.Add(1)
+			go s.renew(rctx, sec)
+		}
 	}
 	return s, nil
+}
+
+func readToken(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("vaultstore: token file: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// selfSecret describes the current token as a login secret, for the
+// LifetimeWatcher.
+func (s *Store) selfSecret(ctx context.Context) (*vault.Secret, error) {
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	sec, err := s.c.Auth().Token().LookupSelfWithContext(ctx)
+	if err != nil {
+		return nil, classify(err)
+	}
+	renewable, _ := sec.TokenIsRenewable()
+	ttl, _ := sec.TokenTTL()
+	return &vault.Secret{Auth: &vault.SecretAuth{ClientToken: s.c.Token(), Renewable: renewable, LeaseDuration: int(ttl.Seconds())}}, nil
+}
+
+// watchTokenFile re-reads the token file every 30 seconds.
+func (s *Store) watchTokenFile(ctx context.Context) {
+	defer s.wg.Done()
+	t := time.NewTicker(30 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		tok, err := readToken(s.cfg.TokenFile)
+		if err != nil {
+			s.log.Warn("vaultstore: token file unreadable; keeping the current token", "err", err)
+			continue
+		}
+		if tok != "" && tok != s.c.Token() {
+			s.c.SetToken(tok)
+			s.log.Info("vaultstore: token file changed; using the new token")
+		}
+	}
 }
 
 // login authenticates with AppRole or Cert and sets the token.
@@ -233,6 +293,10 @@ func (s *Store) renew(ctx context.Context, secret *vault.Secret) {
 				return
 			case <-time.After(ttl):
 			}
+		}
+		if s.cfg.AppRole == nil && s.cfg.Cert == nil {
+			s.log.Warn("vaultstore: the token can no longer be renewed; it expires at the end of its TTL")
+			return
 		}
 		for {
 			var err error
