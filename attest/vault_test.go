@@ -2,10 +2,12 @@ package attest_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	vault "github.com/hashicorp/vault/api"
 
@@ -119,6 +121,26 @@ func TestVaultSigner(t *testing.T) {
 		}
 		if _, err := s.Sign(ctx, []byte("m")); err != nil {
 			t.Fatalf("sign with the replaced token: %v", err)
+		}
+	})
+	// A Vault that stops answering holds a signature no longer than the
+	// caller's context (the checkpointer's shutdown bound).
+	t.Run("hung vault", func(t *testing.T) {
+		s, err := attest.NewVaultSigner(context.Background(), attest.VaultConfig{Address: v.Addr, Token: v.Token, Key: "audit-log-ed25519"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v.Pause()
+		defer v.Resume()
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		_, err = s.Sign(ctx, []byte("m"))
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("sign against a paused Vault: %v", err)
+		}
+		if d := time.Since(start); d > 10*time.Second {
+			t.Fatalf("sign returned after %v", d)
 		}
 	})
 	t.Run("refusals", func(t *testing.T) {
