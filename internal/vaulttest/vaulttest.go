@@ -202,7 +202,22 @@ func (s *Server) Stop() {
 // Pause freezes the server (SIGSTOP): requests hang as with a Vault that
 // stopped answering, until Resume. (Stopping a dev server would lose its
 // in-memory data; pausing keeps it, so recovery can be tested.)
-func (s *Server) Pause() { s.cmd.Process.Signal(syscall.SIGSTOP) }
+func (s *Server) Pause() {
+	s.cmd.Process.Signal(syscall.SIGSTOP)
+	// The signal is delivered asynchronously: wait until the process is
+	// seen stopped ("T" in /proc/<pid>/stat), for at most a few seconds.
+	stat := fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid)
+	for range 500 {
+		b, err := os.ReadFile(stat)
+		if err != nil {
+			return
+		}
+		if i := strings.LastIndexByte(string(b), ')'); i > 0 && i+2 < len(b) && b[i+2] == 'T' {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
 
 // Resume continues a paused server.
 func (s *Server) Resume() { s.cmd.Process.Signal(syscall.SIGCONT) }
