@@ -138,39 +138,25 @@ func (s *keysService) Status(ctx context.Context, r *pb.KeysStatusRequest) (*pb.
 
 // allSubsystems lists the inventory's subsystems.
 func (s *keysService) allSubsystems(ctx context.Context) ([]string, error) {
-	var out []string
-	tok := ""
-	for {
-		subs, next, err := s.store.ListSubsystems(ctx, store.SubsystemFilter{}, store.Page{Size: store.MaxPageSize, Token: tok})
-		if err != nil {
-			return nil, err
-		}
-		for _, sub := range subs {
-			out = append(out, sub.NQN)
-		}
-		if next == "" {
-			return out, nil
-		}
-		tok = next
+	subs, err := store.All(func(p store.Page) ([]*nvmegate.Subsystem, string, error) {
+		return s.store.ListSubsystems(ctx, store.SubsystemFilter{}, p)
+	})
+	out := make([]string, 0, len(subs))
+	for _, sub := range subs {
+		out = append(out, sub.NQN)
 	}
+	return out, err
 }
 
 func (s *keysService) namespaces(ctx context.Context, sub string) ([]uint32, error) {
-	var out []uint32
-	tok := ""
-	for {
-		nss, next, err := s.store.ListNamespaces(ctx, store.NamespaceFilter{SubsystemNQN: sub}, store.Page{Size: store.MaxPageSize, Token: tok})
-		if err != nil {
-			return nil, err
-		}
-		for _, n := range nss {
-			out = append(out, n.NSID)
-		}
-		if next == "" {
-			return out, nil
-		}
-		tok = next
+	nss, err := store.All(func(p store.Page) ([]*nvmegate.Namespace, string, error) {
+		return s.store.ListNamespaces(ctx, store.NamespaceFilter{SubsystemNQN: sub}, p)
+	})
+	out := make([]uint32, 0, len(nss))
+	for _, n := range nss {
+		out = append(out, n.NSID)
 	}
+	return out, err
 }
 
 func (s *keysService) dataKeyStatus(ctx context.Context, sub string, nsid uint32) (*pb.KeyStatus, error) {

@@ -109,3 +109,11 @@ func NextRoots(roots []Root, secret []byte, now, dropBefore time.Time) []Root {
 	}
 	return append(out, Root{Version: next, Secret: secret, Created: now})
 }
+
+// CheckName is the backends' check of a subsystem or namespace name.
+func CheckName(kind, name string) error {
+	if name == "" || len(name) > 1024 {
+		return fmt.Errorf("%w: %s name must be 1-1024 bytes", ErrInvalid, kind)
+	}
+	return nil
+}

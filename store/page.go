@@ -153,3 +153,22 @@ func scanPage[T any](c *bolt.Cursor, prefix, after []byte, size int, decode func
 	}
 	return items, nil, nil
 }
+
+// All collects every page of a listing: list is called with each page's
+// token until the last page. For callers that need the whole set (warming
+// caches at start, status of every key) rather than a page of it.
+func All[T any](list func(p Page) ([]T, string, error)) ([]T, error) {
+	var out []T
+	p := Page{Size: MaxPageSize}
+	for {
+		items, next, err := list(p)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, items...)
+		if next == "" {
+			return out, nil
+		}
+		p.Token = next
+	}
+}

@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -285,4 +286,26 @@ func FuzzPageToken(f *testing.F) {
 			}
 		}
 	})
+}
+
+// All follows page tokens to the end, asking for full pages, and stops at
+// the first error.
+func TestAll(t *testing.T) {
+	pages := map[string]struct {
+		items []int
+		next  string
+	}{"": {[]int{1, 2}, "a"}, "a": {[]int{3}, "b"}, "b": {nil, ""}}
+	var sizes []int
+	got, err := All(func(p Page) ([]int, string, error) {
+		sizes = append(sizes, p.Size)
+		pg := pages[p.Token]
+		return pg.items, pg.next, nil
+	})
+	if err != nil || len(got) != 3 || got[2] != 3 || len(sizes) != 3 || sizes[0] != MaxPageSize {
+		t.Fatalf("All = %v, %v (sizes %v)", got, err, sizes)
+	}
+	boom := errors.New("boom")
+	if _, err := All(func(p Page) ([]int, string, error) { return []int{1}, "x", boom }); !errors.Is(err, boom) {
+		t.Fatalf("error: %v", err)
+	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/authz"
@@ -290,30 +291,24 @@ func (m *Main) openKeys(ctx context.Context, self string) error {
 	if err != nil {
 		return err
 	}
-	var names []string
-	for tok := ""; ; {
-		subs, next, err := m.db.ListSubsystems(ctx, store.SubsystemFilter{}, store.Page{Size: store.MaxPageSize, Token: tok})
-		if err != nil {
-			return err
-		}
-		for _, s := range subs {
-			names = append(names, s.NQN)
-		}
-		if tok = next; tok == "" {
-			break
-		}
+	subs, err := store.All(func(p store.Page) ([]*nvmegate.Subsystem, string, error) {
+		return m.db.ListSubsystems(ctx, store.SubsystemFilter{}, p)
+	})
+	if err != nil {
+		return err
 	}
-	for tok := ""; ; {
-		nss, next, err := m.db.ListNamespaces(ctx, store.NamespaceFilter{}, store.Page{Size: store.MaxPageSize, Token: tok})
-		if err != nil {
-			return err
-		}
-		for _, n := range nss {
-			m.keys.TrackDataKeys(gateway.NamespaceKeyName(n.SubsystemNQN, n.NSID))
-		}
-		if tok = next; tok == "" {
-			break
-		}
+	names := make([]string, 0, len(subs))
+	for _, s := range subs {
+		names = append(names, s.NQN)
+	}
+	nss, err := store.All(func(p store.Page) ([]*nvmegate.Namespace, string, error) {
+		return m.db.ListNamespaces(ctx, store.NamespaceFilter{}, p)
+	})
+	if err != nil {
+		return err
+	}
+	for _, n := range nss {
+		m.keys.TrackDataKeys(gateway.NamespaceKeyName(n.SubsystemNQN, n.NSID))
 	}
 	if err := m.keys.Warm(ctx, names...); err != nil {
 		// Not fatal: the store may be briefly unreachable; first use and
@@ -321,6 +316,20 @@ func (m *Main) openKeys(ctx context.Context, self string) error {
 		m.log.Warn("keys: cache not warmed", "err", err)
 	}
 	return nil
+}
+
+// every calls fn every d until ctx ends.
+func every(ctx context.Context, d time.Duration, fn func()) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			fn()
+		}
+	}
 }
 
 // rotationDetail says what a rotation entry records: a rotation about to
@@ -395,18 +404,12 @@ func (m *Main) Run(ctx context.Context) error {
 		// A Vault signing key: pick up a rotated key version or a replaced
 		// token file every minute.
 		g.Go(func() error {
-			t := time.NewTicker(time.Minute)
-			defer t.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-t.C:
-					if err := r.Refresh(ctx); err != nil {
-						m.log.Warn("audit signer refresh failed; signing with the pinned version", "err", err)
-					}
+			every(ctx, time.Minute, func() {
+				if err := r.Refresh(ctx); err != nil {
+					m.log.Warn("audit signer refresh failed; signing with the pinned version", "err", err)
 				}
-			}
+			})
+			return nil
 		})
 	}
 	if m.httpSrv != nil {

@@ -56,16 +56,8 @@ type policyReloader struct {
 
 // Run checks every interval until ctx ends.
 func (r *policyReloader) Run(ctx context.Context) error {
-	t := time.NewTicker(r.interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			r.check(ctx)
-		}
-	}
+	every(ctx, r.interval, func() { r.check(ctx) })
+	return nil
 }
 
 // check loads the policy once and swaps it in if it is new and good. It

@@ -199,16 +199,9 @@ func (s *Store) put(tx *bolt.Tx, bucket []byte, name string, v any) error {
 	return tx.Bucket(bucket).Put([]byte(name), sealed)
 }
 
-func checkName(kind, name string) error {
-	if name == "" || len(name) > 1024 {
-		return fmt.Errorf("%w: %s name must be 1-1024 bytes", keys.ErrInvalid, kind)
-	}
-	return nil
-}
-
 // Roots implements keys.Backend.
 func (s *Store) Roots(ctx context.Context, subsystem string) ([]keys.Root, error) {
-	if err := checkName("subsystem", subsystem); err != nil {
+	if err := keys.CheckName("subsystem", subsystem); err != nil {
 		return nil, err
 	}
 	var roots []keys.Root
@@ -222,7 +215,7 @@ func (s *Store) Roots(ctx context.Context, subsystem string) ([]keys.Root, error
 // AddRoot implements keys.Backend: the check and the write are one bbolt
 // transaction.
 func (s *Store) AddRoot(ctx context.Context, subsystem string, prev uint64, secret []byte, now, dropBefore time.Time) ([]keys.Root, error) {
-	if err := checkName("subsystem", subsystem); err != nil {
+	if err := keys.CheckName("subsystem", subsystem); err != nil {
 		return nil, err
 	}
 	if len(secret) != keys.RootSize {
@@ -334,7 +327,7 @@ func newKEK(version uint64, now time.Time) (kek, error) {
 
 // CreateDataKey implements keys.Backend.
 func (s *Store) CreateDataKey(ctx context.Context, namespace string) (keys.Wrapped, error) {
-	if err := checkName("namespace", namespace); err != nil {
+	if err := keys.CheckName("namespace", namespace); err != nil {
 		return keys.Wrapped{}, err
 	}
 	var w keys.Wrapped
@@ -371,7 +364,7 @@ func (s *Store) CreateDataKey(ctx context.Context, namespace string) (keys.Wrapp
 
 // DataKey implements keys.Backend.
 func (s *Store) DataKey(ctx context.Context, namespace string) (keys.Wrapped, error) {
-	if err := checkName("namespace", namespace); err != nil {
+	if err := keys.CheckName("namespace", namespace); err != nil {
 		return keys.Wrapped{}, err
 	}
 	var w keys.Wrapped

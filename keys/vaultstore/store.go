@@ -351,13 +351,6 @@ func (s *Store) kekName(ns string) string {
 	return s.cfg.Prefix + "-ns-" + hex.EncodeToString(h[:16])
 }
 
-func checkName(kind, name string) error {
-	if name == "" || len(name) > 1024 {
-		return fmt.Errorf("%w: %s name must be 1-1024 bytes", keys.ErrInvalid, kind)
-	}
-	return nil
-}
-
 // getJSON reads a KV v2 secret's "json" field into v and returns its KV
 // version (0 if absent).
 func (s *Store) getJSON(ctx context.Context, path string, v any) (int, error) {
@@ -401,7 +394,7 @@ func (s *Store) putJSON(ctx context.Context, path string, cas int, v any) error 
 
 // Roots implements keys.Backend.
 func (s *Store) Roots(ctx context.Context, subsystem string) ([]keys.Root, error) {
-	if err := checkName("subsystem", subsystem); err != nil {
+	if err := keys.CheckName("subsystem", subsystem); err != nil {
 		return nil, err
 	}
 	var roots []keys.Root
@@ -411,7 +404,7 @@ func (s *Store) Roots(ctx context.Context, subsystem string) ([]keys.Root, error
 
 // AddRoot implements keys.Backend with KV v2 check-and-set.
 func (s *Store) AddRoot(ctx context.Context, subsystem string, prev uint64, secret []byte, now, dropBefore time.Time) ([]keys.Root, error) {
-	if err := checkName("subsystem", subsystem); err != nil {
+	if err := keys.CheckName("subsystem", subsystem); err != nil {
 		return nil, err
 	}
 	if len(secret) != keys.RootSize {
@@ -469,6 +462,19 @@ func (s *Store) write(ctx context.Context, path string, data map[string]any) (*v
 	return sec, nil
 }
 
+// wrapped reads the ciphertext a Transit datakey or rewrap call returned.
+func (s *Store) wrapped(sec *vault.Secret, err error) (keys.Wrapped, error) {
+	if err != nil {
+		return keys.Wrapped{}, err
+	}
+	ct, _ := sec.Data["ciphertext"].(string)
+	v, err := kekVersionOf(ct)
+	if err != nil {
+		return keys.Wrapped{}, err
+	}
+	return keys.Wrapped{KEKVersion: v, Ciphertext: ct}, nil
+}
+
 // kekVersionOf reads the version of a Transit ciphertext "vault:v<N>:…".
 func kekVersionOf(ct string) (uint64, error) {
 	rest, ok := strings.CutPrefix(ct, "vault:v")
@@ -482,7 +488,7 @@ func kekVersionOf(ct string) (uint64, error) {
 
 // CreateDataKey implements keys.Backend.
 func (s *Store) CreateDataKey(ctx context.Context, namespace string) (keys.Wrapped, error) {
-	if err := checkName("namespace", namespace); err != nil {
+	if err := keys.CheckName("namespace", namespace); err != nil {
 		return keys.Wrapped{}, err
 	}
 	var existing keys.Wrapped
@@ -496,22 +502,16 @@ func (s *Store) CreateDataKey(ctx context.Context, namespace string) (keys.Wrapp
 	if _, err := s.write(ctx, s.cfg.TransitMount+"/keys/"+name, map[string]any{"type": "aes256-gcm96"}); err != nil {
 		return keys.Wrapped{}, err
 	}
-	sec, err := s.write(ctx, s.cfg.TransitMount+"/datakey/wrapped/"+name, map[string]any{"bits": 256})
+	w, err := s.wrapped(s.write(ctx, s.cfg.TransitMount+"/datakey/wrapped/"+name, map[string]any{"bits": 256}))
 	if err != nil {
 		return keys.Wrapped{}, err
 	}
-	ct, _ := sec.Data["ciphertext"].(string)
-	v, err := kekVersionOf(ct)
-	if err != nil {
-		return keys.Wrapped{}, err
-	}
-	w := keys.Wrapped{KEKVersion: v, Ciphertext: ct}
 	return w, s.putJSON(ctx, s.dekPath(namespace), 0, w)
 }
 
 // DataKey implements keys.Backend.
 func (s *Store) DataKey(ctx context.Context, namespace string) (keys.Wrapped, error) {
-	if err := checkName("namespace", namespace); err != nil {
+	if err := keys.CheckName("namespace", namespace); err != nil {
 		return keys.Wrapped{}, err
 	}
 	var w keys.Wrapped
@@ -551,16 +551,10 @@ func (s *Store) RotateDataKey(ctx context.Context, namespace string) (keys.Wrapp
 	if _, err := s.write(ctx, s.cfg.TransitMount+"/keys/"+name+"/rotate", nil); err != nil {
 		return keys.Wrapped{}, err
 	}
-	sec, err := s.write(ctx, s.cfg.TransitMount+"/rewrap/"+name, map[string]any{"ciphertext": old.Ciphertext})
+	w, err := s.wrapped(s.write(ctx, s.cfg.TransitMount+"/rewrap/"+name, map[string]any{"ciphertext": old.Ciphertext}))
 	if err != nil {
 		return keys.Wrapped{}, err
 	}
-	ct, _ := sec.Data["ciphertext"].(string)
-	v, err := kekVersionOf(ct)
-	if err != nil {
-		return keys.Wrapped{}, err
-	}
-	w := keys.Wrapped{KEKVersion: v, Ciphertext: ct}
 	return w, s.putJSON(ctx, s.dekPath(namespace), kv, w)
 }
 
