@@ -13,12 +13,17 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 
+# (Lists are read into variables first: with pipefail, grep -q closing the
+# pipe early would fail the pipeline.)
 enable() { # enable TYPE PATH [ARGS...]
   local type=$1 path=$2; shift 2
-  if ! vault secrets list -format=json | grep -q "\"$path/\""; then
-    vault secrets enable -path="$path" "$@" "$type"
-  fi
+  local mounts; mounts=$(vault secrets list -format=json)
+  case "$mounts" in
+    *"\"$path/\""*) ;;
+    *) vault secrets enable -path="$path" "$@" "$type" ;;
+  esac
 }
+auth_enabled() { local auths; auths=$(vault auth list -format=json); case "$auths" in *"\"$1/\""*) return 0 ;; esac; return 1; }
 enable kv secret -version=2
 enable transit transit
 enable transit nvmegate-kek
@@ -28,7 +33,7 @@ vault write -f transit/keys/nvmegate-audit type=ed25519 >/dev/null
 case "${1:-}" in
   approle)
     out=${2:?usage: setup.sh approle OUT_DIR}
-    vault auth list -format=json | grep -q '"approle/"' || vault auth enable approle
+    auth_enabled approle || vault auth enable approle
     vault write auth/approle/role/nvmegate token_policies=nvmegate token_ttl=1h token_max_ttl=24h secret_id_ttl=0
     mkdir -p "$out"
     vault read -field=role_id auth/approle/role/nvmegate/role-id > "$out/role_id"
@@ -38,7 +43,7 @@ case "${1:-}" in
   cert)
     bundle=${2:?usage: setup.sh cert BUNDLE.pem TRUST_DOMAIN}
     td=${3:?usage: setup.sh cert BUNDLE.pem TRUST_DOMAIN}
-    vault auth list -format=json | grep -q '"cert/"' || vault auth enable cert
+    auth_enabled cert || vault auth enable cert
     # Only the trust domain's gateways: SVIDs carry their SPIFFE ID as a URI SAN.
     vault write auth/cert/certs/nvmegate certificate=@"$bundle" \
       allowed_uri_sans="spiffe://$td/gateway/*" token_policies=nvmegate token_ttl=1h token_max_ttl=24h
