@@ -101,22 +101,28 @@ type KeysConfig struct {
 // mounts and prefix (defaults secret, transit, nvmegate, matching
 // deploy/vault/nvmegate.hcl).
 type VaultKeysConfig struct {
-	Address   string `json:"address"`
-	CACert    string `json:"ca_cert"`
-	TokenFile string `json:"token_file"`
-	AppRole   *struct {
-		RoleID       string `json:"role_id"`
-		SecretIDFile string `json:"secret_id_file"`
-		Mount        string `json:"mount"`
-	} `json:"approle"`
+	Address   string        `json:"address"`
+	CACert    string        `json:"ca_cert"`
+	TokenFile string        `json:"token_file"`
+	AppRole   *VaultAppRole `json:"approle"`
 	// Cert logs in with the gateway's own SVID (cert auth).
-	Cert *struct {
-		Mount string `json:"mount"`
-		Name  string `json:"name"`
-	} `json:"cert"`
-	KVMount      string `json:"kv_mount"`
-	TransitMount string `json:"transit_mount"`
-	Prefix       string `json:"prefix"`
+	Cert         *VaultCertAuth `json:"cert"`
+	KVMount      string         `json:"kv_mount"`
+	TransitMount string         `json:"transit_mount"`
+	Prefix       string         `json:"prefix"`
+}
+
+// VaultAppRole is an AppRole login (deploy/vault/setup.sh approle DIR).
+type VaultAppRole struct {
+	RoleID       string `json:"role_id"`
+	SecretIDFile string `json:"secret_id_file"`
+	Mount        string `json:"mount"` // default "approle"
+}
+
+// VaultCertAuth is a TLS certificate login with the gateway's SVID files.
+type VaultCertAuth struct {
+	Mount string `json:"mount"` // default "cert"
+	Name  string `json:"name"`  // the cert role; "" lets Vault match
 }
 
 // durations parses the key manager's durations (validated by validate).

@@ -39,11 +39,7 @@ func TestDaemonVaultKeysSetUpByScript(t *testing.T) {
 	}
 	m.Config.Keys.Backend = "vault"
 	m.Config.Keys.Vault.Address = v.Addr
-	m.Config.Keys.Vault.AppRole = &struct {
-		RoleID       string `json:"role_id"`
-		SecretIDFile string `json:"secret_id_file"`
-		Mount        string `json:"mount"`
-	}{RoleID: strings.TrimSpace(string(roleID)), SecretIDFile: filepath.Join(dir, "approle", "secret_id")}
+	m.Config.Keys.Vault.AppRole = &VaultAppRole{RoleID: strings.TrimSpace(string(roleID)), SecretIDFile: filepath.Join(dir, "approle", "secret_id")}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if err := m.Open(ctx); err != nil {
