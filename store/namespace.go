@@ -77,15 +77,19 @@ func (db *DB) CreateNamespace(ctx context.Context, n *nvmegate.Namespace) error 
 func (db *DB) Namespace(ctx context.Context, nqn string, nsid uint32) (*nvmegate.Namespace, error) {
 	var n *nvmegate.Namespace
 	err := db.view(ctx, func(tx *bolt.Tx) error {
-		v := tx.Bucket(bucketNamespaces).Get(namespaceKey(nqn, nsid))
-		if v == nil {
-			return nvmegate.Errorf(nvmegate.ENOTFOUND, "namespace %d of subsystem %q not found", nsid, nqn)
-		}
 		var err error
-		n, err = decodeNamespace(v)
+		n, err = getNamespace(tx, nqn, nsid)
 		return err
 	})
 	return n, err
+}
+
+func getNamespace(tx *bolt.Tx, nqn string, nsid uint32) (*nvmegate.Namespace, error) {
+	v := tx.Bucket(bucketNamespaces).Get(namespaceKey(nqn, nsid))
+	if v == nil {
+		return nil, nvmegate.Errorf(nvmegate.ENOTFOUND, "namespace %d of subsystem %q not found", nsid, nqn)
+	}
+	return decodeNamespace(v)
 }
 
 // ListNamespaces returns namespaces ordered by subsystem NQN, then NSID, one

@@ -43,6 +43,7 @@ const (
 	kindSubsystems   byte = 's'
 	kindNamespaces   byte = 'n'
 	kindHostBindings byte = 'h'
+	kindJobs         byte = 'j'
 )
 
 // maxTokenKey bounds the key in a token: SPIFFE IDs may be 2048 bytes, NQNs

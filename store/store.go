@@ -29,11 +29,12 @@ var (
 	bucketNamespaces         = []byte("namespaces")
 	bucketHostBindings       = []byte("host_bindings")
 	bucketHostBindingsByNQN  = []byte("host_bindings_by_nqn")
+	bucketJobs               = []byte("jobs")
 
 	// allBuckets are created by Open if missing.
 	allBuckets = [][]byte{
 		bucketMeta, bucketTargets, bucketSubsystems, bucketSubsystemsByTarget,
-		bucketNamespaces, bucketHostBindings, bucketHostBindingsByNQN,
+		bucketNamespaces, bucketHostBindings, bucketHostBindingsByNQN, bucketJobs,
 	}
 
 	metaKind   = []byte("kind")

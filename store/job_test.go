@@ -1,0 +1,116 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/nvmegate/nvmegate"
+)
+
+func newJob(id, tenant string, ns ...nvmegate.JobNamespace) *nvmegate.Job {
+	return &nvmegate.Job{ID: id, Tenant: tenant, Scheduler: "spiffe://example.org/tenant/" + tenant + "/scheduler/s",
+		Nodes: []string{nodeID(1), nodeID(2)}, Namespaces: ns, AllowedRegions: []string{"eu-west"},
+		ExpiresAt: t0.Add(24 * time.Hour), DecisionID: "d-1"}
+}
+
+func TestJobLifecycle(t *testing.T) {
+	db := openTestDB(t)
+	ctx := context.Background()
+	inventory(t, db, "acme", "globex")
+	must(t, db.CreateNamespace(ctx, newNamespace(subNQN(0), 1, "acme")))
+	must(t, db.CreateNamespace(ctx, newNamespace(subNQN(1), 1, "globex")))
+	ro := nvmegate.JobNamespace{SubsystemNQN: subNQN(0), NSID: 1, Mode: nvmegate.ModeReadOnly}
+
+	j := newJob("job-1", "acme", ro)
+	must(t, db.CreateJob(ctx, j))
+	if j.State != nvmegate.JobActive || j.AdmittedAt.IsZero() || j.AdmittedAt.Location() != time.UTC {
+		t.Fatalf("admitted job: %+v", j)
+	}
+	got, err := db.Job(ctx, "job-1")
+	must(t, err)
+	if !reflect.DeepEqual(got, j) {
+		t.Fatalf("read back:\n%+v\nwant\n%+v", got, j)
+	}
+
+	wantError(t, db.CreateJob(ctx, newJob("job-1", "acme", ro)), nvmegate.EEXISTS, "")
+	e := wantError(t, db.CreateJob(ctx, newJob("job-2", "acme", nvmegate.JobNamespace{SubsystemNQN: subNQN(0), NSID: 9, Mode: "ro"})), nvmegate.ECONFLICT, "")
+	wantMessage(t, e, "not in the inventory")
+	e = wantError(t, db.CreateJob(ctx, newJob("job-3", "acme", nvmegate.JobNamespace{SubsystemNQN: subNQN(1), NSID: 1, Mode: "ro"})), nvmegate.ECONFLICT, "")
+	wantMessage(t, e, "not tenant acme's")
+	wantError(t, db.CreateJob(ctx, newJob("", "acme", ro)), nvmegate.EINVALID, "job_id")
+
+	fin, err := db.FinishJob(ctx, "job-1")
+	must(t, err)
+	if fin.State != nvmegate.JobFinished || fin.FinishedAt.IsZero() {
+		t.Fatalf("finished: %+v", fin)
+	}
+	if _, err := db.FinishJob(ctx, "job-1"); err == nil {
+		t.Fatal("finished twice")
+	} else {
+		wantMessage(t, err, "already finished")
+	}
+	_, err = db.FinishJob(ctx, "nope")
+	wantError(t, err, nvmegate.ENOTFOUND, "")
+}
+
+// A job past its expiry reads as expired and cannot be finished.
+func TestJobExpiry(t *testing.T) {
+	db := openTestDB(t)
+	ctx := context.Background()
+	inventory(t, db, "acme")
+	must(t, db.CreateNamespace(ctx, newNamespace(subNQN(0), 1, "acme")))
+	j := newJob("job-1", "acme", nvmegate.JobNamespace{SubsystemNQN: subNQN(0), NSID: 1, Mode: "rw"})
+	j.ExpiresAt = t0.Add(30 * time.Second) // the fake clock ticks a second per reading
+	must(t, db.CreateJob(ctx, j))
+	for range 40 {
+		db.now()
+	}
+	got, err := db.Job(ctx, "job-1")
+	must(t, err)
+	if got.State != nvmegate.JobExpired || !got.FinishedAt.Equal(j.ExpiresAt) {
+		t.Fatalf("past expiry: %s, finished %v", got.State, got.FinishedAt)
+	}
+	if _, err := db.FinishJob(ctx, "job-1"); err == nil {
+		t.Fatal("an expired job was finished")
+	}
+	list, _, err := db.ListJobs(ctx, JobFilter{State: nvmegate.JobExpired}, Page{})
+	must(t, err)
+	if len(list) != 1 {
+		t.Fatalf("expired jobs: %d", len(list))
+	}
+}
+
+func TestListJobsFilterAndPages(t *testing.T) {
+	db := openTestDB(t)
+	noSync(db)
+	ctx := context.Background()
+	inventory(t, db, "acme", "globex")
+	must(t, db.CreateNamespace(ctx, newNamespace(subNQN(0), 1, "acme")))
+	must(t, db.CreateNamespace(ctx, newNamespace(subNQN(1), 1, "globex")))
+	for i := range 300 { // 250 of acme, 50 of globex
+		tenant, sub := "acme", subNQN(0)
+		if i%6 == 0 {
+			tenant, sub = "globex", subNQN(1)
+		}
+		j := newJob(fmt.Sprintf("job-%03d", i), tenant, nvmegate.JobNamespace{SubsystemNQN: sub, NSID: 1, Mode: "ro"})
+		j.ExpiresAt = t0.Add(1000 * time.Hour)
+		must(t, db.CreateJob(ctx, j))
+	}
+	_, err := db.FinishJob(ctx, "job-001")
+	must(t, err)
+	checkPages(t, func(p Page) ([]string, string, error) {
+		js, next, err := db.ListJobs(ctx, JobFilter{Tenant: "acme"}, p)
+		return keysOf(js, func(j *nvmegate.Job) string { return j.ID }), next, err
+	}, 250)
+	active, _, err := db.ListJobs(ctx, JobFilter{Tenant: "acme", State: nvmegate.JobActive}, Page{Size: 100})
+	must(t, err)
+	if len(active) != 100 || active[0].ID != "job-002" {
+		t.Fatalf("active acme jobs: %d, first %s; want a full page from job-002", len(active), active[0].ID)
+	}
+	if _, _, err := db.ListJobs(ctx, JobFilter{}, Page{Token: "garbage"}); err == nil {
+		t.Fatal("bad token accepted")
+	}
+}
