@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -62,6 +63,17 @@ var changeKinds = map[string]audit.EventKind{
 	"/nvmegate.v1.Inventory/AddHostBinding":    audit.EventInventoryChange,
 	"/nvmegate.v1.Inventory/RemoveHostBinding": audit.EventInventoryChange,
 	"/nvmegate.v1.Keys/Rotate":                 audit.EventKeyRotation,
+	"/nvmegate.v1.Jobs/Admit":                  audit.EventJobAdmit,
+	"/nvmegate.v1.Jobs/Finish":                 audit.EventJobFinish,
+}
+
+type auditIndexKey struct{}
+
+// auditIndexFromContext is the log index of the entry recorded for this
+// call before its handler ran.
+func auditIndexFromContext(ctx context.Context) (uint64, bool) {
+	i, ok := ctx.Value(auditIndexKey{}).(uint64)
+	return i, ok
 }
 
 // errAuditUnavailable answers a change that was not made because its entry
@@ -84,11 +96,12 @@ func (s *Server) auditChanges(ctx context.Context, req any, info *grpc.UnaryServ
 	d, _ := authz.DecisionFromContext(ctx)
 	e := entryFor(in, d, kind)
 	e.Time = s.now()
-	if _, _, err := s.audit.Append(ctx, e); err != nil {
+	idx, _, err := s.audit.Append(ctx, e)
+	if err != nil {
 		s.log.ErrorContext(ctx, "audit append failed; change refused", "method", info.FullMethod, "error", err)
 		return nil, errAuditUnavailable
 	}
-	resp, err := h(ctx, req)
+	resp, err := h(context.WithValue(ctx, auditIndexKey{}, idx), req)
 	if err != nil {
 		e.Time = s.now()
 		e.Detail = fmt.Sprintf("%s failed (%s)", e.Detail, codeName(err))
@@ -137,6 +150,9 @@ func entryFor(in *authz.Input, d *nvmegate.Decision, kind audit.EventKind) audit
 		HostNQN:      str(r, "host_binding", "host_nqn"),
 		Detail:       in.Action,
 	}
+	if t, err := time.Parse(time.RFC3339Nano, str(r, "job", "expires_at")); err == nil {
+		e.ExpiresAt = t
+	}
 	if e.Tenant == "" {
 		e.Tenant = firstSet(str(r, "job", "tenant"), str(r, "subsystem", "tenant"), str(r, "host_binding", "tenant"))
 	}
@@ -171,6 +187,8 @@ func resourceKey(r map[string]any) string {
 		return str(r, "target", "id")
 	case "subsystem":
 		return str(r, "subsystem", "nqn")
+	case "job":
+		return str(r, "job", "job_id")
 	case "key":
 		k, _ := r["key"].(map[string]any)
 		name := str(r, "subsystem", "nqn")

@@ -23,7 +23,7 @@ import (
 // decides on what the caller may learn, and the handler answers NotFound to
 // callers that were allowed. Any other store error fails the call closed.
 func (s *Server) describe(ctx context.Context, fullMethod string, req any) (string, map[string]any, error) {
-	d := describer{ctx: ctx, store: s.store}
+	d := describer{ctx: ctx, store: s.store, jobs: s.jobs}
 	res, err := d.resource(req)
 	if err != nil {
 		return "", nil, err
@@ -34,6 +34,7 @@ func (s *Server) describe(ctx context.Context, fullMethod string, req any) (stri
 type describer struct {
 	ctx   context.Context
 	store InventoryStore
+	jobs  JobStore // nil: jobs are described by their ID only
 }
 
 func (d describer) resource(req any) (map[string]any, error) {
@@ -102,12 +103,11 @@ func (d describer) resource(req any) (map[string]any, error) {
 	case *pb.ListGrantsRequest:
 		return res("grant", ""), nil
 	case interface{ GetJobId() string }:
-		// Jobs.Get/Finish, Access.Discover/Connect, Audit.Lineage: the job
-		// store arrives with the connect flow; until then the job is
-		// described by its ID only, and policy refuses what needs a job.
-		out := res("job", "")
-		out["job"] = map[string]any{"job_id": r.GetJobId()}
-		return out, nil
+		// Jobs.Get/Finish, Access.Discover/Connect, Audit.Lineage: the
+		// stored job, whose tenant is the resource's. A job that does not
+		// exist is described by its ID only, which policy refuses to every
+		// tenant-scoped caller without saying whether it exists.
+		return d.job(r.GetJobId())
 
 	case *pb.RotateRequest:
 		out, err := d.subsystemAs("key", r.SubsystemNqn)
@@ -339,6 +339,30 @@ func (d describer) admit(r *pb.AdmitRequest) (map[string]any, error) {
 		"state": "requested",
 	}
 	return out, nil
+}
+
+func (d describer) job(id string) (map[string]any, error) {
+	out := res("job", "")
+	out["job"] = map[string]any{"job_id": id}
+	if d.jobs == nil {
+		return out, nil
+	}
+	j, err := d.jobs.Job(d.ctx, id)
+	if ok, err := found(err); err != nil || !ok {
+		return out, err
+	}
+	out["tenant"] = j.Tenant
+	out["job"] = jobValue(j)
+	return out, nil
+}
+
+// jobValue describes a stored job for policy (policy/README.md).
+func jobValue(j *nvmegate.Job) map[string]any {
+	return map[string]any{
+		"job_id": j.ID, "tenant": j.Tenant, "scheduler": j.Scheduler, "nodes": anySlice(j.Nodes),
+		"allowed_regions": anySlice(j.AllowedRegions), "expires_at": j.ExpiresAt.UTC().Format(time.RFC3339Nano),
+		"state": j.State,
+	}
 }
 
 func anySlice(s []string) []any {

@@ -20,6 +20,7 @@ type KeyManager interface {
 	EnsureDataKey(ctx context.Context, namespace string) error
 	RotateDataKey(ctx context.Context, namespace, reason string) (keys.Wrapped, error)
 	KEKVersions(ctx context.Context, namespace string) ([]keys.KEKVersion, error)
+	Revoked(ctx context.Context, subsystemNQN, why string) error
 }
 
 // NamespaceKeyName names a namespace's data key in the key store.

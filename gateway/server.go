@@ -57,6 +57,7 @@ type Server struct {
 	health          *health.Server
 	authorizer      authz.Authorizer
 	store           InventoryStore
+	jobs            JobStore // nil if Store keeps no jobs
 	audit           AuditLog
 	log             *slog.Logger
 	metrics         *metrics
@@ -72,6 +73,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		authorizer:      cfg.Authorizer,
 		store:           cfg.Store,
+		jobs:            jobStoreOf(cfg.Store),
 		audit:           cfg.Audit,
 		log:             cfg.Logger,
 		now:             cfg.Now,
@@ -110,11 +112,26 @@ func New(cfg Config) (*Server, error) {
 	pb.RegisterAuditServer(s.grpc, &auditService{log: cfg.Audit, exportDir: cfg.ExportDir})
 	// Services whose issues have not landed: every RPC answers Unimplemented
 	// after validation and policy, never a fake success.
-	pb.RegisterJobsServer(s.grpc, pb.UnimplementedJobsServer{})
+	var revoker Revoker
+	if cfg.Keys != nil {
+		revoker = cfg.Keys
+	}
+	if s.jobs != nil {
+		pb.RegisterJobsServer(s.grpc, &jobsService{store: s.jobs, revoker: revoker, log: s.log})
+	} else {
+		pb.RegisterJobsServer(s.grpc, pb.UnimplementedJobsServer{})
+	}
 	pb.RegisterAccessServer(s.grpc, pb.UnimplementedAccessServer{})
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	return s, nil
+}
+
+func jobStoreOf(s InventoryStore) JobStore {
+	if js, ok := s.(JobStore); ok {
+		return js
+	}
+	return nil
 }
 
 // Serve answers on lis until ctx is done, then stops gracefully: in-flight

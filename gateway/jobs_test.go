@@ -1,0 +1,118 @@
+package gateway_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/nvmegate/nvmegate/audit"
+	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
+)
+
+func admitRequest(id string) *pb.AdmitRequest {
+	return &pb.AdmitRequest{JobId: id, Tenant: "acme",
+		Nodes:          []string{"spiffe://nvmegate.test" + node, "spiffe://nvmegate.test/node/acme-gpu-2"},
+		Namespaces:     []*pb.JobNamespace{{SubsystemNqn: subNQN, Nsid: 1, Mode: pb.AccessMode_ACCESS_MODE_READ_ONLY}},
+		AllowedRegions: []string{"eu-west"}, ExpiresAt: timestamppb.New(time.Now().Add(2 * time.Hour))}
+}
+
+// acmeInventory registers a target, acme's subsystem and namespace 1.
+func acmeInventory(t *testing.T, g *testGateway) {
+	t.Helper()
+	inv := pb.NewInventoryClient(g.client(t, admin))
+	ctx := ctxT(t)
+	if _, err := inv.AddTarget(ctx, &pb.AddTargetRequest{Target: validTarget()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inv.AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: validSubsystem()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inv.AddNamespace(ctx, &pb.AddNamespaceRequest{Namespace: validNamespace()}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A scheduler admits, reads, lists and finishes its tenant's job; another
+// tenant's scheduler can do none of it; every admission and finish is in
+// the audit log before it happened, with the job's namespaces, datasets
+// and expiry; finishing rotates the subsystem's access root.
+func TestJobsLifecycle(t *testing.T) {
+	g := startGateway(t)
+	acmeInventory(t, g)
+	ctx := ctxT(t)
+	jc := pb.NewJobsClient(g.client(t, sched))
+
+	resp, err := jc.Admit(ctx, admitRequest("job-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := resp.Job
+	if j.State != pb.JobState_JOB_STATE_ACTIVE || j.Scheduler != "spiffe://nvmegate.test"+sched || j.DecisionId != resp.Decision.Id ||
+		!resp.Decision.Allow || j.AdmittedAt == nil {
+		t.Fatalf("admitted: %v", resp)
+	}
+	_, err = jc.Admit(ctx, admitRequest("job-1"))
+	wantCode(t, err, codes.AlreadyExists)
+
+	got, err := jc.Get(ctx, &pb.JobsGetRequest{JobId: "job-1"})
+	if err != nil || got.Job.JobId != "job-1" || len(got.Job.Namespaces) != 1 {
+		t.Fatalf("get: %v %v", got, err)
+	}
+	list, err := jc.List(ctx, &pb.JobsListRequest{Tenant: "acme", State: pb.JobState_JOB_STATE_ACTIVE})
+	if err != nil || len(list.Jobs) != 1 {
+		t.Fatalf("list: %v %v", list, err)
+	}
+
+	// Another tenant's scheduler: no admit for acme, no reading acme's job.
+	other := pb.NewJobsClient(g.client(t, "/tenant/globex/scheduler/slurm"))
+	_, err = other.Admit(ctx, admitRequest("job-2"))
+	wantCode(t, err, codes.PermissionDenied)
+	_, err = other.Get(ctx, &pb.JobsGetRequest{JobId: "job-1"})
+	wantCode(t, err, codes.PermissionDenied)
+	_, err = other.Finish(ctx, &pb.FinishRequest{JobId: "job-1"})
+	wantCode(t, err, codes.PermissionDenied)
+	// A job whose namespace is not the tenant's is refused by policy.
+	bad := admitRequest("job-3")
+	bad.Namespaces[0].Nsid = 7
+	_, err = jc.Admit(ctx, bad)
+	wantCode(t, err, codes.PermissionDenied)
+
+	fin, err := jc.Finish(ctx, &pb.FinishRequest{JobId: "job-1", Reason: "done"})
+	if err != nil || fin.Job.State != pb.JobState_JOB_STATE_FINISHED || fin.Job.FinishedAt == nil {
+		t.Fatalf("finish: %v %v", fin, err)
+	}
+	_, err = jc.Finish(ctx, &pb.FinishRequest{JobId: "job-1"})
+	wantCode(t, err, codes.FailedPrecondition, "already finished")
+
+	// Finishing rotated the subsystem's root (the revocation hook).
+	st, err := pb.NewKeysClient(g.client(t, admin)).Status(ctx, &pb.KeysStatusRequest{SubsystemNqn: subNQN, Kind: pb.KeyKind_KEY_KIND_ACCESS_ROOT})
+	if err != nil || len(st.Keys) != 1 || st.Keys[0].CurrentVersion != 1 {
+		t.Fatalf("root after finish: %v %v", st, err)
+	}
+
+	entries := queryAll(t, pb.NewAuditClient(g.client(t, auditor)), &pb.QueryRequest{JobId: "job-1"})
+	var kinds []string
+	for _, e := range entries {
+		kinds = append(kinds, string(e.Kind))
+	}
+	// admitted; a duplicate (recorded, then its failure); two refusals of
+	// globex's scheduler; finished; finished again (recorded, then failed).
+	want := "job_admit,job_admit,job_admit,deny,deny,job_finish,job_finish,job_finish"
+	if strings.Join(kinds, ",") != want {
+		t.Fatalf("job-1 entries %v, want %s", kinds, want)
+	}
+	a := entries[0]
+	if a.Tenant != "acme" || a.ExpiresAt.IsZero() || len(a.Namespaces) != 1 || a.Namespaces[0].Dataset != "common-crawl/2026-10" ||
+		a.Namespaces[0].Mode != "ro" || a.Decision == nil || a.Decision.ID != j.DecisionId {
+		t.Fatalf("admission entry %+v", a)
+	}
+	if entries[1].Detail != "jobs.admit job-1" || entries[2].Detail != "jobs.admit job-1 failed (exists)" {
+		t.Errorf("duplicate admission entries %q, %q", entries[1].Detail, entries[2].Detail)
+	}
+	if entries[5].Kind != audit.EventJobFinish || entries[7].Detail != "jobs.finish job-1 failed (conflict)" {
+		t.Errorf("finish entries %q / %q", entries[5].Detail, entries[7].Detail)
+	}
+}
