@@ -1,0 +1,38 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestJobCommands(t *testing.T) {
+	dir := startDevGateway(t)
+	mustCLI(t, dir, "admin", "inventory", "target", "add", "stor-eu-1", "--fabric", "fab-eu", "--region", "eu-west",
+		"--port", "id=1,transport=tcp,family=ipv4,address=10.0.0.10,service=4420")
+	mustCLI(t, dir, "admin", "inventory", "subsystem", "add", nqn, "--target", "stor-eu-1", "--tenant", "acme", "--ports", "1", "--dhchap")
+	mustCLI(t, dir, "admin", "inventory", "namespace", "add", nqn, "1", "--tenant", "acme", "--region", "eu-west",
+		"--class", "internal", "--dataset", "ds", "--digest", digest)
+	out := mustCLI(t, dir, "acme-scheduler", "job", "admit", "job-7", "--tenant", "acme",
+		"--node", "spiffe://nvmegate.test/node/acme-gpu-1", "--namespace", nqn+"/1:ro", "--region", "eu-west", "--expires-in", "2h")
+	if !strings.Contains(out, "job-7") || !strings.Contains(out, "active") || !strings.Contains(out, nqn+"/1:ro") {
+		t.Fatalf("admit:\n%s", out)
+	}
+	if out := mustCLI(t, dir, "acme-scheduler", "job", "list", "--tenant", "acme", "--state", "active"); !strings.Contains(out, "job-7") {
+		t.Fatalf("list:\n%s", out)
+	}
+	if _, err := cli(t, dir, "globex-scheduler", "job", "get", "job-7"); err == nil || !strings.Contains(err.Error(), "PermissionDenied") {
+		t.Fatalf("globex reading acme's job: %v", err)
+	}
+	if out := mustCLI(t, dir, "acme-scheduler", "job", "finish", "job-7", "--reason", "done"); !strings.Contains(out, "finished") {
+		t.Fatalf("finish:\n%s", out)
+	}
+	for name, args := range map[string][]string{
+		"bad namespace": {"job", "admit", "j", "--tenant", "acme", "--node", "spiffe://nvmegate.test/node/a", "--namespace", nqn + "/1"},
+		"bad mode":      {"job", "admit", "j", "--tenant", "acme", "--node", "spiffe://nvmegate.test/node/a", "--namespace", nqn + "/1:rx"},
+		"bad state":     {"job", "list", "--state", "done"},
+	} {
+		if _, err := cli(t, dir, "acme-scheduler", args...); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
