@@ -132,6 +132,20 @@ refused "a malformed NQN is refused naming the field" "subsystem.nqn" -- \
   as admin inventory subsystem add not-an-nqn --target stor-eu-1 --tenant acme --ports 1 --dhchap
 ok "the policy revision in force" -- as admin policy status
 
+echo "== acme's scheduler admits a training job (the scope its nodes will connect under)"
+ok "acme's scheduler admits job llm-pretrain-1: two nodes, acme's dataset read-only, eu-west, 12 h" -- \
+  as acme-scheduler job admit llm-pretrain-1 --tenant acme \
+    --node spiffe://nvmegate.test/node/acme-gpu-1 --node spiffe://nvmegate.test/node/acme-gpu-2 \
+    --namespace "$ACME/1:ro" --region eu-west --expires-in 12h
+refused "... but not a job on globex's dataset (tenant isolation)" PermissionDenied -- \
+  as acme-scheduler job admit llm-pretrain-2 --tenant acme \
+    --node spiffe://nvmegate.test/node/acme-gpu-1 --namespace "$GLOBEX/1:ro" --region us-east
+refused "... nor one reading acme's eu-west dataset from us-east (residency)" PermissionDenied -- \
+  as acme-scheduler job admit llm-pretrain-3 --tenant acme \
+    --node spiffe://nvmegate.test/node/acme-gpu-1 --namespace "$ACME/1:ro" --region us-east
+refused "globex's scheduler cannot read acme's job" PermissionDenied -- as globex-scheduler job get llm-pretrain-1
+ok "acme's scheduler lists its active jobs" -- as acme-scheduler job list --tenant acme --state active
+
 echo "== the security admin dry-runs job admissions against the live policy (Policy.Explain)"
 IN=scripts/demo-inputs
 decides "acme's scheduler admits a job reading acme's dataset in eu-west" ALLOW -- \
