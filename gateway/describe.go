@@ -102,6 +102,8 @@ func (d describer) resource(req any) (map[string]any, error) {
 		return res("job", r.Tenant), nil
 	case *pb.ListGrantsRequest:
 		return res("grant", ""), nil
+	case *pb.DiscoverRequest:
+		return d.nodeCall(r.JobId)
 	case interface{ GetJobId() string }:
 		// Jobs.Get/Finish, Access.Discover/Connect, Audit.Lineage: the
 		// stored job, whose tenant is the resource's. A job that does not
@@ -293,7 +295,57 @@ func (d describer) nodeBinding(id string) (map[string]any, error) {
 	if err != nil {
 		return nil, nvmegate.Invalid("nodes", "%v", err)
 	}
+	// The derived default must not be a host NQN an explicit binding gave
+	// to another identity: that node's targets would accept this one.
+	other, err := d.store.HostBindingByNQN(d.ctx, nqn)
+	switch ok, err := found(err); {
+	case err != nil:
+		return nil, err
+	case ok && other.SPIFFEID != id:
+		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "the default host NQN of %s is bound to another identity; bind this node explicitly", id)
+	}
 	return bindingValue(&nvmegate.HostBinding{SPIFFEID: id, HostNQN: nqn}, false), nil
+}
+
+// nodeCall describes a node's call in a job (discover; connect and renew
+// add the subsystem): the stored job, the caller's binding and the job's
+// namespaces with the modes the job gives them.
+func (d describer) nodeCall(jobID string) (map[string]any, error) {
+	out, err := d.job(jobID)
+	if err != nil {
+		return nil, err
+	}
+	caller, _ := identity.PeerID(d.ctx)
+	b, err := d.nodeBinding(caller.String())
+	if err != nil {
+		return nil, err
+	}
+	out["host_binding"] = b
+	out["request"] = map[string]any{"host_nqn": "", "mode": ""}
+	nss := []any{}
+	if d.jobs != nil {
+		j, err := d.jobs.Job(d.ctx, jobID)
+		if ok, err := found(err); err != nil {
+			return nil, err
+		} else if ok {
+			for _, jn := range j.Namespaces {
+				n, err := d.store.Namespace(d.ctx, jn.SubsystemNQN, jn.NSID)
+				if ok, err := found(err); err != nil {
+					return nil, err
+				} else if !ok {
+					nss = append(nss, map[string]any{"subsystem_nqn": jn.SubsystemNQN, "nsid": int64(jn.NSID), "mode": jn.Mode})
+					continue
+				}
+				v, err := d.namespaceValue(n, jn.Mode)
+				if err != nil {
+					return nil, err
+				}
+				nss = append(nss, v)
+			}
+		}
+	}
+	out["namespaces"] = nss
+	return out, nil
 }
 
 // admit describes a job admission: the requested scope, with the stored

@@ -28,6 +28,7 @@ type InventoryStore interface {
 
 	CreateHostBinding(ctx context.Context, h *nvmegate.HostBinding) error
 	HostBinding(ctx context.Context, spiffeID string) (*nvmegate.HostBinding, error)
+	HostBindingByNQN(ctx context.Context, hostNQN string) (*nvmegate.HostBinding, error)
 	ListHostBindings(ctx context.Context, f store.HostBindingFilter, p store.Page) ([]*nvmegate.HostBinding, string, error)
 	DeleteHostBinding(ctx context.Context, spiffeID string) error
 }

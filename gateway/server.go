@@ -121,7 +121,11 @@ func New(cfg Config) (*Server, error) {
 	} else {
 		pb.RegisterJobsServer(s.grpc, pb.UnimplementedJobsServer{})
 	}
-	pb.RegisterAccessServer(s.grpc, pb.UnimplementedAccessServer{})
+	if s.jobs != nil {
+		pb.RegisterAccessServer(s.grpc, &accessService{store: cfg.Store, jobs: s.jobs})
+	} else {
+		pb.RegisterAccessServer(s.grpc, pb.UnimplementedAccessServer{})
+	}
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	return s, nil
