@@ -26,6 +26,12 @@ func (s *Server) describe(ctx context.Context, fullMethod string, req any) (stri
 	d := describer{ctx: ctx, store: s.store, jobs: s.jobs}
 	res, err := d.resource(req)
 	if err != nil {
+		// A domain error other than invalid input (a conflict, the store
+		// unavailable) keeps its own status; authz answers the rest as
+		// InvalidArgument.
+		if c := nvmegate.ErrorCode(err); c != "" && c != nvmegate.EINVALID {
+			return "", nil, toStatus(ctx, s.log, fullMethod, err)
+		}
 		return "", nil, err
 	}
 	return authz.ActionFromMethod(fullMethod), res, nil
