@@ -145,6 +145,8 @@ refused "... nor one reading acme's eu-west dataset from us-east (residency)" Pe
     --node spiffe://nvmegate.test/node/acme-gpu-1 --namespace "$ACME/1:ro" --region us-east
 refused "globex's scheduler cannot read acme's job" PermissionDenied -- as globex-scheduler job get llm-pretrain-1
 ok "acme's scheduler lists its active jobs" -- as acme-scheduler job list --tenant acme --state active
+ok "acme-node-1 discovers the job's subsystem ports and its host NQN" -- as acme-node-1 discover --job llm-pretrain-1
+refused "globex-node-1 learns nothing about acme's job" PermissionDenied -- as globex-node-1 discover --job llm-pretrain-1
 
 echo "== the security admin dry-runs job admissions against the live policy (Policy.Explain)"
 IN=scripts/demo-inputs

@@ -20,6 +20,13 @@ func TestJobCommands(t *testing.T) {
 	if out := mustCLI(t, dir, "acme-scheduler", "job", "list", "--tenant", "acme", "--state", "active"); !strings.Contains(out, "job-7") {
 		t.Fatalf("list:\n%s", out)
 	}
+	out = mustCLI(t, dir, "acme-node-1", "discover", "--job", "job-7")
+	if !strings.Contains(out, "host NQN: nqn.2014-08.org.nvmexpress:uuid:") || !strings.Contains(out, "10.0.0.10") || !strings.Contains(out, nqn) {
+		t.Fatalf("discover:\n%s", out)
+	}
+	if _, err := cli(t, dir, "globex-node-1", "discover", "--job", "job-7"); err == nil || !strings.Contains(err.Error(), "PermissionDenied") {
+		t.Fatalf("globex node discovering acme's job: %v", err)
+	}
 	if _, err := cli(t, dir, "globex-scheduler", "job", "get", "job-7"); err == nil || !strings.Contains(err.Error(), "PermissionDenied") {
 		t.Fatalf("globex reading acme's job: %v", err)
 	}
