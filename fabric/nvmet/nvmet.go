@@ -1,0 +1,223 @@
+package nvmet
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/nvmegate/nvmegate/fabric"
+)
+
+// Driver writes the configfs tree under Root.
+type Driver struct {
+	Root string // e.g. /sys/kernel/config/nvmet
+}
+
+var _ fabric.Driver = (*Driver)(nil)
+
+// Apply makes the tree match s for the subsystems in s.
+func (d *Driver) Apply(ctx context.Context, s fabric.State) error {
+	s.Normalize()
+	for _, dir := range []string{"hosts", "subsystems", "ports"} {
+		if err := mkdir(filepath.Join(d.Root, dir)); err != nil {
+			return err
+		}
+	}
+	wanted := map[string]fabric.Host{} // host NQN → credentials
+	for _, sub := range s.Subsystems {
+		for _, h := range sub.Hosts {
+			if prev, ok := wanted[h.NQN]; ok && prev != h {
+				// configfs has one hosts/<nqn> entry per target: a host's
+				// keys are the same on every subsystem of a target.
+				return fmt.Errorf("nvmet: host %s has different credentials on two subsystems", h.NQN)
+			}
+			wanted[h.NQN] = h
+		}
+	}
+	for _, h := range wanted {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := d.writeHost(h); err != nil {
+			return err
+		}
+	}
+	portSubs := map[uint16]map[string]bool{} // the subsystems each port serves
+	for _, sub := range s.Subsystems {
+		if err := d.writeSubsystem(sub); err != nil {
+			return err
+		}
+		for _, p := range sub.Ports {
+			if portSubs[p.ID] == nil {
+				portSubs[p.ID] = map[string]bool{}
+			}
+			portSubs[p.ID][sub.NQN] = true
+		}
+	}
+	for id, subs := range portSubs {
+		if err := prune(filepath.Join(d.Root, "ports", strconv.Itoa(int(id)), "subsystems"), subs); err != nil {
+			return err
+		}
+	}
+	// Hosts no subsystem allows any more go, after their links did.
+	ents, err := os.ReadDir(filepath.Join(d.Root, "hosts"))
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if _, ok := wanted[e.Name()]; !ok {
+			if err := rmdir(filepath.Join(d.Root, "hosts", e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (d *Driver) writeHost(h fabric.Host) error {
+	dir := filepath.Join(d.Root, "hosts", h.NQN)
+	if err := mkdir(dir); err != nil {
+		return err
+	}
+	for _, a := range []struct {
+		name, value string
+		secret      bool
+	}{
+		{"dhchap_key", h.DHCHAPKey, true},
+		{"dhchap_ctrl_key", h.DHCHAPCtrlKey, true},
+		{"dhchap_hash", h.DHCHAPHash, false},
+		{"dhchap_dhgroup", h.DHCHAPGroup, false},
+	} {
+		if a.value == "" {
+			// configfs refuses an empty key (nvmet_auth_set_key wants
+			// "DHHC-1:"): an attribute not asked for is not written.
+			continue
+		}
+		if err := writeAttr(filepath.Join(dir, a.name), a.value, a.secret); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *Driver) writeSubsystem(sub fabric.Subsystem) error {
+	dir := filepath.Join(d.Root, "subsystems", sub.NQN)
+	if err := mkdir(filepath.Join(dir, "allowed_hosts")); err != nil {
+		return err
+	}
+	if err := writeAttr(filepath.Join(dir, "attr_allow_any_host"), "0", false); err != nil {
+		return err
+	}
+	hosts := map[string]bool{}
+	for _, h := range sub.Hosts {
+		hosts[h.NQN] = true
+		if err := link(filepath.Join("..", "..", "..", "hosts", h.NQN), filepath.Join(dir, "allowed_hosts", h.NQN)); err != nil {
+			return err
+		}
+	}
+	if err := prune(filepath.Join(dir, "allowed_hosts"), hosts); err != nil {
+		return err
+	}
+	for _, p := range sub.Ports {
+		pdir := filepath.Join(d.Root, "ports", strconv.Itoa(int(p.ID)))
+		if err := mkdir(filepath.Join(pdir, "subsystems")); err != nil {
+			return err
+		}
+		for name, v := range map[string]string{"addr_trtype": p.Trtype, "addr_adrfam": p.Adrfam, "addr_traddr": p.Traddr,
+			"addr_trsvcid": p.Trsvcid, "addr_treq": p.Treq, "addr_tsas": p.Tsas} {
+			if err := writeAttr(filepath.Join(pdir, name), v, false); err != nil {
+				return err
+			}
+		}
+		if err := link(filepath.Join("..", "..", "..", "subsystems", sub.NQN), filepath.Join(pdir, "subsystems", sub.NQN)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func mkdir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("nvmet: %w", err)
+	}
+	return nil
+}
+
+// writeAttr writes value (with a newline, as configfs shows it) unless
+// the file already holds it.
+func writeAttr(path, value string, secret bool) error {
+	want := []byte(value + "\n")
+	if old, err := os.ReadFile(path); err == nil && (bytes.Equal(old, want) || bytes.Equal(old, []byte(value))) {
+		return nil
+	}
+	mode := os.FileMode(0o644)
+	if secret {
+		mode = 0o600
+	}
+	if err := os.WriteFile(path, want, mode); err != nil {
+		// Never the value: it may be a secret.
+		return fmt.Errorf("nvmet: write %s: %w", filepath.Base(path), unwrapPath(err))
+	}
+	return nil
+}
+
+// unwrapPath drops the *PathError wrapper (its path is already named).
+func unwrapPath(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// link makes newname a symlink to target, replacing a wrong one.
+func link(target, newname string) error {
+	if cur, err := os.Readlink(newname); err == nil {
+		if cur == target {
+			return nil
+		}
+		if err := os.Remove(newname); err != nil {
+			return fmt.Errorf("nvmet: %w", err)
+		}
+	}
+	if err := os.Symlink(target, newname); err != nil {
+		return fmt.Errorf("nvmet: %w", err)
+	}
+	return nil
+}
+
+// prune removes the links in dir whose names keep does not hold.
+func prune(dir string, keep map[string]bool) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("nvmet: %w", err)
+	}
+	for _, e := range ents {
+		if !keep[e.Name()] {
+			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+				return fmt.Errorf("nvmet: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// rmdir removes a configfs item: rmdir is enough on configfs (attributes
+// go with it); a plain directory needs its files removed first.
+func rmdir(dir string) error {
+	err := syscall.Rmdir(dir)
+	if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {
+		err = os.RemoveAll(dir)
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("nvmet: remove %s: %w", strings.TrimPrefix(dir, "/"), unwrapPath(err))
+	}
+	return nil
+}

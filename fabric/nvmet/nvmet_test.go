@@ -1,0 +1,168 @@
+package nvmet_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nvmegate/nvmegate/fabric"
+	"github.com/nvmegate/nvmegate/fabric/nvmet"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden trees in testdata/")
+
+const (
+	sub   = "nqn.2026-01.io.nvmegate.test:acme-train"
+	hostA = "nqn.2014-08.org.nvmexpress:uuid:00000001-aaaa-4000-8000-000000000000"
+	hostB = "nqn.2014-08.org.nvmexpress:uuid:00000002-aaaa-4000-8000-000000000000"
+	// DHHC-1 test keys (fixed, so that the golden trees are stable); they
+	// pass nvme check-dhchap-key.
+	keyA1 = "DHHC-1:01:sKpQc1nGaocWSUWCMDyUIVzJZfcGvVxKRLWgNfWsdqy1YkTc:"
+	keyA2 = "DHHC-1:01:F0kh4zhDTeUynyyQkPFw4ZXI/wgvzRTuL5g7kjhdubo81ukn:"
+	keyB1 = "DHHC-1:01:OioJdHDTsA2XNkex0zO3+RHRJuA+koHzq6BRNzQup5DAxWMW:"
+	ctrl1 = "DHHC-1:01:shwO4h6qLEsjJTyTW+6OYTGb1v7oQGy2/L+VM2WL7ChYfxmc:"
+)
+
+func state(hosts ...fabric.Host) fabric.State {
+	return fabric.State{Subsystems: []fabric.Subsystem{{
+		NQN:   sub,
+		Hosts: hosts,
+		Ports: []fabric.Port{{ID: 1, Trtype: "tcp", Adrfam: "ipv4", Traddr: "127.0.0.1", Trsvcid: "4420", Treq: "not required", Tsas: "none"}},
+	}}}
+}
+
+func host(nqn, key, ctrl string) fabric.Host {
+	return fabric.Host{NQN: nqn, DHCHAPKey: key, DHCHAPCtrlKey: ctrl, DHCHAPHash: fabric.Hash("sha384"), DHCHAPGroup: "ffdhe3072"}
+}
+
+// dump renders a tree: directories, files with mode and content, links.
+func dump(t *testing.T, root string) string {
+	t.Helper()
+	var b strings.Builder
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == root {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		info, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		switch {
+		case info.Mode()&fs.ModeSymlink != 0:
+			target, _ := os.Readlink(p)
+			fmt.Fprintf(&b, "l %s -> %s\n", rel, target)
+		case d.IsDir():
+			fmt.Fprintf(&b, "d %s\n", rel)
+		default:
+			data, _ := os.ReadFile(p)
+			fmt.Fprintf(&b, "f %s %04o %q\n", rel, info.Mode().Perm(), string(data))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./fabric/nvmet -update)", err)
+	}
+	if got != string(want) {
+		t.Fatalf("tree %s differs from %s:\n--- got\n%s--- want\n%s", name, path, got, want)
+	}
+}
+
+// The tree after connect, a second host, rotation, release and the end of
+// all access, each compared with its golden tree; applying the same state
+// twice changes nothing.
+func TestApplyGoldenTrees(t *testing.T) {
+	root := t.TempDir()
+	d := &nvmet.Driver{Root: root}
+	ctx := context.Background()
+	steps := []struct {
+		name string
+		s    fabric.State
+	}{
+		{"1-connect", state(host(hostA, keyA1, ctrl1))},
+		{"2-second-host", state(host(hostA, keyA1, ctrl1), host(hostB, keyB1, ""))},
+		{"3-rotate", state(host(hostA, keyA2, ctrl1), host(hostB, keyB1, ""))},
+		{"4-release", state(host(hostB, keyB1, ""))},
+		{"5-none", state()},
+	}
+	for _, st := range steps {
+		if err := d.Apply(ctx, st.s); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		tree := dump(t, root)
+		golden(t, st.name, tree)
+		if err := d.Apply(ctx, st.s); err != nil {
+			t.Fatal(err)
+		}
+		if again := dump(t, root); again != tree {
+			t.Fatalf("%s: applying twice changed the tree", st.name)
+		}
+	}
+}
+
+// One host with different keys on two subsystems of a target cannot be
+// expressed in configfs (one hosts/<nqn> entry): refused, nothing written.
+func TestApplyRefusesConflictingHost(t *testing.T) {
+	d := &nvmet.Driver{Root: t.TempDir()}
+	s := state(host(hostA, keyA1, ""))
+	s.Subsystems = append(s.Subsystems, fabric.Subsystem{NQN: sub + "-2", Hosts: []fabric.Host{host(hostA, keyA2, "")}})
+	err := d.Apply(context.Background(), s)
+	if err == nil || !strings.Contains(err.Error(), "different credentials") {
+		t.Fatalf("err = %v", err)
+	}
+	if strings.Contains(err.Error(), "DHHC-1") {
+		t.Fatal("error names a secret")
+	}
+}
+
+// nvme-cli accepts every key the driver wrote (CI installs it).
+func TestWrittenKeysNVMeCLI(t *testing.T) {
+	nvme, err := exec.LookPath("nvme")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("nvme-cli missing under CI")
+		}
+		t.Skip("nvme-cli not installed")
+	}
+	root := t.TempDir()
+	if err := (&nvmet.Driver{Root: root}).Apply(context.Background(), state(host(hostA, keyA1, ctrl1), host(hostB, keyB1, ""))); err != nil {
+		t.Fatal(err)
+	}
+	keys, _ := filepath.Glob(filepath.Join(root, "hosts", "*", "dhchap_*key"))
+	n := 0
+	for _, k := range keys {
+		data, _ := os.ReadFile(k)
+		v := strings.TrimSpace(string(data))
+		if v == "" {
+			continue
+		}
+		n++
+		if out, err := exec.Command(nvme, "check-dhchap-key", "-k", v).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v: %s", k, err, out)
+		}
+	}
+	if n != 3 {
+		t.Fatalf("%d keys checked, want 3", n)
+	}
+}
