@@ -28,6 +28,14 @@ type Grant struct {
 	State        string    // Grant* state
 	DecisionID   string    // the policy decision that allowed it
 	AuditIndex   uint64    // index of its durable audit entry
+
+	// How its credentials are made and the target programmed (from the
+	// decision's obligations), so that every gateway derives the same.
+	DHCHAPHash    string // "sha256", "sha384", "sha512"
+	DHGroup       string // "null", "ffdhe2048" … "ffdhe8192"
+	Bidirectional bool   // a controller secret too
+	TLS           bool   // a TLS PSK too
+	ReadOnly      bool   // every namespace read-only for this host
 }
 
 // Active reports whether the grant is active at time now.

@@ -44,6 +44,7 @@ const (
 	kindNamespaces   byte = 'n'
 	kindHostBindings byte = 'h'
 	kindJobs         byte = 'j'
+	kindGrants       byte = 'g'
 )
 
 // maxTokenKey bounds the key in a token: SPIFFE IDs may be 2048 bytes, NQNs

@@ -30,11 +30,14 @@ var (
 	bucketHostBindings       = []byte("host_bindings")
 	bucketHostBindingsByNQN  = []byte("host_bindings_by_nqn")
 	bucketJobs               = []byte("jobs")
+	bucketGrants             = []byte("grants")
+	bucketGrantsBySubsystem  = []byte("grants_by_subsystem")
 
 	// allBuckets are created by Open if missing.
 	allBuckets = [][]byte{
 		bucketMeta, bucketTargets, bucketSubsystems, bucketSubsystemsByTarget,
 		bucketNamespaces, bucketHostBindings, bucketHostBindingsByNQN, bucketJobs,
+		bucketGrants, bucketGrantsBySubsystem,
 	}
 
 	metaKind   = []byte("kind")

@@ -1,0 +1,169 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/nvmegate/nvmegate"
+)
+
+// GrantFilter narrows ListGrants; empty fields match everything.
+type GrantFilter struct {
+	JobID string
+	Node  string
+	State string
+}
+
+type grantRecord struct {
+	V             int       `json:"v"`
+	ID            string    `json:"id"`
+	JobID         string    `json:"job_id"`
+	Tenant        string    `json:"tenant"`
+	Node          string    `json:"node"`
+	HostNQN       string    `json:"host_nqn"`
+	SubsystemNQN  string    `json:"subsystem_nqn"`
+	KeyVersion    uint64    `json:"key_version"`
+	IssuedAt      time.Time `json:"issued_at"`
+	ExpiresAt     time.Time `json:"expires_at"`
+	State         string    `json:"state"`
+	DecisionID    string    `json:"decision_id"`
+	AuditIndex    uint64    `json:"audit_index"`
+	DHCHAPHash    string    `json:"dhchap_hash"`
+	DHGroup       string    `json:"dh_group"`
+	Bidirectional bool      `json:"bidirectional,omitempty"`
+	TLS           bool      `json:"tls,omitempty"`
+	ReadOnly      bool      `json:"read_only,omitempty"`
+}
+
+func encodeGrant(g *nvmegate.Grant) ([]byte, error) {
+	return json.Marshal(grantRecord{V: recordVersion, ID: g.ID, JobID: g.JobID, Tenant: g.Tenant, Node: g.Node, HostNQN: g.HostNQN,
+		SubsystemNQN: g.SubsystemNQN, KeyVersion: g.KeyVersion, IssuedAt: g.IssuedAt.UTC(), ExpiresAt: g.ExpiresAt.UTC(),
+		State: g.State, DecisionID: g.DecisionID, AuditIndex: g.AuditIndex, DHCHAPHash: g.DHCHAPHash, DHGroup: g.DHGroup,
+		Bidirectional: g.Bidirectional, TLS: g.TLS, ReadOnly: g.ReadOnly})
+}
+
+func decodeGrant(v []byte) (*nvmegate.Grant, error) {
+	var r grantRecord
+	if err := json.Unmarshal(v, &r); err != nil {
+		return nil, fmt.Errorf("store: grant record: %w", err)
+	}
+	if r.V != recordVersion {
+		return nil, fmt.Errorf("store: grant record version %d", r.V)
+	}
+	return &nvmegate.Grant{ID: r.ID, JobID: r.JobID, Tenant: r.Tenant, Node: r.Node, HostNQN: r.HostNQN, SubsystemNQN: r.SubsystemNQN,
+		KeyVersion: r.KeyVersion, IssuedAt: r.IssuedAt, ExpiresAt: r.ExpiresAt, State: r.State, DecisionID: r.DecisionID,
+		AuditIndex: r.AuditIndex, DHCHAPHash: r.DHCHAPHash, DHGroup: r.DHGroup, Bidirectional: r.Bidirectional, TLS: r.TLS,
+		ReadOnly: r.ReadOnly}, nil
+}
+
+func grantBySubsystemKey(sub, id string) []byte {
+	return append(append([]byte(sub), 0), id...)
+}
+
+// PutGrant stores a grant, new or changed (its job, host and subsystem
+// never change).
+func (db *DB) PutGrant(ctx context.Context, g *nvmegate.Grant) error {
+	if g == nil {
+		return nvmegate.Invalid("", "a grant is required")
+	}
+	if err := nvmegate.ValidateGrantID("grant_id", g.ID); err != nil {
+		return err
+	}
+	val, err := encodeGrant(g)
+	if err != nil {
+		return err
+	}
+	return db.update(ctx, func(tx *bolt.Tx) error {
+		if old := tx.Bucket(bucketGrants).Get([]byte(g.ID)); old != nil {
+			prev, err := decodeGrant(old)
+			if err != nil {
+				return err
+			}
+			if prev.SubsystemNQN != g.SubsystemNQN || prev.HostNQN != g.HostNQN || prev.JobID != g.JobID {
+				return nvmegate.Errorf(nvmegate.ECONFLICT, "grant %s cannot change its job, host or subsystem", g.ID)
+			}
+		}
+		if err := put(tx, bucketGrants, []byte(g.ID), val); err != nil {
+			return err
+		}
+		// The index holds active grants only: a target's desired state is
+		// read from it, and ended grants must not slow that down.
+		k := grantBySubsystemKey(g.SubsystemNQN, g.ID)
+		if g.State == nvmegate.GrantActive {
+			return put(tx, bucketGrantsBySubsystem, k, nil)
+		}
+		return tx.Bucket(bucketGrantsBySubsystem).Delete(k)
+	})
+}
+
+// Grant returns a grant, or ENOTFOUND.
+func (db *DB) Grant(ctx context.Context, id string) (*nvmegate.Grant, error) {
+	var g *nvmegate.Grant
+	err := db.view(ctx, func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketGrants).Get([]byte(id))
+		if v == nil {
+			return nvmegate.Errorf(nvmegate.ENOTFOUND, "grant %q not found", id)
+		}
+		var err error
+		g, err = decodeGrant(v)
+		return err
+	})
+	return g, err
+}
+
+// ListGrants returns one page of grants in ID order.
+func (db *DB) ListGrants(ctx context.Context, f GrantFilter, page Page) ([]*nvmegate.Grant, string, error) {
+	size, after, err := page.parse(kindGrants)
+	if err != nil {
+		return nil, "", err
+	}
+	var (
+		items []*nvmegate.Grant
+		next  []byte
+	)
+	err = db.view(ctx, func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketGrants).Cursor()
+		items, next, err = scanPage(c, nil, after, size, func(_, v []byte) (*nvmegate.Grant, bool, []byte, error) {
+			g, err := decodeGrant(v)
+			if err != nil {
+				return nil, false, nil, err
+			}
+			return g, (f.JobID == "" || g.JobID == f.JobID) && (f.Node == "" || g.Node == f.Node) && (f.State == "" || g.State == f.State), nil, nil
+		})
+		return err
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return items, encodeToken(kindGrants, next), nil
+}
+
+// SubsystemGrants returns the active grants of a subsystem (what its
+// target must allow), in grant ID order.
+func (db *DB) SubsystemGrants(ctx context.Context, subsystemNQN string) ([]*nvmegate.Grant, error) {
+	var out []*nvmegate.Grant
+	err := db.view(ctx, func(tx *bolt.Tx) error {
+		prefix := append([]byte(subsystemNQN), 0)
+		c := tx.Bucket(bucketGrantsBySubsystem).Cursor()
+		grants := tx.Bucket(bucketGrants)
+		for k, _ := c.Seek(prefix); k != nil && len(k) > len(prefix) && string(k[:len(prefix)]) == string(prefix); k, _ = c.Next() {
+			v := grants.Get(k[len(prefix):])
+			if v == nil {
+				return fmt.Errorf("store: index %s points to a missing grant %q", bucketGrantsBySubsystem, k[len(prefix):])
+			}
+			g, err := decodeGrant(v)
+			if err != nil {
+				return err
+			}
+			if g.State == nvmegate.GrantActive {
+				out = append(out, g)
+			}
+		}
+		return nil
+	})
+	return out, err
+}
