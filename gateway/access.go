@@ -2,10 +2,21 @@ package gateway
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
 
 	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/authz"
+	"github.com/nvmegate/nvmegate/keys"
+	"github.com/nvmegate/nvmegate/keys/nvmefmt"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
+	"github.com/nvmegate/nvmegate/store"
+	"github.com/nvmegate/nvmegate/targetagent"
 )
 
 // accessService answers the node calls. Policy has decided that the caller
@@ -13,9 +24,31 @@ import (
 // job's tenant only.
 type accessService struct {
 	pb.UnimplementedAccessServer
-	store InventoryStore
-	jobs  JobStore
+	store   InventoryStore
+	jobs    JobStore
+	grants  GrantStore       // nil: Connect and the grant RPCs are not served
+	keys    KeyManager       // derives credentials
+	targets TargetProgrammer // programs targets before a grant is handed out
+	audit   AuditLog
+	now     func() time.Time
+	log     *slog.Logger
 }
+
+// GrantStore keeps grants.
+type GrantStore interface {
+	PutGrant(ctx context.Context, g *nvmegate.Grant) error
+	Grant(ctx context.Context, id string) (*nvmegate.Grant, error)
+	ListGrants(ctx context.Context, f store.GrantFilter, p store.Page) ([]*nvmegate.Grant, string, error)
+}
+
+// TargetProgrammer makes a target allow exactly the hosts its active
+// grants name (targetagent.Agent).
+type TargetProgrammer interface {
+	Program(ctx context.Context, targetID string) error
+}
+
+// DefaultGrantTTL is a grant's lifetime when the node asks for none.
+const DefaultGrantTTL = time.Hour
 
 // Discover lists where the job's subsystems listen, as a discovery
 // controller would: one entry per port of each subsystem, with its
@@ -73,4 +106,201 @@ func (s *accessService) discoveryEntries(ctx context.Context, nqn string) ([]*pb
 		}
 	}
 	return out, nil
+}
+
+// Connect hands a node the credentials of one subsystem in its job: policy
+// allowed it (with obligations), the credentials are derived for the
+// node's bound host NQN, the target is programmed to accept them, and the
+// grant's audit entry is durable — only then does the node get them. Any
+// failure on the way ends the grant before anything is returned.
+func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.ConnectResponse, error) {
+	if s.grants == nil || s.keys == nil || s.targets == nil {
+		return nil, nvmegate.Errorf(nvmegate.EUNIMPLEMENTED, "this gateway issues no credentials: it has no key manager or target agent")
+	}
+	in, ok := authz.InputFromContext(ctx)
+	d, ok2 := authz.DecisionFromContext(ctx)
+	if !ok || !ok2 {
+		return nil, nvmegate.Errorf(nvmegate.EINTERNAL, "connect: call has no authorization")
+	}
+	j, err := s.jobs.Job(ctx, r.JobId)
+	if err != nil {
+		return nil, err
+	}
+	sub, err := s.store.Subsystem(ctx, r.SubsystemNqn)
+	if err != nil {
+		return nil, err
+	}
+	t, err := s.store.Target(ctx, sub.TargetID)
+	if err != nil {
+		return nil, err
+	}
+	now := s.now()
+	g := &nvmegate.Grant{ID: newGrantID(), JobID: j.ID, Tenant: j.Tenant, Node: in.Caller.ID,
+		HostNQN: str(in.Resource, "host_binding", "host_nqn"), SubsystemNQN: sub.NQN, IssuedAt: now,
+		ExpiresAt: grantExpiry(now, r.Ttl.AsDuration(), d.Obligations.MaxTTL, j.ExpiresAt), State: nvmegate.GrantActive,
+		DecisionID: d.ID, ReadOnly: d.Obligations.ReadOnly}
+	if err := grantCredentialParams(g, sub, d.Obligations); err != nil {
+		return nil, err
+	}
+	p, err := targetagent.GrantParams(g)
+	if err != nil {
+		return nil, err
+	}
+	creds, err := s.keys.Credentials(ctx, g.HostNQN, g.SubsystemNQN, p)
+	if err != nil {
+		return nil, keyErr(err)
+	}
+	g.KeyVersion = creds.RootVersion
+	if err := s.grants.PutGrant(ctx, g); err != nil {
+		return nil, err
+	}
+	if err := s.targets.Program(ctx, t.ID); err != nil {
+		s.log.ErrorContext(ctx, "connect: target not programmed; no grant", "target", t.ID, "grant", g.ID, "err", err)
+		s.endGrant(ctx, g, t.ID, nvmegate.GrantRevoked)
+		s.recordFailure(ctx, in, d, g, "target "+t.ID+" did not accept the host")
+		return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "target %s did not accept the host in time; no grant was made", t.ID)
+	}
+	idx, _, err := s.audit.Append(ctx, grantEntry(in, d, g, creds))
+	if err != nil {
+		s.log.ErrorContext(ctx, "connect: grant not recorded; withdrawn", "grant", g.ID, "err", err)
+		s.endGrant(ctx, g, t.ID, nvmegate.GrantRevoked)
+		return nil, errAuditUnavailable
+	}
+	g.AuditIndex = idx
+	if err := s.grants.PutGrant(ctx, g); err != nil {
+		s.log.ErrorContext(ctx, "connect: audit index not stored", "grant", g.ID, "err", err)
+	}
+	return s.connectResponse(ctx, g, sub, t, creds, d)
+}
+
+// grantExpiry is now+ttl (DefaultGrantTTL if 0), capped by the policy's
+// max TTL and the job's expiry.
+func grantExpiry(now time.Time, ttl, maxTTL time.Duration, jobExpiry time.Time) time.Time {
+	if ttl <= 0 {
+		ttl = DefaultGrantTTL
+	}
+	if maxTTL > 0 && ttl > maxTTL {
+		ttl = maxTTL
+	}
+	exp := now.Add(ttl)
+	if jobExpiry.Before(exp) {
+		exp = jobExpiry
+	}
+	return exp
+}
+
+// grantCredentialParams fills the grant's credential settings from the
+// obligations and what the subsystem supports.
+func grantCredentialParams(g *nvmegate.Grant, sub *nvmegate.Subsystem, ob nvmegate.Obligations) error {
+	g.DHCHAPHash, g.DHGroup = ob.MinHash, ob.MinDHGroup
+	if g.DHCHAPHash == "" {
+		g.DHCHAPHash = "sha256"
+	}
+	if g.DHGroup == "" {
+		g.DHGroup = "ffdhe2048"
+	}
+	g.Bidirectional = ob.Bidirectional
+	wantTLS := ob.RequireTLS || ob.AuthMode == nvmegate.AuthTLS || ob.AuthMode == nvmegate.AuthBoth
+	if wantTLS && !sub.TLS {
+		return nvmegate.Errorf(nvmegate.ECONFLICT, "policy requires TLS but subsystem %s has no TLS port", sub.NQN)
+	}
+	if !sub.DHCHAP && ob.AuthMode != nvmegate.AuthTLS {
+		return nvmegate.Errorf(nvmegate.ECONFLICT, "subsystem %s does not do DH-HMAC-CHAP", sub.NQN)
+	}
+	g.TLS = wantTLS
+	return nil
+}
+
+func newGrantID() string {
+	b := make([]byte, 16)
+	rand.Read(b)
+	return "g-" + base64.RawURLEncoding.EncodeToString(b)
+}
+
+// endGrant ends a grant and reprograms its target (best effort: the
+// reconciler retries).
+func (s *accessService) endGrant(ctx context.Context, g *nvmegate.Grant, targetID, state string) {
+	ctx = context.WithoutCancel(ctx)
+	g.State = state
+	if err := s.grants.PutGrant(ctx, g); err != nil {
+		s.log.ErrorContext(ctx, "grant not ended in the store", "grant", g.ID, "err", err)
+	}
+	if err := s.targets.Program(ctx, targetID); err != nil {
+		s.log.ErrorContext(ctx, "target not reprogrammed after a grant ended", "target", targetID, "err", err)
+	}
+}
+
+// recordFailure appends a deny entry for a connect that policy allowed but
+// that failed on the way (best effort: the caller is refused anyway).
+func (s *accessService) recordFailure(ctx context.Context, in *authz.Input, d *nvmegate.Decision, g *nvmegate.Grant, why string) {
+	e := entryFor(in, d, audit.EventDeny)
+	e.Time, e.GrantID, e.Detail = s.now(), g.ID, e.Detail+": "+why
+	if _, _, err := s.audit.Append(context.WithoutCancel(ctx), e); err != nil {
+		s.log.ErrorContext(ctx, "connect failure not recorded", "grant", g.ID, "err", err)
+	}
+}
+
+// grantEntry is the audit entry of a grant: versions and fingerprints of
+// what was issued, never the secrets.
+func grantEntry(in *authz.Input, d *nvmegate.Decision, g *nvmegate.Grant, c keys.Credentials) audit.Entry {
+	e := entryFor(in, d, audit.EventGrant)
+	e.Time, e.GrantID, e.ExpiresAt, e.HostNQN, e.SubsystemNQN = g.IssuedAt, g.ID, g.ExpiresAt, g.HostNQN, g.SubsystemNQN
+	e.Detail = fmt.Sprintf("access.connect %s", g.SubsystemNQN)
+	e.Keys = []audit.KeyRef{{Class: "access_root", ID: g.SubsystemNQN, Version: g.KeyVersion, Fingerprint: c.RootFingerprint}}
+	for _, k := range []struct{ class, fp string }{
+		{"dhchap_host", c.HostSecretFingerprint}, {"dhchap_ctrl", c.CtrlSecretFingerprint}, {"tls_psk", c.TLSPSKFingerprint},
+	} {
+		if k.fp != "" {
+			e.Keys = append(e.Keys, audit.KeyRef{Class: k.class, ID: g.HostNQN, Version: g.KeyVersion, Fingerprint: k.fp})
+		}
+	}
+	return e
+}
+
+func (s *accessService) connectResponse(ctx context.Context, g *nvmegate.Grant, sub *nvmegate.Subsystem, t *nvmegate.Target,
+	c keys.Credentials, d *nvmegate.Decision) (*pb.ConnectResponse, error) {
+	entries, err := s.discoveryEntries(ctx, sub.NQN)
+	if err != nil {
+		return nil, err
+	}
+	conn := nvmefmt.Connection{HostNQN: g.HostNQN, SubsystemNQN: g.SubsystemNQN, DHCHAPKey: c.HostSecret,
+		DHCHAPCtrlKey: c.CtrlSecret, TLS: g.TLS, TLSKey: c.TLSPSK}
+	for _, p := range t.Ports {
+		// With TLS, the TLS ports; without, the ports that do not require it.
+		usable := g.TLS && p.TLS() || !g.TLS && p.SecureChannel != nvmegate.SecureChannelRequired
+		if usable && slices.Contains(sub.PortIDs, p.ID) {
+			conn.Ports = append(conn.Ports, nvmefmt.Endpoint{Transport: p.Transport, Address: p.Address, ServiceID: p.ServiceID})
+		}
+	}
+	cfg, err := conn.ConfigJSON()
+	if err != nil {
+		return nil, fmt.Errorf("connect: config.json: %w", err)
+	}
+	args, err := conn.ConnectArgs(0)
+	if err != nil {
+		return nil, fmt.Errorf("connect: nvme connect arguments: %w", err)
+	}
+	return &pb.ConnectResponse{
+		Grant: grantToProto(g, entries),
+		Credentials: &pb.Credentials{DhchapHostSecret: c.HostSecret, DhchapCtrlSecret: c.CtrlSecret, TlsPsk: c.TLSPSK,
+			KeyVersion: g.KeyVersion, DhchapHash: g.DHCHAPHash, DhchapDhgroup: g.DHGroup},
+		ConfigJson: cfg, ConnectArgs: args, Decision: decisionToProto(d),
+	}, nil
+}
+
+func grantToProto(g *nvmegate.Grant, ports []*pb.DiscoveryEntry) *pb.Grant {
+	out := &pb.Grant{GrantId: g.ID, JobId: g.JobID, Tenant: g.Tenant, Node: g.Node, HostNqn: g.HostNQN, SubsystemNqn: g.SubsystemNQN,
+		Ports: ports, IssuedAt: ts(g.IssuedAt), ExpiresAt: ts(g.ExpiresAt), KeyVersion: g.KeyVersion, DecisionId: g.DecisionID,
+		AuditIndex: g.AuditIndex, ReadOnly: g.ReadOnly}
+	switch g.State {
+	case nvmegate.GrantActive:
+		out.State = pb.GrantState_GRANT_STATE_ACTIVE
+	case nvmegate.GrantReleased:
+		out.State = pb.GrantState_GRANT_STATE_RELEASED
+	case nvmegate.GrantRevoked:
+		out.State = pb.GrantState_GRANT_STATE_REVOKED
+	case nvmegate.GrantExpired:
+		out.State = pb.GrantState_GRANT_STATE_EXPIRED
+	}
+	return out
 }

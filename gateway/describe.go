@@ -9,6 +9,7 @@ import (
 	"github.com/nvmegate/nvmegate/identity"
 	"github.com/nvmegate/nvmegate/keys/nvmefmt"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
+	"github.com/nvmegate/nvmegate/store"
 )
 
 // describe tells policy what a request is about: the action derived from
@@ -110,6 +111,12 @@ func (d describer) resource(req any) (map[string]any, error) {
 		return res("grant", ""), nil
 	case *pb.DiscoverRequest:
 		return d.nodeCall(r.JobId)
+	case *pb.ConnectRequest:
+		ttl := ""
+		if r.Ttl != nil {
+			ttl = r.Ttl.AsDuration().String()
+		}
+		return d.subsystemCall(r.JobId, r.SubsystemNqn, r.HostNqn, ttl)
 	case interface{ GetJobId() string }:
 		// Jobs.Get/Finish, Access.Discover/Connect, Audit.Lineage: the
 		// stored job, whose tenant is the resource's. A job that does not
@@ -311,6 +318,47 @@ func (d describer) nodeBinding(id string) (map[string]any, error) {
 		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "the default host NQN of %s is bound to another identity; bind this node explicitly", id)
 	}
 	return bindingValue(&nvmegate.HostBinding{SPIFFEID: id, HostNQN: nqn}, false), nil
+}
+
+// subsystemCall describes a node's connect (or renew) to a subsystem in a
+// job: nodeCall's description, the stored subsystem and its target, and
+// every namespace on the subsystem (a connected host sees them all), each
+// with the mode the job gives it ("" for one the job does not name).
+func (d describer) subsystemCall(jobID, subNQN, hostNQN, ttl string) (map[string]any, error) {
+	out, err := d.nodeCall(jobID)
+	if err != nil {
+		return nil, err
+	}
+	out["request"] = map[string]any{"host_nqn": hostNQN, "ttl": ttl, "mode": ""}
+	if err := d.addSubsystemOf(out, subNQN); err != nil {
+		return nil, err
+	}
+	modes := map[uint32]string{}
+	if nss, ok := out["namespaces"].([]any); ok {
+		for _, x := range nss {
+			ns, _ := x.(map[string]any)
+			if str(ns, "subsystem_nqn") == subNQN {
+				nsid, _ := ns["nsid"].(int64)
+				modes[uint32(nsid)] = str(ns, "mode")
+			}
+		}
+	}
+	all, err := store.All(func(p store.Page) ([]*nvmegate.Namespace, string, error) {
+		return d.store.ListNamespaces(d.ctx, store.NamespaceFilter{SubsystemNQN: subNQN}, p)
+	})
+	if err != nil {
+		return nil, err
+	}
+	nss := make([]any, 0, len(all))
+	for _, n := range all {
+		v, err := d.namespaceValue(n, modes[n.NSID])
+		if err != nil {
+			return nil, err
+		}
+		nss = append(nss, v)
+	}
+	out["namespaces"] = nss
+	return out, nil
 }
 
 // nodeCall describes a node's call in a job (discover; connect and renew

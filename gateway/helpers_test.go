@@ -15,9 +15,12 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"google.golang.org/grpc"
 
+	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/authz"
+	"github.com/nvmegate/nvmegate/fabric"
+	"github.com/nvmegate/nvmegate/fabric/nvmet"
 	"github.com/nvmegate/nvmegate/gateway"
 	"github.com/nvmegate/nvmegate/identity"
 	"github.com/nvmegate/nvmegate/identity/devca"
@@ -25,6 +28,7 @@ import (
 	"github.com/nvmegate/nvmegate/keys/localstore"
 	"github.com/nvmegate/nvmegate/policy"
 	"github.com/nvmegate/nvmegate/store"
+	"github.com/nvmegate/nvmegate/targetagent"
 )
 
 var td = spiffeid.RequireTrustDomainFromString("nvmegate.test")
@@ -39,6 +43,7 @@ type testGateway struct {
 	audit    *audit.Log // the real log in a temp dir, signed by an Ed25519 key
 	auditKey attest.PublicKey
 	keyStore *localstore.Store // the real local key store in a temp dir
+	configfs string            // the nvmet driver's trees, one per target ID
 }
 
 type gatewayOption func(*gateway.Config)
@@ -89,9 +94,14 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 	if err != nil {
 		t.Fatal(err)
 	}
+	configfs := filepath.Join(dir, "configfs")
+	agent := &targetagent.Agent{Store: db, Keys: km, Driver: func(t *nvmegate.Target) fabric.Driver {
+		return &nvmet.Driver{Root: filepath.Join(configfs, t.ID)}
+	}}
 	reg := prometheus.NewRegistry()
 	cfg := gateway.Config{
 		Keys:        km,
+		Targets:     agent,
 		Audit:       alog,
 		ExportDir:   dir,
 		Credentials: identity.ServerCredentials(identity.StaticSource(svid, ca.Bundle()), td),
@@ -123,7 +133,7 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 		alog.Close()
 		ks.Close()
 	})
-	return &testGateway{addr: lis.Addr().String(), ca: ca, registry: reg, engine: engine, audit: alog, auditKey: ls.PublicKey(), keyStore: ks}
+	return &testGateway{addr: lis.Addr().String(), ca: ca, registry: reg, engine: engine, audit: alog, auditKey: ls.PublicKey(), keyStore: ks, configfs: configfs}
 }
 
 // client connects as spiffe://nvmegate.test/<path> with a fresh SVID.

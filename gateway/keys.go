@@ -21,6 +21,7 @@ type KeyManager interface {
 	RotateDataKey(ctx context.Context, namespace, reason string) (keys.Wrapped, error)
 	KEKVersions(ctx context.Context, namespace string) ([]keys.KEKVersion, error)
 	Revoked(ctx context.Context, subsystemNQN, why string) error
+	Credentials(ctx context.Context, hostNQN, subNQN string, p keys.CredentialParams) (keys.Credentials, error)
 }
 
 // NamespaceKeyName names a namespace's data key in the key store.

@@ -35,9 +35,12 @@ type Config struct {
 	Audit AuditLog
 	// ExportDir stages Audit.Export files; "" means the system temp dir.
 	ExportDir string
-	// Keys is the key manager behind the Keys service; nil leaves Keys
-	// answering Unimplemented.
+	// Keys is the key manager behind the Keys service and Connect; nil
+	// leaves Keys (and Connect) answering Unimplemented.
 	Keys KeyManager
+	// Targets programs targets before a grant is handed out (the target
+	// agent); nil: Connect answers Unimplemented.
+	Targets TargetProgrammer
 	// Policy reports the loaded policy for Policy.Status; optional.
 	Policy PolicyInfo
 	// Logger defaults to slog.Default().
@@ -122,7 +125,14 @@ func New(cfg Config) (*Server, error) {
 		pb.RegisterJobsServer(s.grpc, pb.UnimplementedJobsServer{})
 	}
 	if s.jobs != nil {
-		pb.RegisterAccessServer(s.grpc, &accessService{store: cfg.Store, jobs: s.jobs})
+		as := &accessService{store: cfg.Store, jobs: s.jobs, audit: cfg.Audit, now: s.now, log: s.log, targets: cfg.Targets}
+		if cfg.Keys != nil {
+			as.keys = cfg.Keys
+		}
+		if gs, ok := cfg.Store.(GrantStore); ok {
+			as.grants = gs
+		}
+		pb.RegisterAccessServer(s.grpc, as)
 	} else {
 		pb.RegisterAccessServer(s.grpc, pb.UnimplementedAccessServer{})
 	}

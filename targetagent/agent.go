@@ -1,0 +1,190 @@
+package targetagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/fabric"
+	"github.com/nvmegate/nvmegate/keys"
+	"github.com/nvmegate/nvmegate/keys/nvmefmt"
+	"github.com/nvmegate/nvmegate/store"
+)
+
+// Store is what the agent reads.
+type Store interface {
+	Target(ctx context.Context, id string) (*nvmegate.Target, error)
+	ListTargets(ctx context.Context, f store.TargetFilter, p store.Page) ([]*nvmegate.Target, string, error)
+	ListSubsystems(ctx context.Context, f store.SubsystemFilter, p store.Page) ([]*nvmegate.Subsystem, string, error)
+	SubsystemGrants(ctx context.Context, subsystemNQN string) ([]*nvmegate.Grant, error)
+}
+
+// Credentials derives a grant's credentials.
+type Credentials interface {
+	CredentialsAt(ctx context.Context, hostNQN, subNQN string, version uint64, p keys.CredentialParams) (keys.Credentials, error)
+}
+
+// Agent programs targets through their drivers.
+type Agent struct {
+	Store Store
+	Keys  Credentials
+	// Driver returns the driver of a target (nil: the target is not
+	// programmed by this agent).
+	Driver func(t *nvmegate.Target) fabric.Driver
+	Now    func() time.Time
+	Log    *slog.Logger
+
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex // one Program at a time per target
+	gen   uint64
+}
+
+func (a *Agent) lock(id string) *sync.Mutex {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.locks == nil {
+		a.locks = map[string]*sync.Mutex{}
+	}
+	l := a.locks[id]
+	if l == nil {
+		l = &sync.Mutex{}
+		a.locks[id] = l
+	}
+	return l
+}
+
+// GrantParams are the credential parameters a grant was issued with.
+func GrantParams(g *nvmegate.Grant) (keys.CredentialParams, error) {
+	h, err := nvmefmt.ParseHash(g.DHCHAPHash)
+	if err != nil {
+		return keys.CredentialParams{}, err
+	}
+	p := keys.CredentialParams{DHCHAPHash: h, Bidirectional: g.Bidirectional}
+	if g.TLS {
+		p.TLSHash = nvmefmt.SHA256
+		if h == nvmefmt.SHA384 || h == nvmefmt.SHA512 {
+			p.TLSHash = nvmefmt.SHA384
+		}
+	}
+	return p, nil
+}
+
+// State builds the desired state of a target from the store.
+func (a *Agent) State(ctx context.Context, t *nvmegate.Target) (fabric.State, error) {
+	now := time.Now()
+	if a.Now != nil {
+		now = a.Now()
+	}
+	subs, err := store.All(func(p store.Page) ([]*nvmegate.Subsystem, string, error) {
+		return a.Store.ListSubsystems(ctx, store.SubsystemFilter{TargetID: t.ID}, p)
+	})
+	if err != nil {
+		return fabric.State{}, err
+	}
+	var st fabric.State
+	for _, sub := range subs {
+		fs := fabric.Subsystem{NQN: sub.NQN}
+		for _, pid := range sub.PortIDs {
+			for _, p := range t.Ports {
+				if p.ID == pid {
+					fs.Ports = append(fs.Ports, port(p))
+				}
+			}
+		}
+		grants, err := a.Store.SubsystemGrants(ctx, sub.NQN)
+		if err != nil {
+			return fabric.State{}, err
+		}
+		// The newest active grant of each host decides its keys.
+		newest := map[string]*nvmegate.Grant{}
+		for _, g := range grants {
+			if !g.Active(now) {
+				continue
+			}
+			if cur := newest[g.HostNQN]; cur == nil || g.IssuedAt.After(cur.IssuedAt) {
+				newest[g.HostNQN] = g
+			}
+		}
+		for _, g := range newest {
+			p, err := GrantParams(g)
+			if err != nil {
+				return fabric.State{}, err
+			}
+			c, err := a.Keys.CredentialsAt(ctx, g.HostNQN, g.SubsystemNQN, g.KeyVersion, p)
+			if errors.Is(err, keys.ErrExpired) {
+				continue // its root is past the grace: the host is no longer allowed
+			}
+			if err != nil {
+				return fabric.State{}, err
+			}
+			fs.Hosts = append(fs.Hosts, fabric.Host{NQN: g.HostNQN, DHCHAPKey: c.HostSecret, DHCHAPCtrlKey: c.CtrlSecret,
+				DHCHAPHash: fabric.Hash(g.DHCHAPHash), DHCHAPGroup: g.DHGroup})
+		}
+		st.Subsystems = append(st.Subsystems, fs)
+	}
+	a.mu.Lock()
+	a.gen++
+	st.Generation = a.gen
+	a.mu.Unlock()
+	st.Normalize()
+	return st, nil
+}
+
+func port(p nvmegate.Port) fabric.Port {
+	fp := fabric.Port{ID: p.ID, Trtype: p.Transport, Adrfam: p.AddressFamily, Traddr: p.Address, Trsvcid: p.ServiceID, Treq: "not required"}
+	if p.Transport == nvmegate.TransportTCP {
+		fp.Tsas = "none"
+		if p.TLS() {
+			fp.Tsas = "tls1.3"
+		}
+	}
+	if p.SecureChannel == nvmegate.SecureChannelRequired {
+		fp.Treq = "required"
+	}
+	return fp
+}
+
+// Program applies a target's desired state with its driver.
+func (a *Agent) Program(ctx context.Context, targetID string) error {
+	l := a.lock(targetID)
+	l.Lock()
+	defer l.Unlock()
+	t, err := a.Store.Target(ctx, targetID)
+	if err != nil {
+		return err
+	}
+	d := a.Driver(t)
+	if d == nil {
+		return nil
+	}
+	st, err := a.State(ctx, t)
+	if err != nil {
+		return fmt.Errorf("target %s: desired state: %w", targetID, err)
+	}
+	if err := d.Apply(ctx, st); err != nil {
+		return fmt.Errorf("target %s: %w", targetID, err)
+	}
+	return nil
+}
+
+// Reconcile programs every target (at start, and periodically: grants
+// expire and roots pass their grace without anyone calling).
+func (a *Agent) Reconcile(ctx context.Context) error {
+	ts, err := store.All(func(p store.Page) ([]*nvmegate.Target, string, error) {
+		return a.Store.ListTargets(ctx, store.TargetFilter{}, p)
+	})
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, t := range ts {
+		if err := a.Program(ctx, t.ID); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
