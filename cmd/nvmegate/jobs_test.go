@@ -1,6 +1,9 @@
 package main
 
 import (
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -23,6 +26,26 @@ func TestJobCommands(t *testing.T) {
 	out = mustCLI(t, dir, "acme-node-1", "discover", "--job", "job-7")
 	if !strings.Contains(out, "host NQN: nqn.2014-08.org.nvmexpress:uuid:") || !strings.Contains(out, "10.0.0.10") || !strings.Contains(out, nqn) {
 		t.Fatalf("discover:\n%s", out)
+	}
+	cfg := filepath.Join(t.TempDir(), "config.json")
+	out = mustCLI(t, dir, "acme-node-1", "connect", "--job", "job-7", "--subsystem", nqn, "--write-config", cfg, "--print-connect")
+	if !strings.Contains(out, "written to "+cfg) || !strings.Contains(out, "nvme connect") || !strings.Contains(out, "--dhchap-secret") {
+		t.Fatalf("connect:\n%s", out)
+	}
+	if fi, err := os.Stat(cfg); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("config file: %v %v", fi, err)
+	}
+	// Without the flags, no secret is printed.
+	if out := mustCLI(t, dir, "acme-node-1", "connect", "--job", "job-7", "--subsystem", nqn); strings.Contains(out, "DHHC-1") {
+		t.Fatalf("connect printed a secret:\n%s", out)
+	}
+	// nvme-cli reads the config.json we wrote (CI installs it).
+	if nvme, err := exec.LookPath("nvme"); err == nil {
+		if out, err := exec.Command(nvme, "config", "-J", cfg, "-O").CombinedOutput(); err != nil {
+			t.Fatalf("nvme config -J: %v\n%s", err, out)
+		}
+	} else if os.Getenv("CI") == "true" {
+		t.Fatal("nvme-cli missing under CI")
 	}
 	if _, err := cli(t, dir, "globex-node-1", "discover", "--job", "job-7"); err == nil || !strings.Contains(err.Error(), "PermissionDenied") {
 		t.Fatalf("globex node discovering acme's job: %v", err)

@@ -16,9 +16,12 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/authz"
+	"github.com/nvmegate/nvmegate/fabric"
+	"github.com/nvmegate/nvmegate/fabric/nvmet"
 	"github.com/nvmegate/nvmegate/gateway"
 	"github.com/nvmegate/nvmegate/identity"
 	"github.com/nvmegate/nvmegate/identity/devca"
@@ -26,6 +29,7 @@ import (
 	"github.com/nvmegate/nvmegate/keys/localstore"
 	"github.com/nvmegate/nvmegate/policy"
 	"github.com/nvmegate/nvmegate/store"
+	"github.com/nvmegate/nvmegate/targetagent"
 )
 
 // startDevGateway runs a real gateway (mTLS, shipped policy, bbolt) on a
@@ -79,7 +83,10 @@ func startDevGatewayAs(t *testing.T, serverName string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := gateway.New(gateway.Config{Credentials: identity.ServerCredentials(src, td), Store: db, Audit: alog, ExportDir: dir, Keys: km,
+	agent := &targetagent.Agent{Store: db, Keys: km, Driver: func(t *nvmegate.Target) fabric.Driver {
+		return &nvmet.Driver{Root: filepath.Join(dir, "configfs", t.ID)}
+	}}
+	srv, err := gateway.New(gateway.Config{Credentials: identity.ServerCredentials(src, td), Store: db, Audit: alog, ExportDir: dir, Keys: km, Targets: agent,
 		Authorizer: engine, Policy: engine, Logger: log})
 	if err != nil {
 		t.Fatal(err)

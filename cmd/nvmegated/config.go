@@ -34,6 +34,8 @@ type Config struct {
 	Keys KeysConfig `json:"keys"`
 	// Audit configures the audit log and its checkpoint signing key.
 	Audit AuditConfig `json:"audit"`
+	// Targets configures the embedded target agent.
+	Targets TargetsConfig `json:"targets"`
 	// Log configures slog output on stderr.
 	Log LogConfig `json:"log"`
 	// ReadyFile, if set, is written with the bound addresses (JSON) once the
@@ -131,6 +133,17 @@ func (k KeysConfig) durations() (rotation, dataKeys, grace, refresh, stale time.
 	return p(k.RotationPeriod), p(k.DataKeyRotationPeriod), p(k.Grace), p(k.RefreshInterval), p(k.MaxStaleness)
 }
 
+// TargetsConfig configures the target agent embedded in the gateway, which
+// programs every target with driver nvmet: each under NVMetRoot/<target
+// ID> (a directory tree for one machine and the demo).
+type TargetsConfig struct {
+	// NVMetRoot is the root of the nvmet trees; default <state_dir>/configfs.
+	NVMetRoot string `json:"nvmet_root"`
+	// ReconcileInterval is how often every target is reprogrammed (expired
+	// grants and roots past their grace leave); default 30s.
+	ReconcileInterval string `json:"reconcile_interval"`
+}
+
 // AuditConfig configures the signed audit log (bbolt) and the local key
 // that signs its checkpoints.
 type AuditConfig struct {
@@ -223,6 +236,12 @@ func (c *Config) setDefaults() {
 			*d.p = d.v
 		}
 	}
+	if c.Targets.NVMetRoot == "" && c.StateDir != "" {
+		c.Targets.NVMetRoot = filepath.Join(c.StateDir, "configfs")
+	}
+	if c.Targets.ReconcileInterval == "" {
+		c.Targets.ReconcileInterval = "30s"
+	}
 	a := &c.Audit
 	if a.Path == "" && c.StateDir != "" {
 		a.Path = filepath.Join(c.StateDir, "audit.db")
@@ -305,6 +324,9 @@ func (c *Config) validate() error {
 	}
 	if _, _, _, refresh, stale := c.Keys.durations(); refresh*2 > stale {
 		return fmt.Errorf("keys.refresh_interval (%s) must be at most half of keys.max_staleness (%s), or one failed refresh stops issuance", refresh, stale)
+	}
+	if d, err := time.ParseDuration(c.Targets.ReconcileInterval); err != nil || d < 100*time.Millisecond {
+		return fmt.Errorf("targets.reconcile_interval must be a duration of at least 100ms, got %q", c.Targets.ReconcileInterval)
 	}
 	switch attest.Algorithm(c.Audit.Algorithm) {
 	case attest.Ed25519, attest.ECDSAP256:

@@ -25,12 +25,15 @@ import (
 	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/authz"
+	"github.com/nvmegate/nvmegate/fabric"
+	"github.com/nvmegate/nvmegate/fabric/nvmet"
 	"github.com/nvmegate/nvmegate/gateway"
 	"github.com/nvmegate/nvmegate/identity"
 	"github.com/nvmegate/nvmegate/keys"
 	"github.com/nvmegate/nvmegate/keys/localstore"
 	"github.com/nvmegate/nvmegate/keys/vaultstore"
 	"github.com/nvmegate/nvmegate/store"
+	"github.com/nvmegate/nvmegate/targetagent"
 )
 
 // Main is the daemon: ParseFlags, then Open (everything that can fail fast,
@@ -48,6 +51,7 @@ type Main struct {
 	db       *store.DB
 	keyStore keys.Backend
 	keys     *keys.Manager
+	agent    *targetagent.Agent
 	audit    *audit.Log
 	auditKey signer // the local KeyDir, or a Vault Transit key
 	source   identity.Source
@@ -193,6 +197,17 @@ func (m *Main) Open(ctx context.Context) (err error) {
 	if err := m.openKeys(ctx, self); err != nil {
 		return fmt.Errorf("keys: %w", err)
 	}
+	root := c.Targets.NVMetRoot
+	m.agent = &targetagent.Agent{Store: m.db, Keys: m.keys, Log: m.log, Driver: func(t *nvmegate.Target) fabric.Driver {
+		if t.Driver != nvmegate.DriverNVMet {
+			return nil // SPDK targets need their own agent (not built yet)
+		}
+		return &nvmet.Driver{Root: filepath.Join(root, t.ID)}
+	}}
+	// Converge every target to the grants in the store before serving.
+	if err := m.agent.Reconcile(ctx); err != nil {
+		m.log.Error("targets not reconciled at start; retrying in the background", "err", err)
+	}
 	if src.dir != "" || src.bundle != "" {
 		m.reloader = &policyReloader{engine: m.engine, source: src, interval: c.Policy.reloadInterval(), log: m.log, audit: m.audit, self: self}
 	}
@@ -204,6 +219,7 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		Store:       m.db,
 		Audit:       m.audit,
 		Keys:        m.keys,
+		Targets:     m.agent,
 		ExportDir:   c.StateDir,
 		Authorizer:  m.engine,
 		Policy:      m.engine,
@@ -400,6 +416,15 @@ func (m *Main) Run(ctx context.Context) error {
 		g.Go(func() error { return m.reloader.Run(ctx) })
 	}
 	g.Go(func() error { return m.keys.Run(ctx, nil) })
+	g.Go(func() error {
+		d, _ := time.ParseDuration(m.Config.Targets.ReconcileInterval)
+		every(ctx, d, func() {
+			if err := m.agent.Reconcile(ctx); err != nil {
+				m.log.Warn("target reconcile failed", "err", err)
+			}
+		})
+		return nil
+	})
 	if r, ok := m.auditKey.(interface{ Refresh(context.Context) error }); ok {
 		// A Vault signing key: pick up a rotated key version or a replaced
 		// token file every minute.
