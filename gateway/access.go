@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -303,4 +304,214 @@ func grantToProto(g *nvmegate.Grant, ports []*pb.DiscoveryEntry) *pb.Grant {
 		out.State = pb.GrantState_GRANT_STATE_EXPIRED
 	}
 	return out
+}
+
+// ownGrant returns the caller's active grant id: a node renews and
+// releases only its own grants (policy has checked the job scope; this is
+// the grant's owner).
+func (s *accessService) ownGrant(ctx context.Context, id string) (*nvmegate.Grant, error) {
+	if s.grants == nil {
+		return nil, nvmegate.Errorf(nvmegate.EUNIMPLEMENTED, "this gateway keeps no grants")
+	}
+	c, ok := authz.CallerFromContext(ctx)
+	if !ok {
+		return nil, nvmegate.Errorf(nvmegate.EINTERNAL, "grant call has no authorization")
+	}
+	g, err := s.grants.Grant(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if g.Node != c.ID {
+		return nil, nvmegate.Errorf(nvmegate.EPERMISSION, "grant %s is not the caller's", id)
+	}
+	if !g.Active(s.now()) {
+		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "grant %s is no longer active", id)
+	}
+	return g, nil
+}
+
+// targetOf is the target of a grant's subsystem.
+func (s *accessService) targetOf(ctx context.Context, g *nvmegate.Grant) (*nvmegate.Subsystem, *nvmegate.Target, error) {
+	sub, err := s.store.Subsystem(ctx, g.SubsystemNQN)
+	if err != nil {
+		return nil, nil, err
+	}
+	t, err := s.store.Target(ctx, sub.TargetID)
+	return sub, t, err
+}
+
+// Release ends the caller's grant: the target stops allowing the host.
+func (s *accessService) Release(ctx context.Context, r *pb.ReleaseRequest) (*pb.ReleaseResponse, error) {
+	g, err := s.ownGrant(ctx, r.GrantId)
+	if err != nil {
+		return nil, err
+	}
+	_, t, err := s.targetOf(ctx, g)
+	if err != nil {
+		return nil, err
+	}
+	s.endGrant(ctx, g, t.ID, nvmegate.GrantReleased)
+	return &pb.ReleaseResponse{Grant: grantToProto(g, nil)}, nil
+}
+
+// Renew extends the caller's grant (within policy's caps and the job's
+// expiry) and returns the current credentials: after a rotation, the new
+// root's, with the target reprogrammed before the answer.
+func (s *accessService) Renew(ctx context.Context, r *pb.RenewRequest) (*pb.RenewResponse, error) {
+	g, err := s.ownGrant(ctx, r.GrantId)
+	if err != nil {
+		return nil, err
+	}
+	in, _ := authz.InputFromContext(ctx)
+	d, _ := authz.DecisionFromContext(ctx)
+	j, err := s.jobs.Job(ctx, g.JobID)
+	if err != nil {
+		return nil, err
+	}
+	sub, t, err := s.targetOf(ctx, g)
+	if err != nil {
+		return nil, err
+	}
+	p, err := targetagent.GrantParams(g)
+	if err != nil {
+		return nil, err
+	}
+	creds, err := s.keys.Credentials(ctx, g.HostNQN, g.SubsystemNQN, p)
+	if err != nil {
+		return nil, keyErr(err)
+	}
+	now := s.now()
+	prev := *g
+	g.KeyVersion, g.ExpiresAt, g.DecisionID = creds.RootVersion, grantExpiry(now, r.Ttl.AsDuration(), d.Obligations.MaxTTL, j.ExpiresAt), d.ID
+	if err := s.grants.PutGrant(ctx, g); err != nil {
+		return nil, err
+	}
+	if g.KeyVersion != prev.KeyVersion {
+		if err := s.targets.Program(ctx, t.ID); err != nil {
+			s.log.ErrorContext(ctx, "renew: target not reprogrammed; grant kept at its old keys", "grant", g.ID, "err", err)
+			_ = s.grants.PutGrant(context.WithoutCancel(ctx), &prev)
+			return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "target %s did not accept the new keys; the grant keeps its old ones", t.ID)
+		}
+	}
+	e := grantEntry(in, d, g, creds)
+	e.Kind, e.Time, e.Detail = audit.EventRenew, now, "access.renew "+g.SubsystemNQN
+	idx, _, err := s.audit.Append(ctx, e)
+	if err != nil {
+		// The old credentials stay as they were; the new expiry is withdrawn.
+		_ = s.grants.PutGrant(context.WithoutCancel(ctx), &prev)
+		if g.KeyVersion != prev.KeyVersion {
+			_ = s.targets.Program(context.WithoutCancel(ctx), t.ID)
+		}
+		return nil, errAuditUnavailable
+	}
+	g.AuditIndex = idx
+	_ = s.grants.PutGrant(ctx, g)
+	cr, err := s.connectResponse(ctx, g, sub, t, creds, d)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.RenewResponse{Grant: cr.Grant, Credentials: cr.Credentials, ConfigJson: cr.ConfigJson, ConnectArgs: cr.ConnectArgs}, nil
+}
+
+// ListGrants lists grants by job, node and state (admins).
+func (s *accessService) ListGrants(ctx context.Context, r *pb.ListGrantsRequest) (*pb.ListGrantsResponse, error) {
+	if s.grants == nil {
+		return nil, nvmegate.Errorf(nvmegate.EUNIMPLEMENTED, "this gateway keeps no grants")
+	}
+	state := ""
+	switch r.State {
+	case pb.GrantState_GRANT_STATE_ACTIVE:
+		state = nvmegate.GrantActive
+	case pb.GrantState_GRANT_STATE_RELEASED:
+		state = nvmegate.GrantReleased
+	case pb.GrantState_GRANT_STATE_REVOKED:
+		state = nvmegate.GrantRevoked
+	case pb.GrantState_GRANT_STATE_EXPIRED:
+		state = nvmegate.GrantExpired
+	}
+	gs, next, err := s.grants.ListGrants(ctx, store.GrantFilter{JobID: r.JobId, Node: r.Node, State: state},
+		store.Page{Size: int(r.PageSize), Token: r.PageToken})
+	if err != nil {
+		return nil, err
+	}
+	out := &pb.ListGrantsResponse{NextPageToken: next}
+	for _, g := range gs {
+		out.Grants = append(out.Grants, grantToProto(g, nil))
+	}
+	return out, nil
+}
+
+// Revoke ends grants by ID, job or node (admins): the targets stop
+// allowing the hosts, and the roots they knew rotate.
+func (s *accessService) Revoke(ctx context.Context, r *pb.RevokeRequest) (*pb.RevokeResponse, error) {
+	if s.grants == nil {
+		return nil, nvmegate.Errorf(nvmegate.EUNIMPLEMENTED, "this gateway keeps no grants")
+	}
+	var gs []*nvmegate.Grant
+	switch sel := r.Selector.(type) {
+	case *pb.RevokeRequest_GrantId:
+		g, err := s.grants.Grant(ctx, sel.GrantId)
+		if err != nil {
+			return nil, err
+		}
+		if g.State == nvmegate.GrantActive {
+			gs = append(gs, g)
+		}
+	default:
+		f := store.GrantFilter{State: nvmegate.GrantActive, JobID: r.GetJobId(), Node: r.GetNode()}
+		var err error
+		if gs, err = store.All(func(p store.Page) ([]*nvmegate.Grant, string, error) { return s.grants.ListGrants(ctx, f, p) }); err != nil {
+			return nil, err
+		}
+	}
+	out := &pb.RevokeResponse{}
+	n, err := s.revokeGrants(ctx, gs, "revoked: "+r.Reason)
+	out.RevokedGrantIds = n
+	return out, err
+}
+
+// revokeGrants ends grants, reprograms their targets and rotates the roots
+// of their subsystems (what the hosts knew stops working after the grace).
+func (s *accessService) revokeGrants(ctx context.Context, gs []*nvmegate.Grant, why string) ([]string, error) {
+	targets := map[string]bool{}
+	subs := map[string]bool{}
+	var ids []string
+	for _, g := range gs {
+		g.State = nvmegate.GrantRevoked
+		if err := s.grants.PutGrant(ctx, g); err != nil {
+			return ids, err
+		}
+		ids = append(ids, g.ID)
+		subs[g.SubsystemNQN] = true
+		if _, t, err := s.targetOf(ctx, g); err == nil {
+			targets[t.ID] = true
+		}
+	}
+	var errs []error
+	for t := range targets {
+		if err := s.targets.Program(ctx, t); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if s.keys != nil {
+		for sub := range subs {
+			if err := s.keys.Revoked(ctx, sub, why); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if len(errs) > 0 {
+		s.log.ErrorContext(ctx, "revocation: a target or a root was not updated; the reconciler retries", "err", errors.Join(errs...))
+	}
+	return ids, nil
+}
+
+// endJobGrants revokes a finished job's active grants.
+func (s *accessService) endJobGrants(ctx context.Context, jobID, why string) ([]string, error) {
+	f := store.GrantFilter{JobID: jobID, State: nvmegate.GrantActive}
+	gs, err := store.All(func(p store.Page) ([]*nvmegate.Grant, string, error) { return s.grants.ListGrants(ctx, f, p) })
+	if err != nil {
+		return nil, err
+	}
+	return s.revokeGrants(ctx, gs, why)
 }

@@ -154,3 +154,121 @@ func TestConnect(t *testing.T) {
 		HostNqn: "nqn.2014-08.org.nvmexpress:uuid:99999999-aaaa-4000-8000-000000000000"})
 	wantCode(t, err, codes.PermissionDenied)
 }
+
+// hostsOn lists the hosts a target's nvmet tree allows on the subsystem.
+func hostsOn(t *testing.T, g *testGateway) []string {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(g.configfs, "stor-eu-1", "subsystems", subNQN, "allowed_hosts"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// A grant's life: renew after a rotation returns the new root's secret and
+// the target has it before the answer; release and revoke remove the host
+// from the target; finishing the job ends the rest and rotates the root.
+func TestGrantLifecycle(t *testing.T) {
+	g := startGateway(t)
+	acmeInventory(t, g)
+	ctx := ctxT(t)
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
+		t.Fatal(err)
+	}
+	n1, n2 := pb.NewAccessClient(g.client(t, node)), pb.NewAccessClient(g.client(t, "/node/acme-gpu-2"))
+	c1, err := n1.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := n2.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hs := hostsOn(t, g); len(hs) != 2 {
+		t.Fatalf("hosts after two connects: %v", hs)
+	}
+	// Rotate, renew: the new version's secret, on the target already.
+	if _, err := pb.NewKeysClient(g.client(t, admin)).Rotate(ctx, &pb.RotateRequest{Kind: pb.KeyKind_KEY_KIND_ACCESS_ROOT, SubsystemNqn: subNQN}); err != nil {
+		t.Fatal(err)
+	}
+	r1, err := n1.Renew(ctx, &pb.RenewRequest{GrantId: c1.Grant.GrantId})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r1.Grant.KeyVersion != 2 || r1.Credentials.DhchapHostSecret == c1.Credentials.DhchapHostSecret {
+		t.Fatalf("renew after rotation: v%d", r1.Grant.KeyVersion)
+	}
+	key, _ := os.ReadFile(filepath.Join(g.configfs, "stor-eu-1", "hosts", c1.Grant.HostNqn, "dhchap_key"))
+	if strings.TrimSpace(string(key)) != r1.Credentials.DhchapHostSecret {
+		t.Fatal("the target does not have the renewed secret")
+	}
+	// Another node cannot renew or release someone else's grant.
+	_, err = n2.Renew(ctx, &pb.RenewRequest{GrantId: c1.Grant.GrantId})
+	wantCode(t, err, codes.PermissionDenied)
+	_, err = n2.Release(ctx, &pb.ReleaseRequest{GrantId: c1.Grant.GrantId})
+	wantCode(t, err, codes.PermissionDenied)
+
+	// Release: the host leaves the target.
+	if _, err := n1.Release(ctx, &pb.ReleaseRequest{GrantId: c1.Grant.GrantId}); err != nil {
+		t.Fatal(err)
+	}
+	if hs := hostsOn(t, g); len(hs) != 1 || hs[0] != c2.Grant.HostNqn {
+		t.Fatalf("hosts after release: %v", hs)
+	}
+	_, err = n1.Renew(ctx, &pb.RenewRequest{GrantId: c1.Grant.GrantId})
+	wantCode(t, err, codes.FailedPrecondition, "no longer active")
+
+	// Finishing the job ends the other grant and rotates the root.
+	fin, err := pb.NewJobsClient(g.client(t, sched)).Finish(ctx, &pb.FinishRequest{JobId: "job-1"})
+	if err != nil || len(fin.EndedGrantIds) != 1 || fin.EndedGrantIds[0] != c2.Grant.GrantId {
+		t.Fatalf("finish: %v %v", fin, err)
+	}
+	if hs := hostsOn(t, g); len(hs) != 0 {
+		t.Fatalf("hosts after finish: %v", hs)
+	}
+	st, err := pb.NewKeysClient(g.client(t, admin)).Status(ctx, &pb.KeysStatusRequest{SubsystemNqn: subNQN, Kind: pb.KeyKind_KEY_KIND_ACCESS_ROOT})
+	if err != nil || st.Keys[0].CurrentVersion != 3 {
+		t.Fatalf("root after finish: %v %v", st, err)
+	}
+	list, err := pb.NewAccessClient(g.client(t, admin)).ListGrants(ctx, &pb.ListGrantsRequest{JobId: "job-1"})
+	if err != nil || len(list.Grants) != 2 {
+		t.Fatalf("grants: %v %v", list, err)
+	}
+	states := map[pb.GrantState]int{}
+	for _, gr := range list.Grants {
+		states[gr.State]++
+	}
+	if states[pb.GrantState_GRANT_STATE_RELEASED] != 1 || states[pb.GrantState_GRANT_STATE_REVOKED] != 1 {
+		t.Fatalf("grant states %v", states)
+	}
+}
+
+// An admin revokes a node's grants: the hosts leave the targets.
+func TestRevokeByNode(t *testing.T) {
+	g := startGateway(t)
+	acmeInventory(t, g)
+	ctx := ctxT(t)
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := pb.NewAccessClient(g.client(t, sched)).Revoke(ctx, &pb.RevokeRequest{Selector: &pb.RevokeRequest_Node{Node: "spiffe://nvmegate.test" + node}, Reason: "x"})
+	wantCode(t, err, codes.PermissionDenied)
+	rv, err := pb.NewAccessClient(g.client(t, admin)).Revoke(ctx, &pb.RevokeRequest{Selector: &pb.RevokeRequest_Node{Node: "spiffe://nvmegate.test" + node}, Reason: "compromised"})
+	if err != nil || len(rv.RevokedGrantIds) != 1 {
+		t.Fatalf("revoke: %v %v", rv, err)
+	}
+	if hs := hostsOn(t, g); len(hs) != 0 {
+		t.Fatalf("hosts after revoke: %v", hs)
+	}
+	got := queryAll(t, pb.NewAuditClient(g.client(t, auditor)), &pb.QueryRequest{Kinds: []string{"revoke"}})
+	if len(got) != 1 || got[0].Caller != "spiffe://nvmegate.test"+admin {
+		t.Fatalf("revoke entries %+v", got)
+	}
+}

@@ -65,6 +65,8 @@ var changeKinds = map[string]audit.EventKind{
 	"/nvmegate.v1.Keys/Rotate":                 audit.EventKeyRotation,
 	"/nvmegate.v1.Jobs/Admit":                  audit.EventJobAdmit,
 	"/nvmegate.v1.Jobs/Finish":                 audit.EventJobFinish,
+	"/nvmegate.v1.Access/Release":              audit.EventRelease,
+	"/nvmegate.v1.Access/Revoke":               audit.EventRevoke,
 }
 
 type auditIndexKey struct{}

@@ -111,6 +111,22 @@ func (d describer) resource(req any) (map[string]any, error) {
 		return res("grant", ""), nil
 	case *pb.DiscoverRequest:
 		return d.nodeCall(r.JobId)
+	case *pb.RenewRequest:
+		g, err := d.grant(r.GrantId)
+		if err != nil || g == nil {
+			return res("grant", ""), err
+		}
+		ttl := ""
+		if r.Ttl != nil {
+			ttl = r.Ttl.AsDuration().String()
+		}
+		return d.subsystemCall(g.JobID, g.SubsystemNQN, g.HostNQN, ttl)
+	case *pb.ReleaseRequest:
+		g, err := d.grant(r.GrantId)
+		if err != nil || g == nil {
+			return res("grant", ""), err
+		}
+		return d.nodeCall(g.JobID)
 	case *pb.ConnectRequest:
 		ttl := ""
 		if r.Ttl != nil {
@@ -318,6 +334,20 @@ func (d describer) nodeBinding(id string) (map[string]any, error) {
 		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "the default host NQN of %s is bound to another identity; bind this node explicitly", id)
 	}
 	return bindingValue(&nvmegate.HostBinding{SPIFFEID: id, HostNQN: nqn}, false), nil
+}
+
+// grant returns a stored grant, or nil if there is none (or no grant
+// store): policy then refuses the node, which learns nothing.
+func (d describer) grant(id string) (*nvmegate.Grant, error) {
+	gs, ok := d.store.(GrantStore)
+	if !ok {
+		return nil, nil
+	}
+	g, err := gs.Grant(d.ctx, id)
+	if ok, err := found(err); err != nil || !ok {
+		return nil, err
+	}
+	return g, nil
 }
 
 // subsystemCall describes a node's connect (or renew) to a subsystem in a

@@ -18,20 +18,17 @@ type JobStore interface {
 	FinishJob(ctx context.Context, id string) (*nvmegate.Job, error)
 }
 
-// Revoker is told when access ends (a job finished): the key manager
-// rotates the roots the job's hosts knew.
-type Revoker interface {
-	Revoked(ctx context.Context, subsystemNQN, why string) error
-}
-
 // jobsService admits, reads and finishes job scopes. Policy has decided
 // who may (a scheduler for its own tenant, admins); the audit interceptor
 // has recorded admissions and finishes before they happen.
 type jobsService struct {
 	pb.UnimplementedJobsServer
-	store   JobStore
-	revoker Revoker // nil: nothing to rotate
-	log     *slog.Logger
+	store JobStore
+	// endGrants ends a finished job's active grants: the targets stop
+	// allowing its hosts and the roots they knew rotate. Nil without a
+	// grant store.
+	endGrants func(ctx context.Context, jobID, why string) ([]string, error)
+	log       *slog.Logger
 }
 
 func (s *jobsService) Admit(ctx context.Context, r *pb.AdmitRequest) (*pb.AdmitResponse, error) {
@@ -75,28 +72,28 @@ func (s *jobsService) List(ctx context.Context, r *pb.JobsListRequest) (*pb.Jobs
 	return out, nil
 }
 
-// Finish ends a job scope and rotates the access roots of its subsystems,
-// so that what its hosts were given stops working after the grace period.
+// Finish ends a job scope and its grants: the targets stop allowing its
+// hosts, and the roots those hosts knew rotate.
 func (s *jobsService) Finish(ctx context.Context, r *pb.FinishRequest) (*pb.FinishResponse, error) {
 	j, err := s.store.FinishJob(ctx, r.JobId)
 	if err != nil {
 		return nil, err
 	}
-	if s.revoker != nil {
-		seen := map[string]bool{}
-		for _, n := range j.Namespaces {
-			if seen[n.SubsystemNQN] {
-				continue
-			}
-			seen[n.SubsystemNQN] = true
-			if err := s.revoker.Revoked(ctx, n.SubsystemNQN, "job "+j.ID+" finished"); err != nil {
-				// The job is finished whatever happens here; the scheduled
-				// rotation will catch up. The failure is in the log.
-				s.log.ErrorContext(ctx, "job finished, root rotation failed", "job", j.ID, "subsystem", n.SubsystemNQN, "err", err)
-			}
+	out := &pb.FinishResponse{Job: jobToProto(j)}
+	if s.endGrants != nil {
+		why := "job " + j.ID + " finished"
+		if r.Reason != "" {
+			why += ": " + r.Reason
 		}
+		// The job is finished whatever happens here; the reconciler and
+		// the scheduled rotation catch up, and failures are logged.
+		ids, err := s.endGrants(ctx, j.ID, why)
+		if err != nil {
+			s.log.ErrorContext(ctx, "job finished, its grants not all ended", "job", j.ID, "err", err)
+		}
+		out.EndedGrantIds = ids
 	}
-	return &pb.FinishResponse{Job: jobToProto(j)}, nil
+	return out, nil
 }
 
 func jobStateName(s pb.JobState) string {

@@ -113,28 +113,24 @@ func New(cfg Config) (*Server, error) {
 		pb.RegisterKeysServer(s.grpc, pb.UnimplementedKeysServer{})
 	}
 	pb.RegisterAuditServer(s.grpc, &auditService{log: cfg.Audit, exportDir: cfg.ExportDir})
-	// Services whose issues have not landed: every RPC answers Unimplemented
-	// after validation and policy, never a fake success.
-	var revoker Revoker
-	if cfg.Keys != nil {
-		revoker = cfg.Keys
-	}
-	if s.jobs != nil {
-		pb.RegisterJobsServer(s.grpc, &jobsService{store: s.jobs, revoker: revoker, log: s.log})
-	} else {
-		pb.RegisterJobsServer(s.grpc, pb.UnimplementedJobsServer{})
-	}
+	// Without a job store (or keys and a target agent, for grants) these
+	// answer Unimplemented after validation and policy: never a fake
+	// success.
 	if s.jobs != nil {
 		as := &accessService{store: cfg.Store, jobs: s.jobs, audit: cfg.Audit, now: s.now, log: s.log, targets: cfg.Targets}
 		if cfg.Keys != nil {
 			as.keys = cfg.Keys
 		}
-		if gs, ok := cfg.Store.(GrantStore); ok {
+		js := &jobsService{store: s.jobs, log: s.log}
+		if gs, ok := cfg.Store.(GrantStore); ok && cfg.Targets != nil {
 			as.grants = gs
+			js.endGrants = as.endJobGrants
 		}
 		pb.RegisterAccessServer(s.grpc, as)
+		pb.RegisterJobsServer(s.grpc, js)
 	} else {
 		pb.RegisterAccessServer(s.grpc, pb.UnimplementedAccessServer{})
+		pb.RegisterJobsServer(s.grpc, pb.UnimplementedJobsServer{})
 	}
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
