@@ -104,3 +104,139 @@ the "nvme connect" command line, -o json prints the whole answer.`,
 	cmd.MarkFlagRequired("subsystem")
 	return cmd
 }
+
+var grantHeader = []string{"GRANT", "JOB", "NODE", "HOST NQN", "SUBSYSTEM", "KEY", "STATE", "EXPIRES"}
+
+func grantRow(g *pb.Grant) []string {
+	return []string{g.GrantId, g.JobId, g.Node, g.HostNqn, g.SubsystemNqn, fmt.Sprintf("v%d", g.KeyVersion),
+		strings.ToLower(strings.TrimPrefix(g.State.String(), "GRANT_STATE_")), tsString(g.ExpiresAt)}
+}
+
+func (a *app) renewCmd() *cobra.Command {
+	var (
+		ttl         time.Duration
+		writeConfig string
+	)
+	cmd := &cobra.Command{
+		Use:   "renew GRANT_ID [--ttl D] [--write-config FILE]",
+		Short: "Extend a grant; after a key rotation it returns the new credentials (nodes)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req := &pb.RenewRequest{GrantId: args[0]}
+			if ttl > 0 {
+				req.Ttl = durationpb.New(ttl)
+			}
+			return a.call(cmd, func(ctx context.Context, c *grpc.ClientConn) error {
+				resp, err := pb.NewAccessClient(c).Renew(ctx, req)
+				if err != nil {
+					return err
+				}
+				if writeConfig != "" {
+					if err := os.WriteFile(writeConfig, resp.ConfigJson, 0o600); err != nil {
+						return err
+					}
+				}
+				return a.print(resp, grantHeader, [][]string{grantRow(resp.Grant)})
+			})
+		},
+	}
+	cmd.Flags().DurationVar(&ttl, "ttl", 0, "new lifetime from now (capped by policy and the job)")
+	cmd.Flags().StringVar(&writeConfig, "write-config", "", "write the libnvme config.json with the current credentials")
+	return cmd
+}
+
+func (a *app) releaseCmd() *cobra.Command {
+	return &cobra.Command{
+		Use: "release GRANT_ID", Short: "End a grant: the target stops allowing the host (nodes)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.call(cmd, func(ctx context.Context, c *grpc.ClientConn) error {
+				resp, err := pb.NewAccessClient(c).Release(ctx, &pb.ReleaseRequest{GrantId: args[0]})
+				if err != nil {
+					return err
+				}
+				return a.print(resp, grantHeader, [][]string{grantRow(resp.Grant)})
+			})
+		},
+	}
+}
+
+func (a *app) grantsCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "grants", Short: "List grants (admins)"}
+	var (
+		req   pb.ListGrantsRequest
+		state string
+		page  pageFlags
+	)
+	list := &cobra.Command{
+		Use: "list [--job J] [--node SPIFFE_ID] [--state active|released|revoked|expired]", Short: "List grants", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch state {
+			case "":
+			case "active", "released", "revoked", "expired":
+				req.State = pb.GrantState(pb.GrantState_value["GRANT_STATE_"+strings.ToUpper(state)])
+			default:
+				return fmt.Errorf("--state must be active, released, revoked or expired, got %q", state)
+			}
+			req.PageSize, req.PageToken = page.size, page.token
+			return a.call(cmd, func(ctx context.Context, c *grpc.ClientConn) error {
+				resp, err := pb.NewAccessClient(c).ListGrants(ctx, &req)
+				if err != nil {
+					return err
+				}
+				rows := make([][]string, 0, len(resp.Grants))
+				for _, g := range resp.Grants {
+					rows = append(rows, grantRow(g))
+				}
+				return a.printPage(resp, grantHeader, rows, resp.NextPageToken)
+			})
+		},
+	}
+	list.Flags().StringVar(&req.JobId, "job", "", "only this job's grants")
+	list.Flags().StringVar(&req.Node, "node", "", "only this node's grants")
+	list.Flags().StringVar(&state, "state", "", "only grants in this state")
+	page.register(list)
+	cmd.AddCommand(list)
+	return cmd
+}
+
+func (a *app) revokeCmd() *cobra.Command {
+	var grant, job, node, reason string
+	cmd := &cobra.Command{
+		Use:   "revoke (--grant ID | --job J | --node SPIFFE_ID) --reason TEXT",
+		Short: "End grants now: the targets stop allowing the hosts and the roots they knew rotate (admins)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req := &pb.RevokeRequest{Reason: reason}
+			n := 0
+			if grant != "" {
+				req.Selector, n = &pb.RevokeRequest_GrantId{GrantId: grant}, n+1
+			}
+			if job != "" {
+				req.Selector, n = &pb.RevokeRequest_JobId{JobId: job}, n+1
+			}
+			if node != "" {
+				req.Selector, n = &pb.RevokeRequest_Node{Node: node}, n+1
+			}
+			if n != 1 {
+				return fmt.Errorf("give exactly one of --grant, --job, --node")
+			}
+			return a.call(cmd, func(ctx context.Context, c *grpc.ClientConn) error {
+				resp, err := pb.NewAccessClient(c).Revoke(ctx, req)
+				if err != nil {
+					return err
+				}
+				if a.output == "json" {
+					return a.print(resp, nil, nil)
+				}
+				_, err = fmt.Fprintf(a.stdout, "revoked %d grant(s): %s\n", len(resp.RevokedGrantIds), strings.Join(resp.RevokedGrantIds, " "))
+				return err
+			})
+		},
+	}
+	cmd.Flags().StringVar(&grant, "grant", "", "one grant")
+	cmd.Flags().StringVar(&job, "job", "", "every active grant of a job")
+	cmd.Flags().StringVar(&node, "node", "", "every active grant of a node")
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log")
+	cmd.MarkFlagRequired("reason")
+	return cmd
+}

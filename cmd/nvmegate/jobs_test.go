@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,6 +47,32 @@ func TestJobCommands(t *testing.T) {
 		}
 	} else if os.Getenv("CI") == "true" {
 		t.Fatal("nvme-cli missing under CI")
+	}
+	// Grants: list, renew, release, revoke.
+	var conn struct {
+		Grant struct {
+			GrantID string `json:"grant_id"`
+		}
+	}
+	out = mustCLI(t, dir, "acme-node-1", "-o", "json", "connect", "--job", "job-7", "--subsystem", nqn)
+	if err := json.Unmarshal([]byte(out), &conn); err != nil || conn.Grant.GrantID == "" {
+		t.Fatalf("connect -o json: %v\n%s", err, out)
+	}
+	id := conn.Grant.GrantID
+	if out := mustCLI(t, dir, "acme-node-1", "renew", id, "--ttl", "10m"); !strings.Contains(out, id) || !strings.Contains(out, "active") {
+		t.Fatalf("renew:\n%s", out)
+	}
+	if out := mustCLI(t, dir, "acme-node-1", "release", id); !strings.Contains(out, "released") {
+		t.Fatalf("release:\n%s", out)
+	}
+	if out := mustCLI(t, dir, "admin", "grants", "list", "--job", "job-7", "--state", "active"); strings.Count(out, "\n") != 3 {
+		t.Fatalf("active grants (header + 2):\n%s", out)
+	}
+	if out := mustCLI(t, dir, "admin", "revoke", "--node", "spiffe://nvmegate.test/node/acme-gpu-1", "--reason", "test"); !strings.Contains(out, "revoked 2 grant(s)") {
+		t.Fatalf("revoke:\n%s", out)
+	}
+	if _, err := cli(t, dir, "admin", "revoke", "--job", "job-7", "--node", "x", "--reason", "r"); err == nil {
+		t.Fatal("two selectors accepted")
 	}
 	if _, err := cli(t, dir, "globex-node-1", "discover", "--job", "job-7"); err == nil || !strings.Contains(err.Error(), "PermissionDenied") {
 		t.Fatalf("globex node discovering acme's job: %v", err)
