@@ -148,6 +148,36 @@ ok "acme's scheduler lists its active jobs" -- as acme-scheduler job list --tena
 ok "acme-node-1 discovers the job's subsystem ports and its host NQN" -- as acme-node-1 discover --job llm-pretrain-1
 refused "globex-node-1 learns nothing about acme's job" PermissionDenied -- as globex-node-1 discover --job llm-pretrain-1
 
+echo "== the nodes connect: credentials derived, the target programmed, the grant audited — then the answer"
+CFS="$DEMO/state/configfs/stor-eu-1"
+for n in 1 2; do
+  ok "acme-node-$n connects to acme's subsystem (config.json with its DH-HMAC-CHAP secrets, 0600)" -- \
+    as acme-node-$n connect --job llm-pretrain-1 --subsystem "$ACME" --write-config "$DEMO/node$n-config.json"
+  if command -v nvme >/dev/null 2>&1; then
+    ok "nvme-cli reads node $n's config.json (its output, which shows the secret, is not printed)" -- \
+      sh -c "nvme config -J '$DEMO/node$n-config.json' -O >/dev/null"
+  fi
+done
+ok "the nvmet tree of stor-eu-1 allows exactly those two hosts" -- ls "$CFS/subsystems/$ACME/allowed_hosts"
+refused "globex-node-1 cannot connect to acme's subsystem (tenant isolation)" PermissionDenied -- \
+  as globex-node-1 connect --job llm-pretrain-1 --subsystem "$ACME"
+refused "acme-node-1 cannot connect to a subsystem outside its job" PermissionDenied -- \
+  as acme-node-1 connect --job llm-pretrain-1 --subsystem "$GLOBEX"
+grant1=$(as admin -o json grants list --node spiffe://nvmegate.test/node/acme-gpu-1 --state active |
+  sed -n 's/.*"grant_id": *"\([^"]*\)".*/\1/p' | head -1)
+[ -n "$grant1" ] || fail "no active grant found for acme-node-1"
+ok "the admin rotates acme's access root" -- as admin keys rotate --subsystem "$ACME" --reason "demo rotation"
+ok "acme-node-1 renews: the new root's secret, already on the target" -- \
+  as acme-node-1 renew "$grant1" --write-config "$DEMO/node1-config.json"
+ok "acme-node-1 releases its grant: its host leaves the target" -- as acme-node-1 release "$grant1"
+ok "one host left on stor-eu-1" -- ls "$CFS/subsystems/$ACME/allowed_hosts"
+ok "acme's scheduler finishes the job: the remaining grant ends, the root rotates" -- \
+  as acme-scheduler job finish llm-pretrain-1 --reason "training done"
+hosts_left=$(ls "$CFS/subsystems/$ACME/allowed_hosts" | wc -l | tr -d ' ')
+[ "$hosts_left" = 0 ] || fail "hosts left on the target after the job finished: $hosts_left"
+echo "      no host is allowed on stor-eu-1 any more"
+ok "the admin lists the job's grants (released, revoked)" -- as admin grants list --job llm-pretrain-1
+
 echo "== the security admin dry-runs job admissions against the live policy (Policy.Explain)"
 IN=scripts/demo-inputs
 decides "acme's scheduler admits a job reading acme's dataset in eu-west" ALLOW -- \
