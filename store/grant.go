@@ -112,7 +112,18 @@ func (db *DB) Grant(ctx context.Context, id string) (*nvmegate.Grant, error) {
 		g, err = decodeGrant(v)
 		return err
 	})
+	if err == nil {
+		db.expireGrant(g)
+	}
 	return g, err
+}
+
+// expireGrant shows an active grant past its expiry as expired (the
+// targets drop it at their next reconcile whatever the stored state says).
+func (db *DB) expireGrant(g *nvmegate.Grant) {
+	if g.State == nvmegate.GrantActive && !db.now().Before(g.ExpiresAt) {
+		g.State = nvmegate.GrantExpired
+	}
 }
 
 // ListGrants returns one page of grants in ID order.
@@ -132,6 +143,7 @@ func (db *DB) ListGrants(ctx context.Context, f GrantFilter, page Page) ([]*nvme
 			if err != nil {
 				return nil, false, nil, err
 			}
+			db.expireGrant(g)
 			return g, (f.JobID == "" || g.JobID == f.JobID) && (f.Node == "" || g.Node == f.Node) && (f.State == "" || g.State == f.State), nil, nil
 		})
 		return err

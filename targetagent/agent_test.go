@@ -1,0 +1,136 @@
+package targetagent_test
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/fabric"
+	"github.com/nvmegate/nvmegate/keys"
+	"github.com/nvmegate/nvmegate/keys/localstore"
+	"github.com/nvmegate/nvmegate/store"
+	"github.com/nvmegate/nvmegate/targetagent"
+)
+
+const (
+	sub   = "nqn.2026-01.io.nvmegate.test:acme-train"
+	hostA = "nqn.2014-08.org.nvmexpress:uuid:00000001-aaaa-4000-8000-000000000000"
+	hostB = "nqn.2014-08.org.nvmexpress:uuid:00000002-aaaa-4000-8000-000000000000"
+)
+
+// recorder is a fabric.Driver that keeps what it was asked to apply.
+type recorder struct{ last atomic.Pointer[fabric.State] }
+
+func (r *recorder) Apply(_ context.Context, s fabric.State) error { r.last.Store(&s); return nil }
+
+type clock struct{ now time.Time }
+
+func (c *clock) Now() time.Time { return c.now }
+
+// The desired state: every subsystem of the target with its ports; the
+// hosts of active, unexpired grants with the credentials of their root
+// version; none whose grant ended or expired or whose root passed its
+// grace; nothing for targets of other drivers.
+func TestState(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	clk := &clock{now: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
+	db, err := store.Open(filepath.Join(dir, "s.db"), store.Options{Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ks, err := localstore.Open(filepath.Join(dir, "k.db"), filepath.Join(dir, "k.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ks.Close()
+	km, err := keys.NewManager(keys.Options{Backend: ks, Now: clk.Now, Grace: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tgt := &nvmegate.Target{ID: "t1", Fabric: "f", Region: "eu-west", Driver: nvmegate.DriverNVMet, Ports: []nvmegate.Port{
+		{ID: 1, Transport: "tcp", AddressFamily: "ipv4", Address: "10.0.0.1", ServiceID: "4420"},
+		{ID: 2, Transport: "tcp", AddressFamily: "ipv4", Address: "10.0.0.1", ServiceID: "4421", SecureChannel: nvmegate.SecureChannelRequired}}}
+	spdk := &nvmegate.Target{ID: "t2", Fabric: "f", Region: "eu-west", Driver: nvmegate.DriverSPDK, Ports: tgt.Ports}
+	for _, x := range []*nvmegate.Target{tgt, spdk} {
+		if err := db.CreateTarget(ctx, x); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db.CreateSubsystem(ctx, &nvmegate.Subsystem{NQN: sub, TargetID: "t1", Tenant: "acme", PortIDs: []uint16{1, 2}, DHCHAP: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := km.Rotate(ctx, sub, "test"); err != nil {
+		t.Fatal(err)
+	}
+	grant := func(id, host string, v uint64, state string, exp time.Duration) {
+		t.Helper()
+		g := &nvmegate.Grant{ID: id, JobID: "j", Tenant: "acme", Node: "spiffe://x/node/" + id, HostNQN: host, SubsystemNQN: sub,
+			KeyVersion: v, IssuedAt: clk.now, ExpiresAt: clk.now.Add(exp), State: state, DHCHAPHash: "sha384", DHGroup: "ffdhe3072", Bidirectional: true}
+		if err := db.PutGrant(ctx, g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	grant("grant-aaaa", hostA, 1, nvmegate.GrantActive, time.Hour)
+	grant("grant-bbbb", hostB, 1, nvmegate.GrantReleased, time.Hour)
+
+	rec := &recorder{}
+	a := &targetagent.Agent{Store: db, Keys: km, Now: clk.Now, Driver: func(x *nvmegate.Target) fabric.Driver {
+		if x.Driver != nvmegate.DriverNVMet {
+			return nil
+		}
+		return rec
+	}}
+	if err := a.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st := rec.last.Load()
+	if st == nil || len(st.Subsystems) != 1 || len(st.Subsystems[0].Hosts) != 1 || len(st.Subsystems[0].Ports) != 2 {
+		t.Fatalf("state %+v", st)
+	}
+	h := st.Subsystems[0].Hosts[0]
+	c, err := km.CredentialsAt(ctx, hostA, sub, 1, keys.CredentialParams{DHCHAPHash: 2, Bidirectional: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.NQN != hostA || h.DHCHAPKey != c.HostSecret || h.DHCHAPCtrlKey != c.CtrlSecret || h.DHCHAPHash != "hmac(sha384)" || h.DHCHAPGroup != "ffdhe3072" {
+		t.Fatalf("host %v", h)
+	}
+	if p := st.Subsystems[0].Ports[1]; p.Treq != "required" || p.Tsas != "tls1.3" {
+		t.Fatalf("port %+v", p)
+	}
+	if strings.Contains(h.String(), "DHHC-1") {
+		t.Fatal("a host prints its secret")
+	}
+
+	// The root rotates; two hours later v1 is past its grace: the host
+	// whose grant still names v1 is no longer allowed.
+	if _, err := km.Rotate(ctx, sub, "test"); err != nil {
+		t.Fatal(err)
+	}
+	grant("grant-cccc", hostB, 2, nvmegate.GrantActive, 3*time.Hour)
+	clk.now = clk.now.Add(2 * time.Hour)
+	km.Tick(ctx)
+	grant("grant-aaaa", hostA, 1, nvmegate.GrantActive, 3*time.Hour) // extended, but on the old root
+	if err := a.Program(ctx, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	st = rec.last.Load()
+	if hs := st.Subsystems[0].Hosts; len(hs) != 1 || hs[0].NQN != hostB {
+		t.Fatalf("after the grace: %v", hs)
+	}
+	// And an expired grant leaves too.
+	clk.now = clk.now.Add(2 * time.Hour)
+	km.Tick(ctx)
+	if err := a.Program(ctx, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	if hs := rec.last.Load().Subsystems[0].Hosts; len(hs) != 0 {
+		t.Fatalf("after expiry: %v", hs)
+	}
+}
