@@ -38,6 +38,8 @@ type accessService struct {
 // GrantStore keeps grants.
 type GrantStore interface {
 	PutGrant(ctx context.Context, g *nvmegate.Grant) error
+	PutGrants(ctx context.Context, gs ...*nvmegate.Grant) error
+	SubsystemGrants(ctx context.Context, subsystemNQN string) ([]*nvmegate.Grant, error)
 	Grant(ctx context.Context, id string) (*nvmegate.Grant, error)
 	ListGrants(ctx context.Context, f store.GrantFilter, p store.Page) ([]*nvmegate.Grant, string, error)
 }
@@ -152,7 +154,21 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 		return nil, keyErr(err)
 	}
 	g.KeyVersion = creds.RootVersion
-	if err := s.grants.PutGrant(ctx, g); err != nil {
+	// One grant per node, job and subsystem: a new connect supersedes the
+	// node's earlier grant (its credentials are replaced on the target),
+	// in the same commit.
+	active, err := s.grants.SubsystemGrants(ctx, g.SubsystemNQN)
+	if err != nil {
+		return nil, err
+	}
+	changed := []*nvmegate.Grant{g}
+	for _, o := range active {
+		if o.JobID == g.JobID && o.Node == g.Node {
+			o.State = nvmegate.GrantReleased
+			changed = append(changed, o)
+		}
+	}
+	if err := s.grants.PutGrants(ctx, changed...); err != nil {
 		return nil, err
 	}
 	if err := s.targets.Program(ctx, t.ID); err != nil {

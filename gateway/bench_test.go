@@ -45,3 +45,29 @@ func BenchmarkDenied(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkConnect is one node's Connect through the whole stack: mTLS,
+// validation, describe (job, binding, subsystem, namespaces from bbolt),
+// OPA, credential derivation from the cached root, two grant writes (the
+// superseded one and the new), the nvmet tree rewritten (the host's keys
+// change with every grant... only when its root changes: here they do
+// not), the durable audit append, and the answer with config.json.
+//
+//	go test -run '^$' -bench Connect -benchmem -benchtime 2000x ./gateway
+func BenchmarkConnect(b *testing.B) {
+	g := startGateway(b)
+	acmeInventory(b, g)
+	ctx := b.Context()
+	if _, err := pb.NewJobsClient(g.client(b, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
+		b.Fatal(err)
+	}
+	ac := pb.NewAccessClient(g.client(b, node))
+	req := &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := ac.Connect(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

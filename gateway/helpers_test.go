@@ -157,7 +157,7 @@ func dial(t testing.TB, addr string, src identity.Source) *grpc.ClientConn {
 	return conn
 }
 
-func ctxT(t *testing.T) context.Context {
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx

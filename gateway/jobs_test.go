@@ -20,7 +20,7 @@ func admitRequest(id string) *pb.AdmitRequest {
 }
 
 // acmeInventory registers a target, acme's subsystem and namespace 1.
-func acmeInventory(t *testing.T, g *testGateway) {
+func acmeInventory(t testing.TB, g *testGateway) {
 	t.Helper()
 	inv := pb.NewInventoryClient(g.client(t, admin))
 	ctx := ctxT(t)

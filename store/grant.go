@@ -67,37 +67,55 @@ func grantBySubsystemKey(sub, id string) []byte {
 // PutGrant stores a grant, new or changed (its job, host and subsystem
 // never change).
 func (db *DB) PutGrant(ctx context.Context, g *nvmegate.Grant) error {
-	if g == nil {
-		return nvmegate.Invalid("", "a grant is required")
-	}
-	if err := nvmegate.ValidateGrantID("grant_id", g.ID); err != nil {
-		return err
-	}
-	val, err := encodeGrant(g)
-	if err != nil {
-		return err
-	}
-	return db.update(ctx, func(tx *bolt.Tx) error {
-		if old := tx.Bucket(bucketGrants).Get([]byte(g.ID)); old != nil {
-			prev, err := decodeGrant(old)
-			if err != nil {
-				return err
-			}
-			if prev.SubsystemNQN != g.SubsystemNQN || prev.HostNQN != g.HostNQN || prev.JobID != g.JobID {
-				return nvmegate.Errorf(nvmegate.ECONFLICT, "grant %s cannot change its job, host or subsystem", g.ID)
-			}
+	return db.PutGrants(ctx, g)
+}
+
+// PutGrants stores grants in one transaction (one commit): a new grant
+// and the one it supersedes change together.
+func (db *DB) PutGrants(ctx context.Context, gs ...*nvmegate.Grant) error {
+	vals := make([][]byte, len(gs))
+	for i, g := range gs {
+		if g == nil {
+			return nvmegate.Invalid("", "a grant is required")
 		}
-		if err := put(tx, bucketGrants, []byte(g.ID), val); err != nil {
+		if err := nvmegate.ValidateGrantID("grant_id", g.ID); err != nil {
 			return err
 		}
-		// The index holds active grants only: a target's desired state is
-		// read from it, and ended grants must not slow that down.
-		k := grantBySubsystemKey(g.SubsystemNQN, g.ID)
-		if g.State == nvmegate.GrantActive {
-			return put(tx, bucketGrantsBySubsystem, k, nil)
+		var err error
+		if vals[i], err = encodeGrant(g); err != nil {
+			return err
 		}
-		return tx.Bucket(bucketGrantsBySubsystem).Delete(k)
+	}
+	return db.update(ctx, func(tx *bolt.Tx) error {
+		for i, g := range gs {
+			if err := putGrant(tx, g, vals[i]); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
+}
+
+func putGrant(tx *bolt.Tx, g *nvmegate.Grant, val []byte) error {
+	if old := tx.Bucket(bucketGrants).Get([]byte(g.ID)); old != nil {
+		prev, err := decodeGrant(old)
+		if err != nil {
+			return err
+		}
+		if prev.SubsystemNQN != g.SubsystemNQN || prev.HostNQN != g.HostNQN || prev.JobID != g.JobID {
+			return nvmegate.Errorf(nvmegate.ECONFLICT, "grant %s cannot change its job, host or subsystem", g.ID)
+		}
+	}
+	if err := put(tx, bucketGrants, []byte(g.ID), val); err != nil {
+		return err
+	}
+	// The index holds active grants only: a target's desired state is
+	// read from it, and ended grants must not slow that down.
+	k := grantBySubsystemKey(g.SubsystemNQN, g.ID)
+	if g.State == nvmegate.GrantActive {
+		return put(tx, bucketGrantsBySubsystem, k, nil)
+	}
+	return tx.Bucket(bucketGrantsBySubsystem).Delete(k)
 }
 
 // Grant returns a grant, or ENOTFOUND.
