@@ -65,10 +65,16 @@ func TestJobCommands(t *testing.T) {
 	if out := mustCLI(t, dir, "acme-node-1", "release", id); !strings.Contains(out, "released") {
 		t.Fatalf("release:\n%s", out)
 	}
-	if out := mustCLI(t, dir, "admin", "grants", "list", "--job", "job-7", "--state", "active"); strings.Count(out, "\n") != 3 {
-		t.Fatalf("active grants (header + 2):\n%s", out)
+	// Each connect superseded the node's previous grant; the last one is
+	// released: none is active.
+	if out := mustCLI(t, dir, "admin", "grants", "list", "--job", "job-7", "--state", "active"); strings.Count(out, "\n") != 1 {
+		t.Fatalf("active grants (header only):\n%s", out)
 	}
-	if out := mustCLI(t, dir, "admin", "revoke", "--node", "spiffe://nvmegate.test/node/acme-gpu-1", "--reason", "test"); !strings.Contains(out, "revoked 2 grant(s)") {
+	if out := mustCLI(t, dir, "admin", "grants", "list", "--job", "job-7", "--state", "released"); strings.Count(out, "\n") != 4 {
+		t.Fatalf("released grants (header + 3):\n%s", out)
+	}
+	mustCLI(t, dir, "acme-node-1", "connect", "--job", "job-7", "--subsystem", nqn)
+	if out := mustCLI(t, dir, "admin", "revoke", "--node", "spiffe://nvmegate.test/node/acme-gpu-1", "--reason", "test"); !strings.Contains(out, "revoked 1 grant(s)") {
 		t.Fatalf("revoke:\n%s", out)
 	}
 	if _, err := cli(t, dir, "admin", "revoke", "--job", "job-7", "--node", "x", "--reason", "r"); err == nil {
