@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
+)
+
+// startDaemon runs the dev daemon in dir until the returned stop is called.
+func startDaemon(t *testing.T, dir string) (*Main, func()) {
+	t.Helper()
+	m := NewMain()
+	m.Stderr = io.Discard
+	if err := m.ParseFlags(context.Background(), []string{"dev", "--dir", dir, "--listen", "127.0.0.1:0", "--http-listen", "off"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := m.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	return m, func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("Run did not return")
+		}
+		if err := m.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	}
+}
+
+func allowedHosts(t *testing.T, m *Main, sub string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(m.Config.Targets.NVMetRoot, "stor-1", "subsystems", sub, "allowed_hosts"))
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// A gateway restarted while grants are active converges the target to
+// exactly those grants: the tree is rebuilt from the store even if the
+// target lost it, with the granted keys.
+func TestRestartReconcilesGrants(t *testing.T) {
+	dir := t.TempDir()
+	m, stop := startDaemon(t, dir)
+	admin := devConn(t, m.GRPCAddr(), dir, "admin")
+	inv := pb.NewInventoryClient(admin)
+	sub := "nqn.2026-01.io.nvmegate.test:acme-train"
+	for _, err := range []error{
+		func() error {
+			_, err := inv.AddTarget(ctxT(t), &pb.AddTargetRequest{Target: &pb.Target{Id: "stor-1", Fabric: "fab", Region: "eu-west", Driver: "nvmet",
+				Ports: []*pb.Port{{Id: 1, Transport: "tcp", AddressFamily: "ipv4", Address: "127.0.0.1", ServiceId: "4420"}}}})
+			return err
+		}(),
+		func() error {
+			_, err := inv.AddSubsystem(ctxT(t), &pb.AddSubsystemRequest{Subsystem: &pb.Subsystem{Nqn: sub, TargetId: "stor-1", Tenant: "acme", PortIds: []uint32{1}, Dhchap: true}})
+			return err
+		}(),
+		func() error {
+			_, err := inv.AddNamespace(ctxT(t), &pb.AddNamespaceRequest{Namespace: &pb.Namespace{SubsystemNqn: sub, Nsid: 1, Tenant: "acme", Region: "eu-west",
+				DataClass: "internal", Dataset: &pb.Dataset{Name: "ds", Digest: "sha256:" + strings.Repeat("ab", 32)}}})
+			return err
+		}(),
+		func() error {
+			_, err := pb.NewJobsClient(devConn(t, m.GRPCAddr(), dir, "acme-scheduler")).Admit(ctxT(t), &pb.AdmitRequest{JobId: "job-1", Tenant: "acme",
+				Nodes:          []string{"spiffe://nvmegate.test/node/acme-gpu-1", "spiffe://nvmegate.test/node/acme-gpu-2"},
+				Namespaces:     []*pb.JobNamespace{{SubsystemNqn: sub, Nsid: 1, Mode: pb.AccessMode_ACCESS_MODE_READ_ONLY}},
+				AllowedRegions: []string{"eu-west"}, ExpiresAt: timestamppb.New(time.Now().Add(2 * time.Hour))})
+			return err
+		}(),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var grants []*pb.Grant
+	for _, n := range []string{"acme-node-1", "acme-node-2"} {
+		c, err := pb.NewAccessClient(devConn(t, m.GRPCAddr(), dir, n)).Connect(ctxT(t), &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: sub})
+		if err != nil {
+			t.Fatal(err)
+		}
+		grants = append(grants, c.Grant)
+	}
+	if hs := allowedHosts(t, m, sub); len(hs) != 2 {
+		t.Fatalf("hosts before restart: %v", hs)
+	}
+	root := m.Config.Targets.NVMetRoot
+	stop()
+
+	// While the gateway is down the target loses its tree (a reboot of the
+	// storage server clears configfs).
+	if err := os.RemoveAll(root); err != nil {
+		t.Fatal(err)
+	}
+	m, stop = startDaemon(t, dir)
+	defer stop()
+	hs := allowedHosts(t, m, sub)
+	if len(hs) != 2 || !contains(hs, grants[0].HostNqn) || !contains(hs, grants[1].HostNqn) {
+		t.Fatalf("hosts after restart: %v, want the two granted", hs)
+	}
+	// The keys on the target are the granted ones (same root version).
+	key, err := os.ReadFile(filepath.Join(root, "stor-1", "hosts", grants[0].HostNqn, "dhchap_key"))
+	if err != nil || !strings.HasPrefix(string(key), "DHHC-1:") {
+		t.Fatalf("key after restart: %v", err)
+	}
+	// A release after the restart removes the host.
+	if _, err := pb.NewAccessClient(devConn(t, m.GRPCAddr(), dir, "acme-node-1")).Release(ctxT(t), &pb.ReleaseRequest{GrantId: grants[0].GrantId}); err != nil {
+		t.Fatal(err)
+	}
+	if hs := allowedHosts(t, m, sub); len(hs) != 1 || hs[0] != grants[1].HostNqn {
+		t.Fatalf("hosts after release: %v", hs)
+	}
+}
+
+func contains(ss []string, s string) bool {
+	for _, x := range ss {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
