@@ -14,8 +14,10 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/authz"
+	"github.com/nvmegate/nvmegate/lineage"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
 
@@ -243,7 +245,10 @@ func firstSet(ss ...string) string {
 type auditService struct {
 	pb.UnimplementedAuditServer
 	log       AuditLog
-	exportDir string // where exports are staged; "" means os.TempDir()
+	jobs      JobStore       // nil: no lineage
+	store     InventoryStore // the datasets of a job's namespaces
+	signer    attest.Signer  // signs lineage envelopes; nil: no lineage
+	exportDir string         // where exports are staged; "" means os.TempDir()
 }
 
 // auditErr maps the log's errors to domain errors with caller-safe messages.
@@ -406,6 +411,32 @@ func (s *auditService) Export(r *pb.ExportRequest, stream grpc.ServerStreamingSe
 	})
 }
 
-func (s *auditService) Lineage(context.Context, *pb.LineageRequest) (*pb.LineageResponse, error) {
-	return nil, nvmegate.Errorf(nvmegate.EUNIMPLEMENTED, "lineage attestations are built from job grants, which arrive with the connect flow")
+// Lineage builds and signs a job's lineage attestation (lineage package):
+// its datasets, scope and every log entry of the job with an inclusion
+// proof against a checkpoint signed now.
+func (s *auditService) Lineage(ctx context.Context, r *pb.LineageRequest) (*pb.LineageResponse, error) {
+	if s.jobs == nil || s.signer == nil {
+		return nil, nvmegate.Errorf(nvmegate.EUNIMPLEMENTED, "this gateway signs no lineage (no job store or signer)")
+	}
+	j, err := s.jobs.Job(ctx, r.JobId)
+	if err != nil {
+		return nil, err
+	}
+	datasets := map[string]lineage.NamespaceUse{}
+	for _, jn := range j.Namespaces {
+		n, err := s.store.Namespace(ctx, jn.SubsystemNQN, jn.NSID)
+		if err != nil {
+			return nil, err
+		}
+		datasets[lineage.NamespaceKey(jn.SubsystemNQN, jn.NSID)] = lineage.NamespaceUse{Dataset: n.Dataset.Name, DatasetDigest: n.Dataset.Digest}
+	}
+	st, err := lineage.Build(ctx, s.log, j, datasets)
+	if err != nil {
+		return nil, auditErr(err)
+	}
+	env, err := lineage.Sign(ctx, st, s.signer)
+	if err != nil {
+		return nil, fmt.Errorf("lineage: %w", err)
+	}
+	return &pb.LineageResponse{Envelope: env}, nil
 }

@@ -361,11 +361,11 @@ func TestUnimplemented(t *testing.T) {
 	allowAll := authz.AuthorizerFunc(func(_ context.Context, in *authz.Input) (*nvmegate.Decision, error) {
 		return &nvmegate.Decision{ID: "test", Allow: true, Reasons: []string{"test allows all"}}, nil
 	})
-	g := startGateway(t, func(c *gateway.Config) { c.Authorizer = allowAll; c.Targets = nil })
+	g := startGateway(t, func(c *gateway.Config) { c.Authorizer = allowAll; c.Targets = nil; c.LineageSigner = nil })
 	acmeInventory(t, g)
 	ctx := ctxT(t)
 	_, err := pb.NewAuditClient(g.client(t, auditor)).Lineage(ctx, &pb.LineageRequest{JobId: "job-1"})
-	wantCode(t, err, codes.Unimplemented, "lineage")
+	wantCode(t, err, codes.Unimplemented, "signs no lineage")
 	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
 		t.Fatal(err)
 	}

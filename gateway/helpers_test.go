@@ -100,16 +100,17 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 	}}
 	reg := prometheus.NewRegistry()
 	cfg := gateway.Config{
-		Keys:        km,
-		Targets:     agent,
-		Audit:       alog,
-		ExportDir:   dir,
-		Credentials: identity.ServerCredentials(identity.StaticSource(svid, ca.Bundle()), td),
-		Store:       db,
-		Authorizer:  engine,
-		Policy:      engine,
-		Logger:      log,
-		Registerer:  reg,
+		LineageSigner: ls,
+		Keys:          km,
+		Targets:       agent,
+		Audit:         alog,
+		ExportDir:     dir,
+		Credentials:   identity.ServerCredentials(identity.StaticSource(svid, ca.Bundle()), td),
+		Store:         db,
+		Authorizer:    engine,
+		Policy:        engine,
+		Logger:        log,
+		Registerer:    reg,
 	}
 	for _, o := range opts {
 		o(&cfg)

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/authz"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
@@ -35,6 +36,9 @@ type Config struct {
 	Audit AuditLog
 	// ExportDir stages Audit.Export files; "" means the system temp dir.
 	ExportDir string
+	// LineageSigner signs lineage attestations (the audit log's signer);
+	// nil: Audit.Lineage answers Unimplemented.
+	LineageSigner attest.Signer
 	// Keys is the key manager behind the Keys service and Connect; nil
 	// leaves Keys (and Connect) answering Unimplemented.
 	Keys KeyManager
@@ -112,7 +116,7 @@ func New(cfg Config) (*Server, error) {
 	} else {
 		pb.RegisterKeysServer(s.grpc, pb.UnimplementedKeysServer{})
 	}
-	pb.RegisterAuditServer(s.grpc, &auditService{log: cfg.Audit, exportDir: cfg.ExportDir})
+	pb.RegisterAuditServer(s.grpc, &auditService{log: cfg.Audit, exportDir: cfg.ExportDir, jobs: s.jobs, store: cfg.Store, signer: cfg.LineageSigner})
 	// Without a job store (or keys and a target agent, for grants) these
 	// answer Unimplemented after validation and policy: never a fake
 	// success.

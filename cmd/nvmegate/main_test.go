@@ -86,7 +86,7 @@ func startDevGatewayAs(t *testing.T, serverName string) string {
 	agent := &targetagent.Agent{Store: db, Keys: km, Driver: func(t *nvmegate.Target) fabric.Driver {
 		return &nvmet.Driver{Root: filepath.Join(dir, "configfs", t.ID)}
 	}}
-	srv, err := gateway.New(gateway.Config{Credentials: identity.ServerCredentials(src, td), Store: db, Audit: alog, ExportDir: dir, Keys: km, Targets: agent,
+	srv, err := gateway.New(gateway.Config{Credentials: identity.ServerCredentials(src, td), Store: db, Audit: alog, ExportDir: dir, Keys: km, Targets: agent, LineageSigner: signer,
 		Authorizer: engine, Policy: engine, Logger: log})
 	if err != nil {
 		t.Fatal(err)

@@ -215,16 +215,17 @@ func (m *Main) Open(ctx context.Context) (err error) {
 	m.registry = prometheus.NewRegistry()
 	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.server, err = gateway.New(gateway.Config{
-		Credentials: identity.ServerCredentials(m.source, td),
-		Store:       m.db,
-		Audit:       m.audit,
-		Keys:        m.keys,
-		Targets:     m.agent,
-		ExportDir:   c.StateDir,
-		Authorizer:  m.engine,
-		Policy:      m.engine,
-		Logger:      m.log,
-		Registerer:  m.registry,
+		Credentials:   identity.ServerCredentials(m.source, td),
+		Store:         m.db,
+		Audit:         m.audit,
+		LineageSigner: m.auditKey,
+		Keys:          m.keys,
+		Targets:       m.agent,
+		ExportDir:     c.StateDir,
+		Authorizer:    m.engine,
+		Policy:        m.engine,
+		Logger:        m.log,
+		Registerer:    m.registry,
 	})
 	if err != nil {
 		return err
