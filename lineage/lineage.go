@@ -201,8 +201,10 @@ func toStruct(v any) (*structpb.Struct, error) {
 // dsseSigner adapts an attest.Signer to DSSE.
 type dsseSigner struct{ s attest.Signer }
 
-func (d dsseSigner) Sign(ctx context.Context, data []byte) ([]byte, error) { return d.s.Sign(ctx, data) }
-func (d dsseSigner) KeyID() (string, error)                                { return d.s.PublicKey().KeyID(), nil }
+func (d dsseSigner) Sign(ctx context.Context, data []byte) ([]byte, error) {
+	return d.s.Sign(ctx, data)
+}
+func (d dsseSigner) KeyID() (string, error) { return d.s.PublicKey().KeyID(), nil }
 
 // Sign wraps the statement in a DSSE envelope signed by s and returns the
 // envelope's JSON.
