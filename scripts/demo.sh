@@ -232,6 +232,9 @@ perl -0pi -e 's/add_target/add_TARGET/' "$DEMO/audit-tampered/tile/entries/000.p
   perl -0pi -e 's/add_target/add_TARGET/' "$DEMO/audit-tampered/tile/entries/"*
 refused "offline: a copy with one entry edited is refused, naming the entry" modified_entry -- \
   "$BIN/nvmegate" audit verify "$DEMO/audit-tampered" --key "$key"
+as auditor attest lineage --job llm-pretrain-1 > "$DEMO/lineage-llm-pretrain-1.json" || fail "attest lineage"
+ok "the auditor verifies the job's signed lineage offline (datasets, every entry proved in the log)" -- \
+  "$BIN/nvmegate" attest verify "$DEMO/lineage-llm-pretrain-1.json" --key "$key"
 
 # Count what the gateway holds, from its own listings (header line excluded).
 count() { as admin inventory "$1" list --page-size 1000 | tail -n +2 | wc -l | tr -d ' '; }

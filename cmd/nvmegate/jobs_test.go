@@ -89,6 +89,29 @@ func TestJobCommands(t *testing.T) {
 	if out := mustCLI(t, dir, "acme-scheduler", "job", "finish", "job-7", "--reason", "done"); !strings.Contains(out, "finished") {
 		t.Fatalf("finish:\n%s", out)
 	}
+	// The auditor gets the job's lineage and verifies it offline.
+	env := mustCLI(t, dir, "auditor", "attest", "lineage", "--job", "job-7")
+	lf := filepath.Join(t.TempDir(), "lineage.json")
+	if err := os.WriteFile(lf, []byte(env), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The log's public key, as an auditor gets it: from an export.
+	exp := filepath.Join(t.TempDir(), "exp")
+	mustCLI(t, dir, "auditor", "audit", "export", "--out", exp)
+	keys, _ := filepath.Glob(filepath.Join(exp, "keys", "v*.pem"))
+	if len(keys) != 1 {
+		t.Fatalf("export keys %v", keys)
+	}
+	out = mustCLI(t, dir, "auditor", "attest", "verify", lf, "--key", keys[0])
+	if !strings.Contains(out, "job:       job-7 (tenant acme)") || !strings.Contains(out, "result:    OK") || !strings.Contains(out, "ds@"+digest) {
+		t.Fatalf("attest verify:\n%s", out)
+	}
+	if err := os.WriteFile(lf, []byte(strings.Replace(env, `"payload": "`, `"payload": "AAAA`, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli(t, dir, "auditor", "attest", "verify", lf, "--key", keys[0]); err == nil || !strings.Contains(err.Error(), "verification failed") {
+		t.Fatalf("altered lineage: %v", err)
+	}
 	for name, args := range map[string][]string{
 		"bad namespace": {"job", "admit", "j", "--tenant", "acme", "--node", "spiffe://nvmegate.test/node/a", "--namespace", nqn + "/1"},
 		"bad mode":      {"job", "admit", "j", "--tenant", "acme", "--node", "spiffe://nvmegate.test/node/a", "--namespace", nqn + "/1:rx"},
