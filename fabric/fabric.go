@@ -38,6 +38,7 @@ type Host struct {
 	DHCHAPCtrlKey string // DHHC-1 controller secret (bidirectional); "" for none
 	DHCHAPHash    string // "hmac(sha256)", "hmac(sha384)", "hmac(sha512)"
 	DHCHAPGroup   string // "null" or "ffdhe2048" … "ffdhe8192"
+	TLSPSK        string // NVMeTLSkey-1 configured PSK; "" without TLS (drivers that key TLS per host use it)
 }
 
 // String redacts the secrets.

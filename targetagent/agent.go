@@ -15,6 +15,10 @@ import (
 	"github.com/nvmegate/nvmegate/store"
 )
 
+// ErrNotManaged is returned by Program for a target no driver of this
+// agent programs: nothing was applied, so no grant may be answered.
+var ErrNotManaged = errors.New("targetagent: no driver programs this target")
+
 // Store is what the agent reads.
 type Store interface {
 	Target(ctx context.Context, id string) (*nvmegate.Target, error)
@@ -33,7 +37,7 @@ type Agent struct {
 	Store Store
 	Keys  Credentials
 	// Driver returns the driver of a target (nil: the target is not
-	// programmed by this agent).
+	// programmed by this agent, and Program fails with ErrNotManaged).
 	Driver func(t *nvmegate.Target) fabric.Driver
 	Now    func() time.Time
 	Log    *slog.Logger
@@ -122,7 +126,7 @@ func (a *Agent) State(ctx context.Context, t *nvmegate.Target) (fabric.State, er
 				return fabric.State{}, err
 			}
 			fs.Hosts = append(fs.Hosts, fabric.Host{NQN: g.HostNQN, DHCHAPKey: c.HostSecret, DHCHAPCtrlKey: c.CtrlSecret,
-				DHCHAPHash: fabric.Hash(g.DHCHAPHash), DHCHAPGroup: g.DHGroup})
+				DHCHAPHash: fabric.Hash(g.DHCHAPHash), DHCHAPGroup: g.DHGroup, TLSPSK: c.TLSPSK})
 		}
 		st.Subsystems = append(st.Subsystems, fs)
 	}
@@ -159,7 +163,7 @@ func (a *Agent) Program(ctx context.Context, targetID string) error {
 	}
 	d := a.Driver(t)
 	if d == nil {
-		return nil
+		return fmt.Errorf("target %s (driver %s): %w", targetID, t.Driver, ErrNotManaged)
 	}
 	st, err := a.State(ctx, t)
 	if err != nil {
@@ -182,7 +186,7 @@ func (a *Agent) Reconcile(ctx context.Context) error {
 	}
 	var errs []error
 	for _, t := range ts {
-		if err := a.Program(ctx, t.ID); err != nil {
+		if err := a.Program(ctx, t.ID); err != nil && !errors.Is(err, ErrNotManaged) {
 			errs = append(errs, err)
 		}
 	}

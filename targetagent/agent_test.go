@@ -2,6 +2,7 @@ package targetagent_test
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -87,7 +88,10 @@ func TestState(t *testing.T) {
 		return rec
 	}}
 	if err := a.Reconcile(ctx); err != nil {
-		t.Fatal(err)
+		t.Fatal(err) // t2 (spdk, no driver) is skipped, not an error
+	}
+	if err := a.Program(ctx, "t2"); !errors.Is(err, targetagent.ErrNotManaged) {
+		t.Fatalf("Program of an unmanaged target: %v, want ErrNotManaged", err)
 	}
 	st := rec.last.Load()
 	if st == nil || len(st.Subsystems) != 1 || len(st.Subsystems[0].Hosts) != 1 || len(st.Subsystems[0].Ports) != 2 {

@@ -142,6 +142,15 @@ type TargetsConfig struct {
 	// ReconcileInterval is how often every target is reprogrammed (expired
 	// grants and roots past their grace leave); default 30s.
 	ReconcileInterval string `json:"reconcile_interval"`
+	// SPDK names, per target ID, the JSON-RPC socket and key directory of
+	// each target with driver spdk.
+	SPDK map[string]SPDKTarget `json:"spdk"`
+}
+
+// SPDKTarget locates one SPDK nvmf_tgt.
+type SPDKTarget struct {
+	Socket string `json:"socket"`  // e.g. /var/tmp/spdk.sock
+	KeyDir string `json:"key_dir"` // absolute; key files are written here (0600)
 }
 
 // AuditConfig configures the signed audit log (bbolt) and the local key
@@ -324,6 +333,11 @@ func (c *Config) validate() error {
 	}
 	if _, _, _, refresh, stale := c.Keys.durations(); refresh*2 > stale {
 		return fmt.Errorf("keys.refresh_interval (%s) must be at most half of keys.max_staleness (%s), or one failed refresh stops issuance", refresh, stale)
+	}
+	for id, t := range c.Targets.SPDK {
+		if t.Socket == "" || !filepath.IsAbs(t.KeyDir) {
+			return fmt.Errorf("targets.spdk.%s: socket and an absolute key_dir are required", id)
+		}
 	}
 	if d, err := time.ParseDuration(c.Targets.ReconcileInterval); err != nil || d < 100*time.Millisecond {
 		return fmt.Errorf("targets.reconcile_interval must be a duration of at least 100ms, got %q", c.Targets.ReconcileInterval)

@@ -27,6 +27,7 @@ import (
 	"github.com/nvmegate/nvmegate/authz"
 	"github.com/nvmegate/nvmegate/fabric"
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
+	"github.com/nvmegate/nvmegate/fabric/spdk"
 	"github.com/nvmegate/nvmegate/gateway"
 	"github.com/nvmegate/nvmegate/identity"
 	"github.com/nvmegate/nvmegate/keys"
@@ -198,11 +199,20 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		return fmt.Errorf("keys: %w", err)
 	}
 	root := c.Targets.NVMetRoot
+	spdkDrivers := map[string]*spdk.Driver{} // one per target: it remembers what it applied
+	for id, st := range c.Targets.SPDK {
+		spdkDrivers[id] = &spdk.Driver{Socket: st.Socket, KeyDir: st.KeyDir}
+	}
 	m.agent = &targetagent.Agent{Store: m.db, Keys: m.keys, Log: m.log, Driver: func(t *nvmegate.Target) fabric.Driver {
-		if t.Driver != nvmegate.DriverNVMet {
-			return nil // SPDK targets need their own agent (not built yet)
+		switch t.Driver {
+		case nvmegate.DriverNVMet:
+			return &nvmet.Driver{Root: filepath.Join(root, t.ID)}
+		case nvmegate.DriverSPDK:
+			if d := spdkDrivers[t.ID]; d != nil {
+				return d
+			}
 		}
-		return &nvmet.Driver{Root: filepath.Join(root, t.ID)}
+		return nil // not programmed by this gateway
 	}}
 	// Converge every target to the grants in the store before serving.
 	if err := m.agent.Reconcile(ctx); err != nil {

@@ -1,0 +1,20 @@
+// Package spdk is the fabric.Driver of an SPDK nvmf_tgt, driven over its
+// JSON-RPC 2.0 Unix socket:
+//
+//   - every secret is a file in KeyDir (0600), registered with
+//     keyring_file_add_key under a content-derived name ("nvmegate-" and a
+//     hash of subsystem, host, kind and secret), so a rotated key gets a
+//     new name; names no host refers to any more are removed with
+//     keyring_file_remove_key and their files deleted;
+//   - nvmf_subsystem_add_host {nqn, host, dhchap_key, dhchap_ctrlr_key, psk}
+//     admits a host with key names; nvmf_subsystem_set_keys re-keys its
+//     DH-HMAC-CHAP keys in place; a PSK cannot change in place, so a host
+//     whose PSK changes is removed and added again;
+//     nvmf_subsystem_remove_host removes hosts no grant allows;
+//   - SPDK does not combine in-band authentication with a secure channel:
+//     a host with both a PSK and DH-HMAC-CHAP keys is refused.
+//
+// Subsystems, namespaces and listeners are the storage operator's: the
+// driver only manages hosts and keys of subsystems that exist
+// (nvmf_get_subsystems).
+package spdk

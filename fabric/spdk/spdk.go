@@ -1,0 +1,268 @@
+package spdk
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nvmegate/nvmegate/fabric"
+)
+
+// KeyPrefix starts the keyring names the driver owns.
+const KeyPrefix = "nvmegate-"
+
+// Driver programs one SPDK target.
+type Driver struct {
+	Socket  string // the JSON-RPC Unix socket, e.g. /var/tmp/spdk.sock
+	KeyDir  string // where key files are written (absolute; 0700)
+	TgtName string // nvmf target name; "" for the default
+	Timeout time.Duration
+
+	mu      sync.Mutex
+	applied map[string]hostKeys // subsystem NQN + "\x00" + host NQN → the key names it was given
+}
+
+var _ fabric.Driver = (*Driver)(nil)
+
+// hostKeys are the keyring names of one host on one subsystem.
+type hostKeys struct{ DHCHAP, Ctrl, PSK string }
+
+// RPCError is an error object of a JSON-RPC reply.
+type RPCError struct {
+	Method  string
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *RPCError) Error() string {
+	return fmt.Sprintf("spdk: %s: error %d: %s", e.Method, e.Code, e.Message)
+}
+
+// client is one JSON-RPC connection.
+type client struct {
+	conn net.Conn
+	dec  *json.Decoder
+	id   int
+}
+
+func (d *Driver) dial(ctx context.Context) (*client, error) {
+	var dl net.Dialer
+	conn, err := dl.DialContext(ctx, "unix", d.Socket)
+	if err != nil {
+		return nil, fmt.Errorf("spdk: %w", err)
+	}
+	t := d.Timeout
+	if t == 0 {
+		t = 10 * time.Second
+	}
+	conn.SetDeadline(time.Now().Add(t))
+	return &client{conn: conn, dec: json.NewDecoder(conn)}, nil
+}
+
+// call sends one request and decodes its result into out (if not nil).
+// Errors never contain params: they may hold key paths, never secrets,
+// but the rule is simpler kept absolute.
+func (c *client) call(method string, params, out any) error {
+	c.id++
+	req := map[string]any{"jsonrpc": "2.0", "id": c.id, "method": method}
+	if params != nil {
+		req["params"] = params
+	}
+	b, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	if _, err := c.conn.Write(b); err != nil {
+		return fmt.Errorf("spdk: %s: %w", method, err)
+	}
+	var resp struct {
+		ID     int             `json:"id"`
+		Result json.RawMessage `json:"result"`
+		Error  *RPCError       `json:"error"`
+	}
+	if err := c.dec.Decode(&resp); err != nil {
+		return fmt.Errorf("spdk: %s: reply: %w", method, err)
+	}
+	if resp.Error != nil {
+		resp.Error.Method = method
+		return resp.Error
+	}
+	if resp.ID != c.id {
+		return fmt.Errorf("spdk: %s: reply id %d, want %d", method, resp.ID, c.id)
+	}
+	if out != nil {
+		return json.Unmarshal(resp.Result, out)
+	}
+	return nil
+}
+
+// keyName is the content-derived keyring name of one secret.
+func keyName(sub, host, kind, secret string) string {
+	h := sha256.Sum256([]byte(sub + "\x00" + host + "\x00" + kind + "\x00" + secret))
+	return KeyPrefix + kind + "-" + hex.EncodeToString(h[:12])
+}
+
+// Apply makes the target's hosts and keys match s.
+func (d *Driver) Apply(ctx context.Context, s fabric.State) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.applied == nil {
+		d.applied = map[string]hostKeys{}
+	}
+	if !filepath.IsAbs(d.KeyDir) {
+		return errors.New("spdk: KeyDir must be an absolute path (keyring_file_add_key requires one)")
+	}
+	if err := os.MkdirAll(d.KeyDir, 0o700); err != nil {
+		return fmt.Errorf("spdk: %w", err)
+	}
+	c, err := d.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.conn.Close()
+
+	var subs []struct {
+		NQN   string `json:"nqn"`
+		Hosts []struct {
+			NQN string `json:"nqn"`
+		} `json:"hosts"`
+	}
+	var p map[string]any
+	if d.TgtName != "" {
+		p = map[string]any{"tgt_name": d.TgtName}
+	}
+	if err := c.call("nvmf_get_subsystems", p, &subs); err != nil {
+		return err
+	}
+	present := map[string]map[string]bool{}
+	for _, sub := range subs {
+		present[sub.NQN] = map[string]bool{}
+		for _, h := range sub.Hosts {
+			present[sub.NQN][h.NQN] = true
+		}
+	}
+	var keyring []struct {
+		Name string `json:"name"`
+	}
+	if err := c.call("keyring_get_keys", nil, &keyring); err != nil {
+		return err
+	}
+	registered := map[string]bool{}
+	for _, k := range keyring {
+		registered[k.Name] = true
+	}
+
+	used := map[string]bool{}
+	for _, sub := range s.Subsystems {
+		hosts, ok := present[sub.NQN]
+		if !ok {
+			return fmt.Errorf("spdk: subsystem %s does not exist on the target (the operator creates subsystems)", sub.NQN)
+		}
+		want := map[string]bool{}
+		for _, h := range sub.Hosts {
+			want[h.NQN] = true
+			if h.TLSPSK != "" && (h.DHCHAPKey != "" || h.DHCHAPCtrlKey != "") {
+				return fmt.Errorf("spdk: host %s on %s: SPDK does not combine in-band authentication with a secure channel", h.NQN, sub.NQN)
+			}
+			k := hostKeys{}
+			for _, sec := range []struct {
+				kind, value string
+				name        *string
+			}{{"dhchap", h.DHCHAPKey, &k.DHCHAP}, {"ctrl", h.DHCHAPCtrlKey, &k.Ctrl}, {"psk", h.TLSPSK, &k.PSK}} {
+				if sec.value == "" {
+					continue
+				}
+				*sec.name = keyName(sub.NQN, h.NQN, sec.kind, sec.value)
+				used[*sec.name] = true
+				if !registered[*sec.name] {
+					if err := d.addKey(c, *sec.name, sec.value); err != nil {
+						return err
+					}
+					registered[*sec.name] = true
+				}
+			}
+			if err := d.admit(c, sub.NQN, h.NQN, k, hosts[h.NQN]); err != nil {
+				return err
+			}
+		}
+		for h := range hosts {
+			if !want[h] {
+				if err := c.call("nvmf_subsystem_remove_host", d.params("nqn", sub.NQN, "host", h), nil); err != nil {
+					return err
+				}
+				delete(d.applied, sub.NQN+"\x00"+h)
+			}
+		}
+	}
+	// Keys of ours nothing refers to any more.
+	for name := range registered {
+		if strings.HasPrefix(name, KeyPrefix) && !used[name] {
+			if err := c.call("keyring_file_remove_key", map[string]any{"name": name}, nil); err != nil {
+				return err
+			}
+			os.Remove(filepath.Join(d.KeyDir, name))
+		}
+	}
+	return nil
+}
+
+func (d *Driver) params(kv ...string) map[string]any {
+	p := map[string]any{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		if kv[i+1] != "" {
+			p[kv[i]] = kv[i+1]
+		}
+	}
+	if d.TgtName != "" {
+		p["tgt_name"] = d.TgtName
+	}
+	return p
+}
+
+// addKey writes a secret to its file (0600) and registers it.
+func (d *Driver) addKey(c *client, name, secret string) error {
+	path := filepath.Join(d.KeyDir, name)
+	if err := os.WriteFile(path, []byte(secret), 0o600); err != nil {
+		return fmt.Errorf("spdk: key file %s: %w", name, err)
+	}
+	return c.call("keyring_file_add_key", map[string]any{"name": name, "path": path}, nil)
+}
+
+// admit adds a host, or re-keys it if its keys changed: DH-HMAC-CHAP keys
+// in place, a PSK (or keys this driver did not set) by removing and adding
+// the host again.
+func (d *Driver) admit(c *client, sub, host string, k hostKeys, present bool) error {
+	id := sub + "\x00" + host
+	prev, known := d.applied[id]
+	add := d.params("nqn", sub, "host", host, "dhchap_key", k.DHCHAP, "dhchap_ctrlr_key", k.Ctrl, "psk", k.PSK)
+	switch {
+	case !present:
+		if err := c.call("nvmf_subsystem_add_host", add, nil); err != nil {
+			return err
+		}
+	case known && prev == k:
+		return nil
+	case known && prev.PSK == k.PSK && k.PSK == "":
+		if err := c.call("nvmf_subsystem_set_keys", d.params("nqn", sub, "host", host, "dhchap_key", k.DHCHAP, "dhchap_ctrlr_key", k.Ctrl), nil); err != nil {
+			return err
+		}
+	default:
+		if err := c.call("nvmf_subsystem_remove_host", d.params("nqn", sub, "host", host), nil); err != nil {
+			return err
+		}
+		if err := c.call("nvmf_subsystem_add_host", add, nil); err != nil {
+			return err
+		}
+	}
+	d.applied[id] = k
+	return nil
+}
