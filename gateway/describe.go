@@ -25,6 +25,13 @@ import (
 // callers that were allowed. Any other store error fails the call closed.
 func (s *Server) describe(ctx context.Context, fullMethod string, req any) (string, map[string]any, error) {
 	d := describer{ctx: ctx, store: s.store, jobs: s.jobs}
+	if action, ok := targetAgentActions[fullMethod]; ok {
+		// A target agent's calls are about its own target (its SVID's
+		// name), whatever the request says; the stream's request is not
+		// even read before policy decides.
+		res, err := d.ownTarget()
+		return action, res, err
+	}
 	res, err := d.resource(req)
 	if err != nil {
 		// A domain error other than invalid input (a conflict, the store
@@ -36,6 +43,23 @@ func (s *Server) describe(ctx context.Context, fullMethod string, req any) (stri
 		return "", nil, err
 	}
 	return authz.ActionFromMethod(fullMethod), res, nil
+}
+
+// targetAgentActions are the actions of the TargetAgent service, named as
+// the role "target" lists them in the policy's data.
+var targetAgentActions = map[string]string{
+	"/nvmegate.v1.TargetAgent/Watch": "target.watch",
+	"/nvmegate.v1.TargetAgent/Ack":   "target.ack",
+}
+
+// ownTarget describes the caller's own target.
+func (d describer) ownTarget() (map[string]any, error) {
+	id, _ := identity.PeerID(d.ctx)
+	name := ""
+	if c := authz.ParseCaller(id); c.Role == authz.RoleTarget {
+		name = c.Name
+	}
+	return d.target(name)
 }
 
 type describer struct {

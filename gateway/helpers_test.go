@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -68,7 +69,11 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	logOut := io.Discard
+	if os.Getenv("NVMEGATE_TEST_LOG") != "" {
+		logOut = os.Stderr // debugging: the gateway's log on stderr
+	}
+	log := slog.New(slog.NewTextHandler(logOut, nil))
 	engine, err := authz.NewEngine(ctx, authz.Options{TrustDomain: td, Bundle: bundle, Source: "embedded", Logger: log})
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +100,8 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 		t.Fatal(err)
 	}
 	configfs := filepath.Join(dir, "configfs")
-	agent := &targetagent.Agent{Store: db, Keys: km, Driver: func(t *nvmegate.Target) fabric.Driver {
+	hub := &targetagent.Hub{AckTimeout: 5 * time.Second}
+	agent := &targetagent.Agent{Store: db, Keys: km, Hub: hub, Driver: func(t *nvmegate.Target) fabric.Driver {
 		return &nvmet.Driver{Root: filepath.Join(configfs, t.ID)}
 	}}
 	reg := prometheus.NewRegistry()
@@ -103,6 +109,7 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 		LineageSigner: ls,
 		Keys:          km,
 		Targets:       agent,
+		TargetHub:     hub,
 		Audit:         alog,
 		ExportDir:     dir,
 		Credentials:   identity.ServerCredentials(identity.StaticSource(svid, ca.Bundle()), td),

@@ -45,6 +45,10 @@ type Config struct {
 	// Targets programs targets before a grant is handed out (the target
 	// agent); nil: Connect answers Unimplemented.
 	Targets TargetProgrammer
+	// TargetHub connects remote target agents (the TargetAgent service);
+	// it needs Targets to implement TargetStates. Nil: the service answers
+	// Unimplemented.
+	TargetHub TargetHub
 	// Policy reports the loaded policy for Policy.Status; optional.
 	Policy PolicyInfo
 	// Logger defaults to slog.Default().
@@ -135,6 +139,11 @@ func New(cfg Config) (*Server, error) {
 	} else {
 		pb.RegisterAccessServer(s.grpc, pb.UnimplementedAccessServer{})
 		pb.RegisterJobsServer(s.grpc, pb.UnimplementedJobsServer{})
+	}
+	if ts, ok := cfg.Targets.(TargetStates); ok && cfg.TargetHub != nil {
+		pb.RegisterTargetAgentServer(s.grpc, &targetAgentService{store: cfg.Store, hub: cfg.TargetHub, states: ts})
+	} else {
+		pb.RegisterTargetAgentServer(s.grpc, pb.UnimplementedTargetAgentServer{})
 	}
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)

@@ -209,6 +209,18 @@ func validate(req any, now time.Time) error {
 		return nil
 	case *pb.LineageRequest:
 		return nvmegate.ValidateJobID("job_id", r.JobId)
+
+	// TargetAgent
+	case *pb.WatchRequest:
+		return nil // empty: the target is the caller's own
+	case *pb.AckRequest:
+		if r.Generation == 0 {
+			return nvmegate.Invalid("generation", "must be a generation the gateway sent (1 or more)")
+		}
+		if len(r.Error) > 4096 {
+			return nvmegate.Invalid("error", "must be at most 4096 bytes")
+		}
+		return nil
 	}
 	// Requests of services that are not ours (health, reflection) are
 	// validated by their own implementations. A request of our API without

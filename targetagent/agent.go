@@ -41,6 +41,9 @@ type Agent struct {
 	Driver func(t *nvmegate.Target) fabric.Driver
 	Now    func() time.Time
 	Log    *slog.Logger
+	// Hub, if set, connects remote agents: a target whose agent is
+	// connected is programmed through it, not by a local driver.
+	Hub *Hub
 
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex // one Program at a time per target
@@ -161,13 +164,19 @@ func (a *Agent) Program(ctx context.Context, targetID string) error {
 	if err != nil {
 		return err
 	}
-	d := a.Driver(t)
-	if d == nil {
-		return fmt.Errorf("target %s (driver %s): %w", targetID, t.Driver, ErrNotManaged)
-	}
 	st, err := a.State(ctx, t)
 	if err != nil {
 		return fmt.Errorf("target %s: desired state: %w", targetID, err)
+	}
+	if a.Hub != nil && a.Hub.Connected(targetID) {
+		return a.Hub.Push(ctx, targetID, st)
+	}
+	var d fabric.Driver
+	if a.Driver != nil {
+		d = a.Driver(t)
+	}
+	if d == nil {
+		return fmt.Errorf("target %s (driver %s): %w", targetID, t.Driver, ErrNotManaged)
 	}
 	if err := d.Apply(ctx, st); err != nil {
 		return fmt.Errorf("target %s: %w", targetID, err)

@@ -1,0 +1,128 @@
+package gateway_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/nvmegate/nvmegate/fabric"
+	"github.com/nvmegate/nvmegate/fabric/nvmet"
+	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
+	"github.com/nvmegate/nvmegate/targetagent"
+)
+
+// failing is a driver that refuses every state.
+type failing struct{}
+
+func (failing) Apply(context.Context, fabric.State) error { return errors.New("disk on fire") }
+
+// startRemote runs a remote agent as target id with driver d until the test
+// ends, and reports each generation it applied.
+func startRemote(t *testing.T, g *testGateway, id string, d fabric.Driver) <-chan uint64 {
+	t.Helper()
+	applied := make(chan uint64, 100)
+	r := &targetagent.Remote{Conn: g.client(t, "/target/"+id), Driver: d, Applied: func(gen uint64, err error) {
+		if err == nil {
+			applied <- gen
+		}
+	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); r.Run(ctx) }()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	return applied
+}
+
+func waitApplied(t *testing.T, ch <-chan uint64) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the remote agent applied nothing")
+	}
+}
+
+// A remote agent with its target's SVID receives that target's state and
+// nothing else; Connect answers only after it acknowledged the host; an
+// agent that cannot apply makes Connect fail with no grant; other callers
+// cannot watch.
+func TestRemoteTargetAgent(t *testing.T) {
+	g := startGateway(t)
+	acmeInventory(t, g)
+	ctx := ctxT(t)
+	other := validTarget()
+	other.Id = "stor-eu-2"
+	if _, err := pb.NewInventoryClient(g.client(t, admin)).AddTarget(ctx, &pb.AddTargetRequest{Target: other}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
+		t.Fatal(err)
+	}
+	remoteRoot, otherRoot := t.TempDir(), t.TempDir()
+	applied := startRemote(t, g, "stor-eu-1", &nvmet.Driver{Root: remoteRoot})
+	otherApplied := startRemote(t, g, "stor-eu-2", &nvmet.Driver{Root: otherRoot})
+	waitApplied(t, applied)
+	waitApplied(t, otherApplied)
+
+	c, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := os.ReadFile(filepath.Join(remoteRoot, "hosts", c.Grant.HostNqn, "dhchap_key"))
+	if err != nil || strings.TrimSpace(string(key)) != c.Credentials.DhchapHostSecret {
+		t.Fatalf("the remote agent's target does not have the host before the answer: %v", err)
+	}
+	// The embedded driver was not used for a target whose agent is remote.
+	if _, err := os.Stat(filepath.Join(g.configfs, "stor-eu-1", "hosts", c.Grant.HostNqn)); !os.IsNotExist(err) {
+		t.Fatalf("embedded tree written too: %v", err)
+	}
+	// The other target's agent saw none of it.
+	ents, _ := os.ReadDir(filepath.Join(otherRoot, "hosts"))
+	subs, _ := os.ReadDir(filepath.Join(otherRoot, "subsystems"))
+	if len(ents) != 0 || len(subs) != 0 {
+		t.Fatalf("another target's agent received hosts %v subsystems %v", ents, subs)
+	}
+
+	// Not a target agent: refused by policy. An agent of a target the
+	// inventory does not have: NotFound (about its own name only).
+	for who, code := range map[string]codes.Code{node: codes.PermissionDenied, admin: codes.PermissionDenied, "/target/no-such-target": codes.NotFound} {
+		s, err := pb.NewTargetAgentClient(g.client(t, who)).Watch(ctx, &pb.WatchRequest{})
+		if err == nil {
+			_, err = s.Recv()
+		}
+		wantCode(t, err, code)
+	}
+}
+
+func TestRemoteAgentFailureMeansNoGrant(t *testing.T) {
+	g := startGateway(t)
+	acmeInventory(t, g)
+	ctx := ctxT(t)
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
+		t.Fatal(err)
+	}
+	startRemote(t, g, "stor-eu-1", failing{})
+	// Wait until the agent's stream is up (its first, refused, generation).
+	deadline := time.Now().Add(10 * time.Second)
+	var err error
+	for time.Now().Before(deadline) {
+		_, err = pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+		if err != nil && strings.Contains(err.Error(), "disk on fire") || err != nil && strings.Contains(err.Error(), "did not accept") {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	wantCode(t, err, codes.Unavailable, "did not accept the host")
+	list, lerr := pb.NewAccessClient(g.client(t, admin)).ListGrants(ctx, &pb.ListGrantsRequest{JobId: "job-1", State: pb.GrantState_GRANT_STATE_ACTIVE})
+	if lerr != nil || len(list.Grants) != 0 {
+		t.Fatalf("active grants after a refused target: %v %v", list, lerr)
+	}
+}
