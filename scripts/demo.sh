@@ -149,7 +149,17 @@ ok "acme-node-1 discovers the job's subsystem ports and its host NQN" -- as acme
 refused "globex-node-1 learns nothing about acme's job" PermissionDenied -- as globex-node-1 discover --job llm-pretrain-1
 
 echo "== the nodes connect: credentials derived, the target programmed, the grant audited — then the answer"
-CFS="$DEMO/state/configfs/stor-eu-1"
+# stor-eu-1's own target agent, a separate process with the target's SVID,
+# as on a storage server: it streams its target's state and writes the nvmet
+# tree (here a directory instead of /sys/kernel/config/nvmet).
+CFS="$DEMO/storage-server-eu-1/nvmet"
+"$BIN/nvmegate" --dev-dir "$DEMO" --dev-identity target-stor-eu-1 target-agent --nvmet-root "$CFS" \
+  > "$DEMO/target-agent.log" 2>&1 &
+agent=$!
+trap 'kill "$gw" "$agent" 2>/dev/null' EXIT
+for _ in $(seq 100); do grep -q "applied" "$DEMO/target-agent.log" 2>/dev/null && break; sleep 0.1; done
+grep -q "applied" "$DEMO/target-agent.log" || fail "the target agent of stor-eu-1 did not start; see $DEMO/target-agent.log"
+echo "   (stor-eu-1's target agent runs as its own process, pid $agent)"
 for n in 1 2; do
   ok "acme-node-$n connects to acme's subsystem (config.json with its DH-HMAC-CHAP secrets, 0600)" -- \
     as acme-node-$n connect --job llm-pretrain-1 --subsystem "$ACME" --write-config "$DEMO/node$n-config.json"
@@ -241,6 +251,7 @@ count() { as admin inventory "$1" list --page-size 1000 | tail -n +2 | wc -l | t
 counts="$(count target) targets, $(count subsystem) subsystems, $(count namespace) namespaces, $(count host) host bindings"
 
 echo "== stopping the gateway (SIGTERM)"
+kill -TERM "$agent" 2>/dev/null; wait "$agent" 2>/dev/null
 kill -TERM "$gw"
 wait "$gw"; rc=$?
 trap - EXIT

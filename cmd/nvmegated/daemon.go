@@ -53,6 +53,7 @@ type Main struct {
 	keyStore keys.Backend
 	keys     *keys.Manager
 	agent    *targetagent.Agent
+	hub      *targetagent.Hub // remote target agents
 	audit    *audit.Log
 	auditKey signer // the local KeyDir, or a Vault Transit key
 	source   identity.Source
@@ -203,7 +204,8 @@ func (m *Main) Open(ctx context.Context) (err error) {
 	for id, st := range c.Targets.SPDK {
 		spdkDrivers[id] = &spdk.Driver{Socket: st.Socket, KeyDir: st.KeyDir}
 	}
-	m.agent = &targetagent.Agent{Store: m.db, Keys: m.keys, Log: m.log, Driver: func(t *nvmegate.Target) fabric.Driver {
+	m.hub = &targetagent.Hub{}
+	m.agent = &targetagent.Agent{Store: m.db, Keys: m.keys, Log: m.log, Hub: m.hub, Driver: func(t *nvmegate.Target) fabric.Driver {
 		switch t.Driver {
 		case nvmegate.DriverNVMet:
 			return &nvmet.Driver{Root: filepath.Join(root, t.ID)}
@@ -231,6 +233,7 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		LineageSigner: m.auditKey,
 		Keys:          m.keys,
 		Targets:       m.agent,
+		TargetHub:     m.hub,
 		ExportDir:     c.StateDir,
 		Authorizer:    m.engine,
 		Policy:        m.engine,

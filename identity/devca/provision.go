@@ -31,8 +31,8 @@ type Identity struct {
 }
 
 // DevIdentities are the workloads `nvmegated dev` issues SVIDs for: the
-// gateway, an admin, an auditor, and a scheduler and two nodes in each of
-// the tenants acme and globex.
+// gateway, an admin, an auditor, a scheduler and two nodes in each of the
+// tenants acme and globex, and the agents of the demo's two targets.
 var DevIdentities = []Identity{
 	{"gateway", "/gateway/nvmegated"},
 	{"admin", "/admin/ops"},
@@ -43,6 +43,8 @@ var DevIdentities = []Identity{
 	{"globex-scheduler", "/tenant/globex/scheduler/slurm"},
 	{"globex-node-1", "/node/globex-gpu-1"},
 	{"globex-node-2", "/node/globex-gpu-2"},
+	{"target-stor-eu-1", "/target/stor-eu-1"},
+	{"target-stor-us-1", "/target/stor-us-1"},
 }
 
 // BundlePath is the trust bundle file of a dev directory.
