@@ -126,3 +126,47 @@ func TestRemoteAgentFailureMeansNoGrant(t *testing.T) {
 		t.Fatalf("active grants after a refused target: %v %v", list, lerr)
 	}
 }
+
+// An agent restarted (its storage server rebooted, the tree lost) gets the
+// whole current state on its first Watch and restores exactly the granted
+// hosts.
+func TestRemoteAgentRestart(t *testing.T) {
+	g := startGateway(t)
+	acmeInventory(t, g)
+	ctx := ctxT(t)
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
+		t.Fatal(err)
+	}
+	c, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The agent comes up, applies the current state, and goes down with
+	// its storage server, whose tree is lost.
+	root := t.TempDir()
+	r := &targetagent.Remote{Conn: g.client(t, "/target/stor-eu-1"), Driver: &nvmet.Driver{Root: root}}
+	first := make(chan uint64, 10)
+	r.Applied = func(gen uint64, err error) {
+		if err == nil {
+			first <- gen
+		}
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(rctx); close(done) }()
+	waitApplied(t, first)
+	if _, err := os.Stat(filepath.Join(root, "hosts", c.Grant.HostNqn)); err != nil {
+		t.Fatalf("first agent run: %v", err)
+	}
+	cancel()
+	<-done
+	if err := os.RemoveAll(root); err != nil {
+		t.Fatal(err)
+	}
+	applied := startRemote(t, g, "stor-eu-1", &nvmet.Driver{Root: root})
+	waitApplied(t, applied)
+	key, err := os.ReadFile(filepath.Join(root, "hosts", c.Grant.HostNqn, "dhchap_key"))
+	if err != nil || strings.TrimSpace(string(key)) != c.Credentials.DhchapHostSecret {
+		t.Fatalf("after the agent restarted: %v", err)
+	}
+}
