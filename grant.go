@@ -22,7 +22,13 @@ type Grant struct {
 	Node         string    // SPIFFE ID of the node it was issued to
 	HostNQN      string    // the node's bound host NQN
 	SubsystemNQN string    // the subsystem it opens
-	KeyVersion   uint64    // version of the subsystem's credential root
+	KeyVersion   uint64    // version of the credential root (KeyScope)
+	// KeyScope names the credential root the grant's secrets derive from
+	// and the scope they are derived for: the subsystem NQN, or for an
+	// nvmet target "target:<id>" (nvmet keys a host once per target, not
+	// per subsystem). Empty in records from before it existed: the
+	// subsystem NQN.
+	KeyScope string
 	IssuedAt     time.Time //
 	ExpiresAt    time.Time // never after the job's expiry or the policy's max TTL
 	State        string    // Grant* state
@@ -36,6 +42,24 @@ type Grant struct {
 	Bidirectional bool   // a controller secret too
 	TLS           bool   // a TLS PSK too
 	ReadOnly      bool   // every namespace read-only for this host
+}
+
+// Scope is KeyScope, or the subsystem NQN for older records.
+func (g *Grant) Scope() string {
+	if g.KeyScope != "" {
+		return g.KeyScope
+	}
+	return g.SubsystemNQN
+}
+
+// CredentialScope is the key scope of grants on subsystem sub of target t:
+// per target for nvmet (one host entry, one key, per target), per
+// subsystem otherwise.
+func CredentialScope(t *Target, sub *Subsystem) string {
+	if t.Driver == DriverNVMet {
+		return "target:" + t.ID
+	}
+	return sub.NQN
 }
 
 // Active reports whether the grant is active at time now.

@@ -141,7 +141,7 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 	g := &nvmegate.Grant{ID: newGrantID(), JobID: j.ID, Tenant: j.Tenant, Node: in.Caller.ID,
 		HostNQN: str(in.Resource, "host_binding", "host_nqn"), SubsystemNQN: sub.NQN, IssuedAt: now,
 		ExpiresAt: grantExpiry(now, r.Ttl.AsDuration(), d.Obligations.MaxTTL, j.ExpiresAt), State: nvmegate.GrantActive,
-		DecisionID: d.ID, ReadOnly: d.Obligations.ReadOnly}
+		DecisionID: d.ID, ReadOnly: d.Obligations.ReadOnly, KeyScope: nvmegate.CredentialScope(t, sub)}
 	if err := grantCredentialParams(g, sub, d.Obligations); err != nil {
 		return nil, err
 	}
@@ -149,7 +149,7 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 	if err != nil {
 		return nil, err
 	}
-	creds, err := s.keys.Credentials(ctx, g.HostNQN, g.SubsystemNQN, p)
+	creds, err := s.keys.Credentials(ctx, g.HostNQN, g.Scope(), p)
 	if err != nil {
 		return nil, keyErr(err)
 	}
@@ -263,7 +263,7 @@ func grantEntry(in *authz.Input, d *nvmegate.Decision, g *nvmegate.Grant, c keys
 	e := entryFor(in, d, audit.EventGrant)
 	e.Time, e.GrantID, e.ExpiresAt, e.HostNQN, e.SubsystemNQN = g.IssuedAt, g.ID, g.ExpiresAt, g.HostNQN, g.SubsystemNQN
 	e.Detail = fmt.Sprintf("access.connect %s", g.SubsystemNQN)
-	e.Keys = []audit.KeyRef{{Class: "access_root", ID: g.SubsystemNQN, Version: g.KeyVersion, Fingerprint: c.RootFingerprint}}
+	e.Keys = []audit.KeyRef{{Class: "access_root", ID: g.Scope(), Version: g.KeyVersion, Fingerprint: c.RootFingerprint}}
 	for _, k := range []struct{ class, fp string }{
 		{"dhchap_host", c.HostSecretFingerprint}, {"dhchap_ctrl", c.CtrlSecretFingerprint}, {"tls_psk", c.TLSPSKFingerprint},
 	} {
@@ -392,7 +392,7 @@ func (s *accessService) Renew(ctx context.Context, r *pb.RenewRequest) (*pb.Rene
 	if err != nil {
 		return nil, err
 	}
-	creds, err := s.keys.Credentials(ctx, g.HostNQN, g.SubsystemNQN, p)
+	creds, err := s.keys.Credentials(ctx, g.HostNQN, g.Scope(), p)
 	if err != nil {
 		return nil, keyErr(err)
 	}
@@ -498,7 +498,7 @@ func (s *accessService) revokeGrants(ctx context.Context, gs []*nvmegate.Grant, 
 			return ids, err
 		}
 		ids = append(ids, g.ID)
-		subs[g.SubsystemNQN] = true
+		subs[g.Scope()] = true
 		if _, t, err := s.targetOf(ctx, g); err == nil {
 			targets[t.ID] = true
 		}

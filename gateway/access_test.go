@@ -272,3 +272,45 @@ func TestRevokeByNode(t *testing.T) {
 		t.Fatalf("revoke entries %+v", got)
 	}
 }
+
+// A node granted two subsystems of the same nvmet target (a dataset and a
+// checkpoint subsystem on one storage server, say) gets the same
+// DH-HMAC-CHAP secret for both: nvmet keys a host once per target, so the
+// secrets derive per (host, target) there.
+func TestConnectTwoSubsystemsOneNVMetTarget(t *testing.T) {
+	g := startGateway(t)
+	acmeInventory(t, g)
+	ctx := ctxT(t)
+	inv := pb.NewInventoryClient(g.client(t, admin))
+	sub2 := subNQN + "-ckpt"
+	if _, err := inv.AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: &pb.Subsystem{Nqn: sub2, TargetId: "stor-eu-1", Tenant: "acme", PortIds: []uint32{1}, Dhchap: true}}); err != nil {
+		t.Fatal(err)
+	}
+	ns2 := validNamespace()
+	ns2.SubsystemNqn = sub2
+	if _, err := inv.AddNamespace(ctx, &pb.AddNamespaceRequest{Namespace: ns2}); err != nil {
+		t.Fatal(err)
+	}
+	req := admitRequest("job-1")
+	req.Namespaces = append(req.Namespaces, &pb.JobNamespace{SubsystemNqn: sub2, Nsid: 1, Mode: pb.AccessMode_ACCESS_MODE_READ_ONLY})
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	ac := pb.NewAccessClient(g.client(t, node))
+	c1, err := ac.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := ac.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: sub2})
+	if err != nil {
+		t.Fatalf("second subsystem on the same target: %v", err)
+	}
+	if c1.Credentials.DhchapHostSecret != c2.Credentials.DhchapHostSecret {
+		t.Fatal("two secrets for one host on one nvmet target")
+	}
+	for _, s := range []string{subNQN, sub2} {
+		if _, err := os.Readlink(filepath.Join(g.configfs, "stor-eu-1", "subsystems", s, "allowed_hosts", c1.Grant.HostNqn)); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+}

@@ -61,20 +61,22 @@ func (s *keysService) Rotate(ctx context.Context, r *pb.RotateRequest) (*pb.Rota
 	}
 	switch r.Kind {
 	case pb.KeyKind_KEY_KIND_ACCESS_ROOT:
-		if _, err := s.store.Subsystem(ctx, r.SubsystemNqn); err != nil {
+		scope, err := s.scope(ctx, r.SubsystemNqn)
+		if err != nil {
 			return nil, err
 		}
-		root, err := s.keys.Rotate(ctx, r.SubsystemNqn, reason)
+		root, err := s.keys.Rotate(ctx, scope, reason)
 		if err != nil {
 			return nil, keyErr(err)
 		}
 		// The rotation happened: a status that cannot be read now must not
 		// turn it into a failure (the caller would rotate again).
-		st, err := s.keys.Status(ctx, r.SubsystemNqn)
+		st, err := s.keys.Status(ctx, scope)
 		if err != nil {
-			st = keys.RootStatus{Subsystem: r.SubsystemNqn, Current: root.Version,
+			st = keys.RootStatus{Current: root.Version,
 				Versions: []keys.VersionStatus{{Version: root.Version, Created: root.Created, Fingerprint: keys.RootFingerprint(root)}}}
 		}
+		st.Subsystem = r.SubsystemNqn
 		return &pb.RotateResponse{Status: rootStatus(st)}, nil
 	default: // KEY_KIND_DATA_KEY (validated)
 		if _, err := s.store.Namespace(ctx, r.SubsystemNqn, r.Nsid); err != nil {
@@ -111,10 +113,15 @@ func (s *keysService) Status(ctx context.Context, r *pb.KeysStatusRequest) (*pb.
 	out := &pb.KeysStatusResponse{}
 	for _, sub := range subs {
 		if r.Kind != pb.KeyKind_KEY_KIND_DATA_KEY {
-			st, err := s.keys.Status(ctx, sub)
+			scope, err := s.scope(ctx, sub)
+			if err != nil {
+				return nil, err
+			}
+			st, err := s.keys.Status(ctx, scope)
 			if err != nil {
 				return nil, keyErr(err)
 			}
+			st.Subsystem = sub
 			if st.Current != 0 {
 				out.Keys = append(out.Keys, rootStatus(st))
 			}
@@ -136,6 +143,20 @@ func (s *keysService) Status(ctx context.Context, r *pb.KeysStatusRequest) (*pb.
 		}
 	}
 	return out, nil
+}
+
+// scope is the credential root of a subsystem's grants: its own, or its
+// nvmet target's (nvmegate.CredentialScope).
+func (s *keysService) scope(ctx context.Context, subNQN string) (string, error) {
+	sub, err := s.store.Subsystem(ctx, subNQN)
+	if err != nil {
+		return "", err
+	}
+	t, err := s.store.Target(ctx, sub.TargetID)
+	if err != nil {
+		return "", err
+	}
+	return nvmegate.CredentialScope(t, sub), nil
 }
 
 // allSubsystems lists the inventory's subsystems.

@@ -32,13 +32,13 @@ func connectProperty(t *testing.T, seed uint64) {
 	tenants := []string{"acme", "globex", "initech"}
 	subTenant := map[string]string{}
 	for i := range 5 {
-		// One subsystem per target: nvmet keeps one key per host per
-		// target, so a host granted two subsystems of one target is
-		// refused by the driver (a known limitation, see fabric/nvmet).
+		// Two targets: several subsystems (of several tenants) share one.
 		tgt := validTarget()
-		tgt.Id = fmt.Sprintf("stor-%d", i)
-		if _, err := inv.AddTarget(ctx, &pb.AddTargetRequest{Target: tgt}); err != nil {
-			t.Fatal(err)
+		tgt.Id = fmt.Sprintf("stor-%d", i%2)
+		if i < 2 {
+			if _, err := inv.AddTarget(ctx, &pb.AddTargetRequest{Target: tgt}); err != nil {
+				t.Fatal(err)
+			}
 		}
 		tenant := tenants[rng.IntN(len(tenants))]
 		nqn := fmt.Sprintf("nqn.2026-01.io.nvmegate.test:sub-%d", i)

@@ -27,6 +27,7 @@ type grantRecord struct {
 	HostNQN       string    `json:"host_nqn"`
 	SubsystemNQN  string    `json:"subsystem_nqn"`
 	KeyVersion    uint64    `json:"key_version"`
+	KeyScope      string    `json:"key_scope,omitempty"`
 	IssuedAt      time.Time `json:"issued_at"`
 	ExpiresAt     time.Time `json:"expires_at"`
 	State         string    `json:"state"`
@@ -41,7 +42,7 @@ type grantRecord struct {
 
 func encodeGrant(g *nvmegate.Grant) ([]byte, error) {
 	return json.Marshal(grantRecord{V: recordVersion, ID: g.ID, JobID: g.JobID, Tenant: g.Tenant, Node: g.Node, HostNQN: g.HostNQN,
-		SubsystemNQN: g.SubsystemNQN, KeyVersion: g.KeyVersion, IssuedAt: g.IssuedAt.UTC(), ExpiresAt: g.ExpiresAt.UTC(),
+		SubsystemNQN: g.SubsystemNQN, KeyVersion: g.KeyVersion, KeyScope: g.KeyScope, IssuedAt: g.IssuedAt.UTC(), ExpiresAt: g.ExpiresAt.UTC(),
 		State: g.State, DecisionID: g.DecisionID, AuditIndex: g.AuditIndex, DHCHAPHash: g.DHCHAPHash, DHGroup: g.DHGroup,
 		Bidirectional: g.Bidirectional, TLS: g.TLS, ReadOnly: g.ReadOnly})
 }
@@ -55,7 +56,7 @@ func decodeGrant(v []byte) (*nvmegate.Grant, error) {
 		return nil, fmt.Errorf("store: grant record version %d", r.V)
 	}
 	return &nvmegate.Grant{ID: r.ID, JobID: r.JobID, Tenant: r.Tenant, Node: r.Node, HostNQN: r.HostNQN, SubsystemNQN: r.SubsystemNQN,
-		KeyVersion: r.KeyVersion, IssuedAt: r.IssuedAt, ExpiresAt: r.ExpiresAt, State: r.State, DecisionID: r.DecisionID,
+		KeyVersion: r.KeyVersion, KeyScope: r.KeyScope, IssuedAt: r.IssuedAt, ExpiresAt: r.ExpiresAt, State: r.State, DecisionID: r.DecisionID,
 		AuditIndex: r.AuditIndex, DHCHAPHash: r.DHCHAPHash, DHGroup: r.DHGroup, Bidirectional: r.Bidirectional, TLS: r.TLS,
 		ReadOnly: r.ReadOnly}, nil
 }

@@ -121,7 +121,7 @@ func (a *Agent) State(ctx context.Context, t *nvmegate.Target) (fabric.State, er
 			if err != nil {
 				return fabric.State{}, err
 			}
-			c, err := a.Keys.CredentialsAt(ctx, g.HostNQN, g.SubsystemNQN, g.KeyVersion, p)
+			c, err := a.Keys.CredentialsAt(ctx, g.HostNQN, g.Scope(), g.KeyVersion, p)
 			if errors.Is(err, keys.ErrExpired) {
 				continue // its root is past the grace: the host is no longer allowed
 			}

@@ -172,8 +172,10 @@ func TestDaemonKeyRotationAudited(t *testing.T) {
 	if req.Caller != "spiffe://nvmegate.test/admin/ops" || req.Decision == nil || !req.Decision.Allow {
 		t.Errorf("request entry: %+v", req)
 	}
+	// stor-1 is an nvmet target: its hosts' keys derive from the target's
+	// root, which the rotation of any of its subsystems rotates.
 	if done.Caller != "spiffe://nvmegate.test/gateway/nvmegated" || len(done.Keys) != 1 || done.Keys[0].Version != 1 ||
-		done.Keys[0].Class != "access_root" || done.SubsystemNQN != sub || len(done.Keys[0].Fingerprint) < 20 {
+		done.Keys[0].Class != "access_root" || done.Keys[0].ID != "target:stor-1" || done.SubsystemNQN != "" || len(done.Keys[0].Fingerprint) < 20 {
 		t.Errorf("rotation entry: %+v", done)
 	}
 }

@@ -327,9 +327,21 @@ func (m *Main) openKeys(ctx context.Context, self string) error {
 	if err != nil {
 		return err
 	}
+	targets, err := store.All(func(p store.Page) ([]*nvmegate.Target, string, error) {
+		return m.db.ListTargets(ctx, store.TargetFilter{}, p)
+	})
+	if err != nil {
+		return err
+	}
+	byID := map[string]*nvmegate.Target{}
+	for _, t := range targets {
+		byID[t.ID] = t
+	}
 	names := make([]string, 0, len(subs))
 	for _, s := range subs {
-		names = append(names, s.NQN)
+		if t := byID[s.TargetID]; t != nil {
+			names = append(names, nvmegate.CredentialScope(t, s))
+		}
 	}
 	nss, err := store.All(func(p store.Page) ([]*nvmegate.Namespace, string, error) {
 		return m.db.ListNamespaces(ctx, store.NamespaceFilter{}, p)
@@ -378,11 +390,15 @@ func rotationDetail(ev keys.RotationEvent) string {
 	return fmt.Sprintf("%s of %s: rotation%s %s (%s)", ev.Kind, ev.Name, to, ev.Outcome, ev.Reason)
 }
 
-// subsystemOf is the subsystem NQN of a rotated key: the name of a root,
-// the part before the last "/" of a data key's "<NQN>/<NSID>".
+// subsystemOf is the subsystem NQN of a rotated key: the name of a
+// subsystem's root, none for a target's root, the part before the last "/"
+// of a data key's "<NQN>/<NSID>".
 func subsystemOf(ev keys.RotationEvent) string {
 	if i := strings.LastIndexByte(ev.Name, '/'); ev.Kind == "data_key" && i > 0 {
 		return ev.Name[:i]
+	}
+	if strings.HasPrefix(ev.Name, "target:") {
+		return "" // a target's root (nvmet): the key's ID names it
 	}
 	return ev.Name
 }
