@@ -16,24 +16,24 @@ const (
 // Grant is a lease that lets one host (by NQN) reach one subsystem for one job
 // until it expires. It records credential versions, never credentials.
 type Grant struct {
-	ID           string    // random, unguessable
-	JobID        string    // the job it serves
-	Tenant       string    // the job's tenant
-	Node         string    // SPIFFE ID of the node it was issued to
-	HostNQN      string    // the node's bound host NQN
-	SubsystemNQN string    // the subsystem it opens
-	KeyVersion   uint64    // version of the credential root (KeyScope)
+	ID           string // random, unguessable
+	JobID        string // the job it serves
+	Tenant       string // the job's tenant
+	Node         string // SPIFFE ID of the node it was issued to
+	HostNQN      string // the node's bound host NQN
+	SubsystemNQN string // the subsystem it opens
+	KeyVersion   uint64 // version of the credential root (KeyScope)
 	// KeyScope names the credential root the grant's secrets derive from
 	// and the scope they are derived for: the subsystem NQN, or for an
 	// nvmet target "target:<id>" (nvmet keys a host once per target, not
 	// per subsystem). Empty in records from before it existed: the
 	// subsystem NQN.
-	KeyScope string
-	IssuedAt     time.Time //
-	ExpiresAt    time.Time // never after the job's expiry or the policy's max TTL
-	State        string    // Grant* state
-	DecisionID   string    // the policy decision that allowed it
-	AuditIndex   uint64    // index of its durable audit entry
+	KeyScope   string
+	IssuedAt   time.Time //
+	ExpiresAt  time.Time // never after the job's expiry or the policy's max TTL
+	State      string    // Grant* state
+	DecisionID string    // the policy decision that allowed it
+	AuditIndex uint64    // index of its durable audit entry
 
 	// How its credentials are made and the target programmed (from the
 	// decision's obligations), so that every gateway derives the same.
