@@ -531,3 +531,48 @@ func (s *accessService) endJobGrants(ctx context.Context, jobID, why string) ([]
 	}
 	return s.revokeGrants(ctx, gs, why)
 }
+
+// GrantSweeper ends expired grants.
+type GrantSweeper interface {
+	ExpiredGrants(ctx context.Context) ([]*nvmegate.Grant, error)
+}
+
+// SweepExpired ends the grants past their expiry: each is recorded
+// (expire) and stored as expired, and its target reprogrammed (the
+// reconciler would drop the host anyway; this makes it a fact in the
+// store and the log). It returns how many it ended.
+func (s *Server) SweepExpired(ctx context.Context) (int, error) {
+	as := s.access
+	if as == nil || as.grants == nil {
+		return 0, nil
+	}
+	sw, ok := as.grants.(GrantSweeper)
+	if !ok {
+		return 0, nil
+	}
+	gs, err := sw.ExpiredGrants(ctx)
+	if err != nil {
+		return 0, err
+	}
+	targets := map[string]bool{}
+	for _, g := range gs {
+		e := audit.Entry{Kind: audit.EventExpire, Time: s.now(), JobID: g.JobID, Tenant: g.Tenant, Caller: "", HostNQN: g.HostNQN,
+			SubsystemNQN: g.SubsystemNQN, GrantID: g.ID, ExpiresAt: g.ExpiresAt, Detail: "grant expired"}
+		if _, _, err := s.audit.Append(ctx, e); err != nil {
+			return 0, err // fail closed: not ended unrecorded; the next sweep retries
+		}
+		g.State = nvmegate.GrantExpired
+		if err := as.grants.PutGrant(ctx, g); err != nil {
+			return 0, err
+		}
+		if _, t, err := as.targetOf(ctx, g); err == nil {
+			targets[t.ID] = true
+		}
+	}
+	for t := range targets {
+		if err := as.targets.Program(ctx, t); err != nil {
+			s.log.WarnContext(ctx, "target not reprogrammed after expiry; the reconciler retries", "target", t, "err", err)
+		}
+	}
+	return len(gs), nil
+}

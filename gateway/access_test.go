@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/nvmegate/nvmegate/keys/nvmefmt"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
@@ -312,5 +313,38 @@ func TestConnectTwoSubsystemsOneNVMetTarget(t *testing.T) {
 		if _, err := os.Readlink(filepath.Join(g.configfs, "stor-eu-1", "subsystems", s, "allowed_hosts", c1.Grant.HostNqn)); err != nil {
 			t.Fatalf("%s: %v", s, err)
 		}
+	}
+}
+
+// The sweeper ends expired grants: recorded as expire, stored as expired,
+// and the host leaves the target.
+func TestSweepExpired(t *testing.T) {
+	g := startGateway(t)
+	acmeInventory(t, g)
+	ctx := ctxT(t)
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
+		t.Fatal(err)
+	}
+	c, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN, Ttl: durationpb.New(time.Nanosecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := g.srv.SweepExpired(ctx)
+	if err != nil || n != 1 {
+		t.Fatalf("swept %d (%v), want 1", n, err)
+	}
+	if hs := hostsOn(t, g); len(hs) != 0 {
+		t.Fatalf("hosts after expiry: %v", hs)
+	}
+	if n, err := g.srv.SweepExpired(ctx); err != nil || n != 0 {
+		t.Fatalf("second sweep: %d %v", n, err)
+	}
+	got := queryAll(t, pb.NewAuditClient(g.client(t, auditor)), &pb.QueryRequest{Kinds: []string{"expire"}})
+	if len(got) != 1 || got[0].GrantID != c.Grant.GrantId || got[0].JobID != "job-1" {
+		t.Fatalf("expire entries %+v", got)
+	}
+	list, err := pb.NewAccessClient(g.client(t, admin)).ListGrants(ctx, &pb.ListGrantsRequest{JobId: "job-1", State: pb.GrantState_GRANT_STATE_EXPIRED})
+	if err != nil || len(list.Grants) != 1 {
+		t.Fatalf("expired grants: %v %v", list, err)
 	}
 }

@@ -45,6 +45,7 @@ type testGateway struct {
 	auditKey attest.PublicKey
 	keyStore *localstore.Store // the real local key store in a temp dir
 	configfs string            // the nvmet driver's trees, one per target ID
+	srv      *gateway.Server
 }
 
 type gatewayOption func(*gateway.Config)
@@ -141,7 +142,7 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 		alog.Close()
 		ks.Close()
 	})
-	return &testGateway{addr: lis.Addr().String(), ca: ca, registry: reg, engine: engine, audit: alog, auditKey: ls.PublicKey(), keyStore: ks, configfs: configfs}
+	return &testGateway{addr: lis.Addr().String(), ca: ca, registry: reg, engine: engine, audit: alog, auditKey: ls.PublicKey(), keyStore: ks, configfs: configfs, srv: srv}
 }
 
 // client connects as spiffe://nvmegate.test/<path> with a fresh SVID.

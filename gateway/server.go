@@ -68,7 +68,8 @@ type Server struct {
 	health          *health.Server
 	authorizer      authz.Authorizer
 	store           InventoryStore
-	jobs            JobStore // nil if Store keeps no jobs
+	jobs            JobStore       // nil if Store keeps no jobs
+	access          *accessService // nil without a job store
 	audit           AuditLog
 	log             *slog.Logger
 	metrics         *metrics
@@ -134,6 +135,7 @@ func New(cfg Config) (*Server, error) {
 			as.grants = gs
 			js.endGrants = as.endJobGrants
 		}
+		s.access = as
 		pb.RegisterAccessServer(s.grpc, as)
 		pb.RegisterJobsServer(s.grpc, js)
 	} else {

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -195,6 +196,35 @@ func (db *DB) SubsystemGrants(ctx context.Context, subsystemNQN string) ([]*nvme
 			}
 		}
 		return nil
+	})
+	return out, err
+}
+
+// ExpiredGrants returns the grants still stored as active whose expiry has
+// passed (the sweeper ends them), through the index of active grants.
+func (db *DB) ExpiredGrants(ctx context.Context) ([]*nvmegate.Grant, error) {
+	now := db.now()
+	var out []*nvmegate.Grant
+	err := db.view(ctx, func(tx *bolt.Tx) error {
+		grants := tx.Bucket(bucketGrants)
+		return tx.Bucket(bucketGrantsBySubsystem).ForEach(func(k, _ []byte) error {
+			i := bytes.IndexByte(k, 0)
+			if i < 0 {
+				return fmt.Errorf("store: malformed key in %s", bucketGrantsBySubsystem)
+			}
+			v := grants.Get(k[i+1:])
+			if v == nil {
+				return fmt.Errorf("store: index %s points to a missing grant %q", bucketGrantsBySubsystem, k[i+1:])
+			}
+			g, err := decodeGrant(v)
+			if err != nil {
+				return err
+			}
+			if g.State == nvmegate.GrantActive && !now.Before(g.ExpiresAt) {
+				out = append(out, g)
+			}
+			return nil
+		})
 	})
 	return out, err
 }

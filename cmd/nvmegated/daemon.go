@@ -449,6 +449,11 @@ func (m *Main) Run(ctx context.Context) error {
 	g.Go(func() error {
 		d, _ := time.ParseDuration(m.Config.Targets.ReconcileInterval)
 		every(ctx, d, func() {
+			if n, err := m.server.SweepExpired(ctx); err != nil {
+				m.log.Warn("expired grants not swept", "err", err)
+			} else if n > 0 {
+				m.log.Info("expired grants ended", "count", n)
+			}
 			if err := m.agent.Reconcile(ctx); err != nil {
 				m.log.Warn("target reconcile failed", "err", err)
 			}
