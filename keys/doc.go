@@ -1,10 +1,12 @@
 // Package keys is nvmegate's key hierarchy (DESIGN §5):
 //
-//   - per subsystem, a versioned access-credential root (32 random bytes).
-//     The DH-HMAC-CHAP host and controller secrets and the configured
-//     NVMe/TCP TLS PSK of a host are derived from it with HKDF-SHA-256 and
-//     domain-separated labels, per (host NQN, subsystem NQN, root version):
-//     10,000 hosts cost no writes to the key store;
+//   - per scope, a versioned access-credential root (32 random bytes). The
+//     scope is the subsystem NQN, or "target:<id>" for an nvmet target
+//     (nvmet keys a host once per target, not per subsystem). The
+//     DH-HMAC-CHAP host and controller secrets and the configured NVMe/TCP
+//     TLS PSK of a host are derived from it with HKDF-SHA-256 and
+//     domain-separated labels, per (host NQN, scope, root version): 10,000
+//     hosts cost no writes to the key store;
 //   - per namespace, a data-encryption key stored only wrapped by the
 //     namespace's key-encryption key (Vault Transit, or the local store's),
 //     rotated by rotating the KEK and rewrapping;

@@ -133,9 +133,10 @@ refused "a malformed NQN is refused naming the field" "subsystem.nqn" -- \
 ok "the policy revision in force" -- as admin policy status
 
 echo "== acme's scheduler admits a training job (the scope its nodes will connect under)"
-ok "acme's scheduler admits job llm-pretrain-1: two nodes, acme's dataset read-only, eu-west, 12 h" -- \
+ok "acme's scheduler admits job llm-pretrain-1: three nodes, acme's dataset read-only, eu-west, 12 h" -- \
   as acme-scheduler job admit llm-pretrain-1 --tenant acme \
     --node spiffe://nvmegate.test/node/acme-gpu-1 --node spiffe://nvmegate.test/node/acme-gpu-2 \
+    --node spiffe://nvmegate.test/node/acme-gpu-3 \
     --namespace "$ACME/1:ro" --region eu-west --expires-in 12h
 refused "... but not a job on globex's dataset (tenant isolation)" PermissionDenied -- \
   as acme-scheduler job admit llm-pretrain-2 --tenant acme \
@@ -160,7 +161,7 @@ trap 'kill "$gw" "$agent" 2>/dev/null' EXIT
 for _ in $(seq 100); do grep -q "applied" "$DEMO/target-agent.log" 2>/dev/null && break; sleep 0.1; done
 grep -q "applied" "$DEMO/target-agent.log" || fail "the target agent of stor-eu-1 did not start; see $DEMO/target-agent.log"
 echo "   (stor-eu-1's target agent runs as its own process, pid $agent)"
-for n in 1 2; do
+for n in 1 2 3; do
   ok "acme-node-$n connects to acme's subsystem (config.json with its DH-HMAC-CHAP secrets, 0600)" -- \
     as acme-node-$n connect --job llm-pretrain-1 --subsystem "$ACME" --write-config "$DEMO/node$n-config.json"
   if command -v nvme >/dev/null 2>&1; then
@@ -168,7 +169,7 @@ for n in 1 2; do
       sh -c "nvme config -J '$DEMO/node$n-config.json' -O >/dev/null"
   fi
 done
-ok "the nvmet tree of stor-eu-1 allows exactly those two hosts" -- ls "$CFS/subsystems/$ACME/allowed_hosts"
+ok "the nvmet tree of stor-eu-1 allows exactly those three hosts" -- ls "$CFS/subsystems/$ACME/allowed_hosts"
 refused "globex-node-1 cannot connect to acme's subsystem (tenant isolation)" PermissionDenied -- \
   as globex-node-1 connect --job llm-pretrain-1 --subsystem "$ACME"
 refused "acme-node-1 cannot connect to a subsystem outside its job" PermissionDenied -- \
@@ -180,8 +181,8 @@ ok "the admin rotates acme's access root" -- as admin keys rotate --subsystem "$
 ok "acme-node-1 renews: the new root's secret, already on the target" -- \
   as acme-node-1 renew "$grant1" --write-config "$DEMO/node1-config.json"
 ok "acme-node-1 releases its grant: its host leaves the target" -- as acme-node-1 release "$grant1"
-ok "one host left on stor-eu-1" -- ls "$CFS/subsystems/$ACME/allowed_hosts"
-ok "acme's scheduler finishes the job: the remaining grant ends, the root rotates" -- \
+ok "two hosts left on stor-eu-1" -- ls "$CFS/subsystems/$ACME/allowed_hosts"
+ok "acme's scheduler finishes the job: the remaining grants end, the root rotates" -- \
   as acme-scheduler job finish llm-pretrain-1 --reason "training done"
 hosts_left=$(ls "$CFS/subsystems/$ACME/allowed_hosts" | wc -l | tr -d ' ')
 [ "$hosts_left" = 0 ] || fail "hosts left on the target after the job finished: $hosts_left"

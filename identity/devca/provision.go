@@ -31,8 +31,8 @@ type Identity struct {
 }
 
 // DevIdentities are the workloads `nvmegated dev` issues SVIDs for: the
-// gateway, an admin, an auditor, a scheduler and two nodes in each of the
-// tenants acme and globex, and the agents of the demo's two targets.
+// gateway, an admin, an auditor, a scheduler and nodes (three of acme, two of
+// globex) in each of the tenants acme and globex, and the agents of the demo's two targets.
 var DevIdentities = []Identity{
 	{"gateway", "/gateway/nvmegated"},
 	{"admin", "/admin/ops"},
@@ -40,6 +40,7 @@ var DevIdentities = []Identity{
 	{"acme-scheduler", "/tenant/acme/scheduler/slurm"},
 	{"acme-node-1", "/node/acme-gpu-1"},
 	{"acme-node-2", "/node/acme-gpu-2"},
+	{"acme-node-3", "/node/acme-gpu-3"},
 	{"globex-scheduler", "/tenant/globex/scheduler/slurm"},
 	{"globex-node-1", "/node/globex-gpu-1"},
 	{"globex-node-2", "/node/globex-gpu-2"},
