@@ -415,10 +415,19 @@ func (s *auditService) Export(r *pb.ExportRequest, stream grpc.ServerStreamingSe
 // its datasets, scope and every log entry of the job with an inclusion
 // proof against a checkpoint signed now.
 func (s *auditService) Lineage(ctx context.Context, r *pb.LineageRequest) (*pb.LineageResponse, error) {
+	env, err := s.lineage(ctx, r.JobId)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.LineageResponse{Envelope: env}, nil
+}
+
+// lineage builds and signs a job's lineage envelope.
+func (s *auditService) lineage(ctx context.Context, jobID string) ([]byte, error) {
 	if s.jobs == nil || s.signer == nil {
 		return nil, nvmegate.Errorf(nvmegate.EUNIMPLEMENTED, "this gateway signs no lineage (no job store or signer)")
 	}
-	j, err := s.jobs.Job(ctx, r.JobId)
+	j, err := s.jobs.Job(ctx, jobID)
 	if err != nil {
 		return nil, err
 	}
@@ -438,5 +447,5 @@ func (s *auditService) Lineage(ctx context.Context, r *pb.LineageRequest) (*pb.L
 	if err != nil {
 		return nil, fmt.Errorf("lineage: %w", err)
 	}
-	return &pb.LineageResponse{Envelope: env}, nil
+	return env, nil
 }

@@ -28,7 +28,9 @@ type jobsService struct {
 	// allowing its hosts and the roots they knew rotate. Nil without a
 	// grant store.
 	endGrants func(ctx context.Context, jobID, why string) ([]string, error)
-	log       *slog.Logger
+	// lineage signs the finished job's lineage attestation; nil: none.
+	lineage func(ctx context.Context, jobID string) ([]byte, error)
+	log     *slog.Logger
 }
 
 func (s *jobsService) Admit(ctx context.Context, r *pb.AdmitRequest) (*pb.AdmitResponse, error) {
@@ -92,6 +94,16 @@ func (s *jobsService) Finish(ctx context.Context, r *pb.FinishRequest) (*pb.Fini
 			s.log.ErrorContext(ctx, "job finished, its grants not all ended", "job", j.ID, "err", err)
 		}
 		out.EndedGrantIds = ids
+	}
+	if s.lineage != nil {
+		// The lineage covers every entry so far, this finish's included
+		// (recorded before the handler ran). A failure here does not undo
+		// the finish: Audit.Lineage builds it again on demand.
+		if env, err := s.lineage(ctx, j.ID); err != nil {
+			s.log.ErrorContext(ctx, "job finished, lineage not signed", "job", j.ID, "err", err)
+		} else {
+			out.Lineage = env
+		}
 	}
 	return out, nil
 }

@@ -26,8 +26,13 @@ func TestLineage(t *testing.T) {
 	if _, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pb.NewJobsClient(g.client(t, sched)).Finish(ctx, &pb.FinishRequest{JobId: "job-1"}); err != nil {
+	fin, err := pb.NewJobsClient(g.client(t, sched)).Finish(ctx, &pb.FinishRequest{JobId: "job-1"})
+	if err != nil {
 		t.Fatal(err)
+	}
+	// Finishing returns the signed lineage already.
+	if rep, err := lineage.Verify(fin.Lineage, []attest.PublicKey{g.auditKey}); err != nil || rep.Job != "job-1" {
+		t.Fatalf("lineage at finish: %v %v", rep, err)
 	}
 	resp, err := pb.NewAuditClient(g.client(t, auditor)).Lineage(ctx, &pb.LineageRequest{JobId: "job-1"})
 	if err != nil {

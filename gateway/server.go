@@ -121,7 +121,8 @@ func New(cfg Config) (*Server, error) {
 	} else {
 		pb.RegisterKeysServer(s.grpc, pb.UnimplementedKeysServer{})
 	}
-	pb.RegisterAuditServer(s.grpc, &auditService{log: cfg.Audit, exportDir: cfg.ExportDir, jobs: s.jobs, store: cfg.Store, signer: cfg.LineageSigner})
+	audits := &auditService{log: cfg.Audit, exportDir: cfg.ExportDir, jobs: s.jobs, store: cfg.Store, signer: cfg.LineageSigner}
+	pb.RegisterAuditServer(s.grpc, audits)
 	// Without a job store (or keys and a target agent, for grants) these
 	// answer Unimplemented after validation and policy: never a fake
 	// success.
@@ -131,6 +132,9 @@ func New(cfg Config) (*Server, error) {
 			as.keys = cfg.Keys
 		}
 		js := &jobsService{store: s.jobs, log: s.log}
+		if cfg.LineageSigner != nil {
+			js.lineage = audits.lineage
+		}
 		if gs, ok := cfg.Store.(GrantStore); ok && cfg.Targets != nil {
 			as.grants = gs
 			js.endGrants = as.endJobGrants
