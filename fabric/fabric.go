@@ -25,9 +25,17 @@ type State struct {
 // it listens on. AllowAnyHost is always false for the subsystems nvmegate
 // manages: only the listed hosts may connect.
 type Subsystem struct {
-	NQN   string
-	Hosts []Host
-	Ports []Port
+	NQN        string
+	Hosts      []Host
+	Ports      []Port
+	Namespaces []Namespace // QoS caps; drivers without QoS ignore them
+}
+
+// Namespace is a namespace's QoS caps (0: no cap).
+type Namespace struct {
+	NSID    uint32
+	MaxIOPS uint64
+	MaxMBps uint64
 }
 
 // Host is a host allowed on a subsystem, with its credentials. Host and

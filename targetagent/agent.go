@@ -24,6 +24,7 @@ type Store interface {
 	Target(ctx context.Context, id string) (*nvmegate.Target, error)
 	ListTargets(ctx context.Context, f store.TargetFilter, p store.Page) ([]*nvmegate.Target, string, error)
 	ListSubsystems(ctx context.Context, f store.SubsystemFilter, p store.Page) ([]*nvmegate.Subsystem, string, error)
+	ListNamespaces(ctx context.Context, f store.NamespaceFilter, p store.Page) ([]*nvmegate.Namespace, string, error)
 	SubsystemGrants(ctx context.Context, subsystemNQN string) ([]*nvmegate.Grant, error)
 }
 
@@ -101,6 +102,15 @@ func (a *Agent) State(ctx context.Context, t *nvmegate.Target) (fabric.State, er
 					fs.Ports = append(fs.Ports, port(p))
 				}
 			}
+		}
+		nss, err := store.All(func(p store.Page) ([]*nvmegate.Namespace, string, error) {
+			return a.Store.ListNamespaces(ctx, store.NamespaceFilter{SubsystemNQN: sub.NQN}, p)
+		})
+		if err != nil {
+			return fabric.State{}, err
+		}
+		for _, n := range nss {
+			fs.Namespaces = append(fs.Namespaces, fabric.Namespace{NSID: n.NSID, MaxIOPS: n.QoS.MaxIOPS, MaxMBps: n.QoS.MaxMBps})
 		}
 		grants, err := a.Store.SubsystemGrants(ctx, sub.NQN)
 		if err != nil {

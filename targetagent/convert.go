@@ -14,6 +14,9 @@ func StateToProto(id string, st fabric.State) *pb.TargetState {
 			ps.Hosts = append(ps.Hosts, &pb.TargetHost{Nqn: h.NQN, DhchapKey: h.DHCHAPKey, DhchapCtrlKey: h.DHCHAPCtrlKey,
 				DhchapHash: h.DHCHAPHash, DhchapDhgroup: h.DHCHAPGroup, TlsPsk: h.TLSPSK})
 		}
+		for _, n := range sub.Namespaces {
+			ps.Namespaces = append(ps.Namespaces, &pb.TargetNamespace{Nsid: n.NSID, MaxIops: n.MaxIOPS, MaxMbps: n.MaxMBps})
+		}
 		for _, p := range sub.Ports {
 			ps.Ports = append(ps.Ports, &pb.TargetPort{Id: uint32(p.ID), Trtype: p.Trtype, Adrfam: p.Adrfam, Traddr: p.Traddr,
 				Trsvcid: p.Trsvcid, Treq: p.Treq, Tsas: p.Tsas})
@@ -32,6 +35,9 @@ func StateFromProto(p *pb.TargetState) fabric.State {
 		for _, h := range ps.Hosts {
 			sub.Hosts = append(sub.Hosts, fabric.Host{NQN: h.Nqn, DHCHAPKey: h.DhchapKey, DHCHAPCtrlKey: h.DhchapCtrlKey,
 				DHCHAPHash: h.DhchapHash, DHCHAPGroup: h.DhchapDhgroup, TLSPSK: h.TlsPsk})
+		}
+		for _, n := range ps.Namespaces {
+			sub.Namespaces = append(sub.Namespaces, fabric.Namespace{NSID: n.Nsid, MaxIOPS: n.MaxIops, MaxMBps: n.MaxMbps})
 		}
 		for _, p := range ps.Ports {
 			sub.Ports = append(sub.Ports, fabric.Port{ID: uint16(p.Id), Trtype: p.Trtype, Adrfam: p.Adrfam, Traddr: p.Traddr,

@@ -15,6 +15,9 @@
 // removes hosts no subsystem allows any more, unlinking them first as
 // configfs requires.
 //
+// Linux nvmet has no per-namespace QoS: the state's namespace caps are not
+// enforced by this driver (fabric/spdk enforces them).
+//
 // On a plain directory (tests, and the demo's .demo/configfs) the same
 // calls build the same tree; secrets are written 0600.
 package nvmet

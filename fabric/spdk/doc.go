@@ -11,6 +11,9 @@
 //     DH-HMAC-CHAP keys in place; a PSK cannot change in place, so a host
 //     whose PSK changes is removed and added again;
 //     nvmf_subsystem_remove_host removes hosts no grant allows;
+//   - namespace QoS caps go to the namespace's bdev (from
+//     nvmf_get_subsystems) with bdev_set_qos_limit, once after a start and
+//     then on change;
 //   - SPDK does not combine in-band authentication with a secure channel:
 //     a host with both a PSK and DH-HMAC-CHAP keys is refused.
 //

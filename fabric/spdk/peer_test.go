@@ -23,20 +23,27 @@ type peer struct {
 	mu      sync.Mutex
 	subs    map[string]map[string]map[string]string // subsystem → host → params given
 	keyring map[string]string                       // name → path
+	bdevs   map[string]string                       // subsystem/nsid → bdev
+	qos     map[string][2]float64                   // bdev → (IOPS, MB/s)
 	calls   []string                                // methods called, in order
 	ln      net.Listener
 }
 
-type field struct{ required bool }
+type field struct {
+	required bool
+	number   bool
+}
 
 var schema = map[string]map[string]field{
 	"nvmf_get_subsystems":        {"tgt_name": {}},
 	"keyring_get_keys":           {},
-	"keyring_file_add_key":       {"name": {true}, "path": {true}},
-	"keyring_file_remove_key":    {"name": {true}},
-	"nvmf_subsystem_add_host":    {"nqn": {true}, "host": {true}, "tgt_name": {}, "psk": {}, "dhchap_key": {}, "dhchap_ctrlr_key": {}},
-	"nvmf_subsystem_set_keys":    {"nqn": {true}, "host": {true}, "tgt_name": {}, "dhchap_key": {}, "dhchap_ctrlr_key": {}},
-	"nvmf_subsystem_remove_host": {"nqn": {true}, "host": {true}, "tgt_name": {}},
+	"keyring_file_add_key":       {"name": {required: true}, "path": {required: true}},
+	"keyring_file_remove_key":    {"name": {required: true}},
+	"nvmf_subsystem_add_host":    {"nqn": {required: true}, "host": {required: true}, "tgt_name": {}, "psk": {}, "dhchap_key": {}, "dhchap_ctrlr_key": {}},
+	"nvmf_subsystem_set_keys":    {"nqn": {required: true}, "host": {required: true}, "tgt_name": {}, "dhchap_key": {}, "dhchap_ctrlr_key": {}},
+	"nvmf_subsystem_remove_host": {"nqn": {required: true}, "host": {required: true}, "tgt_name": {}},
+	"bdev_set_qos_limit": {"name": {required: true}, "rw_ios_per_sec": {number: true}, "rw_mbytes_per_sec": {number: true},
+		"r_mbytes_per_sec": {number: true}, "w_mbytes_per_sec": {number: true}},
 }
 
 func startPeer(t *testing.T, subsystems ...string) (*peer, string) {
@@ -46,9 +53,11 @@ func startPeer(t *testing.T, subsystems ...string) (*peer, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &peer{subs: map[string]map[string]map[string]string{}, keyring: map[string]string{}, ln: ln}
-	for _, s := range subsystems {
+	p := &peer{subs: map[string]map[string]map[string]string{}, keyring: map[string]string{}, ln: ln,
+		bdevs: map[string]string{}, qos: map[string][2]float64{}}
+	for i, s := range subsystems {
 		p.subs[s] = map[string]map[string]string{}
+		p.bdevs[s+"/1"] = fmt.Sprintf("Nvme%dn1", i)
 	}
 	go func() {
 		for {
@@ -73,10 +82,10 @@ func (p *peer) serve(c net.Conn) {
 	dec := json.NewDecoder(bufio.NewReader(c))
 	for {
 		var req struct {
-			JSONRPC string            `json:"jsonrpc"`
-			ID      int               `json:"id"`
-			Method  string            `json:"method"`
-			Params  map[string]string `json:"params"`
+			JSONRPC string         `json:"jsonrpc"`
+			ID      int            `json:"id"`
+			Method  string         `json:"method"`
+			Params  map[string]any `json:"params"`
 		}
 		if err := dec.Decode(&req); err != nil {
 			return
@@ -93,7 +102,7 @@ func (p *peer) serve(c net.Conn) {
 	}
 }
 
-func (p *peer) handle(version, method string, params map[string]string) (any, *rpcErr) {
+func (p *peer) handle(version, method string, raw map[string]any) (any, *rpcErr) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.calls = append(p.calls, method)
@@ -104,9 +113,27 @@ func (p *peer) handle(version, method string, params map[string]string) (any, *r
 	if !ok {
 		return nil, &rpcErr{-32601, "Method not found"}
 	}
-	for k := range params {
-		if _, ok := fields[k]; !ok {
+	params := map[string]string{}
+	nums := map[string]float64{}
+	for k, v := range raw {
+		f, ok := fields[k]
+		if !ok {
 			return nil, &rpcErr{-32602, "Invalid parameters: unknown " + k}
+		}
+		switch x := v.(type) {
+		case string:
+			if f.number {
+				return nil, &rpcErr{-32602, "Invalid parameters: " + k + " must be a number"}
+			}
+			params[k] = x
+		case float64:
+			if !f.number {
+				return nil, &rpcErr{-32602, "Invalid parameters: " + k + " must be a string"}
+			}
+			nums[k] = x
+			params[k] = fmt.Sprint(x)
+		default:
+			return nil, &rpcErr{-32602, "Invalid parameters: " + k}
 		}
 	}
 	for k, f := range fields {
@@ -130,7 +157,13 @@ func (p *peer) handle(version, method string, params map[string]string) (any, *r
 			for h := range hosts {
 				hs = append(hs, map[string]string{"nqn": h})
 			}
-			out = append(out, map[string]any{"nqn": nqn, "allow_any_host": false, "hosts": hs})
+			var nss []map[string]any
+			for key, bdev := range p.bdevs {
+				if len(key) > len(nqn) && key[:len(nqn)] == nqn && key[len(nqn)] == '/' {
+					nss = append(nss, map[string]any{"nsid": 1, "bdev_name": bdev})
+				}
+			}
+			out = append(out, map[string]any{"nqn": nqn, "allow_any_host": false, "hosts": hs, "namespaces": nss})
 		}
 		return out, nil
 	case "keyring_get_keys":
@@ -139,6 +172,16 @@ func (p *peer) handle(version, method string, params map[string]string) (any, *r
 			out = append(out, map[string]any{"name": n, "path": path, "module": "keyring_file", "removed": false})
 		}
 		return out, nil
+	case "bdev_set_qos_limit":
+		found := false
+		for _, b := range p.bdevs {
+			found = found || b == params["name"]
+		}
+		if !found {
+			return nil, &rpcErr{-19, "No such bdev"}
+		}
+		p.qos[params["name"]] = [2]float64{nums["rw_ios_per_sec"], nums["rw_mbytes_per_sec"]}
+		return true, nil
 	case "keyring_file_add_key":
 		path := params["path"]
 		if !filepath.IsAbs(path) {
@@ -208,6 +251,12 @@ func (p *peer) handle(version, method string, params map[string]string) (any, *r
 		return true, nil
 	}
 	return nil, &rpcErr{-32601, "Method not found"}
+}
+
+func (p *peer) qosOf(bdev string) [2]float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.qos[bdev]
 }
 
 func (p *peer) snapshot() (map[string]map[string]map[string]string, map[string]string, []string) {

@@ -28,7 +28,8 @@ type Driver struct {
 	Timeout time.Duration
 
 	mu      sync.Mutex
-	applied map[string]hostKeys // subsystem NQN + "\x00" + host NQN → the key names it was given
+	applied map[string]hostKeys  // subsystem NQN + "\x00" + host NQN → the key names it was given
+	qos     map[string][2]uint64 // bdev → the caps last set
 }
 
 var _ fabric.Driver = (*Driver)(nil)
@@ -135,6 +136,10 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) error {
 		Hosts []struct {
 			NQN string `json:"nqn"`
 		} `json:"hosts"`
+		Namespaces []struct {
+			NSID     uint32 `json:"nsid"`
+			BdevName string `json:"bdev_name"`
+		} `json:"namespaces"`
 	}
 	var p map[string]any
 	if d.TgtName != "" {
@@ -144,7 +149,11 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) error {
 		return err
 	}
 	present := map[string]map[string]bool{}
+	bdevs := map[string]string{} // subsystem NQN + "/" + NSID → bdev
 	for _, sub := range subs {
+		for _, n := range sub.Namespaces {
+			bdevs[fmt.Sprintf("%s/%d", sub.NQN, n.NSID)] = n.BdevName
+		}
 		present[sub.NQN] = map[string]bool{}
 		for _, h := range sub.Hosts {
 			present[sub.NQN][h.NQN] = true
@@ -194,6 +203,11 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) error {
 				return err
 			}
 		}
+		for _, n := range sub.Namespaces {
+			if err := d.setQoS(c, bdevs[fmt.Sprintf("%s/%d", sub.NQN, n.NSID)], n); err != nil {
+				return err
+			}
+		}
 		for h := range hosts {
 			if !want[h] {
 				if err := c.call("nvmf_subsystem_remove_host", d.params("nqn", sub.NQN, "host", h), nil); err != nil {
@@ -212,6 +226,27 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) error {
 			os.Remove(filepath.Join(d.KeyDir, name))
 		}
 	}
+	return nil
+}
+
+// setQoS caps a namespace's bdev with bdev_set_qos_limit (0 lifts a cap),
+// once after a start and then when the caps change.
+func (d *Driver) setQoS(c *client, bdev string, n fabric.Namespace) error {
+	if bdev == "" {
+		return nil // a namespace the target does not have: the operator's to add
+	}
+	if d.qos == nil {
+		d.qos = map[string][2]uint64{}
+	}
+	want := [2]uint64{n.MaxIOPS, n.MaxMBps}
+	if cur, known := d.qos[bdev]; known && cur == want {
+		return nil
+	}
+	err := c.call("bdev_set_qos_limit", map[string]any{"name": bdev, "rw_ios_per_sec": n.MaxIOPS, "rw_mbytes_per_sec": n.MaxMBps}, nil)
+	if err != nil {
+		return err
+	}
+	d.qos[bdev] = want
 	return nil
 }
 

@@ -56,6 +56,22 @@ func TestApply(t *testing.T) {
 		t.Fatalf("calls %v", calls)
 	}
 
+	// QoS: set once, then only when it changes.
+	qs := state(a, b)
+	qs.Subsystems[0].Namespaces = []fabric.Namespace{{NSID: 1, MaxIOPS: 5000, MaxMBps: 200}}
+	if err := d.Apply(ctx, qs); err != nil {
+		t.Fatal(err)
+	}
+	if q := p.qosOf("Nvme0n1"); q != [2]float64{5000, 200} {
+		t.Fatalf("qos %v", q)
+	}
+	p.snapshot()
+	if err := d.Apply(ctx, qs); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, calls = p.snapshot(); slices.Contains(calls, "bdev_set_qos_limit") {
+		t.Fatalf("qos set again unchanged: %v", calls)
+	}
 	// Idempotent: the same state changes nothing.
 	if err := d.Apply(ctx, state(a, b)); err != nil {
 		t.Fatal(err)

@@ -131,7 +131,9 @@ type TargetSubsystem struct {
 	// The hosts allowed on it.
 	Hosts []*TargetHost `protobuf:"bytes,2,rep,name=hosts,proto3" json:"hosts,omitempty"`
 	// The ports it listens on.
-	Ports         []*TargetPort `protobuf:"bytes,3,rep,name=ports,proto3" json:"ports,omitempty"`
+	Ports []*TargetPort `protobuf:"bytes,3,rep,name=ports,proto3" json:"ports,omitempty"`
+	// Its namespaces' QoS caps.
+	Namespaces    []*TargetNamespace `protobuf:"bytes,4,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -187,6 +189,77 @@ func (x *TargetSubsystem) GetPorts() []*TargetPort {
 	return nil
 }
 
+func (x *TargetSubsystem) GetNamespaces() []*TargetNamespace {
+	if x != nil {
+		return x.Namespaces
+	}
+	return nil
+}
+
+// TargetNamespace is a namespace's QoS caps (0: no cap).
+type TargetNamespace struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Namespace ID.
+	Nsid uint32 `protobuf:"varint,1,opt,name=nsid,proto3" json:"nsid,omitempty"`
+	// I/O operations per second.
+	MaxIops uint64 `protobuf:"varint,2,opt,name=max_iops,json=maxIops,proto3" json:"max_iops,omitempty"`
+	// Megabytes per second.
+	MaxMbps       uint64 `protobuf:"varint,3,opt,name=max_mbps,json=maxMbps,proto3" json:"max_mbps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TargetNamespace) Reset() {
+	*x = TargetNamespace{}
+	mi := &file_nvmegate_v1_target_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TargetNamespace) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TargetNamespace) ProtoMessage() {}
+
+func (x *TargetNamespace) ProtoReflect() protoreflect.Message {
+	mi := &file_nvmegate_v1_target_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TargetNamespace.ProtoReflect.Descriptor instead.
+func (*TargetNamespace) Descriptor() ([]byte, []int) {
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *TargetNamespace) GetNsid() uint32 {
+	if x != nil {
+		return x.Nsid
+	}
+	return 0
+}
+
+func (x *TargetNamespace) GetMaxIops() uint64 {
+	if x != nil {
+		return x.MaxIops
+	}
+	return 0
+}
+
+func (x *TargetNamespace) GetMaxMbps() uint64 {
+	if x != nil {
+		return x.MaxMbps
+	}
+	return 0
+}
+
 // TargetHost is an allowed host with its credentials.
 type TargetHost struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -208,7 +281,7 @@ type TargetHost struct {
 
 func (x *TargetHost) Reset() {
 	*x = TargetHost{}
-	mi := &file_nvmegate_v1_target_proto_msgTypes[3]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -220,7 +293,7 @@ func (x *TargetHost) String() string {
 func (*TargetHost) ProtoMessage() {}
 
 func (x *TargetHost) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_target_proto_msgTypes[3]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -233,7 +306,7 @@ func (x *TargetHost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetHost.ProtoReflect.Descriptor instead.
 func (*TargetHost) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{3}
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *TargetHost) GetNqn() string {
@@ -301,7 +374,7 @@ type TargetPort struct {
 
 func (x *TargetPort) Reset() {
 	*x = TargetPort{}
-	mi := &file_nvmegate_v1_target_proto_msgTypes[4]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -313,7 +386,7 @@ func (x *TargetPort) String() string {
 func (*TargetPort) ProtoMessage() {}
 
 func (x *TargetPort) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_target_proto_msgTypes[4]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -326,7 +399,7 @@ func (x *TargetPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetPort.ProtoReflect.Descriptor instead.
 func (*TargetPort) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{4}
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *TargetPort) GetId() uint32 {
@@ -391,7 +464,7 @@ type AckRequest struct {
 
 func (x *AckRequest) Reset() {
 	*x = AckRequest{}
-	mi := &file_nvmegate_v1_target_proto_msgTypes[5]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -403,7 +476,7 @@ func (x *AckRequest) String() string {
 func (*AckRequest) ProtoMessage() {}
 
 func (x *AckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_target_proto_msgTypes[5]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -416,7 +489,7 @@ func (x *AckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRequest.ProtoReflect.Descriptor instead.
 func (*AckRequest) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{5}
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *AckRequest) GetGeneration() uint64 {
@@ -442,7 +515,7 @@ type AckResponse struct {
 
 func (x *AckResponse) Reset() {
 	*x = AckResponse{}
-	mi := &file_nvmegate_v1_target_proto_msgTypes[6]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -454,7 +527,7 @@ func (x *AckResponse) String() string {
 func (*AckResponse) ProtoMessage() {}
 
 func (x *AckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_target_proto_msgTypes[6]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -467,7 +540,7 @@ func (x *AckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckResponse.ProtoReflect.Descriptor instead.
 func (*AckResponse) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{6}
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{7}
 }
 
 var File_nvmegate_v1_target_proto protoreflect.FileDescriptor
@@ -483,11 +556,18 @@ const file_nvmegate_v1_target_proto_rawDesc = "" +
 	"generation\x12<\n" +
 	"\n" +
 	"subsystems\x18\x03 \x03(\v2\x1c.nvmegate.v1.TargetSubsystemR\n" +
-	"subsystems\"\x81\x01\n" +
+	"subsystems\"\xbf\x01\n" +
 	"\x0fTargetSubsystem\x12\x10\n" +
 	"\x03nqn\x18\x01 \x01(\tR\x03nqn\x12-\n" +
 	"\x05hosts\x18\x02 \x03(\v2\x17.nvmegate.v1.TargetHostR\x05hosts\x12-\n" +
-	"\x05ports\x18\x03 \x03(\v2\x17.nvmegate.v1.TargetPortR\x05ports\"\xc6\x01\n" +
+	"\x05ports\x18\x03 \x03(\v2\x17.nvmegate.v1.TargetPortR\x05ports\x12<\n" +
+	"\n" +
+	"namespaces\x18\x04 \x03(\v2\x1c.nvmegate.v1.TargetNamespaceR\n" +
+	"namespaces\"[\n" +
+	"\x0fTargetNamespace\x12\x12\n" +
+	"\x04nsid\x18\x01 \x01(\rR\x04nsid\x12\x19\n" +
+	"\bmax_iops\x18\x02 \x01(\x04R\amaxIops\x12\x19\n" +
+	"\bmax_mbps\x18\x03 \x01(\x04R\amaxMbps\"\xc6\x01\n" +
 	"\n" +
 	"TargetHost\x12\x10\n" +
 	"\x03nqn\x18\x01 \x01(\tR\x03nqn\x12\x1d\n" +
@@ -530,29 +610,31 @@ func file_nvmegate_v1_target_proto_rawDescGZIP() []byte {
 	return file_nvmegate_v1_target_proto_rawDescData
 }
 
-var file_nvmegate_v1_target_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_nvmegate_v1_target_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_nvmegate_v1_target_proto_goTypes = []any{
 	(*WatchRequest)(nil),    // 0: nvmegate.v1.WatchRequest
 	(*TargetState)(nil),     // 1: nvmegate.v1.TargetState
 	(*TargetSubsystem)(nil), // 2: nvmegate.v1.TargetSubsystem
-	(*TargetHost)(nil),      // 3: nvmegate.v1.TargetHost
-	(*TargetPort)(nil),      // 4: nvmegate.v1.TargetPort
-	(*AckRequest)(nil),      // 5: nvmegate.v1.AckRequest
-	(*AckResponse)(nil),     // 6: nvmegate.v1.AckResponse
+	(*TargetNamespace)(nil), // 3: nvmegate.v1.TargetNamespace
+	(*TargetHost)(nil),      // 4: nvmegate.v1.TargetHost
+	(*TargetPort)(nil),      // 5: nvmegate.v1.TargetPort
+	(*AckRequest)(nil),      // 6: nvmegate.v1.AckRequest
+	(*AckResponse)(nil),     // 7: nvmegate.v1.AckResponse
 }
 var file_nvmegate_v1_target_proto_depIdxs = []int32{
 	2, // 0: nvmegate.v1.TargetState.subsystems:type_name -> nvmegate.v1.TargetSubsystem
-	3, // 1: nvmegate.v1.TargetSubsystem.hosts:type_name -> nvmegate.v1.TargetHost
-	4, // 2: nvmegate.v1.TargetSubsystem.ports:type_name -> nvmegate.v1.TargetPort
-	0, // 3: nvmegate.v1.TargetAgent.Watch:input_type -> nvmegate.v1.WatchRequest
-	5, // 4: nvmegate.v1.TargetAgent.Ack:input_type -> nvmegate.v1.AckRequest
-	1, // 5: nvmegate.v1.TargetAgent.Watch:output_type -> nvmegate.v1.TargetState
-	6, // 6: nvmegate.v1.TargetAgent.Ack:output_type -> nvmegate.v1.AckResponse
-	5, // [5:7] is the sub-list for method output_type
-	3, // [3:5] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	4, // 1: nvmegate.v1.TargetSubsystem.hosts:type_name -> nvmegate.v1.TargetHost
+	5, // 2: nvmegate.v1.TargetSubsystem.ports:type_name -> nvmegate.v1.TargetPort
+	3, // 3: nvmegate.v1.TargetSubsystem.namespaces:type_name -> nvmegate.v1.TargetNamespace
+	0, // 4: nvmegate.v1.TargetAgent.Watch:input_type -> nvmegate.v1.WatchRequest
+	6, // 5: nvmegate.v1.TargetAgent.Ack:input_type -> nvmegate.v1.AckRequest
+	1, // 6: nvmegate.v1.TargetAgent.Watch:output_type -> nvmegate.v1.TargetState
+	7, // 7: nvmegate.v1.TargetAgent.Ack:output_type -> nvmegate.v1.AckResponse
+	6, // [6:8] is the sub-list for method output_type
+	4, // [4:6] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_nvmegate_v1_target_proto_init() }
@@ -566,7 +648,7 @@ func file_nvmegate_v1_target_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nvmegate_v1_target_proto_rawDesc), len(file_nvmegate_v1_target_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
