@@ -154,7 +154,7 @@ echo "== the nodes connect: credentials derived, the target programmed, the gran
 # as on a storage server: it streams its target's state and writes the nvmet
 # tree (here a directory instead of /sys/kernel/config/nvmet).
 CFS="$DEMO/storage-server-eu-1/nvmet"
-"$BIN/nvmegate" --dev-dir "$DEMO" --dev-identity target-stor-eu-1 target-agent --nvmet-root "$CFS" \
+"$BIN/nvmegate-target" --dev-dir "$DEMO" --dev-identity target-stor-eu-1 --nvmet-root "$CFS" \
   > "$DEMO/target-agent.log" 2>&1 &
 agent=$!
 trap 'kill "$gw" "$agent" 2>/dev/null' EXIT

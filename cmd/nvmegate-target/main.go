@@ -1,0 +1,87 @@
+// Command nvmegate-target is the target agent of one storage server: with
+// the target's own SVID (spiffe://<td>/target/<target id>) it streams the
+// target's desired state from the gateway — the hosts allowed on its
+// subsystems with their keys, and nothing of any other target — applies
+// each generation with the local driver (Linux nvmet configfs, or an SPDK
+// nvmf_tgt over JSON-RPC) and acknowledges it; the gateway answers a
+// Connect only after that. It reconnects with backoff when the gateway
+// restarts, and stops on SIGTERM.
+//
+//	nvmegate-target --spiffe-socket unix:///run/spire/agent.sock --addr gw:7443 \
+//	    --nvmet-root /sys/kernel/config/nvmet
+//	nvmegate-target --dev-dir .demo --dev-identity target-stor-eu-1 --nvmet-root .demo/nvmet
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/nvmegate/nvmegate/fabric"
+	"github.com/nvmegate/nvmegate/fabric/nvmet"
+	"github.com/nvmegate/nvmegate/fabric/spdk"
+	"github.com/nvmegate/nvmegate/internal/clientconn"
+	"github.com/nvmegate/nvmegate/targetagent"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "Error:", err)
+		os.Exit(1)
+	}
+}
+
+// run parses the flags and runs the agent until ctx ends.
+func run(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("nvmegate-target", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o clientconn.Options
+	fs.StringVar(&o.Addr, "addr", "", "gateway address host:port (default 127.0.0.1:7443, or the dev gateway's)")
+	fs.StringVar(&o.SPIFFESocket, "spiffe-socket", "", "SPIFFE Workload API address for the target's SVID")
+	fs.StringVar(&o.Cert, "cert", "", "SVID certificate chain (PEM)")
+	fs.StringVar(&o.Key, "key", "", "SVID private key (PEM)")
+	fs.StringVar(&o.Bundle, "bundle", "", "trust bundle (PEM)")
+	fs.StringVar(&o.DevDir, "dev-dir", "", "dev trust domain directory (from nvmegated dev)")
+	fs.StringVar(&o.DevIdentity, "dev-identity", "", "dev identity name, e.g. target-stor-eu-1")
+	fs.StringVar(&o.ServerID, "server-id", "", "required SPIFFE ID of the gateway")
+	nvmetRoot := fs.String("nvmet-root", "", "the nvmet configfs root (e.g. /sys/kernel/config/nvmet)")
+	spdkSocket := fs.String("spdk-socket", "", "the SPDK JSON-RPC socket (e.g. /var/tmp/spdk.sock)")
+	spdkKeyDir := fs.String("spdk-key-dir", "", "absolute directory for SPDK key files")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	var d fabric.Driver
+	switch {
+	case *nvmetRoot != "" && *spdkSocket == "":
+		d = &nvmet.Driver{Root: *nvmetRoot}
+	case *spdkSocket != "" && *spdkKeyDir != "" && *nvmetRoot == "":
+		d = &spdk.Driver{Socket: *spdkSocket, KeyDir: *spdkKeyDir}
+	default:
+		return errors.New("give --nvmet-root, or --spdk-socket with --spdk-key-dir")
+	}
+	conn, src, err := clientconn.Dial(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	defer conn.Close()
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	log.Info("target agent running")
+	r := &targetagent.Remote{Conn: conn, Driver: d, Log: log, Applied: func(gen uint64, err error) {
+		if err == nil {
+			log.Info("applied", "generation", gen)
+		}
+	}}
+	return r.Run(ctx)
+}

@@ -1,0 +1,117 @@
+// Package clientconn dials the gateway as a SPIFFE identity, for the CLI
+// and the target agent: the SVID comes from the Workload API, from PEM
+// files, or from a dev trust domain directory (which also names the dev
+// gateway's address), and the gateway must present a gateway SVID of the
+// client's trust domain (or exactly ServerID).
+package clientconn
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
+	"google.golang.org/grpc"
+
+	"github.com/nvmegate/nvmegate/identity"
+	"github.com/nvmegate/nvmegate/identity/devca"
+)
+
+// Options say how to reach the gateway and as whom.
+type Options struct {
+	Addr         string // host:port; default 127.0.0.1:7443, or the dev gateway's
+	SPIFFESocket string // Workload API address
+	Cert, Key    string // SVID files (PEM)
+	Bundle       string // trust bundle (PEM)
+	DevDir       string // dev trust domain directory (nvmegated dev)
+	DevIdentity  string // dev identity name in DevDir
+	ServerID     string // required SPIFFE ID of the gateway; "" any gateway of the trust domain
+}
+
+// Dial connects. The caller closes both the connection and the source.
+func Dial(ctx context.Context, o Options) (*grpc.ClientConn, identity.Source, error) {
+	cert, key, bundle, addr := o.Cert, o.Key, o.Bundle, o.Addr
+	if o.DevDir != "" || o.DevIdentity != "" {
+		if o.DevDir == "" || o.DevIdentity == "" {
+			return nil, nil, errors.New("--dev-dir and --dev-identity go together")
+		}
+		if cert != "" || key != "" || bundle != "" || o.SPIFFESocket != "" {
+			return nil, nil, errors.New("--dev-identity excludes --cert/--key/--bundle/--spiffe-socket")
+		}
+		cert, key = devca.SVIDPaths(o.DevDir, o.DevIdentity)
+		bundle = devca.BundlePath(o.DevDir)
+		if addr == "" {
+			var err error
+			if addr, err = readyAddr(devca.ReadyPath(o.DevDir)); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	if addr == "" {
+		addr = "127.0.0.1:7443"
+	}
+	var (
+		src identity.Source
+		err error
+	)
+	switch {
+	case o.SPIFFESocket != "":
+		src, err = identity.NewWorkloadSource(ctx, o.SPIFFESocket)
+	case cert != "" && key != "" && bundle != "":
+		if _, statErr := os.Stat(cert); statErr != nil && o.DevIdentity != "" {
+			return nil, nil, fmt.Errorf("no dev identity %q in %s", o.DevIdentity, o.DevDir)
+		}
+		src, err = identity.NewFileSource(cert, key, bundle)
+	default:
+		return nil, nil, errors.New("an identity is required: --spiffe-socket, --cert/--key/--bundle, or --dev-dir with --dev-identity")
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("identity: %w", err)
+	}
+	authorizer, err := serverAuthorizer(o.ServerID, src)
+	if err != nil {
+		src.Close()
+		return nil, nil, err
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(identity.ClientCredentials(src, authorizer)))
+	if err != nil {
+		src.Close()
+		return nil, nil, fmt.Errorf("dial %s: %w", addr, err)
+	}
+	return conn, src, nil
+}
+
+// serverAuthorizer decides which gateway SVIDs the client accepts: the exact
+// serverID, or any gateway (spiffe://<td>/gateway/...) of the client's own
+// trust domain; never another workload of the domain.
+func serverAuthorizer(serverID string, src identity.Source) (tlsconfig.Authorizer, error) {
+	if serverID != "" {
+		id, err := spiffeid.FromString(serverID)
+		if err != nil {
+			return nil, fmt.Errorf("--server-id: %w", err)
+		}
+		return tlsconfig.AuthorizeID(id), nil
+	}
+	svid, err := src.GetX509SVID()
+	if err != nil {
+		return nil, fmt.Errorf("identity: %w", err)
+	}
+	return identity.AuthorizeGateway(svid.ID.TrustDomain()), nil
+}
+
+func readyAddr(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("no running dev gateway (%v); start one with nvmegated dev or pass --addr", err)
+	}
+	var info struct {
+		GRPC string `json:"grpc"`
+	}
+	if err := json.Unmarshal(data, &info); err != nil || info.GRPC == "" {
+		return "", fmt.Errorf("%s: not a gateway ready file", path)
+	}
+	return info.GRPC, nil
+}
