@@ -225,6 +225,10 @@ func grantCredentialParams(g *nvmegate.Grant, sub *nvmegate.Subsystem, ob nvmega
 		return nvmegate.Errorf(nvmegate.ECONFLICT, "subsystem %s does not do DH-HMAC-CHAP", sub.NQN)
 	}
 	g.TLS = wantTLS
+	if !sub.DHCHAP || ob.AuthMode == nvmegate.AuthTLS {
+		// TLS only: no DH-HMAC-CHAP secrets at all.
+		g.DHCHAPHash, g.DHGroup, g.Bidirectional = "none", "", false
+	}
 	return nil
 }
 
@@ -282,6 +286,19 @@ func (s *accessService) connectResponse(ctx context.Context, g *nvmegate.Grant, 
 	}
 	conn := nvmefmt.Connection{HostNQN: g.HostNQN, SubsystemNQN: g.SubsystemNQN, DHCHAPKey: c.HostSecret,
 		DHCHAPCtrlKey: c.CtrlSecret, TLS: g.TLS, TLSKey: c.TLSPSK}
+	if c.TLSPSK != "" {
+		// The PSK identity (NVMe TCP 3.6.1.3, v1 with the PSK digest) the
+		// host and target derive from the configured PSK.
+		k, err := nvmefmt.ParseTLSPSK(c.TLSPSK)
+		if err != nil {
+			return nil, fmt.Errorf("connect: tls psk: %w", err)
+		}
+		tc, err := nvmefmt.DeriveTLS(k, g.HostNQN, g.SubsystemNQN)
+		if err != nil {
+			return nil, fmt.Errorf("connect: tls identity: %w", err)
+		}
+		conn.TLSKeyIdentity = tc.IdentityV1
+	}
 	for _, p := range t.Ports {
 		// With TLS, the TLS ports; without, the ports that do not require it.
 		usable := g.TLS && p.TLS() || !g.TLS && p.SecureChannel != nvmegate.SecureChannelRequired
@@ -299,7 +316,7 @@ func (s *accessService) connectResponse(ctx context.Context, g *nvmegate.Grant, 
 	}
 	return &pb.ConnectResponse{
 		Grant: grantToProto(g, entries),
-		Credentials: &pb.Credentials{DhchapHostSecret: c.HostSecret, DhchapCtrlSecret: c.CtrlSecret, TlsPsk: c.TLSPSK,
+		Credentials: &pb.Credentials{DhchapHostSecret: c.HostSecret, DhchapCtrlSecret: c.CtrlSecret, TlsPsk: c.TLSPSK, TlsPskIdentity: conn.TLSKeyIdentity,
 			KeyVersion: g.KeyVersion, DhchapHash: g.DHCHAPHash, DhchapDhgroup: g.DHGroup},
 		ConfigJson: cfg, ConnectArgs: args, Decision: decisionToProto(d),
 	}, nil

@@ -348,3 +348,42 @@ func TestSweepExpired(t *testing.T) {
 		t.Fatalf("expired grants: %v %v", list, err)
 	}
 }
+
+// A restricted dataset on a subsystem with a TLS port: the policy's
+// obligations ask for TLS, and the grant carries the configured PSK in the
+// interchange format with its v1 PSK identity, and only the TLS port.
+func TestConnectTLS(t *testing.T) {
+	g := startGateway(t)
+	inv := pb.NewInventoryClient(g.client(t, admin))
+	ctx := ctxT(t)
+	if _, err := inv.AddTarget(ctx, &pb.AddTargetRequest{Target: validTarget()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inv.AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: &pb.Subsystem{Nqn: subNQN, TargetId: "stor-eu-1", Tenant: "acme",
+		PortIds: []uint32{1, 2}, Tls: true}}); err != nil {
+		t.Fatal(err)
+	}
+	ns := validNamespace()
+	ns.DataClass = "restricted"
+	if _, err := inv.AddNamespace(ctx, &pb.AddNamespaceRequest{Namespace: ns}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
+		t.Fatal(err)
+	}
+	c, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Decision.Obligations.RequireTls || !strings.HasPrefix(c.Credentials.TlsPsk, "NVMeTLSkey-1:") ||
+		!strings.HasPrefix(c.Credentials.TlsPskIdentity, "NVMe1R0") || !strings.Contains(c.Credentials.TlsPskIdentity, c.Grant.HostNqn+" "+subNQN+" ") {
+		t.Fatalf("obligations %v, psk given %v, identity %q", c.Decision.Obligations, c.Credentials.TlsPsk != "", c.Credentials.TlsPskIdentity)
+	}
+	if len(c.ConnectArgs) == 0 || !slices.Contains(c.ConnectArgs, "--trsvcid=4421") || slices.Contains(c.ConnectArgs, "--trsvcid=4420") {
+		t.Fatalf("connect args %v: want the TLS port only", c.ConnectArgs)
+	}
+	// The subsystem does not do DH-HMAC-CHAP: no secret for it.
+	if c.Credentials.DhchapHostSecret != "" || c.Credentials.DhchapCtrlSecret != "" {
+		t.Fatal("DH-HMAC-CHAP secrets for a TLS-only subsystem")
+	}
+}

@@ -138,8 +138,11 @@ func (a *Agent) State(ctx context.Context, t *nvmegate.Target) (fabric.State, er
 			if err != nil {
 				return fabric.State{}, err
 			}
-			fs.Hosts = append(fs.Hosts, fabric.Host{NQN: g.HostNQN, DHCHAPKey: c.HostSecret, DHCHAPCtrlKey: c.CtrlSecret,
-				DHCHAPHash: fabric.Hash(g.DHCHAPHash), DHCHAPGroup: g.DHGroup, TLSPSK: c.TLSPSK})
+			h := fabric.Host{NQN: g.HostNQN, DHCHAPKey: c.HostSecret, DHCHAPCtrlKey: c.CtrlSecret, TLSPSK: c.TLSPSK}
+			if c.HostSecret != "" {
+				h.DHCHAPHash, h.DHCHAPGroup = fabric.Hash(g.DHCHAPHash), g.DHGroup
+			}
+			fs.Hosts = append(fs.Hosts, h)
 		}
 		st.Subsystems = append(st.Subsystems, fs)
 	}
