@@ -70,6 +70,7 @@ type Server struct {
 	store           InventoryStore
 	jobs            JobStore       // nil if Store keeps no jobs
 	access          *accessService // nil without a job store
+	stopping        chan struct{}  // closed when a shutdown starts: long streams end
 	audit           AuditLog
 	log             *slog.Logger
 	metrics         *metrics
@@ -91,6 +92,7 @@ func New(cfg Config) (*Server, error) {
 		now:             cfg.Now,
 		shutdownTimeout: cfg.ShutdownTimeout,
 		health:          health.NewServer(),
+		stopping:        make(chan struct{}),
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -147,7 +149,7 @@ func New(cfg Config) (*Server, error) {
 		pb.RegisterJobsServer(s.grpc, pb.UnimplementedJobsServer{})
 	}
 	if ts, ok := cfg.Targets.(TargetStates); ok && cfg.TargetHub != nil {
-		pb.RegisterTargetAgentServer(s.grpc, &targetAgentService{store: cfg.Store, hub: cfg.TargetHub, states: ts})
+		pb.RegisterTargetAgentServer(s.grpc, &targetAgentService{store: cfg.Store, hub: cfg.TargetHub, states: ts, stopping: s.stopping})
 	} else {
 		pb.RegisterTargetAgentServer(s.grpc, pb.UnimplementedTargetAgentServer{})
 	}
@@ -176,6 +178,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	case <-ctx.Done():
 	}
 	s.health.Shutdown()
+	close(s.stopping) // target agents' streams end; their agents reconnect to the next gateway
 	done := make(chan struct{})
 	go func() { s.grpc.GracefulStop(); close(done) }()
 	select {

@@ -29,9 +29,10 @@ type TargetStates interface {
 // nothing else, whatever it asks.
 type targetAgentService struct {
 	pb.UnimplementedTargetAgentServer
-	store  InventoryStore
-	hub    TargetHub
-	states TargetStates
+	store    InventoryStore
+	hub      TargetHub
+	states   TargetStates
+	stopping <-chan struct{} // the gateway is shutting down
 }
 
 func (s *targetAgentService) own(ctx context.Context) (*nvmegate.Target, error) {
@@ -61,6 +62,8 @@ func (s *targetAgentService) Watch(_ *pb.WatchRequest, stream grpc.ServerStreami
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-s.stopping:
+			return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "the gateway is shutting down; reconnect")
 		case st = <-states:
 		}
 	}

@@ -3,15 +3,23 @@ package main
 import (
 	"context"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/nvmegate/nvmegate/fabric/nvmet"
+	"github.com/nvmegate/nvmegate/identity"
+	"github.com/nvmegate/nvmegate/identity/devca"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
+	"github.com/nvmegate/nvmegate/targetagent"
 )
 
 // startDaemon runs the dev daemon in dir until the returned stop is called.
@@ -139,4 +147,71 @@ func contains(ss []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// A remote target agent rides out a gateway restart: its stream ends, it
+// reconnects with backoff to the gateway on the same address, and applies
+// the state it streams again.
+func TestRemoteAgentSurvivesGatewayRestart(t *testing.T) {
+	dir := t.TempDir()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	start := func() (*Main, func()) {
+		m := NewMain()
+		m.Stderr = io.Discard
+		if err := m.ParseFlags(context.Background(), []string{"dev", "--dir", dir, "--listen", addr, "--http-listen", "off"}); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		if err := m.Open(ctx); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- m.Run(ctx) }()
+		return m, func() { cancel(); <-done; m.Close() }
+	}
+	m, stop := start()
+	if _, err := pb.NewInventoryClient(devConn(t, m.GRPCAddr(), dir, "admin")).AddTarget(ctxT(t), &pb.AddTargetRequest{Target: &pb.Target{
+		Id: "stor-eu-1", Fabric: "fab", Region: "eu-west", Driver: "nvmet",
+		Ports: []*pb.Port{{Id: 1, Transport: "tcp", AddressFamily: "ipv4", Address: "127.0.0.1", ServiceId: "4420"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	applied := make(chan uint64, 100)
+	gw := spiffeid.RequireFromString("spiffe://nvmegate.test/gateway/nvmegated")
+	cert, key := devca.SVIDPaths(dir, "target-stor-eu-1")
+	src, err := identity.NewFileSource(cert, key, devca.BundlePath(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(identity.ClientCredentials(src, tlsconfig.AuthorizeID(gw))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := &targetagent.Remote{Conn: conn, Driver: &nvmet.Driver{Root: t.TempDir()}, Applied: func(gen uint64, err error) {
+		if err == nil {
+			applied <- gen
+		}
+	}}
+	rctx, rcancel := context.WithCancel(context.Background())
+	rdone := make(chan struct{})
+	go func() { r.Run(rctx); close(rdone) }()
+	defer func() { rcancel(); <-rdone }()
+	wait := func(what string) {
+		t.Helper()
+		select {
+		case <-applied:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("no state applied %s", what)
+		}
+	}
+	wait("at first")
+	stop()
+	m, stop = start()
+	defer stop()
+	wait("after the gateway restarted")
 }
