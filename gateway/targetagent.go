@@ -43,7 +43,7 @@ func (s *targetAgentService) own(ctx context.Context) (*nvmegate.Target, error) 
 	return s.store.Target(ctx, c.Name)
 }
 
-func (s *targetAgentService) Watch(_ *pb.WatchRequest, stream grpc.ServerStreamingServer[pb.TargetState]) error {
+func (s *targetAgentService) Watch(_ *pb.WatchRequest, stream grpc.ServerStreamingServer[pb.WatchResponse]) error {
 	ctx := stream.Context()
 	t, err := s.own(ctx)
 	if err != nil {

@@ -6,8 +6,8 @@ import (
 )
 
 // StateToProto converts a desired state for the stream to a remote agent.
-func StateToProto(id string, st fabric.State) *pb.TargetState {
-	out := &pb.TargetState{TargetId: id, Generation: st.Generation}
+func StateToProto(id string, st fabric.State) *pb.WatchResponse {
+	out := &pb.WatchResponse{TargetId: id, Generation: st.Generation}
 	for _, sub := range st.Subsystems {
 		ps := &pb.TargetSubsystem{Nqn: sub.NQN}
 		for _, h := range sub.Hosts {
@@ -28,7 +28,7 @@ func StateToProto(id string, st fabric.State) *pb.TargetState {
 
 // StateFromProto converts a streamed state for a driver (the remote
 // agent's side).
-func StateFromProto(p *pb.TargetState) fabric.State {
+func StateFromProto(p *pb.WatchResponse) fabric.State {
 	st := fabric.State{Generation: p.Generation}
 	for _, ps := range p.Subsystems {
 		sub := fabric.Subsystem{NQN: ps.Nqn}

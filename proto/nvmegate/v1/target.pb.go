@@ -58,9 +58,9 @@ func (*WatchRequest) Descriptor() ([]byte, []int) {
 	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{0}
 }
 
-// TargetState is a target's desired state at a generation. It carries the
+// WatchResponse is a target's desired state at a generation. It carries the
 // hosts' secrets: only the target's own agent receives it.
-type TargetState struct {
+type WatchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The target's ID.
 	TargetId string `protobuf:"bytes,1,opt,name=target_id,json=targetId,proto3" json:"target_id,omitempty"`
@@ -72,20 +72,20 @@ type TargetState struct {
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *TargetState) Reset() {
-	*x = TargetState{}
+func (x *WatchResponse) Reset() {
+	*x = WatchResponse{}
 	mi := &file_nvmegate_v1_target_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *TargetState) String() string {
+func (x *WatchResponse) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*TargetState) ProtoMessage() {}
+func (*WatchResponse) ProtoMessage() {}
 
-func (x *TargetState) ProtoReflect() protoreflect.Message {
+func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 	mi := &file_nvmegate_v1_target_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -97,26 +97,26 @@ func (x *TargetState) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use TargetState.ProtoReflect.Descriptor instead.
-func (*TargetState) Descriptor() ([]byte, []int) {
+// Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
+func (*WatchResponse) Descriptor() ([]byte, []int) {
 	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{1}
 }
 
-func (x *TargetState) GetTargetId() string {
+func (x *WatchResponse) GetTargetId() string {
 	if x != nil {
 		return x.TargetId
 	}
 	return ""
 }
 
-func (x *TargetState) GetGeneration() uint64 {
+func (x *WatchResponse) GetGeneration() uint64 {
 	if x != nil {
 		return x.Generation
 	}
 	return 0
 }
 
-func (x *TargetState) GetSubsystems() []*TargetSubsystem {
+func (x *WatchResponse) GetSubsystems() []*TargetSubsystem {
 	if x != nil {
 		return x.Subsystems
 	}
@@ -548,8 +548,8 @@ var File_nvmegate_v1_target_proto protoreflect.FileDescriptor
 const file_nvmegate_v1_target_proto_rawDesc = "" +
 	"\n" +
 	"\x18nvmegate/v1/target.proto\x12\vnvmegate.v1\"\x0e\n" +
-	"\fWatchRequest\"\x88\x01\n" +
-	"\vTargetState\x12\x1b\n" +
+	"\fWatchRequest\"\x8a\x01\n" +
+	"\rWatchResponse\x12\x1b\n" +
 	"\ttarget_id\x18\x01 \x01(\tR\btargetId\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x02 \x01(\x04R\n" +
@@ -593,9 +593,9 @@ const file_nvmegate_v1_target_proto_rawDesc = "" +
 	"generation\x18\x01 \x01(\x04R\n" +
 	"generation\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"\r\n" +
-	"\vAckResponse2\x87\x01\n" +
-	"\vTargetAgent\x12>\n" +
-	"\x05Watch\x12\x19.nvmegate.v1.WatchRequest\x1a\x18.nvmegate.v1.TargetState0\x01\x128\n" +
+	"\vAckResponse2\x89\x01\n" +
+	"\vTargetAgent\x12@\n" +
+	"\x05Watch\x12\x19.nvmegate.v1.WatchRequest\x1a\x1a.nvmegate.v1.WatchResponse0\x01\x128\n" +
 	"\x03Ack\x12\x17.nvmegate.v1.AckRequest\x1a\x18.nvmegate.v1.AckResponseB;Z9github.com/nvmegate/nvmegate/proto/nvmegate/v1;nvmegatev1b\x06proto3"
 
 var (
@@ -613,7 +613,7 @@ func file_nvmegate_v1_target_proto_rawDescGZIP() []byte {
 var file_nvmegate_v1_target_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_nvmegate_v1_target_proto_goTypes = []any{
 	(*WatchRequest)(nil),    // 0: nvmegate.v1.WatchRequest
-	(*TargetState)(nil),     // 1: nvmegate.v1.TargetState
+	(*WatchResponse)(nil),   // 1: nvmegate.v1.WatchResponse
 	(*TargetSubsystem)(nil), // 2: nvmegate.v1.TargetSubsystem
 	(*TargetNamespace)(nil), // 3: nvmegate.v1.TargetNamespace
 	(*TargetHost)(nil),      // 4: nvmegate.v1.TargetHost
@@ -622,13 +622,13 @@ var file_nvmegate_v1_target_proto_goTypes = []any{
 	(*AckResponse)(nil),     // 7: nvmegate.v1.AckResponse
 }
 var file_nvmegate_v1_target_proto_depIdxs = []int32{
-	2, // 0: nvmegate.v1.TargetState.subsystems:type_name -> nvmegate.v1.TargetSubsystem
+	2, // 0: nvmegate.v1.WatchResponse.subsystems:type_name -> nvmegate.v1.TargetSubsystem
 	4, // 1: nvmegate.v1.TargetSubsystem.hosts:type_name -> nvmegate.v1.TargetHost
 	5, // 2: nvmegate.v1.TargetSubsystem.ports:type_name -> nvmegate.v1.TargetPort
 	3, // 3: nvmegate.v1.TargetSubsystem.namespaces:type_name -> nvmegate.v1.TargetNamespace
 	0, // 4: nvmegate.v1.TargetAgent.Watch:input_type -> nvmegate.v1.WatchRequest
 	6, // 5: nvmegate.v1.TargetAgent.Ack:input_type -> nvmegate.v1.AckRequest
-	1, // 6: nvmegate.v1.TargetAgent.Watch:output_type -> nvmegate.v1.TargetState
+	1, // 6: nvmegate.v1.TargetAgent.Watch:output_type -> nvmegate.v1.WatchResponse
 	7, // 7: nvmegate.v1.TargetAgent.Ack:output_type -> nvmegate.v1.AckResponse
 	6, // [6:8] is the sub-list for method output_type
 	4, // [4:6] is the sub-list for method input_type

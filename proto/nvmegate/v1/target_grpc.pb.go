@@ -34,7 +34,7 @@ const (
 type TargetAgentClient interface {
 	// Watch streams the desired state of the caller's own target: the
 	// current state at once, then every change.
-	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TargetState], error)
+	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
 	// Ack reports that a generation was applied, or why it was not.
 	Ack(ctx context.Context, in *AckRequest, opts ...grpc.CallOption) (*AckResponse, error)
 }
@@ -47,13 +47,13 @@ func NewTargetAgentClient(cc grpc.ClientConnInterface) TargetAgentClient {
 	return &targetAgentClient{cc}
 }
 
-func (c *targetAgentClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TargetState], error) {
+func (c *targetAgentClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &TargetAgent_ServiceDesc.Streams[0], TargetAgent_Watch_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
-	x := &grpc.GenericClientStream[WatchRequest, TargetState]{ClientStream: stream}
+	x := &grpc.GenericClientStream[WatchRequest, WatchResponse]{ClientStream: stream}
 	if err := x.ClientStream.SendMsg(in); err != nil {
 		return nil, err
 	}
@@ -64,7 +64,7 @@ func (c *targetAgentClient) Watch(ctx context.Context, in *WatchRequest, opts ..
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type TargetAgent_WatchClient = grpc.ServerStreamingClient[TargetState]
+type TargetAgent_WatchClient = grpc.ServerStreamingClient[WatchResponse]
 
 func (c *targetAgentClient) Ack(ctx context.Context, in *AckRequest, opts ...grpc.CallOption) (*AckResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -87,7 +87,7 @@ func (c *targetAgentClient) Ack(ctx context.Context, in *AckRequest, opts ...grp
 type TargetAgentServer interface {
 	// Watch streams the desired state of the caller's own target: the
 	// current state at once, then every change.
-	Watch(*WatchRequest, grpc.ServerStreamingServer[TargetState]) error
+	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
 	// Ack reports that a generation was applied, or why it was not.
 	Ack(context.Context, *AckRequest) (*AckResponse, error)
 	mustEmbedUnimplementedTargetAgentServer()
@@ -100,7 +100,7 @@ type TargetAgentServer interface {
 // pointer dereference when methods are called.
 type UnimplementedTargetAgentServer struct{}
 
-func (UnimplementedTargetAgentServer) Watch(*WatchRequest, grpc.ServerStreamingServer[TargetState]) error {
+func (UnimplementedTargetAgentServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
 }
 func (UnimplementedTargetAgentServer) Ack(context.Context, *AckRequest) (*AckResponse, error) {
@@ -132,11 +132,11 @@ func _TargetAgent_Watch_Handler(srv interface{}, stream grpc.ServerStream) error
 	if err := stream.RecvMsg(m); err != nil {
 		return err
 	}
-	return srv.(TargetAgentServer).Watch(m, &grpc.GenericServerStream[WatchRequest, TargetState]{ServerStream: stream})
+	return srv.(TargetAgentServer).Watch(m, &grpc.GenericServerStream[WatchRequest, WatchResponse]{ServerStream: stream})
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type TargetAgent_WatchServer = grpc.ServerStreamingServer[TargetState]
+type TargetAgent_WatchServer = grpc.ServerStreamingServer[WatchResponse]
 
 func _TargetAgent_Ack_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(AckRequest)
