@@ -145,6 +145,11 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 	if err := grantCredentialParams(g, sub, d.Obligations); err != nil {
 		return nil, err
 	}
+	if t.Driver == nvmegate.DriverNVMet && (g.TLS || g.DHCHAPHash == "none") {
+		// The nvmet driver authenticates hosts with DH-HMAC-CHAP only (it
+		// installs no TLS PSK): a grant that relies on TLS would be open.
+		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "policy requires TLS for %s, which its nvmet target cannot enforce; no grant", sub.NQN)
+	}
 	p, err := targetagent.GrantParams(g)
 	if err != nil {
 		return nil, err

@@ -1,16 +1,19 @@
 package gateway_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/nvmegate/nvmegate/fabric"
 	"github.com/nvmegate/nvmegate/keys/nvmefmt"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
@@ -351,18 +354,24 @@ func TestSweepExpired(t *testing.T) {
 
 // A restricted dataset on a subsystem with a TLS port: the policy's
 // obligations ask for TLS, and the grant carries the configured PSK in the
-// interchange format with its v1 PSK identity, and only the TLS port.
+// interchange format with its v1 PSK identity, and only the TLS port. On an
+// SPDK target (programmed here by a remote agent that records what it is
+// given); an nvmet target, whose driver cannot install PSKs, refuses.
 func TestConnectTLS(t *testing.T) {
 	g := startGateway(t)
 	inv := pb.NewInventoryClient(g.client(t, admin))
 	ctx := ctxT(t)
-	if _, err := inv.AddTarget(ctx, &pb.AddTargetRequest{Target: validTarget()}); err != nil {
+	spdkTarget := validTarget()
+	spdkTarget.Driver = "spdk"
+	if _, err := inv.AddTarget(ctx, &pb.AddTargetRequest{Target: spdkTarget}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := inv.AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: &pb.Subsystem{Nqn: subNQN, TargetId: "stor-eu-1", Tenant: "acme",
 		PortIds: []uint32{1, 2}, Tls: true}}); err != nil {
 		t.Fatal(err)
 	}
+	rec := &recordingDriver{}
+	waitApplied(t, startRemote(t, g, "stor-eu-1", rec))
 	ns := validNamespace()
 	ns.DataClass = "restricted"
 	if _, err := inv.AddNamespace(ctx, &pb.AddNamespaceRequest{Namespace: ns}); err != nil {
@@ -385,5 +394,63 @@ func TestConnectTLS(t *testing.T) {
 	// The subsystem does not do DH-HMAC-CHAP: no secret for it.
 	if c.Credentials.DhchapHostSecret != "" || c.Credentials.DhchapCtrlSecret != "" {
 		t.Fatal("DH-HMAC-CHAP secrets for a TLS-only subsystem")
+	}
+	// The target got the host with its PSK, and nothing else.
+	if h := rec.host(c.Grant.HostNqn); h == nil || h.TLSPSK != c.Credentials.TlsPsk || h.DHCHAPKey != "" {
+		t.Fatalf("target host %v", h)
+	}
+}
+
+// recordingDriver accepts every state and keeps the last.
+type recordingDriver struct {
+	mu   sync.Mutex
+	last fabric.State
+}
+
+func (r *recordingDriver) Apply(_ context.Context, s fabric.State) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.last = s
+	return nil
+}
+
+func (r *recordingDriver) host(nqn string) *fabric.Host {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, sub := range r.last.Subsystems {
+		for _, h := range sub.Hosts {
+			if h.NQN == nqn {
+				return &h
+			}
+		}
+	}
+	return nil
+}
+
+// An nvmet target cannot enforce TLS (its driver installs no PSK): a grant
+// the policy wants on TLS is refused rather than left open.
+func TestConnectTLSOnNVMetRefused(t *testing.T) {
+	g := startGateway(t)
+	inv := pb.NewInventoryClient(g.client(t, admin))
+	ctx := ctxT(t)
+	if _, err := inv.AddTarget(ctx, &pb.AddTargetRequest{Target: validTarget()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inv.AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: &pb.Subsystem{Nqn: subNQN, TargetId: "stor-eu-1", Tenant: "acme",
+		PortIds: []uint32{1, 2}, Tls: true}}); err != nil {
+		t.Fatal(err)
+	}
+	ns := validNamespace()
+	ns.DataClass = "restricted"
+	if _, err := inv.AddNamespace(ctx, &pb.AddNamespaceRequest{Namespace: ns}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	wantCode(t, err, codes.FailedPrecondition, "cannot enforce")
+	if hs, _ := os.ReadDir(filepath.Join(g.configfs, "stor-eu-1", "hosts")); len(hs) != 0 {
+		t.Fatalf("hosts on the nvmet target: %v", hs)
 	}
 }

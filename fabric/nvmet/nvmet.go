@@ -33,6 +33,16 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) error {
 	wanted := map[string]fabric.Host{} // host NQN → credentials
 	for _, sub := range s.Subsystems {
 		for _, h := range sub.Hosts {
+			// Fail closed: a host entry without a DH-HMAC-CHAP key would let
+			// anyone presenting its (not secret) NQN in. This driver does
+			// not install TLS PSKs, so DH-HMAC-CHAP is the only way it can
+			// authenticate a host.
+			if h.DHCHAPKey == "" {
+				return fmt.Errorf("nvmet: host %s on %s has no DH-HMAC-CHAP key; nvmet would admit it unauthenticated", h.NQN, sub.NQN)
+			}
+			if h.TLSPSK != "" {
+				return fmt.Errorf("nvmet: host %s on %s needs a TLS PSK, which this driver cannot install", h.NQN, sub.NQN)
+			}
 			if prev, ok := wanted[h.NQN]; ok && prev != h {
 				// configfs has one hosts/<nqn> entry per target: a host's
 				// keys are the same on every subsystem of a target.
