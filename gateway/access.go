@@ -173,7 +173,20 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 			changed = append(changed, o)
 		}
 	}
+	// The grant is on the record before anything changes: store, target.
+	idx, _, err := s.audit.Append(ctx, grantEntry(in, d, g, creds))
+	if err != nil {
+		s.log.ErrorContext(ctx, "connect: grant not recorded; none made", "grant", g.ID, "err", err)
+		return nil, errAuditUnavailable
+	}
+	g.AuditIndex = idx
+	if j.State != nvmegate.JobActive {
+		// Finished between the policy decision and now.
+		s.recordFailure(ctx, in, d, g, "job "+j.ID+" is "+j.State)
+		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "job %s is %s; no grant", j.ID, j.State)
+	}
 	if err := s.grants.PutGrants(ctx, changed...); err != nil {
+		s.recordFailure(ctx, in, d, g, "grant not stored")
 		return nil, err
 	}
 	if err := s.targets.Program(ctx, t.ID); err != nil {
@@ -181,16 +194,6 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 		s.endGrant(ctx, g, t.ID, nvmegate.GrantRevoked)
 		s.recordFailure(ctx, in, d, g, "target "+t.ID+" did not accept the host")
 		return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "target %s did not accept the host in time; no grant was made", t.ID)
-	}
-	idx, _, err := s.audit.Append(ctx, grantEntry(in, d, g, creds))
-	if err != nil {
-		s.log.ErrorContext(ctx, "connect: grant not recorded; withdrawn", "grant", g.ID, "err", err)
-		s.endGrant(ctx, g, t.ID, nvmegate.GrantRevoked)
-		return nil, errAuditUnavailable
-	}
-	g.AuditIndex = idx
-	if err := s.grants.PutGrant(ctx, g); err != nil {
-		s.log.ErrorContext(ctx, "connect: audit index not stored", "grant", g.ID, "err", err)
 	}
 	return s.connectResponse(ctx, g, sub, t, creds, d)
 }
@@ -421,29 +424,27 @@ func (s *accessService) Renew(ctx context.Context, r *pb.RenewRequest) (*pb.Rene
 	now := s.now()
 	prev := *g
 	g.KeyVersion, g.ExpiresAt, g.DecisionID = creds.RootVersion, grantExpiry(now, r.Ttl.AsDuration(), d.Obligations.MaxTTL, j.ExpiresAt), d.ID
-	if err := s.grants.PutGrant(ctx, g); err != nil {
-		return nil, err
-	}
-	if g.KeyVersion != prev.KeyVersion {
-		if err := s.targets.Program(ctx, t.ID); err != nil {
-			s.log.ErrorContext(ctx, "renew: target not reprogrammed; grant kept at its old keys", "grant", g.ID, "err", err)
-			_ = s.grants.PutGrant(context.WithoutCancel(ctx), &prev)
-			return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "target %s did not accept the new keys; the grant keeps its old ones", t.ID)
-		}
-	}
+	// On the record before the store or the target changes.
 	e := grantEntry(in, d, g, creds)
 	e.Kind, e.Time, e.Detail = audit.EventRenew, now, "access.renew "+g.SubsystemNQN
 	idx, _, err := s.audit.Append(ctx, e)
 	if err != nil {
-		// The old credentials stay as they were; the new expiry is withdrawn.
-		_ = s.grants.PutGrant(context.WithoutCancel(ctx), &prev)
-		if g.KeyVersion != prev.KeyVersion {
-			_ = s.targets.Program(context.WithoutCancel(ctx), t.ID)
-		}
 		return nil, errAuditUnavailable
 	}
 	g.AuditIndex = idx
-	_ = s.grants.PutGrant(ctx, g)
+	if err := s.grants.PutGrant(ctx, g); err != nil {
+		return nil, err // e.g. revoked meanwhile: ended grants stay ended
+	}
+	if g.KeyVersion != prev.KeyVersion {
+		if err := s.targets.Program(ctx, t.ID); err != nil {
+			s.log.ErrorContext(ctx, "renew: target not reprogrammed; grant kept at its old keys", "grant", g.ID, "err", err)
+			if perr := s.grants.PutGrant(context.WithoutCancel(ctx), &prev); perr != nil {
+				s.log.ErrorContext(ctx, "renew: old keys not restored", "grant", g.ID, "err", perr)
+			}
+			s.recordFailure(ctx, in, d, g, "target "+t.ID+" did not accept the new keys")
+			return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "target %s did not accept the new keys; the grant keeps its old ones", t.ID)
+		}
+	}
 	cr, err := s.connectResponse(ctx, g, sub, t, creds, d)
 	if err != nil {
 		return nil, err

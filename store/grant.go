@@ -107,6 +107,11 @@ func putGrant(tx *bolt.Tx, g *nvmegate.Grant, val []byte) error {
 		if prev.SubsystemNQN != g.SubsystemNQN || prev.HostNQN != g.HostNQN || prev.JobID != g.JobID {
 			return nvmegate.Errorf(nvmegate.ECONFLICT, "grant %s cannot change its job, host or subsystem", g.ID)
 		}
+		// Ended is final: a renewal racing a revocation must not bring
+		// the grant back.
+		if prev.State != nvmegate.GrantActive && g.State == nvmegate.GrantActive {
+			return nvmegate.Errorf(nvmegate.ECONFLICT, "grant %s has ended (%s)", g.ID, prev.State)
+		}
 	}
 	if err := put(tx, bucketGrants, []byte(g.ID), val); err != nil {
 		return err

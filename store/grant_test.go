@@ -46,6 +46,13 @@ func TestGrants(t *testing.T) {
 	if len(list) != 1 || list[0].ID != "grant-0002" {
 		t.Fatalf("released: %v", list)
 	}
+	// Ended is final: a stale active copy (a renewal racing the release)
+	// cannot bring it back.
+	stale := newGrant(2, subNQN(0))
+	wantError(t, db.PutGrant(ctx, stale), nvmegate.ECONFLICT, "")
+	if got, _ := db.Grant(ctx, "grant-0002"); got.State != nvmegate.GrantReleased {
+		t.Fatalf("after a stale write: %s", got.State)
+	}
 	// Its host or subsystem cannot change.
 	moved := newGrant(2, subNQN(1))
 	wantError(t, db.PutGrant(ctx, moved), nvmegate.ECONFLICT, "")
