@@ -65,7 +65,10 @@ $out" ;;
 }
 
 echo "== starting the dev gateway (trust domain nvmegate.test, state in $DEMO)"
-"$BIN/nvmegated" dev --dir "$DEMO" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --log-format json 2>"$log" &
+# stor-eu-1 is programmed by its own target agent (started below), never by
+# the gateway's embedded one.
+"$BIN/nvmegated" dev --dir "$DEMO" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --log-format json \
+  --remote-targets stor-eu-1 2>"$log" &
 gw=$!
 trap 'kill "$gw" 2>/dev/null' EXIT
 for _ in $(seq 1 300); do

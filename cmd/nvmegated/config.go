@@ -142,6 +142,10 @@ type TargetsConfig struct {
 	// ReconcileInterval is how often every target is reprogrammed (expired
 	// grants and roots past their grace leave); default 30s.
 	ReconcileInterval string `json:"reconcile_interval"`
+	// Remote lists the targets programmed only by their own agent
+	// (nvmegate-target): while it is not connected, nothing is programmed
+	// for them and Connect fails, never falling back to a local tree.
+	Remote []string `json:"remote"`
 	// SPDK names, per target ID, the JSON-RPC socket and key directory of
 	// each target with driver spdk.
 	SPDK map[string]SPDKTarget `json:"spdk"`

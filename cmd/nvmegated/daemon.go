@@ -94,6 +94,7 @@ func (m *Main) ParseFlags(_ context.Context, args []string) error {
 	fs.StringVar(&flags.Policy.Dir, "policy-dir", "", "policy directory (.rego, data.json, selftest.json), hot-reloaded")
 	fs.StringVar(&flags.Policy.Bundle, "policy-bundle", "", "OPA bundle file (.tar.gz), hot-reloaded")
 	fs.StringVar(&flags.Policy.ReloadInterval, "policy-reload-interval", "", "how often to check the policy for changes (default 5s)")
+	remoteTargets := fs.String("remote-targets", "", "comma-separated IDs of targets programmed only by their own nvmegate-target agent")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -108,6 +109,9 @@ func (m *Main) ParseFlags(_ context.Context, args []string) error {
 		m.Config = c
 	}
 	overlay(&m.Config, flags)
+	if *remoteTargets != "" {
+		m.Config.Targets.Remote = strings.Split(*remoteTargets, ",")
+	}
 	if m.Dev != "" {
 		devDefaults(&m.Config, m.Dev)
 	}
@@ -205,7 +209,14 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		spdkDrivers[id] = &spdk.Driver{Socket: st.Socket, KeyDir: st.KeyDir}
 	}
 	m.hub = &targetagent.Hub{}
+	remote := map[string]bool{}
+	for _, id := range c.Targets.Remote {
+		remote[id] = true
+	}
 	m.agent = &targetagent.Agent{Store: m.db, Keys: m.keys, Log: m.log, Hub: m.hub, Driver: func(t *nvmegate.Target) fabric.Driver {
+		if remote[t.ID] {
+			return nil // its own agent only: no local stand-in while it is away
+		}
 		switch t.Driver {
 		case nvmegate.DriverNVMet:
 			return &nvmet.Driver{Root: filepath.Join(root, t.ID)}

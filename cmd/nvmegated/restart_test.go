@@ -13,6 +13,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
@@ -214,4 +216,48 @@ func TestRemoteAgentSurvivesGatewayRestart(t *testing.T) {
 	m, stop = start()
 	defer stop()
 	wait("after the gateway restarted")
+}
+
+// A target listed as remote is programmed by its own agent only: without
+// it connected, Connect fails and no local tree stands in for it.
+func TestRemoteTargetWithoutAgentFailsClosed(t *testing.T) {
+	dir := t.TempDir()
+	m := NewMain()
+	m.Stderr = io.Discard
+	if err := m.ParseFlags(context.Background(), []string{"dev", "--dir", dir, "--listen", "127.0.0.1:0", "--http-listen", "off", "--remote-targets", "stor-1"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := m.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	defer func() { cancel(); <-done; m.Close() }()
+	inv := pb.NewInventoryClient(devConn(t, m.GRPCAddr(), dir, "admin"))
+	sub := "nqn.2026-01.io.nvmegate.test:acme-train"
+	if _, err := inv.AddTarget(ctxT(t), &pb.AddTargetRequest{Target: &pb.Target{Id: "stor-1", Fabric: "fab", Region: "eu-west", Driver: "nvmet",
+		Ports: []*pb.Port{{Id: 1, Transport: "tcp", AddressFamily: "ipv4", Address: "127.0.0.1", ServiceId: "4420"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inv.AddSubsystem(ctxT(t), &pb.AddSubsystemRequest{Subsystem: &pb.Subsystem{Nqn: sub, TargetId: "stor-1", Tenant: "acme", PortIds: []uint32{1}, Dhchap: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inv.AddNamespace(ctxT(t), &pb.AddNamespaceRequest{Namespace: &pb.Namespace{SubsystemNqn: sub, Nsid: 1, Tenant: "acme", Region: "eu-west",
+		DataClass: "internal", Dataset: &pb.Dataset{Name: "ds", Digest: "sha256:" + strings.Repeat("ab", 32)}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pb.NewJobsClient(devConn(t, m.GRPCAddr(), dir, "acme-scheduler")).Admit(ctxT(t), &pb.AdmitRequest{JobId: "job-1", Tenant: "acme",
+		Nodes:          []string{"spiffe://nvmegate.test/node/acme-gpu-1"},
+		Namespaces:     []*pb.JobNamespace{{SubsystemNqn: sub, Nsid: 1, Mode: pb.AccessMode_ACCESS_MODE_READ_ONLY}},
+		AllowedRegions: []string{"eu-west"}, ExpiresAt: timestamppb.New(time.Now().Add(time.Hour))}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := pb.NewAccessClient(devConn(t, m.GRPCAddr(), dir, "acme-node-1")).Connect(ctxT(t), &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: sub})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("connect with the agent away: %v, want Unavailable", err)
+	}
+	if _, err := os.Stat(filepath.Join(m.Config.Targets.NVMetRoot, "stor-1", "hosts")); !os.IsNotExist(err) {
+		t.Fatalf("a local tree stood in for the remote target: %v", err)
+	}
 }
