@@ -513,34 +513,38 @@ func (s *accessService) Revoke(ctx context.Context, r *pb.RevokeRequest) (*pb.Re
 // of their subsystems (what the hosts knew stops working after the grace).
 func (s *accessService) revokeGrants(ctx context.Context, gs []*nvmegate.Grant, why string) ([]string, error) {
 	targets := map[string]bool{}
-	subs := map[string]bool{}
+	scopes := map[string]bool{}
 	var ids []string
+	var errs []error
 	for _, g := range gs {
 		g.State = nvmegate.GrantRevoked
 		if err := s.grants.PutGrant(ctx, g); err != nil {
-			return ids, err
+			errs = append(errs, fmt.Errorf("grant %s: %w", g.ID, err))
+			continue
 		}
 		ids = append(ids, g.ID)
-		subs[g.Scope()] = true
+		scopes[g.Scope()] = true
 		if _, t, err := s.targetOf(ctx, g); err == nil {
 			targets[t.ID] = true
 		}
 	}
-	var errs []error
+	// For every grant that ended, whatever else failed: the targets drop
+	// the hosts, and the roots the hosts knew rotate.
 	for t := range targets {
 		if err := s.targets.Program(ctx, t); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	if s.keys != nil {
-		for sub := range subs {
-			if err := s.keys.Revoked(ctx, sub, why); err != nil {
+		for sc := range scopes {
+			if err := s.keys.Revoked(ctx, sc, why); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
-	if len(errs) > 0 {
-		s.log.ErrorContext(ctx, "revocation: a target or a root was not updated; the reconciler retries", "err", errors.Join(errs...))
+	if err := errors.Join(errs...); err != nil {
+		s.log.ErrorContext(ctx, "revocation incomplete; the reconciler and the scheduled rotation retry", "err", err)
+		return ids, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "revoked %d grant(s), but a target or a key store did not follow; it is retried", len(ids))
 	}
 	return ids, nil
 }
@@ -578,24 +582,28 @@ func (s *Server) SweepExpired(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	targets := map[string]bool{}
+	ended := 0
+	defer func() {
+		for t := range targets {
+			if err := as.targets.Program(ctx, t); err != nil {
+				s.log.WarnContext(ctx, "target not reprogrammed after expiry; the reconciler retries", "target", t, "err", err)
+			}
+		}
+	}()
 	for _, g := range gs {
 		e := audit.Entry{Kind: audit.EventExpire, Time: s.now(), JobID: g.JobID, Tenant: g.Tenant, Caller: "", HostNQN: g.HostNQN,
 			SubsystemNQN: g.SubsystemNQN, GrantID: g.ID, ExpiresAt: g.ExpiresAt, Detail: "grant expired"}
 		if _, _, err := s.audit.Append(ctx, e); err != nil {
-			return 0, err // fail closed: not ended unrecorded; the next sweep retries
+			return ended, err // not ended unrecorded; the next sweep retries
 		}
 		g.State = nvmegate.GrantExpired
 		if err := as.grants.PutGrant(ctx, g); err != nil {
-			return 0, err
+			return ended, err
 		}
+		ended++
 		if _, t, err := as.targetOf(ctx, g); err == nil {
 			targets[t.ID] = true
 		}
 	}
-	for t := range targets {
-		if err := as.targets.Program(ctx, t); err != nil {
-			s.log.WarnContext(ctx, "target not reprogrammed after expiry; the reconciler retries", "target", t, "err", err)
-		}
-	}
-	return len(gs), nil
+	return ended, nil
 }

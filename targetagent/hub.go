@@ -30,6 +30,7 @@ type remote struct {
 	states  chan fabric.State // capacity 1: a newer state replaces one not yet sent
 	mu      sync.Mutex
 	waiters map[uint64][]chan error
+	closed  error // set by fail: the agent is gone, Push must not wait
 }
 
 // Subscribe registers the agent of a target; a newer subscription of the
@@ -93,11 +94,28 @@ func (h *Hub) Ack(targetID string, gen uint64, errMsg string) {
 func (r *remote) fail(err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.closed = err
 	for g, ws := range r.waiters {
 		for _, w := range ws {
 			w <- err
 		}
 		delete(r.waiters, g)
+	}
+}
+
+// forget drops a waiter that stopped waiting (timeout, cancel).
+func (r *remote) forget(gen uint64, done chan error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ws := r.waiters[gen]
+	for i, w := range ws {
+		if w == done {
+			r.waiters[gen] = append(ws[:i], ws[i+1:]...)
+			break
+		}
+	}
+	if len(r.waiters[gen]) == 0 {
+		delete(r.waiters, gen)
 	}
 }
 
@@ -109,8 +127,13 @@ func (h *Hub) Push(ctx context.Context, targetID string, st fabric.State) error 
 	}
 	done := make(chan error, 1)
 	r.mu.Lock()
+	if r.closed != nil {
+		r.mu.Unlock()
+		return fmt.Errorf("target %s: %w", targetID, r.closed)
+	}
 	r.waiters[st.Generation] = append(r.waiters[st.Generation], done)
 	r.mu.Unlock()
+	defer r.forget(st.Generation, done)
 	// Replace a state the agent has not taken yet: it is older.
 	select {
 	case <-r.states:

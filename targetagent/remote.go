@@ -33,7 +33,10 @@ func (r *Remote) Run(ctx context.Context) error {
 	}
 	backoff := 100 * time.Millisecond
 	for {
-		err := r.once(ctx, log)
+		got, err := r.once(ctx, log)
+		if got {
+			backoff = 100 * time.Millisecond // a healthy stream: start over
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -49,17 +52,19 @@ func (r *Remote) Run(ctx context.Context) error {
 	}
 }
 
-func (r *Remote) once(ctx context.Context, log *slog.Logger) error {
+// once streams until the stream ends; got says whether any state came.
+func (r *Remote) once(ctx context.Context, log *slog.Logger) (got bool, err error) {
 	c := pb.NewTargetAgentClient(r.Conn)
 	stream, err := c.Watch(ctx, &pb.WatchRequest{})
 	if err != nil {
-		return err
+		return false, err
 	}
 	for {
 		st, err := stream.Recv()
 		if err != nil {
-			return err
+			return got, err
 		}
+		got = true
 		aerr := r.Driver.Apply(ctx, StateFromProto(st))
 		msg := ""
 		if aerr != nil {
@@ -70,7 +75,7 @@ func (r *Remote) once(ctx context.Context, log *slog.Logger) error {
 			r.Applied(st.Generation, aerr)
 		}
 		if _, err := c.Ack(ctx, &pb.AckRequest{Generation: st.Generation, Error: msg}); err != nil {
-			return errors.Join(errors.New("ack"), err)
+			return got, errors.Join(errors.New("ack"), err)
 		}
 	}
 }
