@@ -5,7 +5,7 @@
 //	hosts/<hostnqn>/{dhchap_key, dhchap_ctrl_key, dhchap_hash, dhchap_dhgroup}
 //	subsystems/<nqn>/attr_allow_any_host                  "0"
 //	subsystems/<nqn>/allowed_hosts/<hostnqn> -> ../../../hosts/<hostnqn>
-//	ports/<id>/addr_{trtype, adrfam, traddr, trsvcid, treq, tsas}
+//	ports/<id>/addr_{trtype, adrfam, traddr, trsvcid, treq}, and addr_tsas on TLS ports
 //	ports/<id>/subsystems/<nqn> -> ../../../subsystems/<nqn>
 //
 // The driver owns the hosts, allowed_hosts links and port links of the

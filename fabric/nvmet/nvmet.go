@@ -142,6 +142,13 @@ func (d *Driver) writeSubsystem(sub fabric.Subsystem) error {
 		}
 		for name, v := range map[string]string{"addr_trtype": p.Trtype, "addr_adrfam": p.Adrfam, "addr_traddr": p.Traddr,
 			"addr_trsvcid": p.Trsvcid, "addr_treq": p.Treq, "addr_tsas": p.Tsas} {
+			if name == "addr_tsas" && (v == "" || v == "none") {
+				// Kernels before 6.7 have no addr_tsas (found on a real
+				// 6.1 target: the write fails), and on later ones "none"
+				// is a TCP port's default. Only a TLS port writes it, and
+				// fails closed where the kernel cannot do TLS.
+				continue
+			}
 			if err := writeAttr(filepath.Join(pdir, name), v, false); err != nil {
 				return err
 			}
