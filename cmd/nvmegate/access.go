@@ -114,11 +114,12 @@ func grantRow(g *pb.Grant) []string {
 
 func (a *app) renewCmd() *cobra.Command {
 	var (
-		ttl         time.Duration
-		writeConfig string
+		ttl          time.Duration
+		writeConfig  string
+		printConnect bool
 	)
 	cmd := &cobra.Command{
-		Use:   "renew GRANT_ID [--ttl D] [--write-config FILE]",
+		Use:   "renew GRANT_ID [--ttl D] [--write-config FILE] [--print-connect]",
 		Short: "Extend a grant; after a key rotation it returns the new credentials (nodes)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -136,12 +137,19 @@ func (a *app) renewCmd() *cobra.Command {
 						return err
 					}
 				}
-				return a.print(resp, grantHeader, [][]string{grantRow(resp.Grant)})
+				if err := a.print(resp, grantHeader, [][]string{grantRow(resp.Grant)}); err != nil || a.output == "json" {
+					return err
+				}
+				if printConnect {
+					fmt.Fprintf(a.stdout, "nvme connect %s\n", strings.Join(resp.ConnectArgs, " "))
+				}
+				return nil
 			})
 		},
 	}
 	cmd.Flags().DurationVar(&ttl, "ttl", 0, "new lifetime from now (capped by policy and the job)")
 	cmd.Flags().StringVar(&writeConfig, "write-config", "", "write the libnvme config.json with the current credentials")
+	cmd.Flags().BoolVar(&printConnect, "print-connect", false, "print the nvme connect command line (with the secrets)")
 	return cmd
 }
 

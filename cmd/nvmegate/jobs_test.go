@@ -59,8 +59,11 @@ func TestJobCommands(t *testing.T) {
 		t.Fatalf("connect -o json: %v\n%s", err, out)
 	}
 	id := conn.Grant.GrantID
-	if out := mustCLI(t, dir, "acme-node-1", "renew", id, "--ttl", "10m"); !strings.Contains(out, id) || !strings.Contains(out, "active") {
+	if out := mustCLI(t, dir, "acme-node-1", "renew", id, "--ttl", "10m"); !strings.Contains(out, id) || !strings.Contains(out, "active") || strings.Contains(out, "DHHC-1") {
 		t.Fatalf("renew:\n%s", out)
+	}
+	if out := mustCLI(t, dir, "acme-node-1", "renew", id, "--print-connect"); !strings.Contains(out, "nvme connect") || !strings.Contains(out, "--dhchap-secret=DHHC-1:") {
+		t.Fatalf("renew --print-connect:\n%s", out)
 	}
 	if out := mustCLI(t, dir, "acme-node-1", "release", id); !strings.Contains(out, "released") {
 		t.Fatalf("release:\n%s", out)
