@@ -194,17 +194,36 @@ func unwrapPath(err error) error {
 	return err
 }
 
-// link makes newname a symlink to target, replacing a wrong one.
+// link makes newname a symlink to target (a path relative to newname's
+// directory), replacing a wrong one. Both facts below were found on a real
+// Linux 6.1 target:
+//
+//   - configfs resolves a new link's target from the calling process's
+//     working directory, not from the link's (a relative target fails with
+//     ENOENT), so the link is made with the absolute path;
+//   - configfs answers readlink with a relative path of its own making, up
+//     to its mount point and down again ("../../../../nvmet/hosts/<nqn>"),
+//     so a link is right when it leads to the same place. Comparing the
+//     text would relink on every Apply, and unlinking a port's subsystem
+//     drops the connections through it.
 func link(target, newname string) error {
+	dir, err := filepath.Abs(filepath.Dir(newname))
+	if err != nil {
+		return fmt.Errorf("nvmet: %w", err)
+	}
+	abs := filepath.Join(dir, target)
 	if cur, err := os.Readlink(newname); err == nil {
-		if cur == target {
+		if !filepath.IsAbs(cur) {
+			cur = filepath.Join(dir, cur)
+		}
+		if cur == abs {
 			return nil
 		}
 		if err := os.Remove(newname); err != nil {
 			return fmt.Errorf("nvmet: %w", err)
 		}
 	}
-	if err := os.Symlink(target, newname); err != nil {
+	if err := os.Symlink(abs, newname); err != nil {
 		return fmt.Errorf("nvmet: %w", err)
 	}
 	return nil

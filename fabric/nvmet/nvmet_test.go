@@ -57,6 +57,9 @@ func dump(t *testing.T, root string) string {
 		switch {
 		case info.Mode()&fs.ModeSymlink != 0:
 			target, _ := os.Readlink(p)
+			if filepath.IsAbs(target) { // as the driver makes them (configfs needs it); shown relative
+				target, _ = filepath.Rel(filepath.Dir(p), target)
+			}
 			fmt.Fprintf(&b, "l %s -> %s\n", rel, target)
 		case d.IsDir():
 			fmt.Fprintf(&b, "d %s\n", rel)
@@ -164,5 +167,49 @@ func TestWrittenKeysNVMeCLI(t *testing.T) {
 	}
 	if n != 3 {
 		t.Fatalf("%d keys checked, want 3", n)
+	}
+}
+
+// configfs answers readlink with its own path form (up to its mount point
+// and down again); such a link is right and must be left alone — unlinking
+// a port's subsystem would drop the connections through it.
+func TestConfigfsLinkFormKept(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "nvmet") // as under /sys/kernel/config
+	d := &nvmet.Driver{Root: root}
+	s := state(host(hostA, keyA1, ""))
+	if err := d.Apply(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	links := map[string]string{
+		filepath.Join(root, "subsystems", sub, "allowed_hosts", hostA): "../../../../nvmet/hosts/" + hostA,
+		filepath.Join(root, "ports", "1", "subsystems", sub):            "../../../../nvmet/subsystems/" + sub,
+	}
+	for p, target := range links {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.Apply(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	for p, target := range links {
+		if got, err := os.Readlink(p); err != nil || got != target {
+			t.Errorf("%s: link %q (%v), want the configfs form %q kept", p, got, err, target)
+		}
+	}
+	// A link that leads elsewhere is still replaced.
+	wrong := filepath.Join(root, "subsystems", sub, "allowed_hosts", hostA)
+	os.Remove(wrong)
+	if err := os.Symlink("../../../../nvmet/hosts/"+hostB, wrong); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Apply(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.Readlink(wrong); got != filepath.Join(root, "hosts", hostA) {
+		t.Errorf("a wrong link was kept: %q", got)
 	}
 }
