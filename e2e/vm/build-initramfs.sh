@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds the initramfs (a newc cpio archive) of the real-kernel e2e VM:
+# busybox (static), nvme-cli with the shared libraries ldd lists, the
+# project's three binaries built static, /init and /story.sh.
+#
+#   e2e/vm/build-initramfs.sh OUT.cpio
+#
+# Needs: busybox-static nvme-cli cpio. Takes seconds once Go's build cache
+# is warm; it is rebuilt on every run because it holds the code under test.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+out="$1"
+
+root="$(mktemp -d)"
+trap 'rm -rf "$root"' EXIT
+mkdir -p "$root"/{bin,dev,proc,sys,tmp,run,etc,usr/sbin}
+
+# busybox-static installs a static /bin/busybox (the VM has no libc for a
+# dynamic one).
+busybox=/bin/busybox
+[ -x "$busybox" ] || { echo "build-initramfs: $busybox missing: apt-get install busybox-static" >&2; exit 1; }
+cp "$busybox" "$root/bin/busybox"
+
+nvme="$(command -v nvme || true)"
+[ -n "$nvme" ] || { echo "build-initramfs: nvme missing: apt-get install nvme-cli" >&2; exit 1; }
+cp "$nvme" "$root/usr/sbin/nvme"
+# The loader and every library, at the paths the binary asks for.
+for lib in $(ldd "$nvme" | grep -o '/[^ ]*'); do
+  mkdir -p "$root$(dirname "$lib")"
+  cp -L "$lib" "$root$lib"
+done
+
+(cd "$repo" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$root/bin/" \
+  ./cmd/nvmegated ./cmd/nvmegate ./cmd/nvmegate-target)
+
+install -m 0755 "$here/init" "$root/init"
+install -m 0755 "$here/story.sh" "$root/story.sh"
+(cd "$root" && find . | cpio -o -H newc --quiet) > "$out.tmp"
+mv "$out.tmp" "$out"

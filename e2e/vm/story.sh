@@ -1,0 +1,201 @@
+# The story of the real-kernel e2e tier, run by /init inside the VM, all on
+# its loopback: a dev gateway, stor-eu-1's target agent writing the real nvmet
+# configfs, the admin's inventory, two tenants' jobs, and nodes connecting
+# with nvme-cli using the secrets the gateway granted them.
+#
+# It only acts and records; e2e/vm_test.go on the host judges. Each step is
+#
+#   @@BEGIN <name>
+#   <the command's output>
+#   @@EXIT <status>
+#   @@KERNEL
+#   <what the kernel logged during the step (dmesg -c)>
+#   @@END <name>
+#
+# Secrets pass between steps in files under /tmp and are never printed.
+G=/tmp/gw
+CFS=/sys/kernel/config/nvmet
+ACME=nqn.2026-01.io.nvmegate.vm:acme-train
+GLOBEX=nqn.2026-01.io.nvmegate.vm:globex-ckpt
+DIGEST=sha256:$(printf 'vm-dataset' | sha256sum | cut -d' ' -f1)
+
+as() { local who=$1; shift; nvmegate --dev-dir "$G" --dev-identity "$who" "$@"; }
+
+# step NAME CMD...: run CMD as one recorded step.
+step() {
+  local name=$1; shift
+  dmesg -c >/dev/null
+  echo "@@BEGIN $name"
+  "$@" 2>&1
+  local rc=$?
+  echo "@@EXIT $rc"
+  sleep 0.2 # let the kernel finish logging what the step started
+  echo "@@KERNEL"
+  dmesg -c
+  echo "@@END $name"
+}
+
+# nvme_connect NAME: nvme connect with the arguments a grant printed (the
+# secrets stay in the file), then wait for the namespace's block device and
+# read its first block through the fabric.
+nvme_connect() {
+  set -- $(sed -n 's/^nvme connect //p' "/tmp/$1.args")
+  [ $# -gt 0 ] || { echo "no nvme connect line in the grant's output"; return 2; }
+  nvme connect "$@" >/dev/null || return $?
+  for _ in $(seq 300); do
+    dev=$(ls /sys/block 2>/dev/null | grep '^nvme' | head -1)
+    [ -n "$dev" ] && [ -b "/dev/$dev" ] && break
+    sleep 0.1
+  done
+  [ -n "$dev" ] || { echo "connected, but no namespace block device appeared"; return 3; }
+  echo "block device /dev/$dev"
+  dd if="/dev/$dev" of=/dev/null bs=4096 count=1 2>&1 | tail -1
+}
+
+# disconnect: drop every NVMe-oF controller of this host.
+disconnect() { nvme disconnect-all >/dev/null 2>&1; sleep 0.2; ls /sys/block | grep '^nvme' || echo "no nvme block devices"; }
+
+# grant NODE ARGS...: run a node's connect/renew with --print-connect into
+# /tmp/NAME.args (secrets), echoing the grant's table without the secrets.
+grant() {
+  local name=$1 who=$2; shift 2
+  as "$who" "$@" --print-connect > "/tmp/$name.args" || { cat "/tmp/$name.args"; return 1; }
+  grep -v '^nvme connect' "/tmp/$name.args"
+  grep -q '^nvme connect .*--dhchap-secret=DHHC-1:' "/tmp/$name.args" && echo "(nvme connect line with a DH-HMAC-CHAP secret received)"
+}
+grant_id() { sed -n 's/^\(g-[A-Za-z0-9_-]*\) .*/\1/p' "/tmp/$1.args" | head -1; }
+
+# A short grace for superseded access roots and a fast reconcile, so that
+# the story sees a rotation's grace end (the defaults are 1h and 30s).
+start_gateway() {
+  printf 'keys:\n  grace: 15s\ntargets:\n  reconcile_interval: 500ms\n' > /tmp/nvmegated.yaml
+  nvmegated dev --config /tmp/nvmegated.yaml --dir "$G" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --remote-targets stor-eu-1 2>/tmp/gateway.log &
+  for _ in $(seq 300); do [ -f "$G/gateway.json" ] && { cat "$G/gateway.json"; return 0; }; sleep 0.1; done
+  tail -20 /tmp/gateway.log; return 1
+}
+
+# The storage operator's part: the namespaces and their backing devices
+# (null_blk), which nvmegate does not manage.
+operator_namespaces() {
+  for pair in "$ACME:nullb0" "$GLOBEX:nullb1"; do
+    nqn=${pair%:*} dev=${pair##*:}
+    mkdir -p "$CFS/subsystems/$nqn/namespaces/1" || return 1
+    echo "/dev/$dev" > "$CFS/subsystems/$nqn/namespaces/1/device_path" || return 1
+    echo 1 > "$CFS/subsystems/$nqn/namespaces/1/enable" || return 1
+  done
+  ls "$CFS/subsystems"
+}
+
+# wait_host_gone NQN: wait (up to 2 min) until the target no longer has the host.
+wait_host_gone() {
+  for _ in $(seq 1200); do
+    [ -d "$CFS/hosts/$1" ] || { echo "host $1 removed from the target"; return 0; }
+    sleep 0.1
+  done
+  echo "host $1 still on the target"; return 1
+}
+
+start_agent() {
+  nvmegate-target --dev-dir "$G" --dev-identity target-stor-eu-1 --nvmet-root "$CFS" >/tmp/agent.log 2>&1 &
+  for _ in $(seq 300); do grep -q applied /tmp/agent.log && { grep applied /tmp/agent.log | head -1; return 0; }; sleep 0.1; done
+  cat /tmp/agent.log; return 1
+}
+
+# tree: what the agent wrote in the nvmet configfs tree, in the golden trees'
+# notation, secrets replaced by their length.
+tree() (
+  cd "$CFS" || exit 1
+  for h in hosts/*; do
+    [ -d "$h" ] || continue
+    echo "d $h"
+    for a in dhchap_ctrl_key dhchap_key; do
+      v=$(cat "$h/$a")
+      [ -n "$v" ] && echo "f $h/$a <${#v}-byte secret, sha256 $(printf %s "$v" | sha256sum | cut -c1-12)>" || echo "f $h/$a <none>"
+    done
+    for a in dhchap_dhgroup dhchap_hash; do echo "f $h/$a $(cat "$h/$a")"; done
+  done
+  for p in ports/*; do
+    for a in adrfam traddr treq trsvcid trtype; do echo "f $p/addr_$a $(cat "$p/addr_$a")"; done
+    for l in "$p"/subsystems/*; do [ -L "$l" ] && echo "l $l -> $(readlink "$l")"; done
+  done
+  for s in subsystems/*; do
+    echo "f $s/attr_allow_any_host $(cat "$s/attr_allow_any_host")"
+    for l in "$s"/allowed_hosts/*; do [ -L "$l" ] && echo "l $l -> $(readlink "$l")"; done
+  done
+  true
+)
+
+echo "== story"
+step configfs ls "$CFS"
+step gateway start_gateway
+step target-add as admin inventory target add stor-eu-1 --fabric fab-vm --region eu-west --driver nvmet \
+  --port id=1,transport=tcp,family=ipv4,address=127.0.0.1,service=4420
+step acme-subsystem-add as admin inventory subsystem add "$ACME" --target stor-eu-1 --tenant acme --ports 1 --dhchap
+step globex-subsystem-add as admin inventory subsystem add "$GLOBEX" --target stor-eu-1 --tenant globex --ports 1 --dhchap
+step acme-namespace-add as admin inventory namespace add "$ACME" 1 --tenant acme --region eu-west --class internal \
+  --dataset vm/acme --digest "$DIGEST"
+step globex-namespace-add as admin inventory namespace add "$GLOBEX" 1 --tenant globex --region eu-west --class restricted \
+  --dataset vm/globex --digest "$DIGEST"
+for n in 1 2; do
+  step "acme-host-$n" as admin inventory host add "spiffe://nvmegate.test/node/acme-gpu-$n" \
+    --nqn "$(nvmegate hostnqn "spiffe://nvmegate.test/node/acme-gpu-$n")" --tenant acme
+done
+step globex-host-1 as admin inventory host add spiffe://nvmegate.test/node/globex-gpu-1 \
+  --nqn nqn.2014-08.org.nvmexpress:uuid:00000001-bbbb-4000-8000-000000000000 --tenant globex
+step operator-namespaces operator_namespaces
+step agent start_agent
+step acme-job as acme-scheduler job admit vm-train-1 --tenant acme \
+  --node spiffe://nvmegate.test/node/acme-gpu-1 --node spiffe://nvmegate.test/node/acme-gpu-2 \
+  --namespace "$ACME/1:ro" --region eu-west --expires-in 2h
+step globex-job as globex-scheduler job admit vm-ckpt-1 --tenant globex \
+  --node spiffe://nvmegate.test/node/globex-gpu-1 --namespace "$GLOBEX/1:ro" --region eu-west --expires-in 2h
+
+# acme-node-1: granted, the kernel authenticates it, the namespace appears.
+step grant-node1 grant node1 acme-node-1 connect --job vm-train-1 --subsystem "$ACME"
+step tree-after-connect tree
+step nvme-connect-node1 nvme_connect node1
+step disconnect-node1 disconnect
+# Tenant isolation at the gateway.
+step globex-node-refused as globex-node-1 connect --job vm-train-1 --subsystem "$ACME"
+step acme-node-refused-globex as acme-node-1 connect --job vm-train-1 --subsystem "$GLOBEX"
+# A rotation: hosts keep their key through the grace (a reconnect during a
+# renewal window works); past it the target drops a host that did not renew,
+# and the old secret is refused. The renewed secret connects, and the old
+# one now fails DH-HMAC-CHAP itself.
+step rotate as admin keys rotate --subsystem "$ACME" --reason "vm rotation"
+step tree-after-rotate tree
+step nvme-old-secret-in-grace nvme_connect node1
+step disconnect-in-grace disconnect
+step grace-ends wait_host_gone "$(nvmegate hostnqn spiffe://nvmegate.test/node/acme-gpu-1)"
+step tree-after-grace tree
+step nvme-old-secret-after-grace nvme_connect node1
+step disconnect-after-grace disconnect
+step renew-node1 grant node1-renewed acme-node-1 renew "$(grant_id node1)"
+step tree-after-renew tree
+step nvme-renewed-node1 nvme_connect node1-renewed
+step disconnect-renewed disconnect
+step nvme-old-secret-after-renew nvme_connect node1
+step disconnect-old-after-renew disconnect
+# A release: the host leaves the subsystem; its secrets no longer connect.
+step release-node1 as acme-node-1 release "$(grant_id node1)"
+step tree-after-release tree
+step nvme-after-release nvme_connect node1-renewed
+step disconnect-after-release disconnect
+# A revocation: the same for acme-node-2.
+step grant-node2 grant node2 acme-node-2 connect --job vm-train-1 --subsystem "$ACME"
+step nvme-connect-node2 nvme_connect node2
+step disconnect-node2 disconnect
+step revoke-node2 as admin revoke --node spiffe://nvmegate.test/node/acme-gpu-2 --reason "vm revocation"
+step nvme-after-revoke nvme_connect node2
+step disconnect-after-revoke disconnect
+# globex's restricted class: bidirectional DH-HMAC-CHAP with a stronger
+# hash and group, the controller authenticating to the host too.
+step grant-globex grant globex globex-node-1 connect --job vm-ckpt-1 --subsystem "$GLOBEX"
+step nvme-connect-globex nvme_connect globex
+step disconnect-globex disconnect
+step finish-jobs sh -c "nvmegate --dev-dir $G --dev-identity acme-scheduler job finish vm-train-1 --reason done &&
+  nvmegate --dev-dir $G --dev-identity globex-scheduler job finish vm-ckpt-1 --reason done"
+step tree-after-finish tree
+step nvme-after-finish nvme_connect globex
+step disconnect-after-finish disconnect
+step gateway-log sh -c "grep -c . /tmp/gateway.log; grep -ciE 'panic|DHHC-1' /tmp/gateway.log /tmp/agent.log || true"

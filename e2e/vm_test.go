@@ -1,0 +1,280 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// vmStep is one step of e2e/vm/story.sh as the VM's console showed it.
+type vmStep struct {
+	Name   string
+	Output string // what the step's command printed
+	Exit   int    // its exit status (-1: the step did not finish)
+	Kernel string // what the kernel logged during it (dmesg)
+}
+
+func (s vmStep) excerpt() string {
+	return fmt.Sprintf("--- step %s (exit %d)\n%s--- kernel\n%s", s.Name, s.Exit, s.Output, s.Kernel)
+}
+
+// parseConsole splits the VM's console output into the story's steps.
+func parseConsole(console string) (steps map[string]vmStep, order []string) {
+	steps = map[string]vmStep{}
+	var cur *vmStep
+	inKernel := false
+	sc := bufio.NewScanner(strings.NewReader(console))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := strings.TrimRight(sc.Text(), "\r")
+		switch {
+		case strings.HasPrefix(line, "@@BEGIN "):
+			cur = &vmStep{Name: strings.TrimPrefix(line, "@@BEGIN "), Exit: -1}
+			inKernel = false
+		case cur == nil:
+		case strings.HasPrefix(line, "@@EXIT "):
+			cur.Exit, _ = strconv.Atoi(strings.TrimPrefix(line, "@@EXIT "))
+		case line == "@@KERNEL":
+			inKernel = true
+		case strings.HasPrefix(line, "@@END "):
+			steps[cur.Name] = *cur
+			order = append(order, cur.Name)
+			cur = nil
+		case inKernel:
+			cur.Kernel += line + "\n"
+		default:
+			cur.Output += line + "\n"
+		}
+	}
+	return steps, order
+}
+
+// TestRealKernel boots a minimal Linux 6.1 VM (e2e/vm) and runs the story
+// on its loopback: the gateway, stor-eu-1's target agent with the nvmet
+// driver on the kernel's real configfs, and nodes connecting with nvme-cli
+// using the DH-HMAC-CHAP secrets they were granted. The kernel must
+// authenticate granted hosts and refuse them after a release, a revocation,
+// a finished job, and a rotation's grace without renewal.
+func TestRealKernel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("e2e: boots a VM")
+	}
+	kernel := os.Getenv("NVMEGATE_VM_KERNEL")
+	if kernel == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("NVMEGATE_VM_KERNEL is not set under CI (make test builds the kernel)")
+		}
+		t.Skip("NVMEGATE_VM_KERNEL is not set: make test builds the kernel with e2e/vm/build-kernel.sh and sets it")
+	}
+	qemu, err := exec.LookPath("qemu-system-x86_64")
+	if err != nil {
+		t.Fatalf("qemu-system-x86_64: %v (apt-get install qemu-system-x86)", err)
+	}
+	root := repoRoot(t)
+	initrd := filepath.Join(t.TempDir(), "initramfs.cpio")
+	build := exec.Command(filepath.Join(root, "e2e", "vm", "build-initramfs.sh"), initrd)
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build-initramfs: %v\n%s", err, out)
+	}
+
+	// Software emulation (TCG): deterministic and available everywhere; the
+	// story takes about half a minute. The clock comes from the host (the
+	// grants and SVIDs made inside carry real times).
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, qemu, "-accel", "tcg", "-cpu", "max", "-m", "2048", "-smp", "2",
+		"-nic", "none", "-nographic", "-no-reboot", "-kernel", kernel, "-initrd", initrd,
+		"-append", fmt.Sprintf("console=ttyS0 loglevel=4 panic=-1 null_blk.nr_devices=2 nvmegate.epoch=%d", time.Now().Unix()))
+	var console bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &console, &console
+	start := time.Now()
+	runErr := cmd.Run()
+	out := console.String()
+	t.Logf("VM ran %s", time.Since(start).Round(time.Second))
+	if dir := os.Getenv("NVMEGATE_VM_CONSOLE"); dir != "" {
+		// Keep the console for reading (CI artifacts, the closing note).
+		_ = os.WriteFile(dir, console.Bytes(), 0o644)
+	}
+	if !strings.Contains(out, "@@VM done rc=0") {
+		t.Fatalf("the VM did not finish the story (qemu: %v); console tail:\n%s", runErr, tail(out, 60))
+	}
+	// Not one secret on the console: the story passes them through files.
+	if strings.Contains(out, "DHHC-1:") {
+		t.Error("a DH-HMAC-CHAP secret appeared on the console")
+	}
+	steps, order := parseConsole(out)
+	t.Logf("%d steps: %s", len(order), strings.Join(order, " "))
+
+	step := func(name string) (vmStep, bool) {
+		s, ok := steps[name]
+		if !ok {
+			t.Errorf("step %s missing from the console", name)
+		}
+		return s, ok
+	}
+	ok := func(name string, outputHas ...string) vmStep {
+		t.Helper()
+		s, found := step(name)
+		if !found {
+			return s
+		}
+		if s.Exit != 0 {
+			t.Errorf("step %s failed:\n%s", name, s.excerpt())
+		}
+		for _, want := range outputHas {
+			if !strings.Contains(s.Output, want) {
+				t.Errorf("step %s: output lacks %q:\n%s", name, want, s.excerpt())
+			}
+		}
+		return s
+	}
+	// kernelAccepts: nvme-cli connected, the kernel authenticated the host
+	// with these parameters, and a block of the namespace was read.
+	kernelAccepts := func(name, auth string, extra ...string) {
+		t.Helper()
+		s := ok(name, "block device /dev/nvme", "1+0 records out")
+		for _, want := range append([]string{"qid 0: authenticated with hash " + auth, "with DH-HMAC-CHAP"}, extra...) {
+			if !strings.Contains(s.Kernel, want) {
+				t.Errorf("step %s: the kernel log lacks %q:\n%s", name, want, s.excerpt())
+			}
+		}
+	}
+	// kernelRefuses: nvme connect failed and the kernel logged why.
+	kernelRefuses := func(name, why string) {
+		t.Helper()
+		s, found := step(name)
+		if !found {
+			return
+		}
+		if s.Exit == 0 || s.Exit == 2 { // 2: the story had no connect line: not a kernel refusal
+			t.Errorf("step %s: want nvme connect refused by the kernel:\n%s", name, s.excerpt())
+		}
+		if !strings.Contains(s.Kernel, why) {
+			t.Errorf("step %s: the kernel log lacks %q:\n%s", name, why, s.excerpt())
+		}
+		if strings.Contains(s.Output, "block device") {
+			t.Errorf("step %s: a namespace appeared:\n%s", name, s.excerpt())
+		}
+	}
+	gatewayRefuses := func(name string) {
+		t.Helper()
+		s, found := step(name)
+		if found && (s.Exit == 0 || !strings.Contains(s.Output, "PermissionDenied")) {
+			t.Errorf("step %s: want PermissionDenied from the gateway:\n%s", name, s.excerpt())
+		}
+	}
+
+	ok("configfs", "hosts", "ports", "subsystems")
+	ok("gateway", `"trust_domain":"nvmegate.test"`)
+	for _, n := range []string{"target-add", "acme-subsystem-add", "globex-subsystem-add", "acme-namespace-add",
+		"globex-namespace-add", "acme-host-1", "acme-host-2", "globex-host-1", "operator-namespaces", "acme-job", "globex-job"} {
+		ok(n)
+	}
+	if s := ok("agent", "applied"); !strings.Contains(s.Kernel, "enabling port 1 (127.0.0.1:4420)") {
+		t.Errorf("the agent's first generation did not enable the nvmet port:\n%s", s.excerpt())
+	}
+	const acme, globex = "nqn.2026-01.io.nvmegate.vm:acme-train", "nqn.2026-01.io.nvmegate.vm:globex-ckpt"
+	node1 := hostNQNIn(t, ok("acme-host-1").Output)
+	keyOf := func(tree, host string) string {
+		m := regexp.MustCompile(regexp.QuoteMeta("hosts/"+host+"/dhchap_key <") + `[^>]*sha256 ([0-9a-f]+)>`).FindStringSubmatch(tree)
+		if m == nil {
+			return ""
+		}
+		return m[1]
+	}
+
+	// acme-node-1 is granted; the tree allows exactly it; the kernel agrees.
+	ok("grant-node1", "with a DH-HMAC-CHAP secret received")
+	tree := ok("tree-after-connect").Output
+	for _, want := range []string{
+		"l subsystems/" + acme + "/allowed_hosts/" + node1,
+		"f subsystems/" + acme + "/attr_allow_any_host 0",
+		"f subsystems/" + globex + "/attr_allow_any_host 0",
+		"l ports/1/subsystems/" + acme,
+		"f hosts/" + node1 + "/dhchap_hash hmac(sha256)",
+		"f hosts/" + node1 + "/dhchap_dhgroup ffdhe2048",
+	} {
+		if !strings.Contains(tree, want) {
+			t.Errorf("the nvmet tree after connect lacks %q:\n%s", want, tree)
+		}
+	}
+	if n := strings.Count(tree, "/allowed_hosts/"); n != 1 {
+		t.Errorf("the nvmet tree after connect allows %d hosts, want 1:\n%s", n, tree)
+	}
+	key1 := keyOf(tree, node1)
+	if key1 == "" {
+		t.Errorf("no dhchap_key for %s in the tree:\n%s", node1, tree)
+	}
+	kernelAccepts("nvme-connect-node1", "hmac(sha256) dhgroup ffdhe2048")
+	gatewayRefuses("globex-node-refused")
+	gatewayRefuses("acme-node-refused-globex")
+
+	// Rotation: the old key stays through the grace, then the host is gone.
+	ok("rotate", "access-root")
+	if k := keyOf(ok("tree-after-rotate").Output, node1); k != key1 {
+		t.Errorf("the host was re-keyed by the rotation itself (%s -> %s); it keeps its key through the grace", key1, k)
+	}
+	kernelAccepts("nvme-old-secret-in-grace", "hmac(sha256) dhgroup ffdhe2048")
+	ok("grace-ends", "removed from the target")
+	if tr := ok("tree-after-grace").Output; strings.Contains(tr, node1) {
+		t.Errorf("the host is still on the target after the grace:\n%s", tr)
+	}
+	kernelRefuses("nvme-old-secret-after-grace", "not allowed")
+	ok("renew-node1", "v2", "with a DH-HMAC-CHAP secret received")
+	if k := keyOf(ok("tree-after-renew").Output, node1); k == "" || k == key1 {
+		t.Errorf("after renew the host's key is %q, want a new one (was %s)", k, key1)
+	}
+	kernelAccepts("nvme-renewed-node1", "hmac(sha256) dhgroup ffdhe2048")
+	kernelRefuses("nvme-old-secret-after-renew", "host response mismatch")
+
+	// Release, revoke, finish: the host leaves and its secret stops working.
+	ok("release-node1", "released")
+	if tr := ok("tree-after-release").Output; strings.Contains(tr, node1) {
+		t.Errorf("the released host is still on the target:\n%s", tr)
+	}
+	kernelRefuses("nvme-after-release", "not allowed")
+	ok("grant-node2", "with a DH-HMAC-CHAP secret received")
+	kernelAccepts("nvme-connect-node2", "hmac(sha256) dhgroup ffdhe2048")
+	ok("revoke-node2", "revoked 1 grant(s)")
+	kernelRefuses("nvme-after-revoke", "not allowed")
+
+	// globex's restricted class: bidirectional, sha384, ffdhe3072.
+	ok("grant-globex", "with a DH-HMAC-CHAP secret received")
+	kernelAccepts("nvme-connect-globex", "hmac(sha384) dhgroup ffdhe3072", "controller authenticated")
+	ok("finish-jobs", "finished")
+	if tr := ok("tree-after-finish").Output; strings.Contains(tr, "allowed_hosts") || strings.Contains(tr, "d hosts/") {
+		t.Errorf("hosts left on the target after the jobs finished:\n%s", tr)
+	}
+	kernelRefuses("nvme-after-finish", "not allowed")
+
+	// The gateway's and the agent's logs hold no secret and no panic.
+	ok("gateway-log", "/tmp/gateway.log:0", "/tmp/agent.log:0")
+}
+
+// hostNQNIn finds the host NQN in an inventory host listing.
+func hostNQNIn(t *testing.T, out string) string {
+	t.Helper()
+	m := regexp.MustCompile(`nqn\.2014-08\.org\.nvmexpress:uuid:[0-9a-f-]{36}`).FindString(out)
+	if m == "" {
+		t.Fatalf("no host NQN in:\n%s", out)
+	}
+	return m
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

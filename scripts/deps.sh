@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the tests use, when any is missing (as root,
+# or through sudo): nvme-cli to check the NVMe formats we emit, and for the
+# real-kernel tier (e2e/vm) Debian's kernel source and what builds it, qemu,
+# busybox and cpio. Instant when all are there.
+set -euo pipefail
+
+pkgs=(make git nvme-cli linux-source-6.1 bc flex bison libelf-dev libssl-dev
+  qemu-system-x86 busybox-static cpio)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null 2>&1 || {
+    echo "deps: missing Debian packages: ${missing[*]} (install them as root)" >&2
+    exit 1
+  }
+  SUDO=sudo
+fi
+echo "deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q >&2
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
