@@ -115,3 +115,6 @@ func readyAddr(path string) (string, error) {
 	}
 	return info.GRPC, nil
 }
+
+// DevAddr is the gRPC address of the dev gateway running on dir.
+func DevAddr(dir string) (string, error) { return readyAddr(devca.ReadyPath(dir)) }

@@ -1,0 +1,129 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+
+	"github.com/nvmegate/nvmegate/identity/devca"
+	"github.com/nvmegate/nvmegate/internal/clientconn"
+	"github.com/nvmegate/nvmegate/loadgen"
+)
+
+func (a *app) benchCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "bench", Short: "Load generators against a running gateway"}
+	var (
+		o                     loadgen.Options
+		storm                 bool
+		admin, sched, auditor string
+		stormTimeout          time.Duration
+	)
+	connect := &cobra.Command{
+		Use:   "connect --dev-dir DIR [--nodes N] [--namespaces M] [--concurrency C] [--duration D] [--storm]",
+		Short: "Connect storm / sustained connects from N node identities, each with its own mTLS connection",
+		Long: `Registers a target, a subsystem with M namespaces, N node host bindings and
+jobs scoping them (as the admin and the tenant's scheduler), mints N node
+SVIDs with the dev trust domain's CA, and then either keeps C connects in
+flight for D (each node connecting in turn), or with --storm connects all N
+nodes at once and reports the time until the last is granted. It reports
+grants/s, latency percentiles and errors by code, then checks that every
+acknowledged grant is in the audit log at the index it was answered with
+(exit status 1 if any is not).
+
+Needs a dev gateway (nvmegated dev): the node SVIDs come from its CA.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if a.devDir == "" {
+				return errors.New("bench connect needs --dev-dir (the node SVIDs are minted by the dev CA)")
+			}
+			if o.RunID == "" {
+				b := make([]byte, 4)
+				rand.Read(b)
+				o.RunID = hex.EncodeToString(b)
+			}
+			ctx := cmd.Context()
+			ca, err := devca.Load(filepath.Join(a.devDir, "ca"))
+			if err != nil {
+				return err
+			}
+			dial := func(who string) (*grpc.ClientConn, func(), error) {
+				conn, src, err := clientconn.Dial(ctx, clientconn.Options{Addr: a.addr, DevDir: a.devDir, DevIdentity: who, ServerID: a.serverID})
+				if err != nil {
+					return nil, nil, err
+				}
+				return conn, func() { conn.Close(); src.Close() }, nil
+			}
+			env := loadgen.Env{CA: ca}
+			var closers []func()
+			defer func() {
+				for _, c := range closers {
+					c()
+				}
+			}()
+			for _, d := range []struct {
+				who  string
+				conn **grpc.ClientConn
+			}{{admin, &env.Admin}, {sched, &env.Scheduler}, {auditor, &env.Auditor}} {
+				c, closeFn, err := dial(d.who)
+				if err != nil {
+					return err
+				}
+				*d.conn, closers = c, append(closers, closeFn)
+			}
+			env.Addr = a.addr
+			if env.Addr == "" {
+				if env.Addr, err = clientconn.DevAddr(a.devDir); err != nil {
+					return err
+				}
+			}
+			fmt.Fprintf(a.stdout, "setup      run %s: %d nodes in %d-node jobs, %d namespaces ...", o.RunID, o.Nodes, o.JobSize, o.Namespaces)
+			t0 := time.Now()
+			fleet, err := loadgen.Setup(ctx, env, o)
+			if err != nil {
+				return statusErr(err)
+			}
+			defer fleet.Close()
+			fmt.Fprintf(a.stdout, " %s\n", time.Since(t0).Round(time.Millisecond))
+			var r *loadgen.Result
+			if storm {
+				fmt.Fprintf(a.stdout, "storm      all %d nodes connect at once\n", o.Nodes)
+				r = loadgen.Storm(ctx, fleet, stormTimeout)
+			} else {
+				fmt.Fprintf(a.stdout, "load       %d in flight for %s\n", o.Concurrency, o.Duration)
+				r = loadgen.Run(ctx, fleet, o)
+			}
+			fmt.Fprint(a.stdout, loadgen.Summary(r))
+			missing, err := loadgen.Verify(ctx, env, fleet, r.Acks)
+			if err != nil {
+				return statusErr(err)
+			}
+			if len(missing) > 0 {
+				return fmt.Errorf("%d acknowledged grant(s) missing from the audit log, e.g. %s", len(missing), missing[0])
+			}
+			fmt.Fprintf(a.stdout, "audit      all %d acknowledged grants are in the log at their answered index\n", len(r.Acks))
+			return nil
+		},
+	}
+	f := connect.Flags()
+	f.IntVar(&o.Nodes, "nodes", 100, "node identities (N)")
+	f.IntVar(&o.Namespaces, "namespaces", 8, "namespaces in every job's scope (M)")
+	f.IntVar(&o.Concurrency, "concurrency", 32, "connects in flight (C)")
+	f.DurationVar(&o.Duration, "duration", 10*time.Second, "how long to keep connecting (D)")
+	f.IntVar(&o.JobSize, "job-size", 256, "nodes per job")
+	f.BoolVar(&storm, "storm", false, "connect all N nodes at once; report the time until all are granted")
+	f.DurationVar(&stormTimeout, "storm-timeout", 5*time.Minute, "give up on a storm after this long")
+	f.StringVar(&o.Tenant, "tenant", "acme", "the tenant of the scheduler identity")
+	f.StringVar(&o.Region, "region", "eu-west", "region of the target and namespaces")
+	f.StringVar(&o.RunID, "run-id", "", "names this run's target, subsystem, jobs and nodes (default random)")
+	f.StringVar(&admin, "admin-identity", "admin", "dev identity registering the inventory")
+	f.StringVar(&sched, "scheduler-identity", "acme-scheduler", "dev identity admitting the jobs")
+	f.StringVar(&auditor, "auditor-identity", "auditor", "dev identity reading the audit log")
+	cmd.AddCommand(connect)
+	return cmd
+}

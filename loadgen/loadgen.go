@@ -1,0 +1,348 @@
+package loadgen
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/nvmegate/nvmegate/audit"
+	"github.com/nvmegate/nvmegate/identity"
+	"github.com/nvmegate/nvmegate/identity/devca"
+	"github.com/nvmegate/nvmegate/keys/nvmefmt"
+	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
+)
+
+// Options shape a run.
+type Options struct {
+	Nodes       int           // distinct node identities (N)
+	Namespaces  int           // namespaces in the subsystem, all in every job's scope (M)
+	Concurrency int           // connects in flight (C); Storm ignores it
+	Duration    time.Duration // how long Run keeps going
+	JobSize     int           // nodes per job (the scheduler admits N/JobSize jobs)
+	Tenant      string        // the tenant the scheduler identity belongs to
+	Region      string
+	RunID       string // names the target, subsystem, jobs and nodes; unique per run
+}
+
+// Env is how the run reaches the gateway.
+type Env struct {
+	Addr      string           // the gateway's gRPC address
+	Admin     *grpc.ClientConn // an admin (inventory)
+	Scheduler *grpc.ClientConn // the tenant's scheduler (jobs)
+	Auditor   *grpc.ClientConn // an auditor (Verify)
+	CA        *devca.CA        // mints the nodes' SVIDs
+}
+
+// Node is one simulated GPU node with its own connection.
+type Node struct {
+	ID   string // SPIFFE ID
+	Job  string
+	conn *grpc.ClientConn
+}
+
+// Fleet is what Setup made.
+type Fleet struct {
+	Subsystem string
+	Jobs      []string
+	Nodes     []*Node
+}
+
+// Close closes the nodes' connections.
+func (f *Fleet) Close() {
+	for _, n := range f.Nodes {
+		if n.conn != nil {
+			n.conn.Close()
+		}
+	}
+}
+
+// Ack is one acknowledged grant.
+type Ack struct {
+	GrantID    string
+	Job        string
+	AuditIndex uint64
+}
+
+// Result is what a run measured.
+type Result struct {
+	Elapsed   time.Duration
+	Latencies []time.Duration // of successful connects, sorted
+	Errors    map[string]int  // by gRPC code
+	Acks      []Ack
+}
+
+// Rate is successful connects per second.
+func (r *Result) Rate() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(len(r.Latencies)) / r.Elapsed.Seconds()
+}
+
+// Percentile returns the q-quantile (0..1) of the latencies.
+func (r *Result) Percentile(q float64) time.Duration {
+	if len(r.Latencies) == 0 {
+		return 0
+	}
+	i := int(q*float64(len(r.Latencies))+0.5) - 1
+	i = max(0, min(i, len(r.Latencies)-1))
+	return r.Latencies[i]
+}
+
+// ErrorCount is the number of failed connects.
+func (r *Result) ErrorCount() int {
+	n := 0
+	for _, c := range r.Errors {
+		n += c
+	}
+	return n
+}
+
+func (o *Options) check() error {
+	switch {
+	case o.Nodes < 1:
+		return errors.New("loadgen: --nodes must be at least 1")
+	case o.Namespaces < 1 || o.Namespaces > 1024:
+		return errors.New("loadgen: --namespaces must be 1..1024")
+	case o.JobSize < 1:
+		return errors.New("loadgen: --job-size must be at least 1")
+	case o.RunID == "":
+		return errors.New("loadgen: a run ID is required")
+	}
+	return nil
+}
+
+// Setup registers the inventory, host bindings and jobs of a run, and
+// mints every node's SVID and connection (connections are made lazily, at
+// the first connect, so a storm includes the handshakes).
+func Setup(ctx context.Context, env Env, o Options) (*Fleet, error) {
+	if err := o.check(); err != nil {
+		return nil, err
+	}
+	inv := pb.NewInventoryClient(env.Admin)
+	target := "bench-" + o.RunID
+	sub := "nqn.2026-01.io.nvmegate.bench:" + o.RunID
+	if _, err := inv.AddTarget(ctx, &pb.AddTargetRequest{Target: &pb.Target{Id: target, Fabric: "fab-bench", Region: o.Region, Driver: "nvmet",
+		Ports: []*pb.Port{{Id: 1, Transport: "tcp", AddressFamily: "ipv4", Address: "127.0.0.1", ServiceId: "4420"}}}}); err != nil {
+		return nil, fmt.Errorf("add target: %w", err)
+	}
+	if _, err := inv.AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: &pb.Subsystem{Nqn: sub, TargetId: target, Tenant: o.Tenant,
+		PortIds: []uint32{1}, Dhchap: true}}); err != nil {
+		return nil, fmt.Errorf("add subsystem: %w", err)
+	}
+	scope := make([]*pb.JobNamespace, o.Namespaces)
+	for i := range o.Namespaces {
+		nsid := uint32(i + 1)
+		name := fmt.Sprintf("bench/%s/%d", o.RunID, nsid)
+		sum := sha256.Sum256([]byte(name))
+		if _, err := inv.AddNamespace(ctx, &pb.AddNamespaceRequest{Namespace: &pb.Namespace{SubsystemNqn: sub, Nsid: nsid, Tenant: o.Tenant,
+			Region: o.Region, DataClass: "internal", Dataset: &pb.Dataset{Name: name, Digest: "sha256:" + hex.EncodeToString(sum[:])}}}); err != nil {
+			return nil, fmt.Errorf("add namespace %d: %w", nsid, err)
+		}
+		scope[i] = &pb.JobNamespace{SubsystemNqn: sub, Nsid: nsid, Mode: pb.AccessMode_ACCESS_MODE_READ_ONLY}
+	}
+	td := env.CA.TrustDomain()
+	f := &Fleet{Subsystem: sub, Nodes: make([]*Node, o.Nodes)}
+	for i := range f.Nodes {
+		f.Nodes[i] = &Node{ID: fmt.Sprintf("spiffe://%s/node/bench-%s-%d", td.Name(), o.RunID, i)}
+	}
+	// Host bindings, a few at a time (each is one durable change and one
+	// audit entry).
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(16)
+	for _, n := range f.Nodes {
+		g.Go(func() error {
+			nqn, err := nvmefmt.HostNQNFromSPIFFEID(n.ID)
+			if err != nil {
+				return err
+			}
+			_, err = inv.AddHostBinding(gctx, &pb.AddHostBindingRequest{Binding: &pb.HostBinding{SpiffeId: n.ID, HostNqn: nqn, Tenant: o.Tenant}})
+			if err != nil {
+				return fmt.Errorf("bind %s: %w", n.ID, err)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	jobs := pb.NewJobsClient(env.Scheduler)
+	for start := 0; start < len(f.Nodes); start += o.JobSize {
+		end := min(start+o.JobSize, len(f.Nodes))
+		job := fmt.Sprintf("bench-%s-%d", o.RunID, len(f.Jobs))
+		ids := make([]string, 0, end-start)
+		for _, n := range f.Nodes[start:end] {
+			n.Job = job
+			ids = append(ids, n.ID)
+		}
+		if _, err := jobs.Admit(ctx, &pb.AdmitRequest{JobId: job, Tenant: o.Tenant, Nodes: ids, Namespaces: scope,
+			AllowedRegions: []string{o.Region}, ExpiresAt: timestamppb.New(time.Now().Add(24 * time.Hour))}); err != nil {
+			return nil, fmt.Errorf("admit %s: %w", job, err)
+		}
+		f.Jobs = append(f.Jobs, job)
+	}
+	// The nodes' SVIDs and connections.
+	bundle := x509bundle.FromX509Authorities(td, []*x509.Certificate{env.CA.Certificate()})
+	now := time.Now()
+	for _, n := range f.Nodes {
+		svid, err := env.CA.Issue(spiffeid.RequireFromString(n.ID), now.Add(-time.Minute), now.Add(24*time.Hour))
+		if err != nil {
+			return nil, err
+		}
+		src := identity.StaticSource(svid, bundle)
+		n.conn, err = grpc.NewClient(env.Addr, grpc.WithTransportCredentials(identity.ClientCredentials(src, identity.AuthorizeGateway(td))))
+		if err != nil {
+			return nil, err
+		}
+	}
+	return f, nil
+}
+
+// recorder collects outcomes from many goroutines.
+type recorder struct {
+	mu   sync.Mutex
+	lat  []time.Duration
+	errs map[string]int
+	acks []Ack
+}
+
+func (r *recorder) connect(ctx context.Context, f *Fleet, n *Node) {
+	start := time.Now()
+	resp, err := pb.NewAccessClient(n.conn).Connect(ctx, &pb.ConnectRequest{JobId: n.Job, SubsystemNqn: f.Subsystem})
+	d := time.Since(start)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err != nil {
+		if ctx.Err() != nil {
+			return // the run ended under it: neither a success nor a failure
+		}
+		if r.errs == nil {
+			r.errs = map[string]int{}
+		}
+		r.errs[status.Code(err).String()]++
+		return
+	}
+	r.lat = append(r.lat, d)
+	r.acks = append(r.acks, Ack{GrantID: resp.Grant.GetGrantId(), Job: n.Job, AuditIndex: resp.Grant.GetAuditIndex()})
+}
+
+func (r *recorder) result(elapsed time.Duration) *Result {
+	sort.Slice(r.lat, func(i, j int) bool { return r.lat[i] < r.lat[j] })
+	return &Result{Elapsed: elapsed, Latencies: r.lat, Errors: r.errs, Acks: r.acks}
+}
+
+// Run keeps o.Concurrency connects in flight for o.Duration, the nodes
+// taking turns. Each connect supersedes that node's previous grant, so the
+// target holds at most N hosts however long the run.
+func Run(ctx context.Context, f *Fleet, o Options) *Result {
+	ctx, cancel := context.WithTimeout(ctx, o.Duration)
+	defer cancel()
+	var (
+		rec  recorder
+		next atomic.Uint64
+		wg   sync.WaitGroup
+	)
+	start := time.Now()
+	for range max(1, o.Concurrency) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				n := f.Nodes[int(next.Add(1)-1)%len(f.Nodes)]
+				rec.connect(ctx, f, n)
+			}
+		}()
+	}
+	wg.Wait()
+	return rec.result(time.Since(start))
+}
+
+// Storm connects every node at once and reports when the last one was
+// granted (Elapsed) — the cluster-start case.
+func Storm(ctx context.Context, f *Fleet, timeout time.Duration) *Result {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var (
+		rec recorder
+		wg  sync.WaitGroup
+	)
+	start := time.Now()
+	for _, n := range f.Nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rec.connect(ctx, f, n)
+		}()
+	}
+	wg.Wait()
+	return rec.result(time.Since(start))
+}
+
+// Verify checks that every acknowledged grant has its grant entry in the
+// audit log, at the index the gateway answered with. It returns the grant
+// IDs that do not.
+func Verify(ctx context.Context, env Env, f *Fleet, acks []Ack) ([]string, error) {
+	logged := map[string]uint64{}
+	a := pb.NewAuditClient(env.Auditor)
+	for _, job := range f.Jobs {
+		token := ""
+		for {
+			resp, err := a.Query(ctx, &pb.QueryRequest{JobId: job, Kinds: []string{string(audit.EventGrant)}, PageSize: 1000, PageToken: token})
+			if err != nil {
+				return nil, fmt.Errorf("audit query: %w", err)
+			}
+			for _, e := range resp.Entries {
+				d, err := audit.DecodeEntry(e.Entry)
+				if err != nil {
+					return nil, fmt.Errorf("audit entry %d: %w", e.Index, err)
+				}
+				logged[d.GrantID] = e.Index
+			}
+			if token = resp.NextPageToken; token == "" {
+				break
+			}
+		}
+	}
+	var missing []string
+	for _, k := range acks {
+		if idx, ok := logged[k.GrantID]; !ok || idx != k.AuditIndex {
+			missing = append(missing, k.GrantID)
+		}
+	}
+	return missing, nil
+}
+
+// Summary is a one-screen report of a result.
+func Summary(r *Result) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "grants     %d in %s = %.0f grants/s\n", len(r.Latencies), r.Elapsed.Round(time.Millisecond), r.Rate())
+	fmt.Fprintf(&b, "latency    p50 %s  p90 %s  p99 %s  p99.9 %s  p99.99 %s  max %s\n",
+		r.Percentile(0.5).Round(time.Microsecond), r.Percentile(0.9).Round(time.Microsecond), r.Percentile(0.99).Round(time.Microsecond),
+		r.Percentile(0.999).Round(time.Microsecond), r.Percentile(0.9999).Round(time.Microsecond), r.Percentile(1).Round(time.Microsecond))
+	fmt.Fprintf(&b, "errors     %d", r.ErrorCount())
+	if len(r.Errors) > 0 {
+		codes := make([]string, 0, len(r.Errors))
+		for c, n := range r.Errors {
+			codes = append(codes, fmt.Sprintf("%s=%d", c, n))
+		}
+		sort.Strings(codes)
+		fmt.Fprintf(&b, " (%s)", strings.Join(codes, ", "))
+	}
+	b.WriteString("\n")
+	return b.String()
+}
