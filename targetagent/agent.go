@@ -46,23 +46,39 @@ type Agent struct {
 	// connected is programmed through it, not by a local driver.
 	Hub *Hub
 
-	mu    sync.Mutex
-	locks map[string]*sync.Mutex // one Program at a time per target
-	gen   uint64
+	mu      sync.Mutex
+	targets map[string]*targetRuns
+	gen     uint64
 }
 
-func (a *Agent) lock(id string) *sync.Mutex {
+// targetRuns coalesces the Program calls of one target: one run at a time,
+// and every call made while a run is going is answered by the next run,
+// which reads the store after all of them were made. Under a connect storm
+// one Apply of the target's whole state then serves every waiting connect
+// instead of one each (the state and the Apply are O(hosts)).
+type targetRuns struct {
+	mu      sync.Mutex
+	running bool
+	next    *run // the run the next callers wait for; nil if none is due
+}
+
+type run struct {
+	done chan struct{}
+	err  error
+}
+
+func (a *Agent) runs(id string) *targetRuns {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.locks == nil {
-		a.locks = map[string]*sync.Mutex{}
+	if a.targets == nil {
+		a.targets = map[string]*targetRuns{}
 	}
-	l := a.locks[id]
-	if l == nil {
-		l = &sync.Mutex{}
-		a.locks[id] = l
+	t := a.targets[id]
+	if t == nil {
+		t = &targetRuns{}
+		a.targets[id] = t
 	}
-	return l
+	return t
 }
 
 // GrantParams are the credential parameters a grant was issued with.
@@ -168,11 +184,56 @@ func port(p nvmegate.Port) fabric.Port {
 	return fp
 }
 
-// Program applies a target's desired state with its driver.
+// programTimeout bounds one run: the caller that starts it may go away,
+// and the others still wait for it.
+const programTimeout = time.Minute
+
+// Program applies a target's desired state with its driver, as the store
+// holds it at some moment after the call: a grant stored before the call
+// is in what is applied when Program returns nil.
 func (a *Agent) Program(ctx context.Context, targetID string) error {
-	l := a.lock(targetID)
-	l.Lock()
-	defer l.Unlock()
+	t := a.runs(targetID)
+	t.mu.Lock()
+	r := t.next
+	if r == nil {
+		r = &run{done: make(chan struct{})}
+		t.next = r
+	}
+	lead := !t.running
+	t.running = true
+	t.mu.Unlock()
+	if lead {
+		// This caller runs what is due until nothing is, on a context
+		// that outlives it.
+		go a.drain(context.WithoutCancel(ctx), targetID, t)
+	}
+	select {
+	case <-r.done:
+		return r.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (a *Agent) drain(ctx context.Context, targetID string, t *targetRuns) {
+	for {
+		t.mu.Lock()
+		r := t.next
+		t.next = nil
+		if r == nil {
+			t.running = false
+			t.mu.Unlock()
+			return
+		}
+		t.mu.Unlock()
+		rctx, cancel := context.WithTimeout(ctx, programTimeout)
+		r.err = a.programOnce(rctx, targetID)
+		cancel()
+		close(r.done)
+	}
+}
+
+func (a *Agent) programOnce(ctx context.Context, targetID string) error {
 	t, err := a.Store.Target(ctx, targetID)
 	if err != nil {
 		return err

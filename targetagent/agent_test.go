@@ -3,10 +3,12 @@ package targetagent_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/nvmegate/nvmegate"
@@ -137,4 +139,81 @@ func TestState(t *testing.T) {
 	if hs := rec.last.Load().Subsystems[0].Hosts; len(hs) != 0 {
 		t.Fatalf("after expiry: %v", hs)
 	}
+}
+
+// gate is a fabric.Driver whose first Apply waits for release.
+type gate struct {
+	calls   atomic.Int32
+	release chan struct{}
+	last    atomic.Pointer[fabric.State]
+}
+
+func (g *gate) Apply(_ context.Context, s fabric.State) error {
+	if g.calls.Add(1) == 1 {
+		<-g.release
+	}
+	g.last.Store(&s)
+	return nil
+}
+
+// Program calls made while a run is going are answered together by one
+// more run, which sees every grant stored before them.
+func TestProgramCoalesces(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		dir := t.TempDir()
+		db, err := store.Open(filepath.Join(dir, "s.db"), store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		ks, err := localstore.Open(filepath.Join(dir, "k.db"), filepath.Join(dir, "k.key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ks.Close()
+		km, err := keys.NewManager(keys.Options{Backend: ks})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := db.CreateTarget(ctx, &nvmegate.Target{ID: "t1", Fabric: "f", Region: "eu-west", Driver: nvmegate.DriverNVMet,
+			Ports: []nvmegate.Port{{ID: 1, Transport: "tcp", AddressFamily: "ipv4", Address: "10.0.0.1", ServiceID: "4420"}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.CreateSubsystem(ctx, &nvmegate.Subsystem{NQN: sub, TargetID: "t1", Tenant: "acme", PortIDs: []uint16{1}, DHCHAP: true}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := km.Rotate(ctx, sub, "test"); err != nil {
+			t.Fatal(err)
+		}
+		g := &gate{release: make(chan struct{})}
+		a := &targetagent.Agent{Store: db, Keys: km, Driver: func(*nvmegate.Target) fabric.Driver { return g }}
+		errs := make(chan error, 4)
+		go func() { errs <- a.Program(ctx, "t1") }()
+		synctest.Wait() // the first run is inside Apply
+		now := time.Now()
+		for i, h := range []string{hostA, hostB} {
+			if err := db.PutGrant(ctx, &nvmegate.Grant{ID: fmt.Sprintf("grant-%d000", i), JobID: "j", Tenant: "acme", Node: "spiffe://x/node/n",
+				HostNQN: h, SubsystemNQN: sub, KeyVersion: 1, IssuedAt: now, ExpiresAt: now.Add(time.Hour), State: nvmegate.GrantActive,
+				DHCHAPHash: "sha256", DHGroup: "ffdhe2048"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range 3 {
+			go func() { errs <- a.Program(ctx, "t1") }()
+		}
+		synctest.Wait() // all three wait for the next run
+		close(g.release)
+		for range 4 {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := g.calls.Load(); n != 2 {
+			t.Fatalf("%d applies for 4 Program calls (one running, three waiting), want 2", n)
+		}
+		if hs := g.last.Load().Subsystems[0].Hosts; len(hs) != 2 {
+			t.Fatalf("the coalesced run applied %d hosts, want the 2 stored before the calls", len(hs))
+		}
+	})
 }

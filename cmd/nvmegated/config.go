@@ -21,6 +21,9 @@ type Config struct {
 	// HTTPListen serves /metrics and /healthz, plain HTTP: keep it on a
 	// management network. Default 127.0.0.1:7080; "off" disables it.
 	HTTPListen string `json:"http_listen"`
+	// Pprof adds Go's profiler at /debug/pprof/ on the HTTP listener (for
+	// profiling under load; it exposes internals, so off by default).
+	Pprof bool `json:"pprof"`
 	// TrustDomain of the gateway and every caller, e.g. "example.org".
 	// Callers of other trust domains fail the TLS handshake. Required.
 	TrustDomain string `json:"trust_domain"`

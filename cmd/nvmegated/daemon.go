@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"strings"
@@ -94,6 +95,7 @@ func (m *Main) ParseFlags(_ context.Context, args []string) error {
 	fs.StringVar(&flags.Policy.Dir, "policy-dir", "", "policy directory (.rego, data.json, selftest.json), hot-reloaded")
 	fs.StringVar(&flags.Policy.Bundle, "policy-bundle", "", "OPA bundle file (.tar.gz), hot-reloaded")
 	fs.StringVar(&flags.Policy.ReloadInterval, "policy-reload-interval", "", "how often to check the policy for changes (default 5s)")
+	fs.BoolVar(&flags.Pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on the HTTP listener")
 	remoteTargets := fs.String("remote-targets", "", "comma-separated IDs of targets programmed only by their own nvmegate-target agent")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -140,6 +142,7 @@ func overlay(c *Config, f Config) {
 	set(&c.Policy.Dir, f.Policy.Dir)
 	set(&c.Policy.Bundle, f.Policy.Bundle)
 	set(&c.Policy.ReloadInterval, f.Policy.ReloadInterval)
+	c.Pprof = c.Pprof || f.Pprof
 }
 
 // Open validates the configuration and starts everything that can fail
@@ -579,6 +582,11 @@ func (m *Main) httpHandler() http.Handler {
 		}
 		fmt.Fprintln(w, "ok")
 	})
+	if m.Config.Pprof {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	return mux
 }
 
