@@ -88,7 +88,9 @@ func (db *DB) PutGrants(ctx context.Context, gs ...*nvmegate.Grant) error {
 			return err
 		}
 	}
-	return db.update(ctx, func(tx *bolt.Tx) error {
+	// Batched with concurrent grant writes (one commit for a storm's
+	// group); putGrant is safe to run twice.
+	return db.batch(ctx, func(tx *bolt.Tx) error {
 		for i, g := range gs {
 			if err := putGrant(tx, g, vals[i]); err != nil {
 				return err

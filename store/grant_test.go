@@ -60,3 +60,41 @@ func TestGrants(t *testing.T) {
 	_, err = db.Grant(ctx, "grant-9999")
 	wantError(t, err, nvmegate.ENOTFOUND, "")
 }
+
+// Concurrent grant writes share commits, but one write's error stays its
+// own: a grant that may not come back (ended is final) fails alone, and the
+// others in its group are stored.
+func TestGrantWritesBatched(t *testing.T) {
+	db := openTestDB(t)
+	ctx := context.Background()
+	ended := newGrant(999, subNQN(0))
+	ended.State = nvmegate.GrantRevoked
+	must(t, db.PutGrant(ctx, ended))
+	const n = 64
+	errs := make(chan error, n+1)
+	for i := range n {
+		go func() { errs <- db.PutGrant(ctx, newGrant(i, subNQN(i%2))) }()
+	}
+	revived := newGrant(999, subNQN(0)) // active again: refused
+	go func() { errs <- db.PutGrant(ctx, revived) }()
+	failed := 0
+	for range n + 1 {
+		if err := <-errs; err != nil {
+			if nvmegate.ErrorCode(err) != nvmegate.ECONFLICT {
+				t.Fatalf("unexpected error: %v", err)
+			}
+			failed++
+		}
+	}
+	if failed != 1 {
+		t.Fatalf("%d writes failed, want only the revived grant's", failed)
+	}
+	for i := range n {
+		if _, err := db.Grant(ctx, newGrant(i, "").ID); err != nil {
+			t.Fatalf("grant %d not stored: %v", i, err)
+		}
+	}
+	if g, _ := db.Grant(ctx, ended.ID); g.State != nvmegate.GrantRevoked {
+		t.Fatalf("the revoked grant came back: %s", g.State)
+	}
+}

@@ -65,8 +65,9 @@ type Options struct {
 // run in concurrent read transactions, writes in one serialized write
 // transaction each, fsync'd on commit.
 type DB struct {
-	bolt *bolt.DB
-	now  func() time.Time
+	bolt    *bolt.DB
+	now     func() time.Time
+	batcher batcher
 }
 
 // Open opens (creating if needed, mode 0600) the store file at path, creates
