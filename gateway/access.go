@@ -40,6 +40,7 @@ type GrantStore interface {
 	PutGrant(ctx context.Context, g *nvmegate.Grant) error
 	PutGrants(ctx context.Context, gs ...*nvmegate.Grant) error
 	SubsystemGrants(ctx context.Context, subsystemNQN string) ([]*nvmegate.Grant, error)
+	NodeGrants(ctx context.Context, node, jobID, subsystemNQN string) ([]*nvmegate.Grant, error)
 	Grant(ctx context.Context, id string) (*nvmegate.Grant, error)
 	ListGrants(ctx context.Context, f store.GrantFilter, p store.Page) ([]*nvmegate.Grant, string, error)
 }
@@ -162,16 +163,14 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 	// One grant per node, job and subsystem: a new connect supersedes the
 	// node's earlier grant (its credentials are replaced on the target),
 	// in the same commit.
-	active, err := s.grants.SubsystemGrants(ctx, g.SubsystemNQN)
+	active, err := s.grants.NodeGrants(ctx, g.Node, g.JobID, g.SubsystemNQN)
 	if err != nil {
 		return nil, err
 	}
 	changed := []*nvmegate.Grant{g}
 	for _, o := range active {
-		if o.JobID == g.JobID && o.Node == g.Node {
-			o.State = nvmegate.GrantReleased
-			changed = append(changed, o)
-		}
+		o.State = nvmegate.GrantReleased
+		changed = append(changed, o)
 	}
 	// The grant is on the record before anything changes: store, target.
 	idx, _, err := s.audit.Append(ctx, grantEntry(in, d, g, creds))

@@ -36,6 +36,14 @@
 //	namespaces            subsystem NQN 0x00 NSID (uint32, big-endian) -> namespace JSON
 //	host_bindings         SPIFFE ID -> host binding JSON
 //	host_bindings_by_nqn  host NQN -> SPIFFE ID (unique index)
+//	jobs                  job ID -> job JSON
+//	grants                grant ID -> grant JSON
+//	grants_by_subsystem   subsystem NQN 0x00 grant ID -> "" (active grants only)
+//	grants_by_node        node 0x00 job 0x00 subsystem NQN 0x00 grant ID -> ""
+//	                      (active grants only; filled on open if missing)
+//
+// Grant writes are group-committed: concurrent PutGrants share one
+// transaction (batch.go).
 //
 // NQNs, IDs and labels contain no control characters, so 0x00 separates the
 // parts of a composite key unambiguously and makes each subsystem's

@@ -66,6 +66,63 @@ func grantBySubsystemKey(sub, id string) []byte {
 	return append(append([]byte(sub), 0), id...)
 }
 
+// grantByNodeKey is node\0job\0subsystem\0grant ID: a node's active grants
+// in a job on a subsystem are one prefix scan (Connect supersedes them).
+func grantByNodeKey(node, job, sub, id string) []byte {
+	return append(grantByNodePrefix(node, job, sub), id...)
+}
+
+func grantByNodePrefix(node, job, sub string) []byte {
+	k := append([]byte(node), 0)
+	k = append(append(k, job...), 0)
+	return append(append(k, sub...), 0)
+}
+
+// indexActiveGrantsByNode fills the node index of a store made before it
+// existed.
+func indexActiveGrantsByNode(tx *bolt.Tx) error {
+	grants, idx := tx.Bucket(bucketGrants), tx.Bucket(bucketGrantsByNode)
+	return tx.Bucket(bucketGrantsBySubsystem).ForEach(func(k, _ []byte) error {
+		i := bytes.IndexByte(k, 0)
+		if i < 0 {
+			return fmt.Errorf("store: malformed key in %s", bucketGrantsBySubsystem)
+		}
+		v := grants.Get(k[i+1:])
+		if v == nil {
+			return fmt.Errorf("store: index %s points to a missing grant %q", bucketGrantsBySubsystem, k[i+1:])
+		}
+		g, err := decodeGrant(v)
+		if err != nil {
+			return err
+		}
+		return idx.Put(grantByNodeKey(g.Node, g.JobID, g.SubsystemNQN, g.ID), nil)
+	})
+}
+
+// NodeGrants returns the active grants of a node in a job on a subsystem
+// (normally at most one), without reading the subsystem's other grants.
+func (db *DB) NodeGrants(ctx context.Context, node, jobID, subsystemNQN string) ([]*nvmegate.Grant, error) {
+	var out []*nvmegate.Grant
+	err := db.view(ctx, func(tx *bolt.Tx) error {
+		prefix := grantByNodePrefix(node, jobID, subsystemNQN)
+		grants := tx.Bucket(bucketGrants)
+		c := tx.Bucket(bucketGrantsByNode).Cursor()
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			v := grants.Get(k[len(prefix):])
+			if v == nil {
+				return fmt.Errorf("store: index %s points to a missing grant %q", bucketGrantsByNode, k[len(prefix):])
+			}
+			g, err := decodeGrant(v)
+			if err != nil {
+				return err
+			}
+			out = append(out, g)
+		}
+		return nil
+	})
+	return out, err
+}
+
 // PutGrant stores a grant, new or changed (its job, host and subsystem
 // never change).
 func (db *DB) PutGrant(ctx context.Context, g *nvmegate.Grant) error {
@@ -121,8 +178,15 @@ func putGrant(tx *bolt.Tx, g *nvmegate.Grant, val []byte) error {
 	// The index holds active grants only: a target's desired state is
 	// read from it, and ended grants must not slow that down.
 	k := grantBySubsystemKey(g.SubsystemNQN, g.ID)
+	nk := grantByNodeKey(g.Node, g.JobID, g.SubsystemNQN, g.ID)
 	if g.State == nvmegate.GrantActive {
+		if err := put(tx, bucketGrantsByNode, nk, nil); err != nil {
+			return err
+		}
 		return put(tx, bucketGrantsBySubsystem, k, nil)
+	}
+	if err := tx.Bucket(bucketGrantsByNode).Delete(nk); err != nil {
+		return err
 	}
 	return tx.Bucket(bucketGrantsBySubsystem).Delete(k)
 }

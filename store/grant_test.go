@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/nvmegate/nvmegate"
 )
 
@@ -97,4 +99,37 @@ func TestGrantWritesBatched(t *testing.T) {
 	if g, _ := db.Grant(ctx, ended.ID); g.State != nvmegate.GrantRevoked {
 		t.Fatalf("the revoked grant came back: %s", g.State)
 	}
+}
+
+// A node's active grants in a job on a subsystem come from their own
+// index, which follows the grants' states and is rebuilt for a store made
+// before it existed.
+func TestNodeGrants(t *testing.T) {
+	db := openTestDB(t)
+	ctx := context.Background()
+	for i := range 3 {
+		g := newGrant(i, subNQN(0))
+		g.Node = nodeID(0) // one node, three grants: two active, one released
+		if i == 2 {
+			g.State = nvmegate.GrantReleased
+		}
+		must(t, db.PutGrant(ctx, g))
+	}
+	must(t, db.PutGrant(ctx, newGrant(7, subNQN(0)))) // another node
+	check := func(when string) {
+		t.Helper()
+		gs, err := db.NodeGrants(ctx, nodeID(0), "job-1", subNQN(0))
+		must(t, err)
+		if len(gs) != 2 || gs[0].ID != "grant-0000" || gs[1].ID != "grant-0001" {
+			t.Fatalf("%s: node grants %v", when, gs)
+		}
+		if gs, _ := db.NodeGrants(ctx, nodeID(0), "job-2", subNQN(0)); len(gs) != 0 {
+			t.Fatalf("%s: another job's grants: %v", when, gs)
+		}
+	}
+	check("indexed on write")
+	// Drop the index, as in a file from before it existed: Open rebuilds it.
+	must(t, db.bolt.Update(func(tx *bolt.Tx) error { return tx.DeleteBucket(bucketGrantsByNode) }))
+	must(t, db.bolt.Update(initSchema))
+	check("rebuilt")
 }

@@ -32,12 +32,13 @@ var (
 	bucketJobs               = []byte("jobs")
 	bucketGrants             = []byte("grants")
 	bucketGrantsBySubsystem  = []byte("grants_by_subsystem")
+	bucketGrantsByNode       = []byte("grants_by_node")
 
 	// allBuckets are created by Open if missing.
 	allBuckets = [][]byte{
 		bucketMeta, bucketTargets, bucketSubsystems, bucketSubsystemsByTarget,
 		bucketNamespaces, bucketHostBindings, bucketHostBindingsByNQN, bucketJobs,
-		bucketGrants, bucketGrantsBySubsystem,
+		bucketGrants, bucketGrantsBySubsystem, bucketGrantsByNode,
 	}
 
 	metaKind   = []byte("kind")
@@ -131,10 +132,14 @@ func initSchema(tx *bolt.Tx) error {
 		return fmt.Errorf("corrupt schema version %d", version)
 	}
 	// Migrations from older versions go here, in this transaction.
+	indexNodes := tx.Bucket(bucketGrantsByNode) == nil // added after version 1's first files
 	for _, name := range allBuckets {
 		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 			return fmt.Errorf("create bucket %s: %w", name, err)
 		}
+	}
+	if indexNodes {
+		return indexActiveGrantsByNode(tx)
 	}
 	return nil
 }
