@@ -115,6 +115,11 @@ func New(cfg Config) (*Server, error) {
 		// Bound the TLS handshake so idle peers cannot hold connections open.
 		grpc.ConnectionTimeout(10*time.Second),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		// Reused handler goroutines: a policy evaluation recurses deeply,
+		// and a fresh goroutine per call spent ~17% of the CPU growing its
+		// stack under load (pprof, bench connect). Calls beyond the pool
+		// still get goroutines of their own.
+		grpc.NumStreamWorkers(streamWorkers),
 	)
 	pb.RegisterInventoryServer(s.grpc, &inventoryService{store: cfg.Store})
 	pb.RegisterPolicyServer(s.grpc, &policyService{info: cfg.Policy})
@@ -164,6 +169,10 @@ func jobStoreOf(s InventoryStore) JobStore {
 	}
 	return nil
 }
+
+// streamWorkers is the size of the reused handler goroutine pool: enough
+// for the calls that wait on a commit or a target at once.
+const streamWorkers = 128
 
 // Serve answers on lis until ctx is done, then stops gracefully: in-flight
 // calls get ShutdownTimeout to finish before connections are closed. It is a

@@ -84,6 +84,8 @@ type Result struct {
 	Latencies []time.Duration // of successful connects, sorted
 	Errors    map[string]int  // by gRPC code
 	Acks      []Ack
+	// FirstErrors holds the first error of each code, with its message.
+	FirstErrors []string
 }
 
 // Rate is successful connects per second.
@@ -219,6 +221,8 @@ type recorder struct {
 	lat  []time.Duration
 	errs map[string]int
 	acks []Ack
+	// firstErr is the first error of each code, for the report.
+	firstErr []string
 }
 
 func (r *recorder) connect(ctx context.Context, f *Fleet, n *Node) {
@@ -234,7 +238,11 @@ func (r *recorder) connect(ctx context.Context, f *Fleet, n *Node) {
 		if r.errs == nil {
 			r.errs = map[string]int{}
 		}
-		r.errs[status.Code(err).String()]++
+		code := status.Code(err).String()
+		if r.errs[code] == 0 {
+			r.firstErr = append(r.firstErr, code+": "+status.Convert(err).Message())
+		}
+		r.errs[code]++
 		return
 	}
 	r.lat = append(r.lat, d)
@@ -243,7 +251,7 @@ func (r *recorder) connect(ctx context.Context, f *Fleet, n *Node) {
 
 func (r *recorder) result(elapsed time.Duration) *Result {
 	sort.Slice(r.lat, func(i, j int) bool { return r.lat[i] < r.lat[j] })
-	return &Result{Elapsed: elapsed, Latencies: r.lat, Errors: r.errs, Acks: r.acks}
+	return &Result{Elapsed: elapsed, Latencies: r.lat, Errors: r.errs, Acks: r.acks, FirstErrors: r.firstErr}
 }
 
 // Run keeps o.Concurrency connects in flight for o.Duration, the nodes
@@ -342,6 +350,9 @@ func Summary(r *Result) string {
 		}
 		sort.Strings(codes)
 		fmt.Fprintf(&b, " (%s)", strings.Join(codes, ", "))
+		for _, e := range r.FirstErrors {
+			fmt.Fprintf(&b, "\n           first %s", e)
+		}
 	}
 	b.WriteString("\n")
 	return b.String()

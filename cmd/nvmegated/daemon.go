@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -216,13 +217,24 @@ func (m *Main) Open(ctx context.Context) (err error) {
 	for _, id := range c.Targets.Remote {
 		remote[id] = true
 	}
+	var (
+		nvmetMu      sync.Mutex
+		nvmetDrivers = map[string]*nvmet.Driver{} // one per target: it remembers what it wrote
+	)
 	m.agent = &targetagent.Agent{Store: m.db, Keys: m.keys, Log: m.log, Hub: m.hub, Driver: func(t *nvmegate.Target) fabric.Driver {
 		if remote[t.ID] {
 			return nil // its own agent only: no local stand-in while it is away
 		}
 		switch t.Driver {
 		case nvmegate.DriverNVMet:
-			return &nvmet.Driver{Root: filepath.Join(root, t.ID)}
+			nvmetMu.Lock()
+			defer nvmetMu.Unlock()
+			d := nvmetDrivers[t.ID]
+			if d == nil {
+				d = &nvmet.Driver{Root: filepath.Join(root, t.ID)}
+				nvmetDrivers[t.ID] = d
+			}
+			return d
 		case nvmegate.DriverSPDK:
 			if d := spdkDrivers[t.ID]; d != nil {
 				return d

@@ -3,6 +3,7 @@ package nvmet
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -10,14 +11,68 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
+	"time"
 
 	"github.com/nvmegate/nvmegate/fabric"
 )
 
-// Driver writes the configfs tree under Root.
+// Driver writes the configfs tree under Root. Keep one per target: it
+// remembers the host entries and links it wrote and verified, so that an
+// Apply touches only what changed instead of reading back every host
+// (under a connect storm a target holds thousands).
 type Driver struct {
 	Root string // e.g. /sys/kernel/config/nvmet
+	// Recheck is how long a remembered entry is trusted before it is read
+	// back again (default 30 s; negative: always read back). The tree is
+	// the agent's alone; this bounds how long a change made behind its
+	// back survives.
+	Recheck time.Duration
+
+	mu   sync.Mutex
+	seen map[string]seenEntry // path → a digest of what is there, and when it was checked
+}
+
+type seenEntry struct {
+	sum [32]byte
+	at  time.Time
+}
+
+func (d *Driver) recheck() time.Duration {
+	if d.Recheck == 0 {
+		return 30 * time.Second
+	}
+	return d.Recheck
+}
+
+// fresh reports whether path was checked to hold sum recently.
+func (d *Driver) fresh(path string, sum [32]byte) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	e, ok := d.seen[path]
+	return ok && e.sum == sum && time.Since(e.at) < d.recheck()
+}
+
+func (d *Driver) remember(path string, sum [32]byte) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.seen == nil {
+		d.seen = map[string]seenEntry{}
+	}
+	d.seen[path] = seenEntry{sum: sum, at: time.Now()}
+}
+
+func (d *Driver) forget(path string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.seen, path)
+}
+
+// hostSum digests a host entry (secrets included, so a re-key is seen;
+// only the digest is kept).
+func hostSum(h fabric.Host) [32]byte {
+	return sha256.Sum256([]byte(strings.Join([]string{h.NQN, h.DHCHAPKey, h.DHCHAPCtrlKey, h.DHCHAPHash, h.DHCHAPGroup}, "\x00")))
 }
 
 var _ fabric.Driver = (*Driver)(nil)
@@ -72,7 +127,7 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) error {
 		}
 	}
 	for id, subs := range portSubs {
-		if err := prune(filepath.Join(d.Root, "ports", strconv.Itoa(int(id)), "subsystems"), subs); err != nil {
+		if err := d.prune(filepath.Join(d.Root, "ports", strconv.Itoa(int(id)), "subsystems"), subs); err != nil {
 			return err
 		}
 	}
@@ -83,7 +138,9 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) error {
 	}
 	for _, e := range ents {
 		if _, ok := wanted[e.Name()]; !ok {
-			if err := rmdir(filepath.Join(d.Root, "hosts", e.Name())); err != nil {
+			dir := filepath.Join(d.Root, "hosts", e.Name())
+			d.forget(dir)
+			if err := rmdir(dir); err != nil {
 				return err
 			}
 		}
@@ -91,8 +148,19 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) error {
 	return nil
 }
 
-func (d *Driver) writeHost(h fabric.Host) error {
+func (d *Driver) writeHost(h fabric.Host) (err error) {
 	dir := filepath.Join(d.Root, "hosts", h.NQN)
+	sum := hostSum(h)
+	if d.fresh(dir, sum) {
+		return nil
+	}
+	defer func() {
+		if err == nil {
+			d.remember(dir, sum)
+		} else {
+			d.forget(dir)
+		}
+	}()
 	if err := mkdir(dir); err != nil {
 		return err
 	}
@@ -128,11 +196,11 @@ func (d *Driver) writeSubsystem(sub fabric.Subsystem) error {
 	hosts := map[string]bool{}
 	for _, h := range sub.Hosts {
 		hosts[h.NQN] = true
-		if err := link(filepath.Join("..", "..", "..", "hosts", h.NQN), filepath.Join(dir, "allowed_hosts", h.NQN)); err != nil {
+		if err := d.link(filepath.Join("..", "..", "..", "hosts", h.NQN), filepath.Join(dir, "allowed_hosts", h.NQN)); err != nil {
 			return err
 		}
 	}
-	if err := prune(filepath.Join(dir, "allowed_hosts"), hosts); err != nil {
+	if err := d.prune(filepath.Join(dir, "allowed_hosts"), hosts); err != nil {
 		return err
 	}
 	for _, p := range sub.Ports {
@@ -153,7 +221,7 @@ func (d *Driver) writeSubsystem(sub fabric.Subsystem) error {
 				return err
 			}
 		}
-		if err := link(filepath.Join("..", "..", "..", "subsystems", sub.NQN), filepath.Join(pdir, "subsystems", sub.NQN)); err != nil {
+		if err := d.link(filepath.Join("..", "..", "..", "subsystems", sub.NQN), filepath.Join(pdir, "subsystems", sub.NQN)); err != nil {
 			return err
 		}
 	}
@@ -206,12 +274,23 @@ func unwrapPath(err error) error {
 //     so a link is right when it leads to the same place. Comparing the
 //     text would relink on every Apply, and unlinking a port's subsystem
 //     drops the connections through it.
-func link(target, newname string) error {
+func (d *Driver) link(target, newname string) (err error) {
 	dir, err := filepath.Abs(filepath.Dir(newname))
 	if err != nil {
 		return fmt.Errorf("nvmet: %w", err)
 	}
 	abs := filepath.Join(dir, target)
+	sum := sha256.Sum256([]byte(abs))
+	if d.fresh(newname, sum) {
+		return nil
+	}
+	defer func() {
+		if err == nil {
+			d.remember(newname, sum)
+		} else {
+			d.forget(newname)
+		}
+	}()
 	if cur, err := os.Readlink(newname); err == nil {
 		if !filepath.IsAbs(cur) {
 			cur = filepath.Join(dir, cur)
@@ -230,13 +309,14 @@ func link(target, newname string) error {
 }
 
 // prune removes the links in dir whose names keep does not hold.
-func prune(dir string, keep map[string]bool) error {
+func (d *Driver) prune(dir string, keep map[string]bool) error {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return fmt.Errorf("nvmet: %w", err)
 	}
 	for _, e := range ents {
 		if !keep[e.Name()] {
+			d.forget(filepath.Join(dir, e.Name()))
 			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
 				return fmt.Errorf("nvmet: %w", err)
 			}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nvmegate/nvmegate/fabric"
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
@@ -175,7 +176,7 @@ func TestWrittenKeysNVMeCLI(t *testing.T) {
 // a port's subsystem would drop the connections through it.
 func TestConfigfsLinkFormKept(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "nvmet") // as under /sys/kernel/config
-	d := &nvmet.Driver{Root: root}
+	d := &nvmet.Driver{Root: root, Recheck: -1} // read back every time: this test edits behind its back
 	s := state(host(hostA, keyA1, ""))
 	if err := d.Apply(context.Background(), s); err != nil {
 		t.Fatal(err)
@@ -211,5 +212,48 @@ func TestConfigfsLinkFormKept(t *testing.T) {
 	}
 	if got, _ := os.Readlink(wrong); got != filepath.Join(root, "hosts", hostA) {
 		t.Errorf("a wrong link was kept: %q", got)
+	}
+}
+
+// The driver remembers what it wrote: an unchanged host is not read back
+// until Recheck has passed, a changed one is rewritten at once, and a
+// driver that always rechecks repairs an edit made behind its back.
+func TestDriverRemembers(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "nvmet")
+	d := &nvmet.Driver{Root: root, Recheck: time.Hour}
+	ctx := context.Background()
+	if err := d.Apply(ctx, state(host(hostA, keyA1, ""), host(hostB, keyB1, ""))); err != nil {
+		t.Fatal(err)
+	}
+	hashA := filepath.Join(root, "hosts", hostA, "dhchap_hash")
+	keyB := filepath.Join(root, "hosts", hostB, "dhchap_key")
+	if err := os.WriteFile(hashA, []byte("hmac(sha512)\n"), 0o644); err != nil { // an edit behind its back
+		t.Fatal(err)
+	}
+	if err := d.Apply(ctx, state(host(hostA, keyA1, ""), host(hostB, keyA2, ""))); err != nil { // B re-keyed
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(hashA); string(got) != "hmac(sha512)\n" {
+		t.Errorf("an unchanged, remembered host was read back and rewritten: %q", got)
+	}
+	if got, _ := os.ReadFile(keyB); string(got) != keyA2+"\n" {
+		t.Errorf("the re-keyed host was not rewritten")
+	}
+	fresh := &nvmet.Driver{Root: root, Recheck: -1}
+	if err := fresh.Apply(ctx, state(host(hostA, keyA1, ""), host(hostB, keyA2, ""))); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(hashA); string(got) != "hmac(sha384)\n" {
+		t.Errorf("a rechecking driver left the edit: %q", got)
+	}
+	// A removed host is forgotten: adding it back writes it again.
+	if err := d.Apply(ctx, state(host(hostB, keyA2, ""))); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Apply(ctx, state(host(hostA, keyA1, ""), host(hostB, keyA2, ""))); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(root, "hosts", hostA, "dhchap_key")); err != nil || string(got) != keyA1+"\n" {
+		t.Errorf("a host added back was not written: %q %v", got, err)
 	}
 }
