@@ -183,7 +183,7 @@ func TestConfigfsLinkFormKept(t *testing.T) {
 	}
 	links := map[string]string{
 		filepath.Join(root, "subsystems", sub, "allowed_hosts", hostA): "../../../../nvmet/hosts/" + hostA,
-		filepath.Join(root, "ports", "1", "subsystems", sub):            "../../../../nvmet/subsystems/" + sub,
+		filepath.Join(root, "ports", "1", "subsystems", sub):           "../../../../nvmet/subsystems/" + sub,
 	}
 	for p, target := range links {
 		if err := os.Remove(p); err != nil {
