@@ -1,12 +1,14 @@
 package loadgen
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"strings"
 	"sync"
@@ -37,6 +39,10 @@ type Options struct {
 	Tenant      string        // the tenant the scheduler identity belongs to
 	Region      string
 	RunID       string // names the target, subsystem, jobs and nodes; unique per run
+	// Acks, if set, gets a line "<grant ID> <job> <audit index>" for every
+	// acknowledged grant as it arrives (crash tests check them later with
+	// ReadAcks and Verify).
+	Acks io.Writer
 }
 
 // Env is how the run reaches the gateway.
@@ -217,6 +223,7 @@ func Setup(ctx context.Context, env Env, o Options) (*Fleet, error) {
 
 // recorder collects outcomes from many goroutines.
 type recorder struct {
+	sink io.Writer
 	mu   sync.Mutex
 	lat  []time.Duration
 	errs map[string]int
@@ -246,7 +253,25 @@ func (r *recorder) connect(ctx context.Context, f *Fleet, n *Node) {
 		return
 	}
 	r.lat = append(r.lat, d)
-	r.acks = append(r.acks, Ack{GrantID: resp.Grant.GetGrantId(), Job: n.Job, AuditIndex: resp.Grant.GetAuditIndex()})
+	a := Ack{GrantID: resp.Grant.GetGrantId(), Job: n.Job, AuditIndex: resp.Grant.GetAuditIndex()}
+	r.acks = append(r.acks, a)
+	if r.sink != nil {
+		fmt.Fprintf(r.sink, "%s %s %d\n", a.GrantID, a.Job, a.AuditIndex)
+	}
+}
+
+// ReadAcks parses what Options.Acks received.
+func ReadAcks(rd io.Reader) ([]Ack, error) {
+	var out []Ack
+	sc := bufio.NewScanner(rd)
+	for line := 1; sc.Scan(); line++ {
+		var a Ack
+		if _, err := fmt.Sscanf(sc.Text(), "%s %s %d", &a.GrantID, &a.Job, &a.AuditIndex); err != nil {
+			return nil, fmt.Errorf("acks line %d: %w", line, err)
+		}
+		out = append(out, a)
+	}
+	return out, sc.Err()
 }
 
 func (r *recorder) result(elapsed time.Duration) *Result {
@@ -261,7 +286,7 @@ func Run(ctx context.Context, f *Fleet, o Options) *Result {
 	ctx, cancel := context.WithTimeout(ctx, o.Duration)
 	defer cancel()
 	var (
-		rec  recorder
+		rec  = recorder{sink: o.Acks}
 		next atomic.Uint64
 		wg   sync.WaitGroup
 	)
@@ -282,11 +307,11 @@ func Run(ctx context.Context, f *Fleet, o Options) *Result {
 
 // Storm connects every node at once and reports when the last one was
 // granted (Elapsed) — the cluster-start case.
-func Storm(ctx context.Context, f *Fleet, timeout time.Duration) *Result {
+func Storm(ctx context.Context, f *Fleet, o Options, timeout time.Duration) *Result {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var (
-		rec recorder
+		rec = recorder{sink: o.Acks}
 		wg  sync.WaitGroup
 	)
 	start := time.Now()
@@ -304,10 +329,14 @@ func Storm(ctx context.Context, f *Fleet, timeout time.Duration) *Result {
 // Verify checks that every acknowledged grant has its grant entry in the
 // audit log, at the index the gateway answered with. It returns the grant
 // IDs that do not.
-func Verify(ctx context.Context, env Env, f *Fleet, acks []Ack) ([]string, error) {
+func Verify(ctx context.Context, env Env, acks []Ack) ([]string, error) {
 	logged := map[string]uint64{}
 	a := pb.NewAuditClient(env.Auditor)
-	for _, job := range f.Jobs {
+	jobs := map[string]bool{}
+	for _, k := range acks {
+		jobs[k.Job] = true
+	}
+	for job := range jobs {
 		token := ""
 		for {
 			resp, err := a.Query(ctx, &pb.QueryRequest{JobId: job, Kinds: []string{string(audit.EventGrant)}, PageSize: 1000, PageToken: token})

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -23,6 +24,7 @@ func (a *app) benchCmd() *cobra.Command {
 		storm                 bool
 		admin, sched, auditor string
 		stormTimeout          time.Duration
+		acksFile              string
 	)
 	connect := &cobra.Command{
 		Use:   "connect --dev-dir DIR [--nodes N] [--namespaces M] [--concurrency C] [--duration D] [--storm]",
@@ -48,39 +50,18 @@ Needs a dev gateway (nvmegated dev): the node SVIDs come from its CA.`,
 				o.RunID = hex.EncodeToString(b)
 			}
 			ctx := cmd.Context()
-			ca, err := devca.Load(filepath.Join(a.devDir, "ca"))
+			env, closeEnv, err := a.benchEnv(cmd, admin, sched, auditor)
 			if err != nil {
 				return err
 			}
-			dial := func(who string) (*grpc.ClientConn, func(), error) {
-				conn, src, err := clientconn.Dial(ctx, clientconn.Options{Addr: a.addr, DevDir: a.devDir, DevIdentity: who, ServerID: a.serverID})
-				if err != nil {
-					return nil, nil, err
-				}
-				return conn, func() { conn.Close(); src.Close() }, nil
-			}
-			env := loadgen.Env{CA: ca}
-			var closers []func()
-			defer func() {
-				for _, c := range closers {
-					c()
-				}
-			}()
-			for _, d := range []struct {
-				who  string
-				conn **grpc.ClientConn
-			}{{admin, &env.Admin}, {sched, &env.Scheduler}, {auditor, &env.Auditor}} {
-				c, closeFn, err := dial(d.who)
+			defer closeEnv()
+			if acksFile != "" {
+				f, err := os.OpenFile(acksFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 				if err != nil {
 					return err
 				}
-				*d.conn, closers = c, append(closers, closeFn)
-			}
-			env.Addr = a.addr
-			if env.Addr == "" {
-				if env.Addr, err = clientconn.DevAddr(a.devDir); err != nil {
-					return err
-				}
+				defer f.Close()
+				o.Acks = f
 			}
 			fmt.Fprintf(a.stdout, "setup      run %s: %d nodes in %d-node jobs, %d namespaces ...", o.RunID, o.Nodes, o.JobSize, o.Namespaces)
 			t0 := time.Now()
@@ -93,13 +74,13 @@ Needs a dev gateway (nvmegated dev): the node SVIDs come from its CA.`,
 			var r *loadgen.Result
 			if storm {
 				fmt.Fprintf(a.stdout, "storm      all %d nodes connect at once\n", o.Nodes)
-				r = loadgen.Storm(ctx, fleet, stormTimeout)
+				r = loadgen.Storm(ctx, fleet, o, stormTimeout)
 			} else {
 				fmt.Fprintf(a.stdout, "load       %d in flight for %s\n", o.Concurrency, o.Duration)
 				r = loadgen.Run(ctx, fleet, o)
 			}
 			fmt.Fprint(a.stdout, loadgen.Summary(r))
-			missing, err := loadgen.Verify(ctx, env, fleet, r.Acks)
+			missing, err := loadgen.Verify(ctx, env, r.Acks)
 			if err != nil {
 				return statusErr(err)
 			}
@@ -124,6 +105,85 @@ Needs a dev gateway (nvmegated dev): the node SVIDs come from its CA.`,
 	f.StringVar(&admin, "admin-identity", "admin", "dev identity registering the inventory")
 	f.StringVar(&sched, "scheduler-identity", "acme-scheduler", "dev identity admitting the jobs")
 	f.StringVar(&auditor, "auditor-identity", "auditor", "dev identity reading the audit log")
-	cmd.AddCommand(connect)
+	f.StringVar(&acksFile, "acks", "", "append every acknowledged grant to FILE as it arrives (for bench verify)")
+
+	verify := &cobra.Command{
+		Use:   "verify --dev-dir DIR --acks FILE",
+		Short: "Check that every grant in an acks file is in the audit log at its answered index",
+		Long: `Reads the grants a bench acknowledged (bench connect --acks FILE, possibly
+across gateway crashes) and checks each against the audit log: an
+acknowledged grant must have its grant entry at the index it was answered
+with. Exit status 1 if any does not.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f, err := os.Open(acksFile)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			acks, err := loadgen.ReadAcks(f)
+			if err != nil {
+				return err
+			}
+			env, closeEnv, err := a.benchEnv(cmd, admin, sched, auditor)
+			if err != nil {
+				return err
+			}
+			defer closeEnv()
+			missing, err := loadgen.Verify(cmd.Context(), env, acks)
+			if err != nil {
+				return statusErr(err)
+			}
+			if len(missing) > 0 {
+				return fmt.Errorf("%d of %d acknowledged grant(s) missing from the audit log, e.g. %s", len(missing), len(acks), missing[0])
+			}
+			fmt.Fprintf(a.stdout, "all %d acknowledged grants are in the log at their answered index\n", len(acks))
+			return nil
+		},
+	}
+	verify.Flags().StringVar(&acksFile, "acks", "", "the acks file")
+	verify.Flags().StringVar(&auditor, "auditor-identity", "auditor", "dev identity reading the audit log")
+	verify.MarkFlagRequired("acks")
+	cmd.AddCommand(connect, verify)
 	return cmd
+}
+
+// benchEnv connects the admin, scheduler and auditor dev identities and
+// loads the dev CA that mints node SVIDs.
+func (a *app) benchEnv(cmd *cobra.Command, admin, sched, auditor string) (loadgen.Env, func(), error) {
+	var env loadgen.Env
+	if a.devDir == "" {
+		return env, nil, errors.New("bench needs --dev-dir (the node SVIDs are minted by the dev CA)")
+	}
+	ca, err := devca.Load(filepath.Join(a.devDir, "ca"))
+	if err != nil {
+		return env, nil, err
+	}
+	env.CA = ca
+	var closers []func()
+	closeAll := func() {
+		for _, c := range closers {
+			c()
+		}
+	}
+	for _, d := range []struct {
+		who  string
+		conn **grpc.ClientConn
+	}{{admin, &env.Admin}, {sched, &env.Scheduler}, {auditor, &env.Auditor}} {
+		conn, src, err := clientconn.Dial(cmd.Context(), clientconn.Options{Addr: a.addr, DevDir: a.devDir, DevIdentity: d.who, ServerID: a.serverID})
+		if err != nil {
+			closeAll()
+			return env, nil, err
+		}
+		*d.conn = conn
+		closers = append(closers, func() { conn.Close(); src.Close() })
+	}
+	env.Addr = a.addr
+	if env.Addr == "" {
+		if env.Addr, err = clientconn.DevAddr(a.devDir); err != nil {
+			closeAll()
+			return env, nil, err
+		}
+	}
+	return env, closeAll, nil
 }

@@ -1,0 +1,208 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+)
+
+// gateway is a dev gateway process on dir.
+type gateway struct {
+	cmd *exec.Cmd
+	log string
+}
+
+// startGateway starts `nvmegated dev` on dir (state kept across starts)
+// and waits until it serves.
+func startGateway(t *testing.T, bin, dir string, args ...string) *gateway {
+	t.Helper()
+	ready := filepath.Join(dir, "gateway.json")
+	os.Remove(ready)
+	log := filepath.Join(t.TempDir(), "gateway.log")
+	f, err := os.Create(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := exec.Command(filepath.Join(bin, "nvmegated"), append([]string{"dev", "--dir", dir, "--listen", "127.0.0.1:0", "--http-listen", "off"}, args...)...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	g := &gateway{cmd: cmd, log: log}
+	t.Cleanup(func() { g.kill() })
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat(ready); err == nil {
+			return g
+		}
+		if cmd.ProcessState != nil {
+			break
+		}
+	}
+	data, _ := os.ReadFile(log)
+	t.Fatalf("the gateway did not become ready:\n%s", data)
+	return nil
+}
+
+// kill stops the gateway with SIGKILL: no shutdown code runs.
+func (g *gateway) kill() {
+	if g.cmd.ProcessState == nil {
+		g.cmd.Process.Kill()
+		g.cmd.Wait()
+	}
+}
+
+func cli(t *testing.T, bin, dir, who string, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(bin, "nvmegate"), append([]string{"--dev-dir", dir, "--dev-identity", who}, args...)...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+var ackedRE = regexp.MustCompile(`audit      all (\d+) acknowledged grants are in the log`)
+
+// The load generator against real processes: sustained and storm runs
+// report their figures, and every acknowledged grant is found in the log;
+// a grant the log does not have is caught.
+func TestBenchConnect(t *testing.T) {
+	if testing.Short() {
+		t.Skip("e2e: builds and runs the binaries")
+	}
+	bin := buildBinaries(t)
+	dir := filepath.Join(t.TempDir(), "dev")
+	startGateway(t, bin, dir)
+	acks := filepath.Join(t.TempDir(), "acks")
+	for _, args := range [][]string{
+		{"--nodes", "30", "--concurrency", "8", "--duration", "2s"},
+		{"--nodes", "100", "--storm"},
+	} {
+		out, err := cli(t, bin, dir, "admin", append([]string{"bench", "connect", "--acks", acks}, args...)...)
+		if err != nil {
+			t.Fatalf("bench connect %v: %v\n%s", args, err, out)
+		}
+		m := ackedRE.FindStringSubmatch(out)
+		if m == nil || m[1] == "0" || !strings.Contains(out, "errors     0") || !strings.Contains(out, "p99.99") {
+			t.Fatalf("bench connect %v:\n%s", args, out)
+		}
+		if args[len(args)-1] == "--storm" && m[1] != "100" {
+			t.Fatalf("storm granted %s of 100 nodes:\n%s", m[1], out)
+		}
+	}
+	if out, err := cli(t, bin, dir, "admin", "bench", "verify", "--acks", acks); err != nil || !strings.Contains(out, "acknowledged grants are in the log") {
+		t.Fatalf("bench verify: %v\n%s", err, out)
+	}
+	// A grant the log never saw is reported.
+	f, err := os.OpenFile(acks, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile(acks)
+	job := strings.Fields(strings.SplitN(string(data), "\n", 2)[0])[1]
+	fmt.Fprintf(f, "g-AAAAAAAAAAAAAAAAAAAAAA %s 1\n", job)
+	f.Close()
+	if out, err := cli(t, bin, dir, "admin", "bench", "verify", "--acks", acks); err == nil || !strings.Contains(out, "missing from the audit log") {
+		t.Fatalf("bench verify with an invented grant: %v\n%s", err, out)
+	}
+}
+
+// kill -9 the gateway 20 times under load: no acknowledged grant is
+// missing from the log, the log verifies offline, and the targets hold
+// exactly the hosts of the active grants after the last restart.
+func TestKill9UnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("e2e: builds and runs the binaries")
+	}
+	bin := buildBinaries(t)
+	dir := filepath.Join(t.TempDir(), "dev")
+	acks := filepath.Join(t.TempDir(), "acks")
+	for round := range 20 {
+		g := startGateway(t, bin, dir)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		bench := exec.CommandContext(ctx, filepath.Join(bin, "nvmegate"), "--dev-dir", dir, "--dev-identity", "admin",
+			"bench", "connect", "--nodes", "20", "--concurrency", "8", "--duration", "1500ms", "--acks", acks, "--timeout", "5s")
+		var out strings.Builder
+		bench.Stdout, bench.Stderr = &out, &out
+		if err := bench.Start(); err != nil {
+			t.Fatal(err)
+		}
+		// Kill while grants are being acknowledged: once the acks file
+		// grows past what earlier rounds left, plus a little.
+		before := fileSize(acks)
+		for deadline := time.Now().Add(30 * time.Second); fileSize(acks) == before && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if fileSize(acks) == before {
+			t.Fatalf("round %d: no grant acknowledged; bench:\n%s", round, out.String())
+		}
+		time.Sleep(time.Duration(round%5) * 40 * time.Millisecond)
+		g.kill()
+		bench.Wait() // it fails from here on: the gateway is gone
+		cancel()
+	}
+	startGateway(t, bin, dir)
+	if out, err := cli(t, bin, dir, "admin", "bench", "verify", "--acks", acks); err != nil {
+		t.Fatalf("after 20 kills: %v\n%s", err, out)
+	} else {
+		t.Log(strings.TrimSpace(out))
+	}
+	// The log verifies offline, with the public key alone.
+	export := filepath.Join(t.TempDir(), "export")
+	if out, err := cli(t, bin, dir, "auditor", "audit", "export", "--out", export); err != nil {
+		t.Fatalf("export: %v\n%s", err, out)
+	}
+	if out, err := exec.Command(filepath.Join(bin, "nvmegate"), "audit", "verify", export, "--key", filepath.Join(export, "keys", "v1.pem")).CombinedOutput(); err != nil {
+		t.Fatalf("the log does not verify after 20 kills: %v\n%s", err, out)
+	}
+	// The targets reconciled at start: each bench subsystem's tree allows
+	// exactly the hosts of its active grants.
+	out, err := cli(t, bin, dir, "admin", "-o", "json", "grants", "list", "--state", "active", "--page-size", "1000")
+	if err != nil {
+		t.Fatalf("grants list: %v\n%s", err, out)
+	}
+	var list struct {
+		Grants []struct {
+			HostNqn      string `json:"host_nqn"`
+			SubsystemNqn string `json:"subsystem_nqn"`
+		} `json:"grants"`
+	}
+	if err := json.Unmarshal([]byte(out), &list); err != nil {
+		t.Fatalf("grants list: %v\n%s", err, out)
+	}
+	want := map[string][]string{}
+	for _, g := range list.Grants {
+		want[g.SubsystemNqn] = append(want[g.SubsystemNqn], g.HostNqn)
+	}
+	trees, _ := filepath.Glob(filepath.Join(dir, "state", "configfs", "bench-*", "subsystems", "*"))
+	if len(trees) != 20 {
+		t.Fatalf("%d bench subsystem trees, want 20 (one per round)", len(trees))
+	}
+	for _, sub := range trees {
+		ents, _ := os.ReadDir(filepath.Join(sub, "allowed_hosts"))
+		var got []string
+		for _, e := range ents {
+			got = append(got, e.Name())
+		}
+		w := want[filepath.Base(sub)]
+		sort.Strings(got)
+		sort.Strings(w)
+		if strings.Join(got, ",") != strings.Join(w, ",") {
+			t.Errorf("%s allows %v, active grants are for %v", filepath.Base(sub), got, w)
+		}
+	}
+}
+
+func fileSize(path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
