@@ -35,6 +35,11 @@ func TestNewWorkloadSource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	other := issue(t, ca, "/admin/ops")
+	otherCert, otherKey, err := other.MarshalRaw()
+	if err != nil {
+		t.Fatal(err)
+	}
 	bundleDER := ca.Certificate().Raw
 
 	sock := filepath.Join(t.TempDir(), "api.sock")
@@ -44,16 +49,32 @@ func TestNewWorkloadSource(t *testing.T) {
 	}
 	srv := grpc.NewServer()
 	workload.RegisterSpiffeWorkloadAPIServer(srv, &fakeWorkloadAPI{resp: &workload.X509SVIDResponse{
-		Svids: []*workload.X509SVID{{
-			SpiffeId: svid.ID.String(), X509Svid: certDER, X509SvidKey: keyDER, Bundle: bundleDER,
-		}},
+		Svids: []*workload.X509SVID{
+			{SpiffeId: svid.ID.String(), X509Svid: certDER, X509SvidKey: keyDER, Bundle: bundleDER},
+			{SpiffeId: other.ID.String(), X509Svid: otherCert, X509SvidKey: otherKey, Bundle: bundleDER},
+		},
 	}})
 	go srv.Serve(lis)
 	t.Cleanup(srv.Stop)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	src, err := identity.NewWorkloadSource(ctx, "unix://"+sock)
+	// A workload entitled to several SVIDs picks one by ID; an ID it is
+	// not entitled to yields no source at all.
+	picked, err := identity.NewWorkloadSource(ctx, "unix://"+sock, other.ID.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := picked.GetX509SVID(); err != nil || got.ID != other.ID {
+		t.Fatalf("picked %v, %v; want %v", got, err, other.ID)
+	}
+	picked.Close()
+	if s, err := identity.NewWorkloadSource(ctx, "unix://"+sock, "spiffe://nvmegate.test/node/nobody"); err == nil {
+		s.Close()
+		t.Fatal("a source for an SVID the workload API does not offer")
+	}
+
+	src, err := identity.NewWorkloadSource(ctx, "unix://"+sock, "")
 	if err != nil {
 		t.Fatal(err)
 	}

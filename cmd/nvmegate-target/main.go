@@ -46,6 +46,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	var o clientconn.Options
 	fs.StringVar(&o.Addr, "addr", "", "gateway address host:port (default 127.0.0.1:7443, or the dev gateway's)")
 	fs.StringVar(&o.SPIFFESocket, "spiffe-socket", "", "SPIFFE Workload API address for the target's SVID")
+	fs.StringVar(&o.SPIFFEID, "spiffe-id", "", "the target's SPIFFE ID, when the Workload API offers several SVIDs")
 	fs.StringVar(&o.Cert, "cert", "", "SVID certificate chain (PEM)")
 	fs.StringVar(&o.Key, "key", "", "SVID private key (PEM)")
 	fs.StringVar(&o.Bundle, "bundle", "", "trust bundle (PEM)")

@@ -20,6 +20,7 @@ type app struct {
 
 	addr         string
 	spiffeSocket string
+	spiffeID     string
 	cert, key    string
 	bundle       string
 	devDir       string
@@ -53,6 +54,7 @@ func (a *app) root() *cobra.Command {
 	f := root.PersistentFlags()
 	f.StringVar(&a.addr, "addr", "", "gateway address host:port (default 127.0.0.1:7443, or the dev gateway's)")
 	f.StringVar(&a.spiffeSocket, "spiffe-socket", "", "SPIFFE Workload API address for this client's SVID")
+	f.StringVar(&a.spiffeID, "spiffe-id", "", "this client's SPIFFE ID, when the Workload API offers several SVIDs")
 	f.StringVar(&a.cert, "cert", "", "SVID certificate chain (PEM)")
 	f.StringVar(&a.key, "key", "", "SVID private key (PEM)")
 	f.StringVar(&a.bundle, "bundle", "", "trust bundle (PEM)")
@@ -70,7 +72,7 @@ func (a *app) dial(ctx context.Context) (*grpc.ClientConn, error) {
 	if a.conn != nil {
 		return a.conn, nil
 	}
-	conn, src, err := clientconn.Dial(ctx, clientconn.Options{Addr: a.addr, SPIFFESocket: a.spiffeSocket, Cert: a.cert, Key: a.key,
+	conn, src, err := clientconn.Dial(ctx, clientconn.Options{Addr: a.addr, SPIFFESocket: a.spiffeSocket, SPIFFEID: a.spiffeID, Cert: a.cert, Key: a.key,
 		Bundle: a.bundle, DevDir: a.devDir, DevIdentity: a.devIdentity, ServerID: a.serverID})
 	if err != nil {
 		return nil, err

@@ -51,6 +51,9 @@ type Config struct {
 type IdentityConfig struct {
 	// SPIFFESocket is the Workload API address, e.g. unix:///run/spire/agent.sock.
 	SPIFFESocket string `json:"spiffe_socket"`
+	// SPIFFEID picks the gateway's SVID when the Workload API offers the
+	// process several; "" takes the first.
+	SPIFFEID string `json:"spiffe_id"`
 	// Cert, Key and Bundle are PEM files: SVID chain, its key, CA bundle.
 	Cert   string `json:"cert"`
 	Key    string `json:"key"`

@@ -87,6 +87,7 @@ func (m *Main) ParseFlags(_ context.Context, args []string) error {
 	fs.StringVar(&flags.TrustDomain, "trust-domain", "", "SPIFFE trust domain")
 	fs.StringVar(&flags.StateDir, "state-dir", "", "state directory")
 	fs.StringVar(&flags.Identity.SPIFFESocket, "spiffe-socket", "", "SPIFFE Workload API address")
+	fs.StringVar(&flags.Identity.SPIFFEID, "spiffe-id", "", "the gateway's SPIFFE ID, when the Workload API offers several SVIDs")
 	fs.StringVar(&flags.Identity.Cert, "cert", "", "SVID certificate chain (PEM)")
 	fs.StringVar(&flags.Identity.Key, "key", "", "SVID private key (PEM)")
 	fs.StringVar(&flags.Identity.Bundle, "bundle", "", "trust bundle (PEM)")
@@ -134,6 +135,7 @@ func overlay(c *Config, f Config) {
 	set(&c.TrustDomain, f.TrustDomain)
 	set(&c.StateDir, f.StateDir)
 	set(&c.Identity.SPIFFESocket, f.Identity.SPIFFESocket)
+	set(&c.Identity.SPIFFEID, f.Identity.SPIFFEID)
 	set(&c.Identity.Cert, f.Identity.Cert)
 	set(&c.Identity.Key, f.Identity.Key)
 	set(&c.Identity.Bundle, f.Identity.Bundle)
@@ -298,7 +300,7 @@ func (m *Main) openIdentity(ctx context.Context) (identity.Source, error) {
 		// must fail the start, not hang it.
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		return identity.NewWorkloadSource(ctx, id.SPIFFESocket)
+		return identity.NewWorkloadSource(ctx, id.SPIFFESocket, id.SPIFFEID)
 	}
 	return identity.NewFileSource(id.Cert, id.Key, id.Bundle, identity.WithLogger(m.log))
 }

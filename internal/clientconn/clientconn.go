@@ -24,6 +24,7 @@ import (
 type Options struct {
 	Addr         string // host:port; default 127.0.0.1:7443, or the dev gateway's
 	SPIFFESocket string // Workload API address
+	SPIFFEID     string // picks this SVID when the Workload API offers several
 	Cert, Key    string // SVID files (PEM)
 	Bundle       string // trust bundle (PEM)
 	DevDir       string // dev trust domain directory (nvmegated dev)
@@ -59,7 +60,7 @@ func Dial(ctx context.Context, o Options) (*grpc.ClientConn, identity.Source, er
 	)
 	switch {
 	case o.SPIFFESocket != "":
-		src, err = identity.NewWorkloadSource(ctx, o.SPIFFESocket)
+		src, err = identity.NewWorkloadSource(ctx, o.SPIFFESocket, o.SPIFFEID)
 	case cert != "" && key != "" && bundle != "":
 		if _, statErr := os.Stat(cert); statErr != nil && o.DevIdentity != "" {
 			return nil, nil, fmt.Errorf("no dev identity %q in %s", o.DevIdentity, o.DevDir)
