@@ -15,6 +15,10 @@ OPA         := $(TOOLS_CACHE)/opa-$(OPA_VERSION)/opa
 # the first time on a machine, cached by version after that).
 VAULT_VERSION := v1.21.0
 VAULT       := $(TOOLS_CACHE)/vault-$(VAULT_VERSION)/vault
+# A real SPIRE server and agent for the e2e tier (scripts/build-spire.sh:
+# ~9 CPU-minutes the first time, cached by version after that).
+SPIRE_VERSION := v1.13.3
+SPIRE       := $(TOOLS_CACHE)/spire-$(SPIRE_VERSION)
 
 .PHONY: all build test deps demo proto lint bench fuzz clean
 
@@ -28,11 +32,11 @@ build:
 # The real-kernel tier (e2e/vm) boots a Linux 6.1 built once per machine
 # from Debian's linux-source-6.1 (e2e/vm/build-kernel.sh: ~6-9 minutes on 2
 # cores the first time, cached under ~/.cache/nvmegate/vm after that).
-test: deps $(OPA) $(VAULT)
+test: deps $(OPA) $(VAULT) $(SPIRE)/spire-server
 	$(GO) vet ./...
 	kernel=$$(./e2e/vm/build-kernel.sh) && \
 		NVMEGATE_VAULT=$(VAULT) NVMEGATE_VM_KERNEL=$$kernel $(GO) test $$($(GO) list ./... | grep -v /e2e) && \
-		NVMEGATE_VAULT=$(VAULT) NVMEGATE_VM_KERNEL=$$kernel $(GO) test -count=1 ./e2e/...
+		NVMEGATE_VAULT=$(VAULT) NVMEGATE_VM_KERNEL=$$kernel NVMEGATE_SPIRE=$(SPIRE) $(GO) test -count=1 ./e2e/...
 	$(OPA) test policy/
 
 # Debian packages the tests use (nvme-cli, the kernel tier's toolchain,
@@ -45,6 +49,9 @@ $(OPA):
 
 $(VAULT):
 	TOOLS_CACHE=$(TOOLS_CACHE) VAULT_VERSION=$(VAULT_VERSION) ./scripts/build-vault.sh >/dev/null
+
+$(SPIRE)/spire-server:
+	TOOLS_CACHE=$(TOOLS_CACHE) SPIRE_VERSION=$(SPIRE_VERSION) ./scripts/build-spire.sh >/dev/null
 
 demo: build
 	./scripts/demo.sh

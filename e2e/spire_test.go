@@ -1,0 +1,385 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/workloadapi"
+
+	"github.com/nvmegate/nvmegate/keys/nvmefmt"
+)
+
+// The workloads of the SPIRE story and their SPIFFE IDs (DESIGN §3).
+var spireIDs = map[string]string{
+	"gateway":        "spiffe://nvmegate.test/gateway/nvmegated",
+	"admin":          "spiffe://nvmegate.test/admin/ops",
+	"auditor":        "spiffe://nvmegate.test/auditor/audit",
+	"acme-scheduler": "spiffe://nvmegate.test/tenant/acme/scheduler/slurm",
+	"acme-node-1":    "spiffe://nvmegate.test/node/acme-gpu-1",
+	"globex-node-1":  "spiffe://nvmegate.test/node/globex-gpu-1",
+	"target":         "spiffe://nvmegate.test/target/stor-eu-1",
+}
+
+// svidTTL is short so that SPIRE rotates every SVID during the test (the
+// agent renews at half-life).
+const svidTTL = 20 * time.Second
+
+// spireStack is a SPIRE server and agent (join_token, sqlite, memory keys,
+// unix workload attestor) on a temp dir.
+type spireStack struct {
+	bin, dir, serverSock, agentSock string
+}
+
+func startSPIRE(t *testing.T, spireDir string) *spireStack {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "spire") // short: unix socket paths are limited to 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	s := &spireStack{bin: spireDir, dir: dir, serverSock: filepath.Join(dir, "server.sock"), agentSock: filepath.Join(dir, "agent.sock")}
+	port := freePort(t)
+	write := func(name, body string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("server.conf", fmt.Sprintf(`server {
+  bind_address = "127.0.0.1"
+  bind_port = "%d"
+  socket_path = %q
+  trust_domain = "nvmegate.test"
+  data_dir = %q
+  log_level = "WARN"
+  ca_ttl = "24h"
+  default_x509_svid_ttl = "1h"
+}
+plugins {
+  DataStore "sql" {
+    plugin_data {
+      database_type = "sqlite3"
+      connection_string = %q
+    }
+  }
+  NodeAttestor "join_token" {
+    plugin_data {}
+  }
+  KeyManager "memory" {
+    plugin_data {}
+  }
+}
+`, port, s.serverSock, filepath.Join(dir, "server-data"), filepath.Join(dir, "datastore.sqlite3")))
+	write("agent.conf", fmt.Sprintf(`agent {
+  data_dir = %q
+  log_level = "WARN"
+  server_address = "127.0.0.1"
+  server_port = "%d"
+  socket_path = %q
+  trust_domain = "nvmegate.test"
+  insecure_bootstrap = true
+}
+plugins {
+  NodeAttestor "join_token" {
+    plugin_data {}
+  }
+  KeyManager "memory" {
+    plugin_data {}
+  }
+  WorkloadAttestor "unix" {
+    plugin_data {}
+  }
+}
+`, filepath.Join(dir, "agent-data"), port, s.agentSock))
+	s.daemon(t, "spire-server", "run", "-config", filepath.Join(dir, "server.conf"))
+	s.waitHealthy(t, "spire-server", s.serverSock)
+	out := s.run(t, "spire-server", "token", "generate", "-socketPath", s.serverSock, "-spiffeID", "spiffe://nvmegate.test/agent/e2e")
+	token := strings.TrimSpace(strings.TrimPrefix(out, "Token:"))
+	s.daemon(t, "spire-agent", "run", "-config", filepath.Join(dir, "agent.conf"), "-joinToken", token)
+	s.waitHealthy(t, "spire-agent", s.agentSock)
+	return s
+}
+
+func (s *spireStack) daemon(t *testing.T, name string, args ...string) {
+	t.Helper()
+	log, err := os.Create(filepath.Join(s.dir, name+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(s.bin, name), args...)
+	cmd.Dir, cmd.Stdout, cmd.Stderr = s.dir, log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); log.Close() })
+}
+
+func (s *spireStack) run(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(filepath.Join(s.bin, name), args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+	}
+	return string(out)
+}
+
+func (s *spireStack) waitHealthy(t *testing.T, name, sock string) {
+	t.Helper()
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if exec.Command(filepath.Join(s.bin, name), "healthcheck", "-socketPath", sock).Run() == nil {
+			return
+		}
+	}
+	log, _ := os.ReadFile(filepath.Join(s.dir, name+".log"))
+	t.Fatalf("%s not healthy in 60 s:\n%s", name, log)
+}
+
+// serials fetches, through the Workload API as this process, the serial
+// of every SVID the agent gives it, by SPIFFE ID.
+func (s *spireStack) serials(t *testing.T) map[string]string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	x, err := workloadapi.FetchX509Context(ctx, workloadapi.WithAddr("unix://"+s.agentSock))
+	if err != nil {
+		t.Logf("workload API: %v", err) // "no identity issued" until the agent syncs the entries
+		return map[string]string{}
+	}
+	out := map[string]string{}
+	for _, svid := range x.SVIDs {
+		out[svid.ID.String()] = svid.Certificates[0].SerialNumber.String()
+	}
+	return out
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// The story against real processes with real SPIRE SVIDs: a SPIRE server
+// and agent issue every workload's SVID (all registered for this test's uid,
+// each client picking its own by ID); the gateway, a remote target agent
+// and the CLI run on them; SPIRE rotates every SVID during the test without
+// a failed call; and nothing secret reaches the logs, the metrics or the
+// audit log.
+func TestSPIRE(t *testing.T) {
+	if testing.Short() {
+		t.Skip("e2e: builds and runs the binaries")
+	}
+	spireDir := os.Getenv("NVMEGATE_SPIRE")
+	if spireDir == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("NVMEGATE_SPIRE is not set under CI (make test builds SPIRE)")
+		}
+		t.Skip("NVMEGATE_SPIRE is not set: make test builds SPIRE with scripts/build-spire.sh and sets it")
+	}
+	bin := buildBinaries(t)
+	sp := startSPIRE(t, spireDir)
+	for _, id := range spireIDs {
+		sp.run(t, "spire-server", "entry", "create", "-socketPath", sp.serverSock, "-parentID", "spiffe://nvmegate.test/agent/e2e",
+			"-spiffeID", id, "-selector", fmt.Sprintf("unix:uid:%d", os.Getuid()), "-x509SVIDTTL", fmt.Sprint(int(svidTTL.Seconds())))
+	}
+	// The agent learns new entries at its next sync (every 5 s).
+	var first map[string]string
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		if first = sp.serials(t); len(first) == len(spireIDs) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent offers %d of %d SVIDs after 60 s", len(first), len(spireIDs))
+		}
+	}
+
+	work := t.TempDir()
+	socket := "unix://" + sp.agentSock
+	ready := filepath.Join(work, "ready.json")
+	gwLog := filepath.Join(work, "gateway.log")
+	gw := startProcess(t, gwLog, filepath.Join(bin, "nvmegated"), "--spiffe-socket", socket, "--spiffe-id", spireIDs["gateway"],
+		"--trust-domain", "nvmegate.test", "--state-dir", filepath.Join(work, "state"), "--listen", "127.0.0.1:0",
+		"--http-listen", "127.0.0.1:0", "--ready-file", ready, "--remote-targets", "stor-eu-1")
+	var info struct{ GRPC, HTTP string }
+	waitJSON(t, ready, &info, gwLog)
+	as := func(who string, args ...string) (string, error) {
+		cmd := exec.Command(filepath.Join(bin, "nvmegate"), append([]string{"--spiffe-socket", socket, "--spiffe-id", spireIDs[who], "--addr", info.GRPC}, args...)...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	must := func(who string, args ...string) string {
+		t.Helper()
+		out, err := as(who, args...)
+		if err != nil {
+			t.Fatalf("%s %v: %v\n%s", who, args, err, out)
+		}
+		return out
+	}
+	const sub = "nqn.2026-01.io.nvmegate.spire:acme-train"
+	nqn, err := nvmefmt.HostNQNFromSPIFFEID(spireIDs["acme-node-1"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	must("admin", "inventory", "target", "add", "stor-eu-1", "--fabric", "fab-eu", "--region", "eu-west", "--driver", "nvmet",
+		"--port", "id=1,transport=tcp,family=ipv4,address=127.0.0.1,service=4420")
+	must("admin", "inventory", "subsystem", "add", sub, "--target", "stor-eu-1", "--tenant", "acme", "--ports", "1", "--dhchap")
+	must("admin", "inventory", "namespace", "add", sub, "1", "--tenant", "acme", "--region", "eu-west", "--class", "internal",
+		"--dataset", "spire/ds", "--digest", "sha256:"+strings.Repeat("ab", 32))
+	must("admin", "inventory", "host", "add", spireIDs["acme-node-1"], "--nqn", nqn, "--tenant", "acme")
+	if out, err := as("acme-node-1", "inventory", "target", "add", "rogue", "--fabric", "f", "--region", "eu-west",
+		"--port", "id=1,transport=tcp,family=ipv4,address=10.0.0.1,service=4420"); err == nil || !strings.Contains(out, "PermissionDenied") {
+		t.Fatalf("a node changed the inventory: %v\n%s", err, out)
+	}
+
+	// stor-eu-1's own agent, with the target's SPIRE SVID.
+	nvmetRoot := filepath.Join(work, "nvmet")
+	agentLog := filepath.Join(work, "target-agent.log")
+	startProcess(t, agentLog, filepath.Join(bin, "nvmegate-target"), "--spiffe-socket", socket, "--spiffe-id", spireIDs["target"],
+		"--addr", info.GRPC, "--nvmet-root", nvmetRoot)
+	waitLog(t, agentLog, "applied")
+
+	must("acme-scheduler", "job", "admit", "spire-1", "--tenant", "acme", "--node", spireIDs["acme-node-1"],
+		"--namespace", sub+"/1:ro", "--region", "eu-west", "--expires-in", "2h")
+	cfg := filepath.Join(work, "node1-config.json")
+	must("acme-node-1", "connect", "--job", "spire-1", "--subsystem", sub, "--write-config", cfg)
+	hosts, _ := os.ReadDir(filepath.Join(nvmetRoot, "subsystems", sub, "allowed_hosts"))
+	if len(hosts) != 1 || hosts[0].Name() != nqn {
+		t.Fatalf("the remote agent's tree allows %v, want [%s]", hosts, nqn)
+	}
+	if out, err := as("globex-node-1", "connect", "--job", "spire-1", "--subsystem", sub); err == nil || !strings.Contains(out, "PermissionDenied") {
+		t.Fatalf("globex's node connected to acme's job: %v\n%s", err, out)
+	}
+
+	// Keep calling until SPIRE has rotated the gateway's, the target
+	// agent's and the node's SVIDs: every call must succeed.
+	calls := 0
+	for deadline := time.Now().Add(3 * svidTTL); ; time.Sleep(time.Second) {
+		must("admin", "inventory", "target", "list")
+		calls++
+		now := sp.serials(t)
+		if now[spireIDs["gateway"]] != first[spireIDs["gateway"]] && now[spireIDs["target"]] != first[spireIDs["target"]] &&
+			now[spireIDs["acme-node-1"]] != first[spireIDs["acme-node-1"]] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("SPIRE did not rotate the SVIDs in %s", 3*svidTTL)
+		}
+	}
+	t.Logf("SVIDs rotated; %d calls across the rotation, none failed", calls)
+	// After the rotation: a node connects again (new handshakes with the
+	// rotated SVIDs, the target agent's stream carried on).
+	must("acme-node-1", "connect", "--job", "spire-1", "--subsystem", sub)
+	must("acme-scheduler", "job", "finish", "spire-1", "--reason", "done")
+	if hosts, _ := os.ReadDir(filepath.Join(nvmetRoot, "subsystems", sub, "allowed_hosts")); len(hosts) != 0 {
+		t.Fatalf("hosts left after the job finished: %v", hosts)
+	}
+
+	// The auditor exports the log; it verifies offline.
+	export := filepath.Join(work, "export")
+	must("auditor", "audit", "export", "--out", export)
+	if out, err := exec.Command(filepath.Join(bin, "nvmegate"), "audit", "verify", export, "--key", filepath.Join(export, "keys", "v1.pem")).CombinedOutput(); err != nil {
+		t.Fatalf("audit verify: %v\n%s", err, out)
+	}
+
+	// No secret anywhere but the node's own config file.
+	resp, err := http.Get("http://" + info.HTTP + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !bytes.Contains(metrics, []byte("nvmegate_")) {
+		t.Fatalf("no nvmegate metrics:\n%.2000s", metrics)
+	}
+	gw.stop(t)
+	scanned := map[string][]byte{"metrics": metrics}
+	for _, f := range []string{gwLog, agentLog} {
+		scanned[filepath.Base(f)], _ = os.ReadFile(f)
+	}
+	filepath.WalkDir(export, func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			scanned[p], _ = os.ReadFile(p)
+		}
+		return nil
+	})
+	if data, _ := os.ReadFile(cfg); !bytes.Contains(data, []byte("DHHC-1:")) {
+		t.Fatal("the node's config has no secret: the scan below would prove nothing")
+	}
+	for name, data := range scanned {
+		for _, secret := range []string{"DHHC-1:", "NVMeTLSkey-1:", "PRIVATE KEY"} {
+			if bytes.Contains(data, []byte(secret)) {
+				t.Errorf("%s contains %q", name, secret)
+			}
+		}
+	}
+}
+
+type process struct{ cmd *exec.Cmd }
+
+func startProcess(t *testing.T, logPath, name string, args ...string) *process {
+	t.Helper()
+	log, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(name, args...)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &process{cmd: cmd}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+		log.Close()
+	})
+	return p
+}
+
+// stop sends SIGTERM and waits for a clean exit.
+func (p *process) stop(t *testing.T) {
+	t.Helper()
+	p.cmd.Process.Signal(os.Interrupt)
+	if err := p.cmd.Wait(); err != nil {
+		t.Errorf("%s exited with %v", filepath.Base(p.cmd.Path), err)
+	}
+}
+
+func waitJSON(t *testing.T, path string, v any, logPath string) {
+	t.Helper()
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if data, err := os.ReadFile(path); err == nil && jsonUnmarshal(data, v) == nil {
+			return
+		}
+	}
+	log, _ := os.ReadFile(logPath)
+	t.Fatalf("%s did not appear in 60 s:\n%s", path, log)
+}
+
+func waitLog(t *testing.T, path, want string) {
+	t.Helper()
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if data, _ := os.ReadFile(path); bytes.Contains(data, []byte(want)) {
+			return
+		}
+	}
+	log, _ := os.ReadFile(path)
+	t.Fatalf("%q not in %s after 60 s:\n%s", want, path, log)
+}
+
+func jsonUnmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
