@@ -8,14 +8,17 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/nvmegate/nvmegate"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 	"github.com/nvmegate/nvmegate/store"
 )
 
-// FuzzValidate feeds arbitrary wire bytes to every request type the gateway
-// validates: whatever decodes must be validated without a panic, and what
+// FuzzValidate feeds arbitrary wire bytes to the request type of every RPC
+// of every service (taken from the registered descriptors, so a new RPC is
+// fuzzed without editing this list): whatever decodes must be validated without a panic, and what
 // validates must be described for policy (against a real, empty store)
 // without one.
 func FuzzValidate(f *testing.F) {
@@ -35,20 +38,7 @@ func FuzzValidate(f *testing.F) {
 		}
 		f.Add(uint8(i), b)
 	}
-	types := []func() proto.Message{
-		func() proto.Message { return &pb.AddTargetRequest{} },
-		func() proto.Message { return &pb.AddSubsystemRequest{} },
-		func() proto.Message { return &pb.AddNamespaceRequest{} },
-		func() proto.Message { return &pb.AddHostBindingRequest{} },
-		func() proto.Message { return &pb.AdmitRequest{} },
-		func() proto.Message { return &pb.ConnectRequest{} },
-		func() proto.Message { return &pb.RevokeRequest{} },
-		func() proto.Message { return &pb.RotateRequest{} },
-		func() proto.Message { return &pb.ExplainRequest{} },
-		func() proto.Message { return &pb.QueryRequest{} },
-		func() proto.Message { return &pb.ListNamespacesRequest{} },
-		func() proto.Message { return &pb.ConsistencyProofRequest{} },
-	}
+	types := rpcInputs(f)
 	now := time.Unix(1_800_000_000, 0)
 	db, err := store.Open(filepath.Join(f.TempDir(), "inventory.db"), store.Options{})
 	if err != nil {
@@ -77,5 +67,40 @@ func TestValidateUnknownAPIMessage(t *testing.T) {
 	}
 	if err := validate(struct{}{}, time.Now()); err != nil {
 		t.Fatalf("validate(foreign type) = %v", err)
+	}
+}
+
+// rpcInputs returns constructors of the input message of every RPC of the
+// nvmegate.v1 services.
+func rpcInputs(tb testing.TB) []func() proto.Message {
+	tb.Helper()
+	var out []func() proto.Message
+	protoregistry.GlobalFiles.RangeFilesByPackage("nvmegate.v1", func(fd protoreflect.FileDescriptor) bool {
+		for i := range fd.Services().Len() {
+			ms := fd.Services().Get(i).Methods()
+			for j := range ms.Len() {
+				mt, err := protoregistry.GlobalTypes.FindMessageByName(ms.Get(j).Input().FullName())
+				if err != nil {
+					tb.Fatal(err)
+				}
+				out = append(out, func() proto.Message { return mt.New().Interface() })
+			}
+		}
+		return true
+	})
+	if len(out) < 30 {
+		tb.Fatalf("only %d RPCs found in the registry", len(out))
+	}
+	return out
+}
+
+// Every RPC's request type has a validation case: an empty request is
+// either valid or refused naming a field, never "no validation for".
+func TestEveryRPCValidated(t *testing.T) {
+	for _, newMsg := range rpcInputs(t) {
+		m := newMsg()
+		if err := validate(m, time.Now()); err != nil && strings.Contains(err.Error(), "no validation for") {
+			t.Errorf("%s: %v", m.ProtoReflect().Descriptor().FullName(), err)
+		}
 	}
 }
