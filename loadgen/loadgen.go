@@ -239,7 +239,7 @@ func (r *recorder) connect(ctx context.Context, f *Fleet, n *Node) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err != nil {
-		if ctx.Err() != nil {
+		if ended(ctx) {
 			return // the run ended under it: neither a success nor a failure
 		}
 		if r.errs == nil {
@@ -258,6 +258,18 @@ func (r *recorder) connect(ctx context.Context, f *Fleet, n *Node) {
 	if r.sink != nil {
 		fmt.Fprintf(r.sink, "%s %s %d\n", a.GrantID, a.Job, a.AuditIndex)
 	}
+}
+
+// ended reports whether the run's context is over. gRPC times a call out
+// on its own timer from the context's deadline, which can fire a moment
+// before the context's: a call cut off by the end of the run fails with
+// DeadlineExceeded while ctx.Err() is still nil.
+func ended(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
 }
 
 // ReadAcks parses what Options.Acks received.
@@ -295,7 +307,7 @@ func Run(ctx context.Context, f *Fleet, o Options) *Result {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for ctx.Err() == nil {
+			for !ended(ctx) {
 				n := f.Nodes[int(next.Add(1)-1)%len(f.Nodes)]
 				rec.connect(ctx, f, n)
 			}
