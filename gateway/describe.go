@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/nvmegate/nvmegate"
@@ -417,13 +418,30 @@ func (d describer) subsystemCall(jobID, subNQN, hostNQN, ttl string) (map[string
 
 // nodeCall describes a node's call in a job (discover; connect and renew
 // add the subsystem): the stored job, the caller's binding and the job's
-// namespaces with the modes the job gives them.
+// namespaces with the modes the job gives them. The job is read once, and
+// its nodes are narrowed to the caller (if the job names it): node rules
+// only ask whether the caller is a member, and a 10,000-node job would
+// otherwise be converted into every node's every decision.
 func (d describer) nodeCall(jobID string) (map[string]any, error) {
-	out, err := d.job(jobID)
-	if err != nil {
-		return nil, err
-	}
 	caller, _ := identity.PeerID(d.ctx)
+	out := res("job", "")
+	out["job"] = map[string]any{"job_id": jobID}
+	var j *nvmegate.Job
+	if d.jobs != nil {
+		stored, err := d.jobs.Job(d.ctx, jobID)
+		if ok, err := found(err); err != nil {
+			return nil, err
+		} else if ok {
+			j = stored
+			out["tenant"] = j.Tenant
+			v := jobValue(j)
+			v["nodes"] = []any{}
+			if slices.Contains(j.Nodes, caller.String()) {
+				v["nodes"] = []any{caller.String()}
+			}
+			out["job"] = v
+		}
+	}
 	b, err := d.nodeBinding(caller.String())
 	if err != nil {
 		return nil, err
@@ -431,25 +449,20 @@ func (d describer) nodeCall(jobID string) (map[string]any, error) {
 	out["host_binding"] = b
 	out["request"] = map[string]any{"host_nqn": "", "mode": ""}
 	nss := []any{}
-	if d.jobs != nil {
-		j, err := d.jobs.Job(d.ctx, jobID)
-		if ok, err := found(err); err != nil {
-			return nil, err
-		} else if ok {
-			for _, jn := range j.Namespaces {
-				n, err := d.store.Namespace(d.ctx, jn.SubsystemNQN, jn.NSID)
-				if ok, err := found(err); err != nil {
-					return nil, err
-				} else if !ok {
-					nss = append(nss, map[string]any{"subsystem_nqn": jn.SubsystemNQN, "nsid": int64(jn.NSID), "mode": jn.Mode})
-					continue
-				}
-				v, err := d.namespaceValue(n, jn.Mode)
-				if err != nil {
-					return nil, err
-				}
-				nss = append(nss, v)
+	if j != nil {
+		for _, jn := range j.Namespaces {
+			n, err := d.store.Namespace(d.ctx, jn.SubsystemNQN, jn.NSID)
+			if ok, err := found(err); err != nil {
+				return nil, err
+			} else if !ok {
+				nss = append(nss, map[string]any{"subsystem_nqn": jn.SubsystemNQN, "nsid": int64(jn.NSID), "mode": jn.Mode})
+				continue
 			}
+			v, err := d.namespaceValue(n, jn.Mode)
+			if err != nil {
+				return nil, err
+			}
+			nss = append(nss, v)
 		}
 	}
 	out["namespaces"] = nss

@@ -71,6 +71,48 @@ type Manager struct {
 	dataKeys map[string]struct{} // namespaces whose KEKs Run rotates on schedule
 
 	backendReads atomic.Uint64 // round trips to the backend, for metrics and benchmarks
+
+	memoMu sync.Mutex
+	memo   map[deriveKey]Credentials // derivations already made (see derive)
+}
+
+// deriveKey names one derivation: the root (subsystem, version and its
+// creation time, so a root re-created under a reused version is a different
+// root) and what was derived from it for whom.
+type deriveKey struct {
+	sub, host string
+	version   uint64
+	created   int64
+	p         CredentialParams
+}
+
+// maxMemo bounds the derivation memo; past it the memo starts over.
+const maxMemo = 1 << 17
+
+// derive is Derive, remembered: a target's desired state re-derives every
+// host's credentials on each programming run (O(hosts) HMACs per connect
+// under a storm). The memo holds what the roots it derives from already
+// give away, in the same process; every check of the caller (freshness,
+// grace) still runs before it is consulted.
+func (m *Manager) derive(r Root, hostNQN, subNQN string, p CredentialParams) (Credentials, error) {
+	k := deriveKey{sub: subNQN, host: hostNQN, version: r.Version, created: r.Created.UnixNano(), p: p}
+	m.memoMu.Lock()
+	c, ok := m.memo[k]
+	m.memoMu.Unlock()
+	if ok {
+		return c, nil
+	}
+	c, err := Derive(r, hostNQN, subNQN, p)
+	if err != nil {
+		return c, err
+	}
+	m.memoMu.Lock()
+	if m.memo == nil || len(m.memo) >= maxMemo {
+		m.memo = map[deriveKey]Credentials{}
+	}
+	m.memo[k] = c
+	m.memoMu.Unlock()
+	return c, nil
 }
 
 // cached is a subsystem's roots as last read from the backend.
@@ -116,7 +158,7 @@ func (m *Manager) Credentials(ctx context.Context, hostNQN, subNQN string, p Cre
 	if err != nil {
 		return Credentials{}, err
 	}
-	return Derive(r, hostNQN, subNQN, p)
+	return m.derive(r, hostNQN, subNQN, p)
 }
 
 // CredentialsAt derives credentials from root version v, which must be the
@@ -141,7 +183,7 @@ func (m *Manager) CredentialsAt(ctx context.Context, hostNQN, subNQN string, v u
 			return Credentials{}, fmt.Errorf("%w: %s root v%d was superseded at %s (grace %s)", ErrExpired, subNQN, v,
 				r.Superseded.UTC().Format(time.RFC3339), m.opts.Grace)
 		}
-		return Derive(r, hostNQN, subNQN, p)
+		return m.derive(r, hostNQN, subNQN, p)
 	}
 	return Credentials{}, fmt.Errorf("%w: %s has no root v%d", ErrExpired, subNQN, v)
 }

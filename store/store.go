@@ -69,6 +69,8 @@ type DB struct {
 	bolt    *bolt.DB
 	now     func() time.Time
 	batcher batcher
+	// grantMemo holds decoded grants (grant.go).
+	grantMemo grantMemo
 }
 
 // Open opens (creating if needed, mode 0600) the store file at path, creates
