@@ -61,7 +61,13 @@ func BenchmarkAppend(b *testing.B) {
 			slices.Sort(all)
 			if len(all) > 0 {
 				b.ReportMetric(float64(len(all))/el.Seconds(), "appends/s")
+				b.ReportMetric(float64(all[len(all)/2].Microseconds())/1000, "p50-ms")
 				b.ReportMetric(float64(all[len(all)*99/100].Microseconds())/1000, "p99-ms")
+				enc, _ := entries[0].Encode()
+				b.ReportMetric(float64(len(enc)), "entry-bytes")
+				var ru syscall.Rusage
+				syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+				b.ReportMetric(float64(ru.Maxrss/1024), "maxrss-MiB")
 			}
 		})
 	}

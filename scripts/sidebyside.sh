@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Side-by-side benchmarks in one run (docs/PERFORMANCE.md quotes its output):
+#
+#  (a) nvmegate's Connect, end to end (`nvmegate bench connect`: N node
+#      SVIDs, mTLS each, policy, derivation, target programming, durable
+#      audit entry), against the naive composition of the same work
+#      (internal/cmd/naivebench: an OPA server decision over HTTP with the
+#      same Rego, a Vault KV read, a Vault Transit HMAC, a bbolt append with
+#      fsync) — same concurrency, duration and namespaces, same machine,
+#      both against the same real Vault dev server;
+#  (b) nvmegate's audit append (audit BenchmarkAppend) against Tessera's
+#      POSIX driver at 16 and 256 appenders, same entry size.
+#
+#   scripts/sidebyside.sh            # C=32 D=20s N=200 M=8
+#   C=64 D=30s scripts/sidebyside.sh
+#
+# Needs the opa CLI and Vault that `make test` caches; builds the Tessera
+# program once in a throwaway module (Tessera is not our dependency).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+C=${C:-32} D=${D:-20s} N=${N:-200} M=${M:-8}
+CACHE="${TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nvmegate/tools}"
+OPA="$CACHE/opa-$(go list -m -f '{{.Version}}' github.com/open-policy-agent/opa)/opa"
+VAULT="$(scripts/build-vault.sh)"
+[ -x "$OPA" ] || { echo "no opa CLI at $OPA: run make test once" >&2; exit 1; }
+TESSERA_VERSION=v1.0.4
+TESSERA="$CACHE/tessera-bench-$TESSERA_VERSION/tessera-bench"
+
+work="$(mktemp -d)"
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+hwm() { awk '/VmHWM/ {printf "%d MiB", $2/1024}' "/proc/$1/status"; }
+
+go build -o "$work/bin/" ./cmd/... ./internal/cmd/naivebench
+if [ ! -x "$TESSERA" ]; then
+  mkdir -p "$work/tessera" "$(dirname "$TESSERA")"
+  cp scripts/sidebyside/tessera.go.txt "$work/tessera/main.go"
+  (cd "$work/tessera" && go mod init tesserabench >/dev/null 2>&1 &&
+    GOFLAGS=-mod=mod go get "github.com/transparency-dev/tessera@$TESSERA_VERSION" golang.org/x/mod >/dev/null 2>&1 &&
+    GOFLAGS=-mod=mod go build -o "$TESSERA" .)
+fi
+
+vport=$(port); oport=$(port)
+"$VAULT" server -dev -dev-root-token-id=root -dev-listen-address="127.0.0.1:$vport" >"$work/vault.log" 2>&1 &
+pids+=($!); vpid=$!
+"$OPA" run --server --addr "127.0.0.1:$oport" --log-level error policy/ >"$work/opa.log" 2>&1 &
+pids+=($!); opid=$!
+for _ in $(seq 100); do
+  curl -sf "http://127.0.0.1:$vport/v1/sys/health" >/dev/null && curl -sf "http://127.0.0.1:$oport/health" >/dev/null && break
+  sleep 0.2
+done
+
+echo "== (a) one grant: nvmegate vs the naive composition — C=$C in flight for $D, $M namespaces, $(nproc) cores, client on the same machine"
+echo "-- naive: OPA server (HTTP) + Vault KV read + Vault Transit HMAC + bbolt append (fsync)"
+"$work/bin/naivebench" --opa "http://127.0.0.1:$oport" --vault "http://127.0.0.1:$vport" --token root \
+  --namespaces "$M" --concurrency "$C" --duration "$D" --db "$work/naive.db" | tee "$work/naive.txt"
+echo "   server RSS (max): opa $(hwm $opid), vault $(hwm $vpid)"
+
+echo "-- nvmegate: nvmegated (keys in the same Vault) + nvmegate bench connect, $N node identities"
+printf 'keys:\n  backend: vault\n  vault:\n    address: http://127.0.0.1:%s\n    token_file: %s\n' "$vport" "$work/token" > "$work/nvmegated.yaml"
+printf root > "$work/token"
+"$work/bin/nvmegated" dev --dir "$work/dev" --config "$work/nvmegated.yaml" --listen 127.0.0.1:0 --http-listen off 2>"$work/gateway.log" &
+pids+=($!); gpid=$!
+for _ in $(seq 300); do [ -f "$work/dev/gateway.json" ] && break; sleep 0.1; done
+"$work/bin/nvmegate" --dev-dir "$work/dev" --dev-identity admin bench connect --nodes "$N" --namespaces "$M" \
+  --concurrency "$C" --duration "$D" | tee "$work/nvmegate.txt"
+echo "   server RSS (max): nvmegated $(hwm $gpid)"
+rate() { sed -n 's/.*= \([0-9]*\) grants\/s.*/\1/p' "$1"; }
+p99() { sed -n 's/.*p99 \([0-9.]*m\?s\) .*/\1/p' "$1"; }
+echo "   ratio nvmegate/naive: grants/s $(rate "$work/nvmegate.txt")/$(rate "$work/naive.txt") = $(python3 -c "print(round($(rate "$work/nvmegate.txt")/$(rate "$work/naive.txt"),2))"); p99 $(p99 "$work/nvmegate.txt") vs $(p99 "$work/naive.txt")"
+echo "-- nvmegate storm: all $N nodes connect at once"
+"$work/bin/nvmegate" --dev-dir "$work/dev" --dev-identity admin bench connect --nodes "$N" --namespaces "$M" --storm
+
+echo
+echo "== (b) audit append vs Tessera POSIX (20,000 entries of ~840 bytes, fsync'd)"
+go test -run '^$' -bench 'Append/appenders=(16|256)$' -benchtime 20000x ./audit | grep '^Benchmark'
+# Tessera with its default batching (250 ms) and with 5 ms batches. At 16
+# appenders with the default, each append waits for its batch's age: 1,000
+# entries (not 20,000) keep that run to ~15 s.
+for w in 16 256; do
+  for age in 250ms 5ms; do
+    n=20000
+    [ "$w/$age" = 16/250ms ] && n=1000
+    rm -rf "$work/tlog"
+    "$TESSERA" --dir "$work/tlog" --appenders "$w" --n "$n" --size 840 --batch-max-age "$age" 2>/dev/null
+  done
+done
