@@ -71,6 +71,13 @@ func (s *Server) unaryInterceptors() []grpc.UnaryServerInterceptor {
 			return resp, toStatus(ctx, s.log, info.FullMethod, err)
 		},
 		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			if err := s.limit.acquire(ctx); err != nil {
+				return nil, err
+			}
+			defer s.limit.release()
+			return h(ctx, req)
+		},
+		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 			if err := validate(req, s.now()); err != nil {
 				return nil, err
 			}

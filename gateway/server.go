@@ -59,6 +59,10 @@ type Config struct {
 	Now func() time.Time
 	// ShutdownTimeout bounds the graceful stop; 0 means 10 seconds.
 	ShutdownTimeout time.Duration
+	// MaxInFlight bounds the unary calls worked on at once (default 256);
+	// more wait for a slot until their deadline, and past MaxWaiting
+	// waiting (default 16384) they are refused Unavailable (limit.go).
+	MaxInFlight, MaxWaiting int
 }
 
 // Server is the gRPC gateway: every nvmegate service plus health and
@@ -76,6 +80,7 @@ type Server struct {
 	metrics         *metrics
 	now             func() time.Time
 	shutdownTimeout time.Duration
+	limit           *limiter
 }
 
 // New builds a Server from cfg.
@@ -91,6 +96,7 @@ func New(cfg Config) (*Server, error) {
 		log:             cfg.Logger,
 		now:             cfg.Now,
 		shutdownTimeout: cfg.ShutdownTimeout,
+		limit:           newLimiter(cfg.MaxInFlight, cfg.MaxWaiting),
 		health:          health.NewServer(),
 		stopping:        make(chan struct{}),
 	}

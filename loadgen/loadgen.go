@@ -232,15 +232,18 @@ type recorder struct {
 	firstErr []string
 }
 
-func (r *recorder) connect(ctx context.Context, f *Fleet, n *Node) {
+// connect makes one Connect attempt of node n and records it; it reports
+// whether the node was granted. A call that the end of a sustained run
+// (run, if non-nil) cut off is neither a success nor a failure.
+func (r *recorder) connect(ctx, run context.Context, f *Fleet, n *Node) bool {
 	start := time.Now()
 	resp, err := pb.NewAccessClient(n.conn).Connect(ctx, &pb.ConnectRequest{JobId: n.Job, SubsystemNqn: f.Subsystem})
 	d := time.Since(start)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err != nil {
-		if ended(ctx) {
-			return // the run ended under it: neither a success nor a failure
+		if run != nil && ended(run) {
+			return false
 		}
 		if r.errs == nil {
 			r.errs = map[string]int{}
@@ -250,7 +253,7 @@ func (r *recorder) connect(ctx context.Context, f *Fleet, n *Node) {
 			r.firstErr = append(r.firstErr, code+": "+status.Convert(err).Message())
 		}
 		r.errs[code]++
-		return
+		return false
 	}
 	r.lat = append(r.lat, d)
 	a := Ack{GrantID: resp.Grant.GetGrantId(), Job: n.Job, AuditIndex: resp.Grant.GetAuditIndex()}
@@ -258,6 +261,7 @@ func (r *recorder) connect(ctx context.Context, f *Fleet, n *Node) {
 	if r.sink != nil {
 		fmt.Fprintf(r.sink, "%s %s %d\n", a.GrantID, a.Job, a.AuditIndex)
 	}
+	return true
 }
 
 // ended reports whether the run's context is over. gRPC times a call out
@@ -309,7 +313,7 @@ func Run(ctx context.Context, f *Fleet, o Options) *Result {
 			defer wg.Done()
 			for !ended(ctx) {
 				n := f.Nodes[int(next.Add(1)-1)%len(f.Nodes)]
-				rec.connect(ctx, f, n)
+				rec.connect(ctx, ctx, f, n)
 			}
 		}()
 	}
@@ -318,8 +322,13 @@ func Run(ctx context.Context, f *Fleet, o Options) *Result {
 }
 
 // Storm connects every node at once and reports when the last one was
-// granted (Elapsed) — the cluster-start case.
-func Storm(ctx context.Context, f *Fleet, o Options, timeout time.Duration) *Result {
+// granted (Elapsed) — the cluster-start case. Each node does what a node
+// agent does: an attempt that fails (the gateway refused it Unavailable,
+// or it took longer than attempt) is retried after a short, jittered
+// pause until the node is granted or the storm's timeout ends; failed
+// attempts count as errors, and so does every node still not granted at
+// the timeout ("NotGranted").
+func Storm(ctx context.Context, f *Fleet, o Options, timeout, attempt time.Duration) *Result {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var (
@@ -327,11 +336,30 @@ func Storm(ctx context.Context, f *Fleet, o Options, timeout time.Duration) *Res
 		wg  sync.WaitGroup
 	)
 	start := time.Now()
-	for _, n := range f.Nodes {
+	for i, n := range f.Nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rec.connect(ctx, f, n)
+			for try := 0; ; try++ {
+				actx, acancel := context.WithTimeout(ctx, attempt)
+				ok := rec.connect(actx, nil, f, n)
+				acancel()
+				if ok {
+					return
+				}
+				pause := time.Duration(100+(i*37+try*53)%400) * time.Millisecond << min(try, 3)
+				select {
+				case <-ctx.Done():
+					rec.mu.Lock()
+					if rec.errs == nil {
+						rec.errs = map[string]int{}
+					}
+					rec.errs["NotGranted"]++
+					rec.mu.Unlock()
+					return
+				case <-time.After(pause):
+				}
+			}
 		}()
 	}
 	wg.Wait()

@@ -1,9 +1,12 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -112,18 +115,59 @@ func (db *DB) CreateJob(ctx context.Context, j *nvmegate.Job) error {
 
 // Job returns a job, or ENOTFOUND. A job past its expiry is reported as
 // expired whatever its stored state.
+//
+// Jobs are read on every node call and a large job's record is large (a
+// 10,000-node job is ~600 KB of JSON): decoded jobs are memoized by the
+// bytes they came from. The returned job's slices are shared with the memo:
+// callers must not modify their elements (appending is safe, the slices
+// are clipped).
 func (db *DB) Job(ctx context.Context, id string) (*nvmegate.Job, error) {
 	var j *nvmegate.Job
 	err := db.view(ctx, func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketJobs).Get([]byte(id))
+		if v == nil {
+			return nvmegate.Errorf(nvmegate.ENOTFOUND, "job %q not found", id)
+		}
+		m := &db.jobMemo
+		m.mu.Lock()
+		e, ok := m.m[id]
+		m.mu.Unlock()
+		if ok && bytes.Equal(e.raw, v) {
+			c := e.j
+			j = &c
+			return nil
+		}
 		var err error
-		j, err = getJob(tx, id)
-		return err
+		if j, err = decodeJob(v); err != nil {
+			return err
+		}
+		j.Nodes, j.AllowedRegions, j.Namespaces = slices.Clip(j.Nodes), slices.Clip(j.AllowedRegions), slices.Clip(j.Namespaces)
+		m.mu.Lock()
+		if m.m == nil || len(m.m) >= maxJobMemo {
+			m.m = map[string]memoJob{}
+		}
+		m.m[id] = memoJob{raw: bytes.Clone(v), j: *j}
+		m.mu.Unlock()
+		return nil
 	})
 	if err == nil {
 		db.expire(j)
 	}
 	return j, err
 }
+
+// jobMemo keeps decoded jobs with the bytes they came from (DB.Job).
+type jobMemo struct {
+	mu sync.Mutex
+	m  map[string]memoJob
+}
+
+type memoJob struct {
+	raw []byte
+	j   nvmegate.Job
+}
+
+const maxJobMemo = 4096
 
 func getJob(tx *bolt.Tx, id string) (*nvmegate.Job, error) {
 	v := tx.Bucket(bucketJobs).Get([]byte(id))

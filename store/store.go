@@ -69,8 +69,9 @@ type DB struct {
 	bolt    *bolt.DB
 	now     func() time.Time
 	batcher batcher
-	// grantMemo holds decoded grants (grant.go).
+	// grantMemo and jobMemo hold decoded records (grant.go, job.go).
 	grantMemo grantMemo
+	jobMemo   jobMemo
 }
 
 // Open opens (creating if needed, mode 0600) the store file at path, creates

@@ -24,6 +24,10 @@ type Config struct {
 	// Pprof adds Go's profiler at /debug/pprof/ on the HTTP listener (for
 	// profiling under load; it exposes internals, so off by default).
 	Pprof bool `json:"pprof"`
+	// MaxInFlight bounds the calls worked on at once (default 256); more
+	// wait for a slot until their deadline, so that a storm cannot take the
+	// gateway's memory.
+	MaxInFlight int `json:"max_inflight"`
 	// TrustDomain of the gateway and every caller, e.g. "example.org".
 	// Callers of other trust domains fail the TLS handshake. Required.
 	TrustDomain string `json:"trust_domain"`
@@ -290,6 +294,9 @@ func (a AuditConfig) checkpointInterval() time.Duration {
 
 // validate checks the configuration once, before anything starts.
 func (c *Config) validate() error {
+	if c.MaxInFlight < 0 {
+		return fmt.Errorf("max_inflight must be 0 (the default, 256) or positive, got %d", c.MaxInFlight)
+	}
 	if c.TrustDomain == "" {
 		return errors.New("trust_domain is required")
 	}

@@ -255,6 +255,7 @@ func (m *Main) Open(ctx context.Context) (err error) {
 	m.registry = prometheus.NewRegistry()
 	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.server, err = gateway.New(gateway.Config{
+		MaxInFlight:   c.MaxInFlight,
 		Credentials:   identity.ServerCredentials(m.source, td),
 		Store:         m.db,
 		Audit:         m.audit,
