@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"syscall"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -41,6 +42,12 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		return status.Error(codes.Canceled, "request canceled")
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, "deadline exceeded")
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		// The disk is full: a failed commit changed nothing, and the call
+		// may succeed once space is back (seen in the disk-full e2e test,
+		// where a grant write failed this way after its audit entry).
+		log.ErrorContext(ctx, "storage full", "method", method, "err", err)
+		return status.Error(codes.Unavailable, "storage full: nothing was changed; retry later")
 	}
 	code := nvmegate.ErrorCode(err)
 	c, ok := codeOf[code]
