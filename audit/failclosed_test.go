@@ -3,10 +3,14 @@ package audit_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/audit"
@@ -173,4 +177,76 @@ func TestAppendFailsClosedMaxSize(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkAfterFailure(t, l, path, acked, s)
+}
+
+// Queries running while a failed commit makes the writer reopen the file
+// must neither deadlock with it nor fail other than cleanly. (A query held
+// the memory index while waiting for the file, and the recovery held the
+// file while waiting for the index: a full disk hung the gateway's audit
+// queries forever.)
+func TestQueriesDuringFailedCommits(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.db")
+	l, err := audit.Open(path, audit.Options{Origin: testOrigin, Signer: testSigner(t, "k", 1), MaxSize: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Closed only on success: on a deadlock Close would wait forever too.
+	job := sampleEntry(0).JobID
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var queries atomic.Int64
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, _, err := l.Query(context.Background(), audit.Filter{JobID: job}, audit.Page{Size: 10})
+				if err != nil && !errors.Is(err, audit.ErrClosed) && !errors.Is(err, audit.ErrUnavailable) {
+					t.Errorf("query during recovery: %v", err)
+					return
+				}
+				queries.Add(1)
+			}
+		}()
+	}
+	// Fill the file, then keep failing: every failed commit reopens it.
+	finished := make(chan error, 1)
+	go func() {
+		defer func() { close(stop); wg.Wait(); close(finished) }()
+		for i := 0; ; i++ {
+			if _, _, err := l.Append(context.Background(), sampleEntry(i)); err != nil {
+				if !errors.Is(err, audit.ErrUnavailable) {
+					finished <- fmt.Errorf("append past MaxSize: %w", err)
+					return
+				}
+				break
+			}
+		}
+		// Near the limit, some of these fit (freed pages) and most fail.
+		for i := range 200 {
+			if _, _, err := l.Append(context.Background(), sampleEntry(i)); err != nil && !errors.Is(err, audit.ErrUnavailable) {
+				finished <- fmt.Errorf("append near MaxSize: %w", err)
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-finished:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * time.Minute): // a hang detector, not a speed check
+		t.Fatal("appends and queries deadlocked with the writer's recovery")
+	}
+	if queries.Load() == 0 {
+		t.Fatal("no query ran")
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -116,6 +116,13 @@ func (l *Log) Query(ctx context.Context, f Filter, p Page) ([]Record, string, er
 
 	var out []Record
 	next := end
+	// Lock order: the file (dbmu) before the memory index, as the writer's
+	// recovery takes them; the other way round the two deadlock.
+	l.dbmu.RLock()
+	defer l.dbmu.RUnlock()
+	if l.db == nil {
+		return nil, "", ErrClosed
+	}
 	l.idx.mu.RLock()
 	memFrom = l.idx.from
 	if setIdx >= 0 {
@@ -124,7 +131,7 @@ func (l *Log) Query(ctx context.Context, f Filter, p Page) ([]Record, string, er
 		}
 	}
 	var unlock sync.Once
-	err = l.view(func(tx *bolt.Tx) error {
+	err = l.db.View(func(tx *bolt.Tx) error {
 		unlock.Do(l.idx.mu.RUnlock)
 		var cands candidateIter
 		switch {

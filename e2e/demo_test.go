@@ -41,6 +41,9 @@ func TestDemoScript(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", filepath.Join(repoRoot(t), "scripts", "demo.sh"))
 	cmd.Env = append(os.Environ(), "BIN="+bin, "DEMO_DIR="+filepath.Join(t.TempDir(), "demo"))
+	// The script's background gateway shares its stdout: if the script is
+	// killed, stop reading rather than wait for that process too.
+	cmd.WaitDelay = 10 * time.Second
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("demo failed: %v\n%s", err, out)

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -60,10 +61,18 @@ func (g *gateway) kill() {
 	}
 }
 
+// cli runs the CLI as dev identity who. A run that hangs is killed after
+// five minutes (and its error says so) rather than waited out by go test.
 func cli(t *testing.T, bin, dir, who string, args ...string) (string, error) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(bin, "nvmegate"), append([]string{"--dev-dir", dir, "--dev-identity", who}, args...)...)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "nvmegate"), append([]string{"--dev-dir", dir, "--dev-identity", who}, args...)...)
+	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		err = fmt.Errorf("nvmegate %s: no answer in 5 minutes: %w", strings.Join(args, " "), err)
+	}
 	return string(out), err
 }
 
@@ -205,4 +214,26 @@ func fileSize(path string) int64 {
 		return 0
 	}
 	return fi.Size()
+}
+
+// waitOrDump waits for cmd; if it has not exited within limit, it asks cmd
+// and the gateway for their goroutine stacks (SIGQUIT), kills both and
+// fails with what they printed — a hang is reported, not waited out.
+func waitOrDump(t *testing.T, cmd *exec.Cmd, limit time.Duration, out fmt.Stringer, g *gateway) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+		return
+	case <-time.After(limit):
+	}
+	cmd.Process.Signal(syscall.SIGQUIT)
+	g.cmd.Process.Signal(syscall.SIGQUIT)
+	time.Sleep(2 * time.Second)
+	cmd.Process.Kill()
+	<-done
+	g.kill()
+	gw, _ := os.ReadFile(g.log)
+	t.Fatalf("%s did not exit within %s.\n--- its output:\n%s\n--- gateway log:\n%s", filepath.Base(cmd.Path), limit, out, gw)
 }
