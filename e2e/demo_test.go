@@ -40,7 +40,8 @@ func TestDemoScript(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", filepath.Join(repoRoot(t), "scripts", "demo.sh"))
-	cmd.Env = append(os.Environ(), "BIN="+bin, "DEMO_DIR="+filepath.Join(t.TempDir(), "demo"))
+	demo := filepath.Join(t.TempDir(), "demo")
+	cmd.Env = append(os.Environ(), "BIN="+bin, "DEMO_DIR="+demo)
 	// The script's background gateway shares its stdout: if the script is
 	// killed, stop reading rather than wait for that process too.
 	cmd.WaitDelay = 10 * time.Second
@@ -48,6 +49,21 @@ func TestDemoScript(t *testing.T) {
 	if err != nil {
 		t.Fatalf("demo failed: %v\n%s", err, out)
 	}
+	// The nodes' configs are the only place their secrets may be; the
+	// scan after the run looks for them everywhere the gateway writes.
+	configs, _ := filepath.Glob(filepath.Join(demo, "node*-config.json"))
+	issued := 0
+	for _, c := range configs {
+		data, _ := os.ReadFile(c)
+		issued += keepSecrets(t.Name()+": "+filepath.Base(c), data)
+	}
+	if issued == 0 {
+		t.Fatalf("the demo issued no secret into %v: the secret scan would prove nothing", configs)
+	}
+	lineage, _ := filepath.Glob(filepath.Join(demo, "lineage-*.json"))
+	scanFiles(t, append(lineage, filepath.Join(demo, "gateway.log"), filepath.Join(demo, "target-agent.log"),
+		filepath.Join(demo, "state", "audit.db"), filepath.Join(demo, "audit-export"), filepath.Join(demo, "checkpoint-1"))...)
+	scanQuoted(t.Name()+": demo output", out)
 	for _, want := range []string{
 		"Demo passed",
 		"refused as expected: Error: PermissionDenied",

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -35,6 +36,9 @@ func startGateway(t *testing.T, bin, dir string, args ...string) *gateway {
 	defer f.Close()
 	cmd := exec.Command(filepath.Join(bin, "nvmegated"), append([]string{"dev", "--dir", dir, "--listen", "127.0.0.1:0", "--http-listen", "off"}, args...)...)
 	cmd.Stdout, cmd.Stderr = f, f
+	// Read for the secret scan once the gateway is gone (cleanups run last
+	// first: this one after the kill below).
+	scanFiles(t, log, filepath.Join(dir, "state", "audit.db"))
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -73,8 +77,12 @@ func cli(t *testing.T, bin, dir, who string, args ...string) (string, error) {
 	if ctx.Err() != nil {
 		err = fmt.Errorf("nvmegate %s: no answer in 5 minutes: %w", strings.Join(args, " "), err)
 	}
+	cliRuns.Add(1)
+	scanQuoted(fmt.Sprintf("%s: nvmegate %s (run %d)", t.Name(), strings.Join(args, " "), cliRuns.Load()), out)
 	return string(out), err
 }
+
+var cliRuns atomic.Int64
 
 var ackedRE = regexp.MustCompile(`audit      all (\d+) acknowledged grants are in the log`)
 

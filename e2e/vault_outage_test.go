@@ -46,6 +46,12 @@ func TestVaultOutageUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	secretID, err := os.ReadFile(filepath.Join(work, "approle", "secret_id"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keepSecret(t.Name()+": the AppRole secret ID", strings.TrimSpace(string(secretID)))
+	keepSecret(t.Name()+": the Vault token", v.Token)
 	const staleness = 4 * time.Second
 	cfg := filepath.Join(work, "nvmegated.yaml")
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`keys:
