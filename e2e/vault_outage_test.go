@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -36,21 +34,8 @@ func TestVaultOutageUnderLoad(t *testing.T) {
 	bin := buildBinaries(t)
 	v := vaulttest.Start(t)
 	work := t.TempDir()
-	setup := exec.Command("bash", filepath.Join(repoRoot(t), "deploy", "vault", "setup.sh"), "approle", filepath.Join(work, "approle"))
-	setup.Env = append(os.Environ(), "VAULT_ADDR="+v.Addr, "VAULT_TOKEN="+v.Token,
-		"PATH="+filepath.Dir(vaulttest.Binary())+string(os.PathListSeparator)+os.Getenv("PATH"))
-	if out, err := setup.CombinedOutput(); err != nil {
-		t.Fatalf("setup.sh: %v\n%s", err, out)
-	}
-	roleID, err := os.ReadFile(filepath.Join(work, "approle", "role_id"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	secretID, err := os.ReadFile(filepath.Join(work, "approle", "secret_id"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	keepSecret(t.Name()+": the AppRole secret ID", strings.TrimSpace(string(secretID)))
+	role := v.SetUpAppRole(t, filepath.Join(work, "approle"))
+	keepSecret(t.Name()+": the AppRole secret ID", role.SecretID)
 	keepSecret(t.Name()+": the Vault token", v.Token)
 	const staleness = 4 * time.Second
 	cfg := filepath.Join(work, "nvmegated.yaml")
@@ -63,7 +48,7 @@ func TestVaultOutageUnderLoad(t *testing.T) {
     approle:
       role_id: %s
       secret_id_file: %s
-`, staleness, v.Addr, strings.TrimSpace(string(roleID)), filepath.Join(work, "approle", "secret_id"))), 0o600); err != nil {
+`, staleness, v.Addr, role.RoleID, role.SecretIDFile)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(work, "dev")

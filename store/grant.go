@@ -124,7 +124,16 @@ func grantByNodePrefix(node, job, sub string) []byte {
 // indexActiveGrantsByNode fills the node index of a store made before it
 // existed.
 func indexActiveGrantsByNode(tx *bolt.Tx) error {
-	grants, idx := tx.Bucket(bucketGrants), tx.Bucket(bucketGrantsByNode)
+	idx := tx.Bucket(bucketGrantsByNode)
+	return forEachActiveGrant(tx, func(g *nvmegate.Grant) error {
+		return idx.Put(grantByNodeKey(g.Node, g.JobID, g.SubsystemNQN, g.ID), nil)
+	})
+}
+
+// forEachActiveGrant calls fn with every grant in the index of active
+// grants (by subsystem), failing on an index entry without its grant.
+func forEachActiveGrant(tx *bolt.Tx, fn func(*nvmegate.Grant) error) error {
+	grants := tx.Bucket(bucketGrants)
 	return tx.Bucket(bucketGrantsBySubsystem).ForEach(func(k, _ []byte) error {
 		i := bytes.IndexByte(k, 0)
 		if i < 0 {
@@ -138,7 +147,7 @@ func indexActiveGrantsByNode(tx *bolt.Tx) error {
 		if err != nil {
 			return err
 		}
-		return idx.Put(grantByNodeKey(g.Node, g.JobID, g.SubsystemNQN, g.ID), nil)
+		return fn(g)
 	})
 }
 
@@ -320,20 +329,7 @@ func (db *DB) ExpiredGrants(ctx context.Context) ([]*nvmegate.Grant, error) {
 	now := db.now()
 	var out []*nvmegate.Grant
 	err := db.view(ctx, func(tx *bolt.Tx) error {
-		grants := tx.Bucket(bucketGrants)
-		return tx.Bucket(bucketGrantsBySubsystem).ForEach(func(k, _ []byte) error {
-			i := bytes.IndexByte(k, 0)
-			if i < 0 {
-				return fmt.Errorf("store: malformed key in %s", bucketGrantsBySubsystem)
-			}
-			v := grants.Get(k[i+1:])
-			if v == nil {
-				return fmt.Errorf("store: index %s points to a missing grant %q", bucketGrantsBySubsystem, k[i+1:])
-			}
-			g, err := decodeGrant(v)
-			if err != nil {
-				return err
-			}
+		return forEachActiveGrant(tx, func(g *nvmegate.Grant) error {
 			if g.State == nvmegate.GrantActive && !now.Before(g.ExpiresAt) {
 				out = append(out, g)
 			}

@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"io"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -21,16 +19,7 @@ import (
 func TestDaemonVaultKeysSetUpByScript(t *testing.T) {
 	v := vaulttest.Start(t)
 	dir := t.TempDir()
-	setup := exec.Command("bash", filepath.Join("..", "..", "deploy", "vault", "setup.sh"), "approle", filepath.Join(dir, "approle"))
-	setup.Env = append(os.Environ(), "VAULT_ADDR="+v.Addr, "VAULT_TOKEN="+v.Token,
-		"PATH="+filepath.Dir(vaulttest.Binary())+string(os.PathListSeparator)+os.Getenv("PATH"))
-	if out, err := setup.CombinedOutput(); err != nil {
-		t.Fatalf("setup.sh: %v\n%s", err, out)
-	}
-	roleID, err := os.ReadFile(filepath.Join(dir, "approle", "role_id"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	role := v.SetUpAppRole(t, filepath.Join(dir, "approle"))
 
 	m := NewMain()
 	m.Stderr = io.Discard
@@ -39,7 +28,7 @@ func TestDaemonVaultKeysSetUpByScript(t *testing.T) {
 	}
 	m.Config.Keys.Backend = "vault"
 	m.Config.Keys.Vault.Address = v.Addr
-	m.Config.Keys.Vault.AppRole = &VaultAppRole{RoleID: strings.TrimSpace(string(roleID)), SecretIDFile: filepath.Join(dir, "approle", "secret_id")}
+	m.Config.Keys.Vault.AppRole = &VaultAppRole{RoleID: role.RoleID, SecretIDFile: role.SecretIDFile}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if err := m.Open(ctx); err != nil {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -243,4 +244,33 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// AppRole is the login deploy/vault/setup.sh made for the gateway.
+type AppRole struct {
+	RoleID       string
+	SecretID     string // also in SecretIDFile, as the daemon reads it
+	SecretIDFile string
+}
+
+// SetUpAppRole runs the shipped deploy/vault/setup.sh approle against s
+// (the policy, the mounts, the role), with its files under dir.
+func (s *Server) SetUpAppRole(t testing.TB, dir string) AppRole {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	script := filepath.Join(filepath.Dir(file), "..", "..", "deploy", "vault", "setup.sh")
+	setup := exec.Command("bash", script, "approle", dir)
+	setup.Env = append(os.Environ(), "VAULT_ADDR="+s.Addr, "VAULT_TOKEN="+s.Token,
+		"PATH="+filepath.Dir(Binary())+string(os.PathListSeparator)+os.Getenv("PATH"))
+	if out, err := setup.CombinedOutput(); err != nil {
+		t.Fatalf("setup.sh: %v\n%s", err, out)
+	}
+	read := func(name string) string {
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(data))
+	}
+	return AppRole{RoleID: read("role_id"), SecretID: read("secret_id"), SecretIDFile: filepath.Join(dir, "secret_id")}
 }
