@@ -18,6 +18,21 @@ func repoRoot(t *testing.T) string {
 	return filepath.Dir(filepath.Dir(file))
 }
 
+// builtByMake returns $env, the path of something make test builds once
+// per machine (what). Without it the test is skipped — except under CI,
+// where a missing tool must fail the run, not pass it quietly.
+func builtByMake(t *testing.T, env, what string) string {
+	t.Helper()
+	p := os.Getenv(env)
+	if p == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s is not set under CI (make test builds %s and sets it)", env, what)
+		}
+		t.Skipf("%s is not set: make test builds %s and sets it", env, what)
+	}
+	return p
+}
+
 // buildBinaries builds nvmegated and nvmegate into a temp dir.
 func buildBinaries(t *testing.T) string {
 	t.Helper()

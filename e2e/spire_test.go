@@ -182,13 +182,7 @@ func TestSPIRE(t *testing.T) {
 	if testing.Short() {
 		t.Skip("e2e: builds and runs the binaries")
 	}
-	spireDir := os.Getenv("NVMEGATE_SPIRE")
-	if spireDir == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("NVMEGATE_SPIRE is not set under CI (make test builds SPIRE)")
-		}
-		t.Skip("NVMEGATE_SPIRE is not set: make test builds SPIRE with scripts/build-spire.sh and sets it")
-	}
+	spireDir := builtByMake(t, "NVMEGATE_SPIRE", "SPIRE with scripts/build-spire.sh")
 	bin := buildBinaries(t)
 	sp := startSPIRE(t, spireDir)
 	for _, id := range spireIDs {

@@ -68,13 +68,7 @@ func TestRealKernel(t *testing.T) {
 	if testing.Short() {
 		t.Skip("e2e: boots a VM")
 	}
-	kernel := os.Getenv("NVMEGATE_VM_KERNEL")
-	if kernel == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("NVMEGATE_VM_KERNEL is not set under CI (make test builds the kernel)")
-		}
-		t.Skip("NVMEGATE_VM_KERNEL is not set: make test builds the kernel with e2e/vm/build-kernel.sh and sets it")
-	}
+	kernel := builtByMake(t, "NVMEGATE_VM_KERNEL", "the kernel with e2e/vm/build-kernel.sh")
 	qemu, err := exec.LookPath("qemu-system-x86_64")
 	if err != nil {
 		t.Fatalf("qemu-system-x86_64: %v (apt-get install qemu-system-x86)", err)
