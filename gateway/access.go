@@ -510,12 +510,25 @@ func (s *accessService) Revoke(ctx context.Context, r *pb.RevokeRequest) (*pb.Re
 
 // revokeGrants ends grants, reprograms their targets and rotates the roots
 // of their subsystems (what the hosts knew stops working after the grace).
+// Each grant gets its own revoke entry — its job, host and subsystem —
+// before it is ended, as an expiry does: the call's entry names only what
+// was asked (a node, a job, an ID), and auditors follow a job's grants.
 func (s *accessService) revokeGrants(ctx context.Context, gs []*nvmegate.Grant, why string) ([]string, error) {
 	targets := map[string]bool{}
 	scopes := map[string]bool{}
 	var ids []string
 	var errs []error
+	caller := ""
+	if in, ok := authz.InputFromContext(ctx); ok {
+		caller = in.Caller.ID
+	}
 	for _, g := range gs {
+		e := audit.Entry{Kind: audit.EventRevoke, Time: s.now(), JobID: g.JobID, Tenant: g.Tenant, Caller: caller,
+			HostNQN: g.HostNQN, SubsystemNQN: g.SubsystemNQN, GrantID: g.ID, ExpiresAt: g.ExpiresAt, Detail: why}
+		if _, _, err := s.audit.Append(ctx, e); err != nil {
+			errs = append(errs, fmt.Errorf("grant %s: not revoked unrecorded: %w", g.ID, err))
+			continue
+		}
 		g.State = nvmegate.GrantRevoked
 		if err := s.grants.PutGrant(ctx, g); err != nil {
 			errs = append(errs, fmt.Errorf("grant %s: %w", g.ID, err))

@@ -271,9 +271,14 @@ func TestRevokeByNode(t *testing.T) {
 	if hs := hostsOn(t, g); len(hs) != 0 {
 		t.Fatalf("hosts after revoke: %v", hs)
 	}
+	// The call's entry, then one per revoked grant with its job and host.
 	got := queryAll(t, pb.NewAuditClient(g.client(t, auditor)), &pb.QueryRequest{Kinds: []string{"revoke"}})
-	if len(got) != 1 || got[0].Caller != "spiffe://nvmegate.test"+admin {
+	if len(got) != 2 || got[0].Caller != "spiffe://nvmegate.test"+admin || got[0].GrantID != "" {
 		t.Fatalf("revoke entries %+v", got)
+	}
+	if e := got[1]; e.GrantID != rv.RevokedGrantIds[0] || e.JobID != "job-1" || e.HostNQN == "" || e.SubsystemNQN != subNQN ||
+		e.Caller != "spiffe://nvmegate.test"+admin || e.Detail != "revoked: compromised" {
+		t.Fatalf("the grant's revoke entry %+v", e)
 	}
 }
 
