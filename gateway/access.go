@@ -396,7 +396,10 @@ func (s *accessService) Release(ctx context.Context, r *pb.ReleaseRequest) (*pb.
 
 // Renew extends the caller's grant (within policy's caps and the job's
 // expiry) and returns the current credentials: after a rotation, the new
-// root's, with the target reprogrammed before the answer.
+// root's, with the target reprogrammed before the answer. The renewal is
+// a new decision: its obligations apply in full (a class now obliging a
+// stronger hash, a DH group, bidirectional authentication, TLS or
+// read-only changes the grant and its credentials, as a connect would).
 func (s *accessService) Renew(ctx context.Context, r *pb.RenewRequest) (*pb.RenewResponse, error) {
 	g, err := s.ownGrant(ctx, r.GrantId)
 	if err != nil {
@@ -412,6 +415,14 @@ func (s *accessService) Renew(ctx context.Context, r *pb.RenewRequest) (*pb.Rene
 	if err != nil {
 		return nil, err
 	}
+	prev := *g
+	g.ReadOnly = d.Obligations.ReadOnly
+	if err := grantCredentialParams(g, sub, d.Obligations); err != nil {
+		return nil, err
+	}
+	if t.Driver == nvmegate.DriverNVMet && (g.TLS || g.DHCHAPHash == "none") {
+		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "policy now requires TLS for %s, which its nvmet target cannot enforce; the grant is not renewed", sub.NQN)
+	}
 	p, err := targetagent.GrantParams(g)
 	if err != nil {
 		return nil, err
@@ -421,7 +432,6 @@ func (s *accessService) Renew(ctx context.Context, r *pb.RenewRequest) (*pb.Rene
 		return nil, keyErr(err)
 	}
 	now := s.now()
-	prev := *g
 	g.KeyVersion, g.ExpiresAt, g.DecisionID = creds.RootVersion, grantExpiry(now, r.Ttl.AsDuration(), d.Obligations.MaxTTL, j.ExpiresAt), d.ID
 	// On the record before the store or the target changes.
 	e := grantEntry(in, d, g, creds)
@@ -434,7 +444,8 @@ func (s *accessService) Renew(ctx context.Context, r *pb.RenewRequest) (*pb.Rene
 	if err := s.grants.PutGrant(ctx, g); err != nil {
 		return nil, err // e.g. revoked meanwhile: ended grants stay ended
 	}
-	if g.KeyVersion != prev.KeyVersion {
+	if g.KeyVersion != prev.KeyVersion || g.DHCHAPHash != prev.DHCHAPHash || g.DHGroup != prev.DHGroup ||
+		g.Bidirectional != prev.Bidirectional || g.TLS != prev.TLS || g.ReadOnly != prev.ReadOnly {
 		if err := s.targets.Program(ctx, t.ID); err != nil {
 			s.log.ErrorContext(ctx, "renew: target not reprogrammed; grant kept at its old keys", "grant", g.ID, "err", err)
 			if perr := s.grants.PutGrant(context.WithoutCancel(ctx), &prev); perr != nil {

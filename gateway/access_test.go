@@ -2,12 +2,14 @@ package gateway_test
 
 import (
 	"context"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"testing/fstest"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/nvmegate/nvmegate/fabric"
 	"github.com/nvmegate/nvmegate/keys/nvmefmt"
+	"github.com/nvmegate/nvmegate/policy"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
 
@@ -457,5 +460,74 @@ func TestConnectTLSOnNVMetRefused(t *testing.T) {
 	wantCode(t, err, codes.FailedPrecondition, "cannot enforce")
 	if hs, _ := os.ReadDir(filepath.Join(g.configfs, "stor-eu-1", "hosts")); len(hs) != 0 {
 		t.Fatalf("hosts on the nvmet target: %v", hs)
+	}
+}
+
+// The security team tightens a class while grants are active: a renewal is
+// a new decision, and its obligations reach the grant, the credentials and
+// the target (here: SHA-384, ffdhe3072 and bidirectional authentication
+// for the internal class, which had none).
+func TestRenewAppliesNewObligations(t *testing.T) {
+	g := startGateway(t)
+	acmeInventory(t, g)
+	ctx := ctxT(t)
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
+		t.Fatal(err)
+	}
+	n1 := pb.NewAccessClient(g.client(t, node))
+	c1, err := n1.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c1.Credentials.DhchapCtrlSecret != "" || !strings.HasPrefix(c1.Credentials.DhchapHostSecret, "DHHC-1:01:") {
+		t.Fatalf("before: host secret %.10s…, ctrl secret set: %v", c1.Credentials.DhchapHostSecret, c1.Credentials.DhchapCtrlSecret != "")
+	}
+
+	// The new policy data: internal now obliges what restricted's
+	// DH-HMAC-CHAP option does.
+	files := fstest.MapFS{}
+	if err := fs.WalkDir(policy.Default(), ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, err := fs.ReadFile(policy.Default(), p)
+		files[p] = &fstest.MapFile{Data: data}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	old := `"internal": {"max_ttl": "24h"}`
+	data := string(files["data.json"].Data)
+	if !strings.Contains(data, old) {
+		t.Fatalf("policy data.json no longer has %s", old)
+	}
+	files["data.json"].Data = []byte(strings.Replace(data, old,
+		`"internal": {"max_ttl": "24h", "auth_options": [{"auth_mode": "dhchap", "bidirectional": true, "min_dh_group": "ffdhe3072", "min_hash": "sha384"}]}`, 1))
+	b, err := policy.Load(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.engine.Reload(ctx, b, "tightened"); err != nil {
+		t.Fatal(err)
+	}
+
+	r1, err := n1.Renew(ctx, &pb.RenewRequest{GrantId: c1.Grant.GrantId})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(r1.Credentials.DhchapHostSecret, "DHHC-1:02:") || !strings.HasPrefix(r1.Credentials.DhchapCtrlSecret, "DHHC-1:02:") {
+		t.Fatalf("after: host secret %.10s…, ctrl secret %.10s…; want SHA-384 secrets both ways", r1.Credentials.DhchapHostSecret, r1.Credentials.DhchapCtrlSecret)
+	}
+	host := filepath.Join(g.configfs, "stor-eu-1", "hosts", c1.Grant.HostNqn)
+	for name, want := range map[string]string{
+		"dhchap_key":      r1.Credentials.DhchapHostSecret,
+		"dhchap_ctrl_key": r1.Credentials.DhchapCtrlSecret,
+		"dhchap_hash":     "hmac(sha384)",
+		"dhchap_dhgroup":  "ffdhe3072",
+	} {
+		got, _ := os.ReadFile(filepath.Join(host, name))
+		if strings.TrimSpace(string(got)) != want {
+			t.Errorf("the target's %s is not what the renewal obliges", name)
+		}
 	}
 }
