@@ -45,9 +45,9 @@ type Config struct {
 	// Targets programs targets before a grant is handed out (the target
 	// agent); nil: Connect answers Unimplemented.
 	Targets TargetProgrammer
-	// TargetHub connects remote target agents (the TargetAgent service);
-	// it needs Targets to implement TargetStates. Nil: the service answers
-	// Unimplemented.
+	// TargetHub connects remote target agents (the TargetAgent service,
+	// which has Targets program an agent's target when it connects). Nil:
+	// the service answers Unimplemented.
 	TargetHub TargetHub
 	// Policy reports the loaded policy for Policy.Status; optional.
 	Policy PolicyInfo
@@ -159,8 +159,8 @@ func New(cfg Config) (*Server, error) {
 		pb.RegisterAccessServer(s.grpc, pb.UnimplementedAccessServer{})
 		pb.RegisterJobsServer(s.grpc, pb.UnimplementedJobsServer{})
 	}
-	if ts, ok := cfg.Targets.(TargetStates); ok && cfg.TargetHub != nil {
-		pb.RegisterTargetAgentServer(s.grpc, &targetAgentService{store: cfg.Store, hub: cfg.TargetHub, states: ts, stopping: s.stopping})
+	if cfg.Targets != nil && cfg.TargetHub != nil {
+		pb.RegisterTargetAgentServer(s.grpc, &targetAgentService{store: cfg.Store, hub: cfg.TargetHub, targets: cfg.Targets, stopping: s.stopping, log: s.log})
 	} else {
 		pb.RegisterTargetAgentServer(s.grpc, pb.UnimplementedTargetAgentServer{})
 	}

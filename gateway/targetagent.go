@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"log/slog"
 
 	"google.golang.org/grpc"
 
@@ -18,11 +19,6 @@ type TargetHub interface {
 	Ack(targetID string, gen uint64, errMsg string)
 }
 
-// TargetStates builds a target's desired state (targetagent.Agent).
-type TargetStates interface {
-	State(ctx context.Context, t *nvmegate.Target) (fabric.State, error)
-}
-
 // targetAgentService streams each target agent its own target's desired
 // state. Policy has checked that the caller is a target agent; the target
 // is always the caller's own (its SVID's name), so an agent can read
@@ -31,8 +27,9 @@ type targetAgentService struct {
 	pb.UnimplementedTargetAgentServer
 	store    InventoryStore
 	hub      TargetHub
-	states   TargetStates
+	targets  TargetProgrammer
 	stopping <-chan struct{} // the gateway is shutting down
+	log      *slog.Logger
 }
 
 func (s *targetAgentService) own(ctx context.Context) (*nvmegate.Target, error) {
@@ -51,20 +48,25 @@ func (s *targetAgentService) Watch(_ *pb.WatchRequest, stream grpc.ServerStreami
 	}
 	states, cancel := s.hub.Subscribe(t.ID)
 	defer cancel()
-	st, err := s.states.State(ctx, t)
-	if err != nil {
-		return err
-	}
-	for {
-		if err := stream.Send(targetagent.StateToProto(t.ID, st)); err != nil {
-			return err
+	// The first state comes the way every later one does: from a
+	// programming run, which runs one at a time per target. A state built
+	// here, beside a run in flight, could reach the agent after a newer
+	// one — and allow a host revoked in between until the next run.
+	go func() {
+		if err := s.targets.Program(ctx, t.ID); err != nil && ctx.Err() == nil {
+			s.log.WarnContext(ctx, "target agent connected, its first state not applied; the reconciler retries", "target", t.ID, "err", err)
 		}
+	}()
+	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-s.stopping:
 			return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "the gateway is shutting down; reconnect")
-		case st = <-states:
+		case st := <-states:
+			if err := stream.Send(targetagent.StateToProto(t.ID, st)); err != nil {
+				return err
+			}
 		}
 	}
 }
