@@ -161,6 +161,11 @@ func (d *Driver) writeHost(h fabric.Host) (err error) {
 			d.forget(dir)
 		}
 	}()
+	if h.DHCHAPCtrlKey == "" {
+		if err := d.dropCtrlKey(dir); err != nil {
+			return err
+		}
+	}
 	if err := mkdir(dir); err != nil {
 		return err
 	}
@@ -183,6 +188,31 @@ func (d *Driver) writeHost(h fabric.Host) (err error) {
 		}
 	}
 	return nil
+}
+
+// dropCtrlKey clears the controller key of a host entry that no longer
+// has one (its grant became unidirectional). configfs cannot clear it —
+// Linux 6.1's nvmet_auth_set_key refuses anything but a DHHC-1 key — and
+// a host entry linked from a subsystem cannot be removed (EBUSY), so the
+// entry's links go, then the entry; Apply then makes it anew and links it
+// again. Live connections stay: nvmet checks allowed_hosts only when a
+// queue connects.
+func (d *Driver) dropCtrlKey(dir string) error {
+	cur, err := os.ReadFile(filepath.Join(dir, "dhchap_ctrl_key"))
+	if err != nil || len(bytes.TrimSpace(cur)) == 0 {
+		return nil // no entry yet, or no controller key
+	}
+	links, err := filepath.Glob(filepath.Join(d.Root, "subsystems", "*", "allowed_hosts", filepath.Base(dir)))
+	if err != nil {
+		return fmt.Errorf("nvmet: %w", err)
+	}
+	for _, l := range links {
+		d.forget(l)
+		if err := os.Remove(l); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("nvmet: unlink %s: %w", strings.TrimPrefix(l, d.Root+"/"), unwrapPath(err))
+		}
+	}
+	return rmdir(dir)
 }
 
 func (d *Driver) writeSubsystem(sub fabric.Subsystem) error {

@@ -257,3 +257,41 @@ func TestDriverRemembers(t *testing.T) {
 		t.Errorf("a host added back was not written: %q %v", got, err)
 	}
 }
+
+// A host whose grant becomes unidirectional loses its controller key on
+// the target: configfs cannot clear the attribute, so the entry is made
+// anew (unlinked, removed, written, linked again).
+func TestApplyDropsControllerKey(t *testing.T) {
+	root := t.TempDir()
+	d := &nvmet.Driver{Root: root}
+	ctx := context.Background()
+	if err := d.Apply(ctx, state(host(hostA, keyA1, ctrl1), host(hostB, keyB1, ctrl1))); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Apply(ctx, state(host(hostA, keyA2, ""), host(hostB, keyB1, ctrl1))); err != nil {
+		t.Fatal(err)
+	}
+	hostDir := filepath.Join(root, "hosts", hostA)
+	if data, err := os.ReadFile(filepath.Join(hostDir, "dhchap_ctrl_key")); err == nil && strings.TrimSpace(string(data)) != "" {
+		t.Fatal("hostA keeps its old controller key")
+	}
+	if key, _ := os.ReadFile(filepath.Join(hostDir, "dhchap_key")); strings.TrimSpace(string(key)) != keyA2 {
+		t.Fatalf("hostA's key %q, want the new one", key)
+	}
+	for _, h := range []string{hostA, hostB} {
+		if _, err := os.Readlink(filepath.Join(root, "subsystems", sub, "allowed_hosts", h)); err != nil {
+			t.Fatalf("%s is not allowed any more: %v", h, err)
+		}
+	}
+	if ck, _ := os.ReadFile(filepath.Join(root, "hosts", hostB, "dhchap_ctrl_key")); strings.TrimSpace(string(ck)) != ctrl1 {
+		t.Fatal("hostB, still bidirectional, lost its controller key")
+	}
+	// Applying the same state again touches nothing.
+	tree := dump(t, root)
+	if err := d.Apply(ctx, state(host(hostA, keyA2, ""), host(hostB, keyB1, ctrl1))); err != nil {
+		t.Fatal(err)
+	}
+	if dump(t, root) != tree {
+		t.Fatal("applying twice changed the tree")
+	}
+}
