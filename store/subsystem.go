@@ -71,6 +71,11 @@ func checkSubsystemPorts(tx *bolt.Tx, s *nvmegate.Subsystem) error {
 			return nvmegate.Invalid("port_ids["+strconv.Itoa(i)+"]", "target %q has no port %d", t.ID, id)
 		}
 		tls = tls || p.TLS()
+		if p.SecureChannel == nvmegate.SecureChannelRequired && !s.TLS {
+			// Its hosts would get no PSK, and the port takes no host
+			// without TLS: no grant on it could ever connect.
+			return nvmegate.Invalid("port_ids["+strconv.Itoa(i)+"]", "port %d of target %q requires TLS; a subsystem without tls cannot be served on it", id, t.ID)
+		}
 	}
 	if s.TLS && !tls {
 		return nvmegate.Invalid("tls", "a TLS subsystem needs at least one listed port with a TLS secure channel (optional or required); none of ports %v of target %q has one", s.PortIDs, t.ID)

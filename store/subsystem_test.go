@@ -60,6 +60,8 @@ func TestCreateSubsystemRules(t *testing.T) {
 			[]string{`target "t1" has no port 7`}},
 		{"tls without tls port", func(s *nvmegate.Subsystem) { s.TLS = true; s.PortIDs = []uint16{1, 3} }, nvmegate.EINVALID, "tls",
 			[]string{"TLS secure channel"}},
+		{"no tls on a TLS-only port", func(s *nvmegate.Subsystem) { s.TLS = false; s.PortIDs = []uint16{1, 2} }, nvmegate.EINVALID, "port_ids[1]",
+			[]string{`port 2 of target "t1" requires TLS`}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
