@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -46,6 +47,7 @@ type testGateway struct {
 	keyStore *localstore.Store // the real local key store in a temp dir
 	configfs string            // the nvmet driver's trees, one per target ID
 	srv      *gateway.Server
+	stop     func() error // shuts the gateway down (once) and returns what Serve did
 }
 
 type gatewayOption func(*gateway.Config)
@@ -133,16 +135,21 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, lis) }()
+	var once sync.Once
+	var serveErr error
+	stop := func() error {
+		once.Do(func() { cancel(); serveErr = <-done })
+		return serveErr
+	}
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
+		if err := stop(); err != nil {
 			t.Errorf("Serve: %v", err)
 		}
 		db.Close()
 		alog.Close()
 		ks.Close()
 	})
-	return &testGateway{addr: lis.Addr().String(), ca: ca, registry: reg, engine: engine, audit: alog, auditKey: ls.PublicKey(), keyStore: ks, configfs: configfs, srv: srv}
+	return &testGateway{addr: lis.Addr().String(), ca: ca, registry: reg, engine: engine, audit: alog, auditKey: ls.PublicKey(), keyStore: ks, configfs: configfs, srv: srv, stop: stop}
 }
 
 // client connects as spiffe://nvmegate.test/<path> with a fresh SVID.

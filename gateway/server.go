@@ -164,7 +164,7 @@ func New(cfg Config) (*Server, error) {
 	} else {
 		pb.RegisterTargetAgentServer(s.grpc, pb.UnimplementedTargetAgentServer{})
 	}
-	healthpb.RegisterHealthServer(s.grpc, s.health)
+	healthpb.RegisterHealthServer(s.grpc, stoppingHealth{s.health, s.stopping})
 	reflection.Register(s.grpc)
 	return s, nil
 }
