@@ -65,7 +65,7 @@ func TestState(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := db.CreateSubsystem(ctx, &nvmegate.Subsystem{NQN: sub, TargetID: "t1", Tenant: "acme", PortIDs: []uint16{1, 2}, DHCHAP: true}); err != nil {
+	if err := db.CreateSubsystem(ctx, &nvmegate.Subsystem{NQN: sub, TargetID: "t1", Tenant: "acme", PortIDs: []uint16{1, 2}, DHCHAP: true, TLS: true}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := km.Rotate(ctx, sub, "test"); err != nil {
