@@ -41,6 +41,7 @@ type GrantStore interface {
 	PutGrants(ctx context.Context, gs ...*nvmegate.Grant) error
 	SubsystemGrants(ctx context.Context, subsystemNQN string) ([]*nvmegate.Grant, error)
 	NodeGrants(ctx context.Context, node, jobID, subsystemNQN string) ([]*nvmegate.Grant, error)
+	NodeActiveGrants(ctx context.Context, node string) ([]*nvmegate.Grant, error)
 	Grant(ctx context.Context, id string) (*nvmegate.Grant, error)
 	ListGrants(ctx context.Context, f store.GrantFilter, p store.Page) ([]*nvmegate.Grant, string, error)
 }
@@ -172,6 +173,15 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 		o.State = nvmegate.GrantReleased
 		changed = append(changed, o)
 	}
+	// The node's grants that share this host entry move with it.
+	sibs, err := s.sharingHostEntry(ctx, g)
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range sibs {
+		o.KeyVersion = g.KeyVersion
+		changed = append(changed, o)
+	}
 	// The grant is on the record before anything changes: store, target.
 	idx, _, err := s.audit.Append(ctx, grantEntry(in, d, g, creds))
 	if err != nil {
@@ -195,6 +205,34 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 		return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "target %s did not accept the host in time; no grant was made", t.ID)
 	}
 	return s.connectResponse(ctx, g, sub, t, creds, d)
+}
+
+// sharingHostEntry returns the node's other active grants that share g's
+// host entry: the same host NQN in the same key scope (on nvmet one entry
+// per host per target, on SPDK per subsystem), in any job. The target can
+// hold only one set of credentials for them, so they must ask for the
+// same authentication, and they move to g's root version with it — else
+// a renewal after a rotation could never be programmed.
+func (s *accessService) sharingHostEntry(ctx context.Context, g *nvmegate.Grant) ([]*nvmegate.Grant, error) {
+	all, err := s.grants.NodeActiveGrants(ctx, g.Node)
+	if err != nil {
+		return nil, err
+	}
+	now := s.now()
+	var out []*nvmegate.Grant
+	for _, o := range all {
+		if o.ID == g.ID || !o.Active(now) || o.HostNQN != g.HostNQN || o.Scope() != g.Scope() ||
+			(o.JobID == g.JobID && o.SubsystemNQN == g.SubsystemNQN) { // g supersedes it
+			continue
+		}
+		if o.DHCHAPHash != g.DHCHAPHash || o.DHGroup != g.DHGroup || o.Bidirectional != g.Bidirectional || o.TLS != g.TLS {
+			return nil, nvmegate.Errorf(nvmegate.ECONFLICT,
+				"host %s holds grant %s (subsystem %s) whose authentication differs from this one's (%s/%s/bidirectional=%t/tls=%t vs %s/%s/bidirectional=%t/tls=%t); the target keeps one set of credentials per host: release that grant first",
+				g.HostNQN, o.ID, o.SubsystemNQN, o.DHCHAPHash, o.DHGroup, o.Bidirectional, o.TLS, g.DHCHAPHash, g.DHGroup, g.Bidirectional, g.TLS)
+		}
+		out = append(out, o)
+	}
+	return out, nil
 }
 
 // grantExpiry is now+ttl (DefaultGrantTTL if 0), capped by the policy's
@@ -433,6 +471,19 @@ func (s *accessService) Renew(ctx context.Context, r *pb.RenewRequest) (*pb.Rene
 	}
 	now := s.now()
 	g.KeyVersion, g.ExpiresAt, g.DecisionID = creds.RootVersion, grantExpiry(now, r.Ttl.AsDuration(), d.Obligations.MaxTTL, j.ExpiresAt), d.ID
+	// The node's grants that share this host entry move with it.
+	sibs, err := s.sharingHostEntry(ctx, g)
+	if err != nil {
+		return nil, err
+	}
+	prevSibs := make([]*nvmegate.Grant, len(sibs))
+	sibsMoved := false
+	for i, o := range sibs {
+		p := *o
+		prevSibs[i] = &p
+		sibsMoved = sibsMoved || o.KeyVersion != g.KeyVersion
+		o.KeyVersion = g.KeyVersion
+	}
 	// On the record before the store or the target changes.
 	e := grantEntry(in, d, g, creds)
 	e.Kind, e.Time, e.Detail = audit.EventRenew, now, "access.renew "+g.SubsystemNQN
@@ -441,14 +492,14 @@ func (s *accessService) Renew(ctx context.Context, r *pb.RenewRequest) (*pb.Rene
 		return nil, errAuditUnavailable
 	}
 	g.AuditIndex = idx
-	if err := s.grants.PutGrant(ctx, g); err != nil {
+	if err := s.grants.PutGrants(ctx, append([]*nvmegate.Grant{g}, sibs...)...); err != nil {
 		return nil, err // e.g. revoked meanwhile: ended grants stay ended
 	}
-	if g.KeyVersion != prev.KeyVersion || g.DHCHAPHash != prev.DHCHAPHash || g.DHGroup != prev.DHGroup ||
+	if sibsMoved || g.KeyVersion != prev.KeyVersion || g.DHCHAPHash != prev.DHCHAPHash || g.DHGroup != prev.DHGroup ||
 		g.Bidirectional != prev.Bidirectional || g.TLS != prev.TLS || g.ReadOnly != prev.ReadOnly {
 		if err := s.targets.Program(ctx, t.ID); err != nil {
 			s.log.ErrorContext(ctx, "renew: target not reprogrammed; grant kept at its old keys", "grant", g.ID, "err", err)
-			if perr := s.grants.PutGrant(context.WithoutCancel(ctx), &prev); perr != nil {
+			if perr := s.grants.PutGrants(context.WithoutCancel(ctx), append([]*nvmegate.Grant{&prev}, prevSibs...)...); perr != nil {
 				s.log.ErrorContext(ctx, "renew: old keys not restored", "grant", g.ID, "err", perr)
 			}
 			s.recordFailure(ctx, in, d, g, "target "+t.ID+" did not accept the new keys")

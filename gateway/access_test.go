@@ -325,6 +325,27 @@ func TestConnectTwoSubsystemsOneNVMetTarget(t *testing.T) {
 			t.Fatalf("%s: %v", s, err)
 		}
 	}
+
+	// The target's root rotates and the node renews one of the two grants:
+	// the host's entry must still be one entry, and the target must keep
+	// taking other hosts.
+	if _, err := pb.NewKeysClient(g.client(t, admin)).Rotate(ctx, &pb.RotateRequest{Kind: pb.KeyKind_KEY_KIND_ACCESS_ROOT, SubsystemNqn: subNQN}); err != nil {
+		t.Fatal(err)
+	}
+	r1, err := ac.Renew(ctx, &pb.RenewRequest{GrantId: c1.Grant.GrantId})
+	if err != nil {
+		t.Fatalf("renew one of two grants on the target: %v", err)
+	}
+	if r1.Credentials.DhchapHostSecret == c1.Credentials.DhchapHostSecret {
+		t.Fatal("renew after the rotation kept the old secret")
+	}
+	if _, err := pb.NewAccessClient(g.client(t, "/node/acme-gpu-2")).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN}); err != nil {
+		t.Fatalf("another node after the renewal: %v", err)
+	}
+	key, _ := os.ReadFile(filepath.Join(g.configfs, "stor-eu-1", "hosts", c1.Grant.HostNqn, "dhchap_key"))
+	if strings.TrimSpace(string(key)) != r1.Credentials.DhchapHostSecret {
+		t.Fatal("the host's entry does not hold the renewed secret")
+	}
 }
 
 // The sweeper ends expired grants: recorded as expire, stored as expired,
@@ -529,5 +550,47 @@ func TestRenewAppliesNewObligations(t *testing.T) {
 		if strings.TrimSpace(string(got)) != want {
 			t.Errorf("the target's %s is not what the renewal obliges", name)
 		}
+	}
+}
+
+// A node granted a subsystem of an nvmet target cannot be granted another
+// subsystem of that target under other authentication (its data class
+// obliges SHA-384 and bidirectional): the target holds one entry per host.
+// The refusal says so, and the target keeps serving everyone else.
+func TestConnectConflictingAuthOneNVMetTarget(t *testing.T) {
+	g := startGateway(t)
+	acmeInventory(t, g)
+	ctx := ctxT(t)
+	inv := pb.NewInventoryClient(g.client(t, admin))
+	sub2 := subNQN + "-restricted"
+	if _, err := inv.AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: &pb.Subsystem{Nqn: sub2, TargetId: "stor-eu-1", Tenant: "acme", PortIds: []uint32{1}, Dhchap: true}}); err != nil {
+		t.Fatal(err)
+	}
+	ns2 := validNamespace()
+	ns2.SubsystemNqn, ns2.DataClass = sub2, "restricted"
+	if _, err := inv.AddNamespace(ctx, &pb.AddNamespaceRequest{Namespace: ns2}); err != nil {
+		t.Fatal(err)
+	}
+	req := admitRequest("job-1")
+	req.Namespaces = append(req.Namespaces, &pb.JobNamespace{SubsystemNqn: sub2, Nsid: 1, Mode: pb.AccessMode_ACCESS_MODE_READ_ONLY})
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	ac := pb.NewAccessClient(g.client(t, node))
+	c1, err := ac.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = ac.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: sub2})
+	wantCode(t, err, codes.FailedPrecondition, "holds grant "+c1.Grant.GrantId, "release that grant first")
+	if _, err := pb.NewAccessClient(g.client(t, "/node/acme-gpu-2")).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: sub2}); err != nil {
+		t.Fatalf("another node on the restricted subsystem: %v", err)
+	}
+	// Released, the first grant no longer stands in the way.
+	if _, err := ac.Release(ctx, &pb.ReleaseRequest{GrantId: c1.Grant.GrantId}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ac.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: sub2}); err != nil {
+		t.Fatalf("after the release: %v", err)
 	}
 }

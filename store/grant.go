@@ -154,15 +154,25 @@ func forEachActiveGrant(tx *bolt.Tx, fn func(*nvmegate.Grant) error) error {
 // NodeGrants returns the active grants of a node in a job on a subsystem
 // (normally at most one), without reading the subsystem's other grants.
 func (db *DB) NodeGrants(ctx context.Context, node, jobID, subsystemNQN string) ([]*nvmegate.Grant, error) {
+	return db.nodeGrants(ctx, grantByNodePrefix(node, jobID, subsystemNQN))
+}
+
+// NodeActiveGrants returns every active grant of a node, in any job and on
+// any subsystem (those that share its host entry on a target).
+func (db *DB) NodeActiveGrants(ctx context.Context, node string) ([]*nvmegate.Grant, error) {
+	return db.nodeGrants(ctx, append([]byte(node), 0))
+}
+
+func (db *DB) nodeGrants(ctx context.Context, prefix []byte) ([]*nvmegate.Grant, error) {
 	var out []*nvmegate.Grant
 	err := db.view(ctx, func(tx *bolt.Tx) error {
-		prefix := grantByNodePrefix(node, jobID, subsystemNQN)
 		grants := tx.Bucket(bucketGrants)
 		c := tx.Bucket(bucketGrantsByNode).Cursor()
 		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-			v := grants.Get(k[len(prefix):])
+			id := k[bytes.LastIndexByte(k, 0)+1:] // node\0job\0subsystem\0ID
+			v := grants.Get(id)
 			if v == nil {
-				return fmt.Errorf("store: index %s points to a missing grant %q", bucketGrantsByNode, k[len(prefix):])
+				return fmt.Errorf("store: index %s points to a missing grant %q", bucketGrantsByNode, id)
 			}
 			g, err := decodeGrant(v)
 			if err != nil {
