@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -69,6 +70,16 @@ func (d *Driver) forget(path string) {
 	delete(d.seen, path)
 }
 
+// stateSum digests a state's content (secrets included, so a re-key is
+// seen; only the digest is kept), not its generation.
+func stateSum(s fabric.State) ([32]byte, error) {
+	b, err := json.Marshal(s.Subsystems)
+	if err != nil {
+		return [32]byte{}, fmt.Errorf("nvmet: %w", err)
+	}
+	return sha256.Sum256(b), nil
+}
+
 // hostSum digests a host entry (secrets included, so a re-key is seen;
 // only the digest is kept).
 func hostSum(h fabric.Host) [32]byte {
@@ -77,9 +88,29 @@ func hostSum(h fabric.Host) [32]byte {
 
 var _ fabric.Driver = (*Driver)(nil)
 
-// Apply makes the tree match s for the subsystems in s.
-func (d *Driver) Apply(ctx context.Context, s fabric.State) error {
+// stateKey is where the driver remembers the last state it applied whole.
+const stateKey = "\x00state"
+
+// Apply makes the tree match s for the subsystems in s. The same state as
+// the last one applied (its generation aside) is not applied again within
+// Recheck: under load most programming runs change nothing on the target
+// (a node reconnecting gets the host entry it had), and walking the tree
+// was most of their cost.
+func (d *Driver) Apply(ctx context.Context, s fabric.State) (err error) {
 	s.Normalize()
+	sum, err := stateSum(s)
+	if err != nil {
+		return err
+	}
+	if d.fresh(stateKey, sum) {
+		return nil
+	}
+	d.forget(stateKey)
+	defer func() {
+		if err == nil {
+			d.remember(stateKey, sum)
+		}
+	}()
 	for _, dir := range []string{"hosts", "subsystems", "ports"} {
 		if err := mkdir(filepath.Join(d.Root, dir)); err != nil {
 			return err

@@ -295,3 +295,45 @@ func TestApplyDropsControllerKey(t *testing.T) {
 		t.Fatal("applying twice changed the tree")
 	}
 }
+
+// The same state again (a new generation, same content) is not applied
+// again within Recheck; a changed one is.
+func TestDriverSkipsUnchangedState(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "nvmet")
+	d := &nvmet.Driver{Root: root, Recheck: time.Hour}
+	ctx := context.Background()
+	st := state(host(hostA, keyA1, ""))
+	st.Generation = 1
+	if err := d.Apply(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(root, "subsystems", sub, "allowed_hosts", hostA)
+	if err := os.Remove(link); err != nil { // a change behind its back
+		t.Fatal(err)
+	}
+	st.Generation = 2
+	if err := d.Apply(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(link); err == nil {
+		t.Fatal("an unchanged state was applied again")
+	}
+	// A state that differs (hostB added) is applied.
+	if err := d.Apply(ctx, state(host(hostA, keyA1, ""), host(hostB, keyB1, ""))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(root, "subsystems", sub, "allowed_hosts", hostB)); err != nil {
+		t.Fatalf("a changed state was not applied: %v", err)
+	}
+	// A driver that always rechecks applies even the same state again.
+	again := &nvmet.Driver{Root: root, Recheck: -1}
+	for range 2 {
+		if err := again.Apply(ctx, st); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Lstat(link); err != nil {
+			t.Fatalf("a rechecking driver did not restore the link: %v", err)
+		}
+		os.Remove(link)
+	}
+}
