@@ -293,21 +293,8 @@ func TestConnectTwoSubsystemsOneNVMetTarget(t *testing.T) {
 	g := startGateway(t)
 	acmeInventory(t, g)
 	ctx := ctxT(t)
-	inv := pb.NewInventoryClient(g.client(t, admin))
 	sub2 := subNQN + "-ckpt"
-	if _, err := inv.AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: &pb.Subsystem{Nqn: sub2, TargetId: "stor-eu-1", Tenant: "acme", PortIds: []uint32{1}, Dhchap: true}}); err != nil {
-		t.Fatal(err)
-	}
-	ns2 := validNamespace()
-	ns2.SubsystemNqn = sub2
-	if _, err := inv.AddNamespace(ctx, &pb.AddNamespaceRequest{Namespace: ns2}); err != nil {
-		t.Fatal(err)
-	}
-	req := admitRequest("job-1")
-	req.Namespaces = append(req.Namespaces, &pb.JobNamespace{SubsystemNqn: sub2, Nsid: 1, Mode: pb.AccessMode_ACCESS_MODE_READ_ONLY})
-	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, req); err != nil {
-		t.Fatal(err)
-	}
+	addSecondSubsystem(t, g, sub2, "internal")
 	ac := pb.NewAccessClient(g.client(t, node))
 	c1, err := ac.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
 	if err != nil {
@@ -561,21 +548,8 @@ func TestConnectConflictingAuthOneNVMetTarget(t *testing.T) {
 	g := startGateway(t)
 	acmeInventory(t, g)
 	ctx := ctxT(t)
-	inv := pb.NewInventoryClient(g.client(t, admin))
 	sub2 := subNQN + "-restricted"
-	if _, err := inv.AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: &pb.Subsystem{Nqn: sub2, TargetId: "stor-eu-1", Tenant: "acme", PortIds: []uint32{1}, Dhchap: true}}); err != nil {
-		t.Fatal(err)
-	}
-	ns2 := validNamespace()
-	ns2.SubsystemNqn, ns2.DataClass = sub2, "restricted"
-	if _, err := inv.AddNamespace(ctx, &pb.AddNamespaceRequest{Namespace: ns2}); err != nil {
-		t.Fatal(err)
-	}
-	req := admitRequest("job-1")
-	req.Namespaces = append(req.Namespaces, &pb.JobNamespace{SubsystemNqn: sub2, Nsid: 1, Mode: pb.AccessMode_ACCESS_MODE_READ_ONLY})
-	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, req); err != nil {
-		t.Fatal(err)
-	}
+	addSecondSubsystem(t, g, sub2, "restricted")
 	ac := pb.NewAccessClient(g.client(t, node))
 	c1, err := ac.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
 	if err != nil {
@@ -592,5 +566,26 @@ func TestConnectConflictingAuthOneNVMetTarget(t *testing.T) {
 	}
 	if _, err := ac.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: sub2}); err != nil {
 		t.Fatalf("after the release: %v", err)
+	}
+}
+
+// addSecondSubsystem adds subsystem nqn on acme's target stor-eu-1 with one
+// namespace of data class class, and admits job-1 over both subsystems.
+func addSecondSubsystem(t *testing.T, g *testGateway, nqn, class string) {
+	t.Helper()
+	ctx := ctxT(t)
+	inv := pb.NewInventoryClient(g.client(t, admin))
+	if _, err := inv.AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: &pb.Subsystem{Nqn: nqn, TargetId: "stor-eu-1", Tenant: "acme", PortIds: []uint32{1}, Dhchap: true}}); err != nil {
+		t.Fatal(err)
+	}
+	ns := validNamespace()
+	ns.SubsystemNqn, ns.DataClass = nqn, class
+	if _, err := inv.AddNamespace(ctx, &pb.AddNamespaceRequest{Namespace: ns}); err != nil {
+		t.Fatal(err)
+	}
+	req := admitRequest("job-1")
+	req.Namespaces = append(req.Namespaces, &pb.JobNamespace{SubsystemNqn: nqn, Nsid: 1, Mode: pb.AccessMode_ACCESS_MODE_READ_ONLY})
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, req); err != nil {
+		t.Fatal(err)
 	}
 }
