@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nvmegate/nvmegate"
@@ -178,12 +179,12 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 	if err != nil {
 		return nil, err
 	}
-	for _, o := range sibs {
-		o.KeyVersion = g.KeyVersion
-		changed = append(changed, o)
-	}
+	moved, before := moveToVersion(sibs, g.KeyVersion)
+	changed = append(changed, moved...)
 	// The grant is on the record before anything changes: store, target.
-	idx, _, err := s.audit.Append(ctx, grantEntry(in, d, g, creds))
+	e := grantEntry(in, d, g, creds)
+	e.Detail += movedDetail(moved)
+	idx, _, err := s.audit.Append(ctx, e)
 	if err != nil {
 		s.log.ErrorContext(ctx, "connect: grant not recorded; none made", "grant", g.ID, "err", err)
 		return nil, errAuditUnavailable
@@ -200,6 +201,12 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 	}
 	if err := s.targets.Program(ctx, t.ID); err != nil {
 		s.log.ErrorContext(ctx, "connect: target not programmed; no grant", "target", t.ID, "grant", g.ID, "err", err)
+		if len(before) > 0 {
+			// The node keeps its other grants at the keys it holds.
+			if perr := s.grants.PutGrants(context.WithoutCancel(ctx), before...); perr != nil {
+				s.log.ErrorContext(ctx, "connect: grants sharing the host entry not restored", "grant", g.ID, "err", perr)
+			}
+		}
 		s.endGrant(ctx, g, t.ID, nvmegate.GrantRevoked)
 		s.recordFailure(ctx, in, d, g, "target "+t.ID+" did not accept the host")
 		return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "target %s did not accept the host in time; no grant was made", t.ID)
@@ -233,6 +240,34 @@ func (s *accessService) sharingHostEntry(ctx context.Context, g *nvmegate.Grant)
 		out = append(out, o)
 	}
 	return out, nil
+}
+
+// moveToVersion sets the grants' root version to v and returns the ones
+// it changed, and copies of those as they were (to put back if the change
+// does not reach the target).
+func moveToVersion(gs []*nvmegate.Grant, v uint64) (moved, before []*nvmegate.Grant) {
+	for _, o := range gs {
+		if o.KeyVersion == v {
+			continue
+		}
+		b := *o
+		before = append(before, &b)
+		o.KeyVersion = v
+		moved = append(moved, o)
+	}
+	return moved, before
+}
+
+// movedDetail says in an entry which other grants moved with it.
+func movedDetail(moved []*nvmegate.Grant) string {
+	if len(moved) == 0 {
+		return ""
+	}
+	ids := make([]string, len(moved))
+	for i, o := range moved {
+		ids[i] = o.ID
+	}
+	return "; moves " + strings.Join(ids, ", ") + " to this root version (one host entry on the target)"
 }
 
 // grantExpiry is now+ttl (DefaultGrantTTL if 0), capped by the policy's
@@ -476,30 +511,23 @@ func (s *accessService) Renew(ctx context.Context, r *pb.RenewRequest) (*pb.Rene
 	if err != nil {
 		return nil, err
 	}
-	prevSibs := make([]*nvmegate.Grant, len(sibs))
-	sibsMoved := false
-	for i, o := range sibs {
-		p := *o
-		prevSibs[i] = &p
-		sibsMoved = sibsMoved || o.KeyVersion != g.KeyVersion
-		o.KeyVersion = g.KeyVersion
-	}
+	moved, before := moveToVersion(sibs, g.KeyVersion)
 	// On the record before the store or the target changes.
 	e := grantEntry(in, d, g, creds)
-	e.Kind, e.Time, e.Detail = audit.EventRenew, now, "access.renew "+g.SubsystemNQN
+	e.Kind, e.Time, e.Detail = audit.EventRenew, now, "access.renew "+g.SubsystemNQN+movedDetail(moved)
 	idx, _, err := s.audit.Append(ctx, e)
 	if err != nil {
 		return nil, errAuditUnavailable
 	}
 	g.AuditIndex = idx
-	if err := s.grants.PutGrants(ctx, append([]*nvmegate.Grant{g}, sibs...)...); err != nil {
+	if err := s.grants.PutGrants(ctx, append([]*nvmegate.Grant{g}, moved...)...); err != nil {
 		return nil, err // e.g. revoked meanwhile: ended grants stay ended
 	}
-	if sibsMoved || g.KeyVersion != prev.KeyVersion || g.DHCHAPHash != prev.DHCHAPHash || g.DHGroup != prev.DHGroup ||
+	if len(moved) > 0 || g.KeyVersion != prev.KeyVersion || g.DHCHAPHash != prev.DHCHAPHash || g.DHGroup != prev.DHGroup ||
 		g.Bidirectional != prev.Bidirectional || g.TLS != prev.TLS || g.ReadOnly != prev.ReadOnly {
 		if err := s.targets.Program(ctx, t.ID); err != nil {
 			s.log.ErrorContext(ctx, "renew: target not reprogrammed; grant kept at its old keys", "grant", g.ID, "err", err)
-			if perr := s.grants.PutGrants(context.WithoutCancel(ctx), append([]*nvmegate.Grant{&prev}, prevSibs...)...); perr != nil {
+			if perr := s.grants.PutGrants(context.WithoutCancel(ctx), append([]*nvmegate.Grant{&prev}, before...)...); perr != nil {
 				s.log.ErrorContext(ctx, "renew: old keys not restored", "grant", g.ID, "err", perr)
 			}
 			s.recordFailure(ctx, in, d, g, "target "+t.ID+" did not accept the new keys")

@@ -333,6 +333,20 @@ func TestConnectTwoSubsystemsOneNVMetTarget(t *testing.T) {
 	if strings.TrimSpace(string(key)) != r1.Credentials.DhchapHostSecret {
 		t.Fatal("the host's entry does not hold the renewed secret")
 	}
+	// The other grant moved with it, and the renewal's entry says so.
+	list, err := pb.NewAccessClient(g.client(t, admin)).ListGrants(ctx, &pb.ListGrantsRequest{JobId: "job-1", State: pb.GrantState_GRANT_STATE_ACTIVE})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, gr := range list.Grants {
+		if gr.GrantId == c2.Grant.GrantId && gr.KeyVersion != r1.Grant.KeyVersion {
+			t.Fatalf("the grant sharing the host entry is at v%d, the renewed one at v%d", gr.KeyVersion, r1.Grant.KeyVersion)
+		}
+	}
+	renews := queryAll(t, pb.NewAuditClient(g.client(t, auditor)), &pb.QueryRequest{Kinds: []string{"renew"}})
+	if len(renews) != 1 || !strings.Contains(renews[0].Detail, "moves "+c2.Grant.GrantId) {
+		t.Fatalf("renew entries %+v", renews)
+	}
 }
 
 // The sweeper ends expired grants: recorded as expire, stored as expired,
