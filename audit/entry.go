@@ -365,6 +365,11 @@ func (w *encoder) str(field, s string) {
 // are built from versions and fingerprints, never from keys.
 var secretMarkers = []string{"dhhc-1:", "nvmetlskey-1:", "private key-----"}
 
+// LooksLikeKeyMaterial reports whether s holds what Append refuses as key
+// material, so that callers can refuse such text where it is typed (a
+// revocation's reason, say) rather than fail later.
+func LooksLikeKeyMaterial(s string) bool { return looksLikeKeyMaterial(s) }
+
 func looksLikeKeyMaterial(s string) bool {
 	// Every marker contains "-1:" or "y-----"; look for the rarer
 	// character pair first, without allocating.

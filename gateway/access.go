@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nvmegate/nvmegate"
@@ -601,9 +602,13 @@ func (s *accessService) Revoke(ctx context.Context, r *pb.RevokeRequest) (*pb.Re
 // revokeGrants ends grants, reprograms their targets and rotates the roots
 // of their subsystems (what the hosts knew stops working after the grace).
 // Each grant gets its own revoke entry — its job, host and subsystem —
-// before it is ended, as an expiry does: the call's entry names only what
-// was asked (a node, a job, an ID), and auditors follow a job's grants.
+// before it is ended: the call's entry names only what was asked (a node,
+// a job, an ID), and auditors follow a job's grants. Ending access is the
+// safe direction, so a grant whose entry cannot be written is ended all
+// the same (the call's own entry, written before, stands for it), and a
+// revocation once begun runs to its end even if the caller hangs up.
 func (s *accessService) revokeGrants(ctx context.Context, gs []*nvmegate.Grant, why string) ([]string, error) {
+	ctx = context.WithoutCancel(ctx)
 	targets := map[string]bool{}
 	scopes := map[string]bool{}
 	var ids []string
@@ -612,16 +617,34 @@ func (s *accessService) revokeGrants(ctx context.Context, gs []*nvmegate.Grant, 
 	if in, ok := authz.InputFromContext(ctx); ok {
 		caller = in.Caller.ID
 	}
+	// Appended together, the entries share commits.
+	var wg sync.WaitGroup
 	for _, g := range gs {
-		e := audit.Entry{Kind: audit.EventRevoke, Time: s.now(), JobID: g.JobID, Tenant: g.Tenant, Caller: caller,
-			HostNQN: g.HostNQN, SubsystemNQN: g.SubsystemNQN, GrantID: g.ID, ExpiresAt: g.ExpiresAt, Detail: why}
-		if _, _, err := s.audit.Append(ctx, e); err != nil {
-			errs = append(errs, fmt.Errorf("grant %s: not revoked unrecorded: %w", g.ID, err))
-			continue
-		}
+		wg.Go(func() {
+			e := audit.Entry{Kind: audit.EventRevoke, Time: s.now(), JobID: g.JobID, Tenant: g.Tenant, Caller: caller,
+				HostNQN: g.HostNQN, SubsystemNQN: g.SubsystemNQN, GrantID: g.ID, ExpiresAt: g.ExpiresAt, Detail: why}
+			if _, _, err := s.audit.Append(ctx, e); err != nil {
+				s.log.ErrorContext(ctx, "revoke entry not recorded; the grant is ended all the same", "grant", g.ID, "err", err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, g := range gs {
 		g.State = nvmegate.GrantRevoked
-		if err := s.grants.PutGrant(ctx, g); err != nil {
-			errs = append(errs, fmt.Errorf("grant %s: %w", g.ID, err))
+	}
+	failed := map[string]bool{}
+	if err := s.grants.PutGrants(ctx, gs...); err != nil {
+		// One commit failed: end them one by one, so that one bad grant
+		// (ended meanwhile, say) does not keep the others.
+		for _, g := range gs {
+			if err := s.grants.PutGrant(ctx, g); err != nil && nvmegate.ErrorCode(err) != nvmegate.ECONFLICT {
+				errs = append(errs, fmt.Errorf("grant %s: %w", g.ID, err))
+				failed[g.ID] = true
+			}
+		}
+	}
+	for _, g := range gs {
+		if failed[g.ID] {
 			continue
 		}
 		ids = append(ids, g.ID)

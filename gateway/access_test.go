@@ -603,3 +603,30 @@ func addSecondSubsystem(t *testing.T, g *testGateway, nqn, class string) {
 		t.Fatal(err)
 	}
 }
+
+// A reason that looks like key material is refused where it is typed
+// (the audit log would refuse it, and with it the revocation); the same
+// revocation with a plain reason goes through.
+func TestRevokeReasonWithKeyMaterial(t *testing.T) {
+	g := startGateway(t)
+	acmeInventory(t, g)
+	ctx := ctxT(t)
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN}); err != nil {
+		t.Fatal(err)
+	}
+	ac := pb.NewAccessClient(g.client(t, admin))
+	_, err := ac.Revoke(ctx, &pb.RevokeRequest{Selector: &pb.RevokeRequest_JobId{JobId: "job-1"}, Reason: "leaked DHHC-1:00:abcd: in a ticket"})
+	wantCode(t, err, codes.InvalidArgument, "reason", "key material")
+	_, err = pb.NewJobsClient(g.client(t, sched)).Finish(ctx, &pb.FinishRequest{JobId: "job-1", Reason: "nvmetlskey-1:01:x:"})
+	wantCode(t, err, codes.InvalidArgument, "reason", "key material")
+	rv, err := ac.Revoke(ctx, &pb.RevokeRequest{Selector: &pb.RevokeRequest_JobId{JobId: "job-1"}, Reason: "secret leaked in a ticket"})
+	if err != nil || len(rv.RevokedGrantIds) != 1 {
+		t.Fatalf("revoke: %v %v", rv, err)
+	}
+	if hs := hostsOn(t, g); len(hs) != 0 {
+		t.Fatalf("hosts after revoke: %v", hs)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/audit"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 	"github.com/nvmegate/nvmegate/store"
 )
@@ -116,7 +117,7 @@ func validate(req any, now time.Time) error {
 	case *pb.FinishRequest:
 		return first(
 			nvmegate.ValidateJobID("job_id", r.JobId),
-			nvmegate.ValidateText("reason", r.Reason, false),
+			reason(r.Reason, false),
 		)
 
 	// Access
@@ -155,7 +156,7 @@ func validate(req any, now time.Time) error {
 		default:
 			err = nvmegate.Invalid("selector", "one of grant_id, job_id or node is required")
 		}
-		return first(err, nvmegate.ValidateText("reason", r.Reason, true))
+		return first(err, reason(r.Reason, true))
 
 	// Keys
 	case *pb.RotateRequest:
@@ -174,7 +175,7 @@ func validate(req any, now time.Time) error {
 		default:
 			return nvmegate.Invalid("kind", "must be KEY_KIND_ACCESS_ROOT or KEY_KIND_DATA_KEY")
 		}
-		return nvmegate.ValidateText("reason", r.Reason, false)
+		return reason(r.Reason, false)
 	case *pb.KeysStatusRequest:
 		return first(
 			optional(nvmegate.ValidateNQN, "subsystem_nqn", r.SubsystemNqn),
@@ -366,6 +367,19 @@ func first(errs ...error) error {
 		if err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// reason checks the free text of a revocation, a job's end or a rotation:
+// it goes into audit entries, which refuse anything that looks like a key —
+// refused here, with the reason why, so that the action is not.
+func reason(v string, required bool) error {
+	if err := nvmegate.ValidateText("reason", v, required); err != nil {
+		return err
+	}
+	if audit.LooksLikeKeyMaterial(v) {
+		return nvmegate.Invalid("reason", "looks like key material (a DH-HMAC-CHAP secret, TLS PSK or private key); describe the problem without the key")
 	}
 	return nil
 }
