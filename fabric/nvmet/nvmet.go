@@ -137,11 +137,15 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) (err error) {
 			wanted[h.NQN] = h
 		}
 	}
+	managed := map[string]bool{} // the subsystems this state owns
+	for _, sub := range s.Subsystems {
+		managed[sub.NQN] = true
+	}
 	for _, h := range wanted {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := d.writeHost(h); err != nil {
+		if err := d.writeHost(h, managed); err != nil {
 			return err
 		}
 	}
@@ -179,7 +183,7 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) (err error) {
 	return nil
 }
 
-func (d *Driver) writeHost(h fabric.Host) (err error) {
+func (d *Driver) writeHost(h fabric.Host, managed map[string]bool) (err error) {
 	dir := filepath.Join(d.Root, "hosts", h.NQN)
 	sum := hostSum(h)
 	if d.fresh(dir, sum) {
@@ -193,7 +197,7 @@ func (d *Driver) writeHost(h fabric.Host) (err error) {
 		}
 	}()
 	if h.DHCHAPCtrlKey == "" {
-		if err := d.dropCtrlKey(dir); err != nil {
+		if err := d.dropCtrlKey(dir, managed); err != nil {
 			return err
 		}
 	}
@@ -227,15 +231,28 @@ func (d *Driver) writeHost(h fabric.Host) (err error) {
 // a host entry linked from a subsystem cannot be removed (EBUSY), so the
 // entry's links go, then the entry; Apply then makes it anew and links it
 // again. Live connections stay: nvmet checks allowed_hosts only when a
-// queue connects.
-func (d *Driver) dropCtrlKey(dir string) error {
+// queue connects. A host also linked from a subsystem this state does not
+// own keeps its entry (and the stale key): its links there are not ours
+// to remake.
+func (d *Driver) dropCtrlKey(dir string, managed map[string]bool) error {
 	cur, err := os.ReadFile(filepath.Join(dir, "dhchap_ctrl_key"))
 	if err != nil || len(bytes.TrimSpace(cur)) == 0 {
 		return nil // no entry yet, or no controller key
 	}
-	links, err := filepath.Glob(filepath.Join(d.Root, "subsystems", "*", "allowed_hosts", filepath.Base(dir)))
+	subs, err := os.ReadDir(filepath.Join(d.Root, "subsystems"))
 	if err != nil {
 		return fmt.Errorf("nvmet: %w", err)
+	}
+	var links []string
+	for _, sub := range subs {
+		l := filepath.Join(d.Root, "subsystems", sub.Name(), "allowed_hosts", filepath.Base(dir))
+		if _, err := os.Lstat(l); err != nil {
+			continue
+		}
+		if !managed[sub.Name()] {
+			return nil
+		}
+		links = append(links, l)
 	}
 	for _, l := range links {
 		d.forget(l)

@@ -337,3 +337,29 @@ func TestDriverSkipsUnchangedState(t *testing.T) {
 		os.Remove(link)
 	}
 }
+
+// Host NQNs may hold glob characters: dropping one host's controller key
+// touches that host only.
+func TestDropControllerKeyGlobNQN(t *testing.T) {
+	root := t.TempDir()
+	d := &nvmet.Driver{Root: root}
+	ctx := context.Background()
+	odd, other := "nqn.2014-08.org.example:host[1]*", "nqn.2014-08.org.example:host[1]x"
+	if err := d.Apply(ctx, state(host(odd, keyA1, ctrl1), host(other, keyB1, ctrl1))); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Apply(ctx, state(host(odd, keyA1, ""), host(other, keyB1, ctrl1))); err != nil {
+		t.Fatal(err)
+	}
+	if data, err := os.ReadFile(filepath.Join(root, "hosts", odd, "dhchap_ctrl_key")); err == nil && strings.TrimSpace(string(data)) != "" {
+		t.Fatal("the host keeps its old controller key")
+	}
+	for _, h := range []string{odd, other} {
+		if _, err := os.Readlink(filepath.Join(root, "subsystems", sub, "allowed_hosts", h)); err != nil {
+			t.Fatalf("%s is not allowed any more: %v", h, err)
+		}
+	}
+	if ck, _ := os.ReadFile(filepath.Join(root, "hosts", other, "dhchap_ctrl_key")); strings.TrimSpace(string(ck)) != ctrl1 {
+		t.Fatal("the other host lost its controller key")
+	}
+}
