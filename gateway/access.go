@@ -154,6 +154,12 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 		// installs no TLS PSK): a grant that relies on TLS would be open.
 		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "policy requires TLS for %s, which its nvmet target cannot enforce; no grant", sub.NQN)
 	}
+	// The node's grants that share this host entry: g asks for the
+	// strongest authentication among them, and they move with it below.
+	sibs, err := s.sharingHostEntry(ctx, g)
+	if err != nil {
+		return nil, err
+	}
 	p, err := targetagent.GrantParams(g)
 	if err != nil {
 		return nil, err
@@ -175,12 +181,7 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 		o.State = nvmegate.GrantReleased
 		changed = append(changed, o)
 	}
-	// The node's grants that share this host entry move with it.
-	sibs, err := s.sharingHostEntry(ctx, g)
-	if err != nil {
-		return nil, err
-	}
-	moved, before := moveToVersion(sibs, g.KeyVersion)
+	moved, before := moveWith(sibs, g)
 	changed = append(changed, moved...)
 	// The grant is on the record before anything changes: store, target.
 	e := grantEntry(in, d, g, creds)
@@ -217,10 +218,13 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 
 // sharingHostEntry returns the node's other active grants that share g's
 // host entry: the same host NQN in the same key scope (on nvmet one entry
-// per host per target, on SPDK per subsystem), in any job. The target can
-// hold only one set of credentials for them, so they must ask for the
-// same authentication, and they move to g's root version with it — else
-// a renewal after a rotation could never be programmed.
+// per host per target, on SPDK per subsystem), in any job, whose root is
+// still usable (one past its grace was cut off and stays so). The target
+// holds one set of credentials for them all, so g asks for the strongest
+// authentication any of them needs — obligations are minimums: a stronger
+// hash or DH group, or bidirectional authentication, satisfies a weaker
+// one — and they move with g to its root version and authentication
+// (moveWith). Only a TLS/DH-HMAC-CHAP mismatch cannot be merged.
 func (s *accessService) sharingHostEntry(ctx context.Context, g *nvmegate.Grant) ([]*nvmegate.Grant, error) {
 	all, err := s.grants.NodeActiveGrants(ctx, g.Node)
 	if err != nil {
@@ -228,32 +232,86 @@ func (s *accessService) sharingHostEntry(ctx context.Context, g *nvmegate.Grant)
 	}
 	now := s.now()
 	var out []*nvmegate.Grant
+	var usable map[uint64]bool
 	for _, o := range all {
 		if o.ID == g.ID || !o.Active(now) || o.HostNQN != g.HostNQN || o.Scope() != g.Scope() ||
 			(o.JobID == g.JobID && o.SubsystemNQN == g.SubsystemNQN) { // g supersedes it
 			continue
 		}
-		if o.DHCHAPHash != g.DHCHAPHash || o.DHGroup != g.DHGroup || o.Bidirectional != g.Bidirectional || o.TLS != g.TLS {
+		if usable == nil {
+			if usable, err = s.usableVersions(ctx, g.Scope(), now); err != nil {
+				return nil, keyErr(err)
+			}
+		}
+		if !usable[o.KeyVersion] {
+			continue
+		}
+		if o.TLS != g.TLS || (o.DHCHAPHash == "none") != (g.DHCHAPHash == "none") {
 			return nil, nvmegate.Errorf(nvmegate.ECONFLICT,
-				"host %s holds grant %s (subsystem %s) whose authentication differs from this one's (%s/%s/bidirectional=%t/tls=%t vs %s/%s/bidirectional=%t/tls=%t); the target keeps one set of credentials per host: release that grant first",
-				g.HostNQN, o.ID, o.SubsystemNQN, o.DHCHAPHash, o.DHGroup, o.Bidirectional, o.TLS, g.DHCHAPHash, g.DHGroup, g.Bidirectional, g.TLS)
+				"host %s holds grant %s (subsystem %s) secured by %s, this one by %s; the target keeps one set of credentials per host: release that grant first",
+				g.HostNQN, o.ID, o.SubsystemNQN, security(o), security(g))
 		}
 		out = append(out, o)
+	}
+	for _, o := range out {
+		g.DHCHAPHash = stronger(hashRank, g.DHCHAPHash, o.DHCHAPHash)
+		g.DHGroup = stronger(groupRank, g.DHGroup, o.DHGroup)
+		g.Bidirectional = g.Bidirectional || o.Bidirectional
 	}
 	return out, nil
 }
 
-// moveToVersion sets the grants' root version to v and returns the ones
-// it changed, and copies of those as they were (to put back if the change
-// does not reach the target).
-func moveToVersion(gs []*nvmegate.Grant, v uint64) (moved, before []*nvmegate.Grant) {
+// usableVersions are the root versions of scope a host may still use.
+func (s *accessService) usableVersions(ctx context.Context, scope string, now time.Time) (map[uint64]bool, error) {
+	st, err := s.keys.Status(ctx, scope)
+	if err != nil {
+		return nil, err
+	}
+	out := map[uint64]bool{}
+	for _, v := range st.Versions {
+		if v.ValidUntil.IsZero() || now.Before(v.ValidUntil) {
+			out[v.Version] = true
+		}
+	}
+	return out, nil
+}
+
+func security(g *nvmegate.Grant) string {
+	switch {
+	case g.TLS && g.DHCHAPHash == "none":
+		return "TLS"
+	case g.TLS:
+		return "TLS and DH-HMAC-CHAP"
+	}
+	return "DH-HMAC-CHAP"
+}
+
+var (
+	hashRank  = map[string]int{"sha256": 1, "sha384": 2, "sha512": 3}
+	groupRank = map[string]int{"null": 0, "ffdhe2048": 1, "ffdhe3072": 2, "ffdhe4096": 3, "ffdhe6144": 4, "ffdhe8192": 5}
+)
+
+// stronger is the stronger of a and b by rank (a if either is unranked).
+func stronger(rank map[string]int, a, b string) string {
+	ra, oka := rank[a]
+	rb, okb := rank[b]
+	if oka && okb && rb > ra {
+		return b
+	}
+	return a
+}
+
+// moveWith gives the grants g's root version and authentication and
+// returns the ones it changed, and copies of those as they were (to put
+// back if the change does not reach the target).
+func moveWith(gs []*nvmegate.Grant, g *nvmegate.Grant) (moved, before []*nvmegate.Grant) {
 	for _, o := range gs {
-		if o.KeyVersion == v {
+		if o.KeyVersion == g.KeyVersion && o.DHCHAPHash == g.DHCHAPHash && o.DHGroup == g.DHGroup && o.Bidirectional == g.Bidirectional {
 			continue
 		}
 		b := *o
 		before = append(before, &b)
-		o.KeyVersion = v
+		o.KeyVersion, o.DHCHAPHash, o.DHGroup, o.Bidirectional = g.KeyVersion, g.DHCHAPHash, g.DHGroup, g.Bidirectional
 		moved = append(moved, o)
 	}
 	return moved, before
@@ -268,7 +326,7 @@ func movedDetail(moved []*nvmegate.Grant) string {
 	for i, o := range moved {
 		ids[i] = o.ID
 	}
-	return "; moves " + strings.Join(ids, ", ") + " to this root version (one host entry on the target)"
+	return "; moves " + strings.Join(ids, ", ") + " to this root version and authentication (one host entry on the target)"
 }
 
 // grantExpiry is now+ttl (DefaultGrantTTL if 0), capped by the policy's
@@ -497,6 +555,10 @@ func (s *accessService) Renew(ctx context.Context, r *pb.RenewRequest) (*pb.Rene
 	if t.Driver == nvmegate.DriverNVMet && (g.TLS || g.DHCHAPHash == "none") {
 		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "policy now requires TLS for %s, which its nvmet target cannot enforce; the grant is not renewed", sub.NQN)
 	}
+	sibs, err := s.sharingHostEntry(ctx, g)
+	if err != nil {
+		return nil, err
+	}
 	p, err := targetagent.GrantParams(g)
 	if err != nil {
 		return nil, err
@@ -508,11 +570,7 @@ func (s *accessService) Renew(ctx context.Context, r *pb.RenewRequest) (*pb.Rene
 	now := s.now()
 	g.KeyVersion, g.ExpiresAt, g.DecisionID = creds.RootVersion, grantExpiry(now, r.Ttl.AsDuration(), d.Obligations.MaxTTL, j.ExpiresAt), d.ID
 	// The node's grants that share this host entry move with it.
-	sibs, err := s.sharingHostEntry(ctx, g)
-	if err != nil {
-		return nil, err
-	}
-	moved, before := moveToVersion(sibs, g.KeyVersion)
+	moved, before := moveWith(sibs, g)
 	// On the record before the store or the target changes.
 	e := grantEntry(in, d, g, creds)
 	e.Kind, e.Time, e.Detail = audit.EventRenew, now, "access.renew "+g.SubsystemNQN+movedDetail(moved)

@@ -554,11 +554,13 @@ func TestRenewAppliesNewObligations(t *testing.T) {
 	}
 }
 
-// A node granted a subsystem of an nvmet target cannot be granted another
-// subsystem of that target under other authentication (its data class
-// obliges SHA-384 and bidirectional): the target holds one entry per host.
-// The refusal says so, and the target keeps serving everyone else.
-func TestConnectConflictingAuthOneNVMetTarget(t *testing.T) {
+// A node granted a subsystem of an nvmet target (internal data: SHA-256,
+// unidirectional) connects to another subsystem of that target whose
+// restricted data obliges SHA-384, ffdhe3072 and bidirectional
+// authentication. The target holds one entry per host, so both grants take
+// the stronger authentication (obligations are minimums), the first moving
+// with the second, named in its audit entry.
+func TestConnectStrongestAuthOneNVMetTarget(t *testing.T) {
 	g := startGateway(t)
 	acmeInventory(t, g)
 	ctx := ctxT(t)
@@ -569,17 +571,42 @@ func TestConnectConflictingAuthOneNVMetTarget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = ac.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: sub2})
-	wantCode(t, err, codes.FailedPrecondition, "holds grant "+c1.Grant.GrantId, "release that grant first")
-	if _, err := pb.NewAccessClient(g.client(t, "/node/acme-gpu-2")).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: sub2}); err != nil {
-		t.Fatalf("another node on the restricted subsystem: %v", err)
+	if !strings.HasPrefix(c1.Credentials.DhchapHostSecret, "DHHC-1:01:") || c1.Credentials.DhchapCtrlSecret != "" {
+		t.Fatal("the internal grant is not SHA-256 unidirectional")
 	}
-	// Released, the first grant no longer stands in the way.
-	if _, err := ac.Release(ctx, &pb.ReleaseRequest{GrantId: c1.Grant.GrantId}); err != nil {
+	c2, err := ac.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: sub2})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ac.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: sub2}); err != nil {
-		t.Fatalf("after the release: %v", err)
+	if !strings.HasPrefix(c2.Credentials.DhchapHostSecret, "DHHC-1:02:") || !strings.HasPrefix(c2.Credentials.DhchapCtrlSecret, "DHHC-1:02:") {
+		t.Fatal("the restricted grant is not SHA-384 bidirectional")
+	}
+	host := filepath.Join(g.configfs, "stor-eu-1", "hosts", c1.Grant.HostNqn)
+	for name, want := range map[string]string{"dhchap_key": c2.Credentials.DhchapHostSecret, "dhchap_hash": "hmac(sha384)", "dhchap_dhgroup": "ffdhe3072"} {
+		if got, _ := os.ReadFile(filepath.Join(host, name)); strings.TrimSpace(string(got)) != want {
+			t.Errorf("the host entry's %s is not the restricted grant's", name)
+		}
+	}
+	for _, s := range []string{subNQN, sub2} {
+		if _, err := os.Readlink(filepath.Join(g.configfs, "stor-eu-1", "subsystems", s, "allowed_hosts", c1.Grant.HostNqn)); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	// Renewing the internal grant keeps the stronger authentication.
+	r1, err := ac.Renew(ctx, &pb.RenewRequest{GrantId: c1.Grant.GrantId})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r1.Credentials.DhchapHostSecret != c2.Credentials.DhchapHostSecret {
+		t.Fatal("the renewed internal grant's secret is not the host entry's")
+	}
+	grants := queryAll(t, pb.NewAuditClient(g.client(t, auditor)), &pb.QueryRequest{Kinds: []string{"grant"}})
+	if len(grants) != 2 || !strings.Contains(grants[1].Detail, "moves "+c1.Grant.GrantId) {
+		t.Fatalf("grant entries %+v", grants)
+	}
+	// Another node on the restricted subsystem is unaffected.
+	if _, err := pb.NewAccessClient(g.client(t, "/node/acme-gpu-2")).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: sub2}); err != nil {
+		t.Fatalf("another node on the restricted subsystem: %v", err)
 	}
 }
 
