@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 
 	"google.golang.org/grpc"
@@ -53,18 +52,13 @@ func (s *targetAgentService) Watch(_ *pb.WatchRequest, stream grpc.ServerStreami
 	// programming run, which runs one at a time per target. A state built
 	// here, beside a run in flight, could reach the agent after a newer
 	// one — and allow a host revoked in between until the next run.
-	first := make(chan error, 1)
-	go func() { first <- s.targets.Program(ctx, t.ID) }()
+	go func() {
+		if err := s.targets.Program(ctx, t.ID); err != nil && ctx.Err() == nil {
+			s.log.WarnContext(ctx, "target agent connected, its first state not applied; the reconciler retries", "target", t.ID, "err", err)
+		}
+	}()
 	for {
 		select {
-		case err := <-first:
-			if err != nil && ctx.Err() == nil && !errors.Is(err, targetagent.ErrAckTimeout) {
-				// The agent reconnects with backoff and tries again, sooner
-				// than the next reconcile would. (An agent still applying a
-				// large first state acknowledges late: it stays.)
-				s.log.WarnContext(ctx, "target agent connected, its first state not applied", "target", t.ID, "err", err)
-				return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "target %s: the first state was not applied; reconnect", t.ID)
-			}
 		case <-ctx.Done():
 			return nil
 		case <-s.stopping:
