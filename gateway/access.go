@@ -41,6 +41,7 @@ type accessService struct {
 type GrantStore interface {
 	PutGrant(ctx context.Context, g *nvmegate.Grant) error
 	PutGrants(ctx context.Context, gs ...*nvmegate.Grant) error
+	PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []string, from *store.HostEntry, to store.HostEntry) error
 	SubsystemGrants(ctx context.Context, subsystemNQN string) ([]*nvmegate.Grant, error)
 	NodeGrants(ctx context.Context, node, jobID, subsystemNQN string) ([]*nvmegate.Grant, error)
 	NodeActiveGrants(ctx context.Context, node string) ([]*nvmegate.Grant, error)
@@ -182,7 +183,6 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 		changed = append(changed, o)
 	}
 	moved, before := moveWith(sibs, g)
-	changed = append(changed, moved...)
 	// The grant is on the record before anything changes: store, target.
 	e := grantEntry(in, d, g, creds)
 	e.Detail += movedDetail(moved)
@@ -197,18 +197,14 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 		s.recordFailure(ctx, in, d, g, "job "+j.ID+" is "+j.State)
 		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "job %s is %s; no grant", j.ID, j.State)
 	}
-	if err := s.grants.PutGrants(ctx, changed...); err != nil {
+	if err := s.grants.PutGrantsMoving(ctx, changed, ids(moved), nil, store.EntryOf(g)); err != nil {
 		s.recordFailure(ctx, in, d, g, "grant not stored")
 		return nil, err
 	}
 	if err := s.targets.Program(ctx, t.ID); err != nil {
 		s.log.ErrorContext(ctx, "connect: target not programmed; no grant", "target", t.ID, "grant", g.ID, "err", err)
-		if len(before) > 0 {
-			// The node keeps its other grants at the keys it holds.
-			if perr := s.grants.PutGrants(context.WithoutCancel(ctx), before...); perr != nil {
-				s.log.ErrorContext(ctx, "connect: grants sharing the host entry not restored", "grant", g.ID, "err", perr)
-			}
-		}
+		// The node keeps its other grants at the keys it holds.
+		s.putBack(ctx, g, before)
 		s.endGrant(ctx, g, t.ID, nvmegate.GrantRevoked)
 		s.recordFailure(ctx, in, d, g, "target "+t.ID+" did not accept the host")
 		return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "target %s did not accept the host in time; no grant was made", t.ID)
@@ -317,16 +313,32 @@ func moveWith(gs []*nvmegate.Grant, g *nvmegate.Grant) (moved, before []*nvmegat
 	return moved, before
 }
 
+// putBack returns the grants moved with g to where they were, each only
+// while it still has g's entry (a later move stays).
+func (s *accessService) putBack(ctx context.Context, g *nvmegate.Grant, before []*nvmegate.Grant) {
+	ctx = context.WithoutCancel(ctx)
+	moved := store.EntryOf(g)
+	for _, b := range before {
+		if err := s.grants.PutGrantsMoving(ctx, nil, []string{b.ID}, &moved, store.EntryOf(b)); err != nil {
+			s.log.ErrorContext(ctx, "a grant sharing the host entry was not put back", "grant", b.ID, "with", g.ID, "err", err)
+		}
+	}
+}
+
+func ids(gs []*nvmegate.Grant) []string {
+	out := make([]string, len(gs))
+	for i, g := range gs {
+		out[i] = g.ID
+	}
+	return out
+}
+
 // movedDetail says in an entry which other grants moved with it.
 func movedDetail(moved []*nvmegate.Grant) string {
 	if len(moved) == 0 {
 		return ""
 	}
-	ids := make([]string, len(moved))
-	for i, o := range moved {
-		ids[i] = o.ID
-	}
-	return "; moves " + strings.Join(ids, ", ") + " to this root version and authentication (one host entry on the target)"
+	return "; moves " + strings.Join(ids(moved), ", ") + " to this root version and authentication (one host entry on the target)"
 }
 
 // grantExpiry is now+ttl (DefaultGrantTTL if 0), capped by the policy's
@@ -579,16 +591,17 @@ func (s *accessService) Renew(ctx context.Context, r *pb.RenewRequest) (*pb.Rene
 		return nil, errAuditUnavailable
 	}
 	g.AuditIndex = idx
-	if err := s.grants.PutGrants(ctx, append([]*nvmegate.Grant{g}, moved...)...); err != nil {
+	if err := s.grants.PutGrantsMoving(ctx, []*nvmegate.Grant{g}, ids(moved), nil, store.EntryOf(g)); err != nil {
 		return nil, err // e.g. revoked meanwhile: ended grants stay ended
 	}
 	if len(moved) > 0 || g.KeyVersion != prev.KeyVersion || g.DHCHAPHash != prev.DHCHAPHash || g.DHGroup != prev.DHGroup ||
 		g.Bidirectional != prev.Bidirectional || g.TLS != prev.TLS || g.ReadOnly != prev.ReadOnly {
 		if err := s.targets.Program(ctx, t.ID); err != nil {
 			s.log.ErrorContext(ctx, "renew: target not reprogrammed; grant kept at its old keys", "grant", g.ID, "err", err)
-			if perr := s.grants.PutGrants(context.WithoutCancel(ctx), append([]*nvmegate.Grant{&prev}, before...)...); perr != nil {
+			if perr := s.grants.PutGrant(context.WithoutCancel(ctx), &prev); perr != nil {
 				s.log.ErrorContext(ctx, "renew: old keys not restored", "grant", g.ID, "err", perr)
 			}
+			s.putBack(ctx, g, before)
 			s.recordFailure(ctx, in, d, g, "target "+t.ID+" did not accept the new keys")
 			return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "target %s did not accept the new keys; the grant keeps its old ones", t.ID)
 		}

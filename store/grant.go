@@ -219,6 +219,66 @@ func (db *DB) PutGrants(ctx context.Context, gs ...*nvmegate.Grant) error {
 	})
 }
 
+// HostEntry is what the grants sharing one host entry on a target (one
+// host NQN, one key scope) must agree on: the target holds one set of
+// credentials for them.
+type HostEntry struct {
+	KeyVersion    uint64
+	DHCHAPHash    string
+	DHGroup       string
+	Bidirectional bool
+}
+
+// EntryOf is g's host entry.
+func EntryOf(g *nvmegate.Grant) HostEntry {
+	return HostEntry{KeyVersion: g.KeyVersion, DHCHAPHash: g.DHCHAPHash, DHGroup: g.DHGroup, Bidirectional: g.Bidirectional}
+}
+
+// PutGrantsMoving stores gs and, in the same commit, gives the grants
+// named in move the host entry to. Each moved grant is read as it is in
+// that commit, so a concurrent renewal's other changes (its expiry, its
+// decision) stay; grants that ended meanwhile are left alone, and with
+// from set, so is a grant whose entry is no longer *from (putting a move
+// back must not undo a later one).
+func (db *DB) PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []string, from *HostEntry, to HostEntry) error {
+	vals := make([][]byte, len(gs))
+	for i, g := range gs {
+		var err error
+		if vals[i], err = encodeGrant(g); err != nil {
+			return err
+		}
+	}
+	return db.batch(ctx, func(tx *bolt.Tx) error {
+		for i, g := range gs {
+			if err := putGrant(tx, g, vals[i]); err != nil {
+				return err
+			}
+		}
+		for _, id := range move {
+			v := tx.Bucket(bucketGrants).Get([]byte(id))
+			if v == nil {
+				continue
+			}
+			cur, err := decodeGrant(v)
+			if err != nil {
+				return err
+			}
+			if cur.State != nvmegate.GrantActive || (from != nil && EntryOf(cur) != *from) {
+				continue
+			}
+			cur.KeyVersion, cur.DHCHAPHash, cur.DHGroup, cur.Bidirectional = to.KeyVersion, to.DHCHAPHash, to.DHGroup, to.Bidirectional
+			val, err := encodeGrant(cur)
+			if err != nil {
+				return err
+			}
+			if err := putGrant(tx, cur, val); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 func putGrant(tx *bolt.Tx, g *nvmegate.Grant, val []byte) error {
 	if old := tx.Bucket(bucketGrants).Get([]byte(g.ID)); old != nil {
 		prev, err := decodeGrant(old)

@@ -133,3 +133,45 @@ func TestNodeGrants(t *testing.T) {
 	must(t, db.bolt.Update(initSchema))
 	check("rebuilt")
 }
+
+// A move reads each grant as it is at commit (a renewal's new expiry made
+// after the mover read it stays), leaves ended grants alone, and a put-back
+// undoes only what still has the moved entry.
+func TestPutGrantsMoving(t *testing.T) {
+	db := openTestDB(t)
+	ctx := context.Background()
+	a, b, c := newGrant(1, subNQN(0)), newGrant(2, subNQN(1)), newGrant(3, subNQN(1))
+	must(t, db.PutGrants(ctx, a, b, c))
+	c.State = nvmegate.GrantReleased
+	must(t, db.PutGrant(ctx, c))
+	// b is renewed meanwhile: a later expiry.
+	renewed := *b
+	renewed.ExpiresAt = b.ExpiresAt.Add(time.Hour)
+	must(t, db.PutGrant(ctx, &renewed))
+
+	to := HostEntry{KeyVersion: 2, DHCHAPHash: "sha512", DHGroup: "ffdhe4096", Bidirectional: true}
+	a.KeyVersion, a.DHCHAPHash, a.DHGroup = to.KeyVersion, to.DHCHAPHash, to.DHGroup
+	must(t, db.PutGrantsMoving(ctx, []*nvmegate.Grant{a}, []string{b.ID, c.ID, "grant-9999"}, nil, to))
+	gb, err := db.Grant(ctx, b.ID)
+	must(t, err)
+	if EntryOf(gb) != to || !gb.ExpiresAt.Equal(renewed.ExpiresAt) {
+		t.Fatalf("moved grant: entry %+v expiry %v; want %+v and the renewal's expiry", EntryOf(gb), gb.ExpiresAt, to)
+	}
+	gc, err := db.Grant(ctx, c.ID)
+	must(t, err)
+	if gc.State != nvmegate.GrantReleased || gc.KeyVersion != 1 {
+		t.Fatalf("an ended grant was moved: %+v", gc)
+	}
+	// Put back only while it still has the moved entry.
+	old := EntryOf(b)
+	must(t, db.PutGrantsMoving(ctx, nil, []string{b.ID}, &to, old))
+	if gb, _ = db.Grant(ctx, b.ID); EntryOf(gb) != old {
+		t.Fatalf("not put back: %+v", EntryOf(gb))
+	}
+	later := HostEntry{KeyVersion: 3, DHCHAPHash: "sha384", DHGroup: "ffdhe3072", Bidirectional: true}
+	must(t, db.PutGrantsMoving(ctx, nil, []string{b.ID}, nil, later))
+	must(t, db.PutGrantsMoving(ctx, nil, []string{b.ID}, &to, old)) // a stale put-back
+	if gb, _ = db.Grant(ctx, b.ID); EntryOf(gb) != later {
+		t.Fatalf("a stale put-back undid a later move: %+v", EntryOf(gb))
+	}
+}
