@@ -17,19 +17,19 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
 
+	"github.com/nvmegate/nvmegate/identity/devca"
 	"github.com/nvmegate/nvmegate/keys/nvmefmt"
 )
 
-// The workloads of the SPIRE story and their SPIFFE IDs (DESIGN §3).
-var spireIDs = map[string]string{
-	"gateway":        "spiffe://nvmegate.test/gateway/nvmegated",
-	"admin":          "spiffe://nvmegate.test/admin/ops",
-	"auditor":        "spiffe://nvmegate.test/auditor/audit",
-	"acme-scheduler": "spiffe://nvmegate.test/tenant/acme/scheduler/slurm",
-	"acme-node-1":    "spiffe://nvmegate.test/node/acme-gpu-1",
-	"globex-node-1":  "spiffe://nvmegate.test/node/globex-gpu-1",
-	"target":         "spiffe://nvmegate.test/target/stor-eu-1",
-}
+// The workloads of the SPIRE story and their SPIFFE IDs (DESIGN §3): the
+// dev identities, so that the demo script runs on SPIRE unchanged.
+var spireIDs = func() map[string]string {
+	m := map[string]string{}
+	for _, id := range devca.DevIdentities {
+		m[id.Name] = "spiffe://nvmegate.test" + id.Path
+	}
+	return m
+}()
 
 // svidTTL is short so that SPIRE rotates every SVID during the test (the
 // agent renews at half-life).
@@ -241,7 +241,7 @@ func TestSPIRE(t *testing.T) {
 	// stor-eu-1's own agent, with the target's SPIRE SVID.
 	nvmetRoot := filepath.Join(work, "nvmet")
 	agentLog := filepath.Join(work, "target-agent.log")
-	startProcess(t, agentLog, filepath.Join(bin, "nvmegate-target"), "--spiffe-socket", socket, "--spiffe-id", spireIDs["target"],
+	startProcess(t, agentLog, filepath.Join(bin, "nvmegate-target"), "--spiffe-socket", socket, "--spiffe-id", spireIDs["target-stor-eu-1"],
 		"--addr", info.GRPC, "--nvmet-root", nvmetRoot)
 	waitLog(t, agentLog, "applied")
 
@@ -264,7 +264,7 @@ func TestSPIRE(t *testing.T) {
 		must("admin", "inventory", "target", "list")
 		calls++
 		now := sp.serials(t)
-		if now[spireIDs["gateway"]] != first[spireIDs["gateway"]] && now[spireIDs["target"]] != first[spireIDs["target"]] &&
+		if now[spireIDs["gateway"]] != first[spireIDs["gateway"]] && now[spireIDs["target-stor-eu-1"]] != first[spireIDs["target-stor-eu-1"]] &&
 			now[spireIDs["acme-node-1"]] != first[spireIDs["acme-node-1"]] {
 			break
 		}
@@ -280,6 +280,32 @@ func TestSPIRE(t *testing.T) {
 	if hosts, _ := os.ReadDir(filepath.Join(nvmetRoot, "subsystems", sub, "allowed_hosts")); len(hosts) != 0 {
 		t.Fatalf("hosts left after the job finished: %v", hosts)
 	}
+
+	// The whole demo script, on SPIRE's SVIDs: its own gateway and target
+	// agent, every CLI call picking its identity's SVID.
+	demo := filepath.Join(work, "demo")
+	var ids []string
+	for name, id := range spireIDs {
+		ids = append(ids, name+"="+id)
+	}
+	dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer dcancel()
+	script := exec.CommandContext(dctx, "bash", filepath.Join(repoRoot(t), "scripts", "demo.sh"))
+	script.Env = append(os.Environ(), "BIN="+bin, "DEMO_DIR="+demo, "SPIFFE_SOCKET="+socket, "SPIFFE_IDS="+strings.Join(ids, " "))
+	script.WaitDelay = 10 * time.Second
+	out, err := script.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "Demo passed") || !strings.Contains(string(out), "SVIDs from the SPIFFE Workload API") {
+		t.Fatalf("the demo on SPIRE: %v\n%s", err, out)
+	}
+	t.Logf("the demo on SPIRE: %s", strings.TrimSpace(string(out[bytes.LastIndex(out, []byte("Demo passed")):])))
+	configs, _ := filepath.Glob(filepath.Join(demo, "node*-config.json"))
+	for _, c := range configs {
+		data, _ := os.ReadFile(c)
+		keepSecrets(t.Name()+": demo "+filepath.Base(c), data)
+	}
+	scanFiles(t, filepath.Join(demo, "gateway.log"), filepath.Join(demo, "target-agent.log"), filepath.Join(demo, "state", "audit.db"),
+		filepath.Join(demo, "audit-export"))
+	scanQuoted(t.Name()+": demo output", out)
 
 	// The auditor exports the log; it verifies offline.
 	export := filepath.Join(work, "export")

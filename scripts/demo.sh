@@ -9,6 +9,15 @@ cd "$(dirname "$0")/.."
 
 BIN=${BIN:-bin}
 DEMO=${DEMO_DIR:-.demo}
+# SPIFFE_SOCKET (a SPIRE agent's Workload API, unix:///…) runs the same story
+# on SVIDs from SPIRE instead of the dev CA: the gateway, the target agent
+# and every CLI call pick their SVID by ID. SPIFFE_IDS maps each identity
+# name to its ID ("admin=spiffe://… auditor=spiffe://…"; the e2e SPIRE test
+# registers the dev identities' IDs and passes them).
+SPIFFE_SOCKET=${SPIFFE_SOCKET:-}
+declare -A ID=()
+for kv in ${SPIFFE_IDS:-}; do ID[${kv%%=*}]=${kv#*=}; done
+ADDR=""
 rm -rf "$DEMO"
 mkdir -p "$DEMO"
 log="$DEMO/gateway.log"
@@ -18,8 +27,15 @@ ok_steps=0
 refused_steps=0
 fail() { echo "DEMO FAILED: $*" >&2; [ -f "$log" ] && { echo "--- gateway log (tail) ---" >&2; tail -n 20 "$log" >&2; }; exit 1; }
 
-# as NAME ARGS...: run the CLI as dev identity NAME.
-as() { local who=$1; shift; "$BIN/nvmegate" --dev-dir "$DEMO" --dev-identity "$who" "$@"; }
+# as NAME ARGS...: run the CLI as identity NAME.
+as() {
+  local who=$1; shift
+  if [ -n "$SPIFFE_SOCKET" ]; then
+    "$BIN/nvmegate" --spiffe-socket "$SPIFFE_SOCKET" --spiffe-id "${ID[$who]:?no SPIFFE ID for $who in SPIFFE_IDS}" --addr "$ADDR" "$@"
+  else
+    "$BIN/nvmegate" --dev-dir "$DEMO" --dev-identity "$who" "$@"
+  fi
+}
 
 # ok WHAT -- CMD...: CMD must succeed.
 ok() {
@@ -67,8 +83,15 @@ $out" ;;
 echo "== starting the dev gateway (trust domain nvmegate.test, state in $DEMO)"
 # stor-eu-1 is programmed by its own target agent (started below), never by
 # the gateway's embedded one.
-"$BIN/nvmegated" dev --dir "$DEMO" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --log-format json \
-  --remote-targets stor-eu-1 2>"$log" &
+if [ -n "$SPIFFE_SOCKET" ]; then
+  echo "   (SVIDs from the SPIFFE Workload API at $SPIFFE_SOCKET)"
+  "$BIN/nvmegated" --spiffe-socket "$SPIFFE_SOCKET" --spiffe-id "${ID[gateway]:?no SPIFFE ID for the gateway}" \
+    --trust-domain nvmegate.test --state-dir "$DEMO/state" --ready-file "$DEMO/gateway.json" \
+    --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --log-format json --remote-targets stor-eu-1 2>"$log" &
+else
+  "$BIN/nvmegated" dev --dir "$DEMO" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --log-format json \
+    --remote-targets stor-eu-1 2>"$log" &
+fi
 gw=$!
 trap 'kill "$gw" 2>/dev/null' EXIT
 for _ in $(seq 1 300); do
@@ -78,6 +101,7 @@ for _ in $(seq 1 300); do
 done
 [ -f "$DEMO/gateway.json" ] || fail "the gateway did not become ready in 30 s"
 echo "   ready: $(cat "$DEMO/gateway.json")"
+ADDR=$(sed -n 's/.*"grpc": *"\([^"]*\)".*/\1/p' "$DEMO/gateway.json")
 
 ACME=nqn.2026-01.io.nvmegate.demo:acme-train
 GLOBEX=nqn.2026-01.io.nvmegate.demo:globex-ckpt
@@ -157,8 +181,13 @@ echo "== the nodes connect: credentials derived, the target programmed, the gran
 # as on a storage server: it streams its target's state and writes the nvmet
 # tree (here a directory instead of /sys/kernel/config/nvmet).
 CFS="$DEMO/storage-server-eu-1/nvmet"
-"$BIN/nvmegate-target" --dev-dir "$DEMO" --dev-identity target-stor-eu-1 --nvmet-root "$CFS" \
-  > "$DEMO/target-agent.log" 2>&1 &
+if [ -n "$SPIFFE_SOCKET" ]; then
+  "$BIN/nvmegate-target" --spiffe-socket "$SPIFFE_SOCKET" --spiffe-id "${ID[target-stor-eu-1]:?no SPIFFE ID for target-stor-eu-1}" \
+    --addr "$ADDR" --nvmet-root "$CFS" > "$DEMO/target-agent.log" 2>&1 &
+else
+  "$BIN/nvmegate-target" --dev-dir "$DEMO" --dev-identity target-stor-eu-1 --nvmet-root "$CFS" \
+    > "$DEMO/target-agent.log" 2>&1 &
+fi
 agent=$!
 trap 'kill "$gw" "$agent" 2>/dev/null' EXIT
 for _ in $(seq 100); do grep -q "applied" "$DEMO/target-agent.log" 2>/dev/null && break; sleep 0.1; done
