@@ -194,29 +194,7 @@ func (db *DB) PutGrant(ctx context.Context, g *nvmegate.Grant) error {
 // PutGrants stores grants in one transaction (one commit): a new grant
 // and the one it supersedes change together.
 func (db *DB) PutGrants(ctx context.Context, gs ...*nvmegate.Grant) error {
-	vals := make([][]byte, len(gs))
-	for i, g := range gs {
-		if g == nil {
-			return nvmegate.Invalid("", "a grant is required")
-		}
-		if err := nvmegate.ValidateGrantID("grant_id", g.ID); err != nil {
-			return err
-		}
-		var err error
-		if vals[i], err = encodeGrant(g); err != nil {
-			return err
-		}
-	}
-	// Batched with concurrent grant writes (one commit for a storm's
-	// group); putGrant is safe to run twice.
-	return db.batch(ctx, func(tx *bolt.Tx) error {
-		for i, g := range gs {
-			if err := putGrant(tx, g, vals[i]); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	return db.PutGrantsMoving(ctx, gs, nil, nil, HostEntry{})
 }
 
 // HostEntry is what the grants sharing one host entry on a target (one
@@ -243,11 +221,19 @@ func EntryOf(g *nvmegate.Grant) HostEntry {
 func (db *DB) PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []string, from *HostEntry, to HostEntry) error {
 	vals := make([][]byte, len(gs))
 	for i, g := range gs {
+		if g == nil {
+			return nvmegate.Invalid("", "a grant is required")
+		}
+		if err := nvmegate.ValidateGrantID("grant_id", g.ID); err != nil {
+			return err
+		}
 		var err error
 		if vals[i], err = encodeGrant(g); err != nil {
 			return err
 		}
 	}
+	// Batched with concurrent grant writes (one commit for a storm's
+	// group); the function is safe to run twice.
 	return db.batch(ctx, func(tx *bolt.Tx) error {
 		for i, g := range gs {
 			if err := putGrant(tx, g, vals[i]); err != nil {
