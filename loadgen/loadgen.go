@@ -43,7 +43,15 @@ type Options struct {
 	// acknowledged grant as it arrives (crash tests check them later with
 	// ReadAcks and Verify).
 	Acks io.Writer
+	// Secrets, if set, gets the first SecretSample distinct DH-HMAC-CHAP
+	// host secrets received, one per line — for leak tests, which look for
+	// them where they must never be (the gateway's logs, its audit log).
+	Secrets io.Writer
 }
+
+// SecretSample bounds what Options.Secrets gets: a leak scan searches for
+// each secret in several forms through everything the run wrote.
+const SecretSample = 16
 
 // Env is how the run reaches the gateway.
 type Env struct {
@@ -223,8 +231,10 @@ func Setup(ctx context.Context, env Env, o Options) (*Fleet, error) {
 
 // recorder collects outcomes from many goroutines.
 type recorder struct {
-	sink io.Writer
-	mu   sync.Mutex
+	sink    io.Writer
+	secrets io.Writer
+	seen    map[string]bool // secrets written
+	mu      sync.Mutex
 	lat  []time.Duration
 	errs map[string]int
 	acks []Ack
@@ -260,6 +270,13 @@ func (r *recorder) connect(ctx, run context.Context, f *Fleet, n *Node) bool {
 	r.acks = append(r.acks, a)
 	if r.sink != nil {
 		fmt.Fprintf(r.sink, "%s %s %d\n", a.GrantID, a.Job, a.AuditIndex)
+	}
+	if sec := resp.GetCredentials().GetDhchapHostSecret(); r.secrets != nil && sec != "" && len(r.seen) < SecretSample && !r.seen[sec] {
+		if r.seen == nil {
+			r.seen = map[string]bool{}
+		}
+		r.seen[sec] = true
+		fmt.Fprintln(r.secrets, sec)
 	}
 	return true
 }
@@ -302,7 +319,7 @@ func Run(ctx context.Context, f *Fleet, o Options) *Result {
 	ctx, cancel := context.WithTimeout(ctx, o.Duration)
 	defer cancel()
 	var (
-		rec  = recorder{sink: o.Acks}
+		rec  = recorder{sink: o.Acks, secrets: o.Secrets}
 		next atomic.Uint64
 		wg   sync.WaitGroup
 	)
@@ -332,7 +349,7 @@ func Storm(ctx context.Context, f *Fleet, o Options, timeout, attempt time.Durat
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var (
-		rec = recorder{sink: o.Acks}
+		rec = recorder{sink: o.Acks, secrets: o.Secrets}
 		wg  sync.WaitGroup
 	)
 	start := time.Now()

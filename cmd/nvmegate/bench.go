@@ -25,6 +25,7 @@ func (a *app) benchCmd() *cobra.Command {
 		admin, sched, auditor string
 		stormTimeout          time.Duration
 		acksFile              string
+		secretsFile           string
 	)
 	connect := &cobra.Command{
 		Use:   "connect --dev-dir DIR [--nodes N] [--namespaces M] [--concurrency C] [--duration D] [--storm]",
@@ -57,6 +58,14 @@ Needs a dev gateway (nvmegated dev): the node SVIDs come from its CA.`,
 				return err
 			}
 			defer closeEnv()
+			if secretsFile != "" {
+				f, err := os.OpenFile(secretsFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				o.Secrets = f
+			}
 			if acksFile != "" {
 				f, err := os.OpenFile(acksFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 				if err != nil {
@@ -108,6 +117,7 @@ Needs a dev gateway (nvmegated dev): the node SVIDs come from its CA.`,
 	f.StringVar(&sched, "scheduler-identity", "acme-scheduler", "dev identity admitting the jobs")
 	f.StringVar(&auditor, "auditor-identity", "auditor", "dev identity reading the audit log")
 	f.StringVar(&acksFile, "acks", "", "append every acknowledged grant to FILE as it arrives (for bench verify)")
+	f.StringVar(&secretsFile, "secrets-out", "", "append a sample of the secrets received to FILE (0600), for leak tests")
 
 	verify := &cobra.Command{
 		Use:   "verify --dev-dir DIR --acks FILE",
