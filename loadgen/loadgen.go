@@ -235,9 +235,9 @@ type recorder struct {
 	secrets io.Writer
 	seen    map[string]bool // secrets written
 	mu      sync.Mutex
-	lat  []time.Duration
-	errs map[string]int
-	acks []Ack
+	lat     []time.Duration
+	errs    map[string]int
+	acks    []Ack
 	// firstErr is the first error of each code, for the report.
 	firstErr []string
 }
