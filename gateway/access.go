@@ -43,7 +43,6 @@ type GrantStore interface {
 	PutGrants(ctx context.Context, gs ...*nvmegate.Grant) error
 	PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []string, from *store.HostEntry, to store.HostEntry) error
 	SubsystemGrants(ctx context.Context, subsystemNQN string) ([]*nvmegate.Grant, error)
-	NodeGrants(ctx context.Context, node, jobID, subsystemNQN string) ([]*nvmegate.Grant, error)
 	NodeActiveGrants(ctx context.Context, node string) ([]*nvmegate.Grant, error)
 	Grant(ctx context.Context, id string) (*nvmegate.Grant, error)
 	ListGrants(ctx context.Context, f store.GrantFilter, p store.Page) ([]*nvmegate.Grant, string, error)
@@ -147,17 +146,15 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 		HostNQN: str(in.Resource, "host_binding", "host_nqn"), SubsystemNQN: sub.NQN, IssuedAt: now,
 		ExpiresAt: grantExpiry(now, r.Ttl.AsDuration(), d.Obligations.MaxTTL, j.ExpiresAt), State: nvmegate.GrantActive,
 		DecisionID: d.ID, ReadOnly: d.Obligations.ReadOnly, KeyScope: nvmegate.CredentialScope(t, sub)}
-	if err := grantCredentialParams(g, sub, d.Obligations); err != nil {
+	if err := grantAuth(g, sub, t, d.Obligations); err != nil {
 		return nil, err
 	}
-	if t.Driver == nvmegate.DriverNVMet && (g.TLS || g.DHCHAPHash == "none") {
-		// The nvmet driver authenticates hosts with DH-HMAC-CHAP only (it
-		// installs no TLS PSK): a grant that relies on TLS would be open.
-		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "policy requires TLS for %s, which its nvmet target cannot enforce; no grant", sub.NQN)
-	}
-	// The node's grants that share this host entry: g asks for the
-	// strongest authentication among them, and they move with it below.
-	sibs, err := s.sharingHostEntry(ctx, g)
+	// One grant per node, job and subsystem: a new connect supersedes the
+	// node's earlier grant (its credentials are replaced on the target),
+	// in the same commit. The node's grants that share this host entry:
+	// g asks for the strongest authentication among them, and they move
+	// with it below.
+	superseded, sibs, err := s.nodeGrants(ctx, g)
 	if err != nil {
 		return nil, err
 	}
@@ -170,22 +167,15 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 		return nil, keyErr(err)
 	}
 	g.KeyVersion = creds.RootVersion
-	// One grant per node, job and subsystem: a new connect supersedes the
-	// node's earlier grant (its credentials are replaced on the target),
-	// in the same commit.
-	active, err := s.grants.NodeGrants(ctx, g.Node, g.JobID, g.SubsystemNQN)
-	if err != nil {
-		return nil, err
-	}
 	changed := []*nvmegate.Grant{g}
-	for _, o := range active {
+	for _, o := range superseded {
 		o.State = nvmegate.GrantReleased
 		changed = append(changed, o)
 	}
-	moved, before := moveWith(sibs, g)
+	moving := differing(sibs, g)
 	// The grant is on the record before anything changes: store, target.
 	e := grantEntry(in, d, g, creds)
-	e.Detail += movedDetail(moved)
+	e.Detail += movedDetail(moving)
 	idx, _, err := s.audit.Append(ctx, e)
 	if err != nil {
 		s.log.ErrorContext(ctx, "connect: grant not recorded; none made", "grant", g.ID, "err", err)
@@ -197,14 +187,14 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 		s.recordFailure(ctx, in, d, g, "job "+j.ID+" is "+j.State)
 		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "job %s is %s; no grant", j.ID, j.State)
 	}
-	if err := s.grants.PutGrantsMoving(ctx, changed, ids(moved), nil, store.EntryOf(g)); err != nil {
+	if err := s.grants.PutGrantsMoving(ctx, changed, ids(moving), nil, store.EntryOf(g)); err != nil {
 		s.recordFailure(ctx, in, d, g, "grant not stored")
 		return nil, err
 	}
 	if err := s.targets.Program(ctx, t.ID); err != nil {
 		s.log.ErrorContext(ctx, "connect: target not programmed; no grant", "target", t.ID, "grant", g.ID, "err", err)
 		// The node keeps its other grants at the keys it holds.
-		s.putBack(ctx, g, before)
+		s.putBack(ctx, g, moving)
 		s.endGrant(ctx, g, t.ID, nvmegate.GrantRevoked)
 		s.recordFailure(ctx, in, d, g, "target "+t.ID+" did not accept the host")
 		return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "target %s did not accept the host in time; no grant was made", t.ID)
@@ -212,49 +202,54 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 	return s.connectResponse(ctx, g, sub, t, creds, d)
 }
 
-// sharingHostEntry returns the node's other active grants that share g's
-// host entry: the same host NQN in the same key scope (on nvmet one entry
-// per host per target, on SPDK per subsystem), in any job, whose root is
-// still usable (one past its grace was cut off and stays so). The target
-// holds one set of credentials for them all, so g asks for the strongest
-// authentication any of them needs — obligations are minimums: a stronger
-// hash or DH group, or bidirectional authentication, satisfies a weaker
-// one — and they move with g to its root version and authentication
-// (moveWith). Only a TLS/DH-HMAC-CHAP mismatch cannot be merged.
-func (s *accessService) sharingHostEntry(ctx context.Context, g *nvmegate.Grant) ([]*nvmegate.Grant, error) {
+// nodeGrants reads the node's active grants once and returns those g
+// supersedes (same job and subsystem) and those that share g's host entry:
+// the same host NQN in the same key scope (on nvmet one entry per host per
+// target, on SPDK per subsystem), in any job, whose root is still usable
+// (one past its grace was cut off and stays so). The target holds one set
+// of credentials for a host entry, so g asks for the strongest
+// authentication any of the sharing grants needs — obligations are
+// minimums: a stronger hash or DH group, or bidirectional authentication,
+// satisfies a weaker one — and they move with g to its root version and
+// authentication. Only a TLS/DH-HMAC-CHAP mismatch cannot be merged.
+func (s *accessService) nodeGrants(ctx context.Context, g *nvmegate.Grant) (superseded, sharing []*nvmegate.Grant, err error) {
 	all, err := s.grants.NodeActiveGrants(ctx, g.Node)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	now := s.now()
-	var out []*nvmegate.Grant
 	var usable map[uint64]bool
 	for _, o := range all {
-		if o.ID == g.ID || !o.Active(now) || o.HostNQN != g.HostNQN || o.Scope() != g.Scope() ||
-			(o.JobID == g.JobID && o.SubsystemNQN == g.SubsystemNQN) { // g supersedes it
+		switch {
+		case o.ID == g.ID:
+			continue
+		case o.JobID == g.JobID && o.SubsystemNQN == g.SubsystemNQN:
+			superseded = append(superseded, o)
+			continue
+		case !o.Active(now) || o.HostNQN != g.HostNQN || o.Scope() != g.Scope():
 			continue
 		}
 		if usable == nil {
 			if usable, err = s.usableVersions(ctx, g.Scope(), now); err != nil {
-				return nil, keyErr(err)
+				return nil, nil, keyErr(err)
 			}
 		}
 		if !usable[o.KeyVersion] {
 			continue
 		}
 		if o.TLS != g.TLS || (o.DHCHAPHash == "none") != (g.DHCHAPHash == "none") {
-			return nil, nvmegate.Errorf(nvmegate.ECONFLICT,
+			return nil, nil, nvmegate.Errorf(nvmegate.ECONFLICT,
 				"host %s holds grant %s (subsystem %s) secured by %s, this one by %s; the target keeps one set of credentials per host: release that grant first",
 				g.HostNQN, o.ID, o.SubsystemNQN, security(o), security(g))
 		}
-		out = append(out, o)
+		sharing = append(sharing, o)
 	}
-	for _, o := range out {
+	for _, o := range sharing {
 		g.DHCHAPHash = stronger(hashRank, g.DHCHAPHash, o.DHCHAPHash)
 		g.DHGroup = stronger(groupRank, g.DHGroup, o.DHGroup)
 		g.Bidirectional = g.Bidirectional || o.Bidirectional
 	}
-	return out, nil
+	return superseded, sharing, nil
 }
 
 // usableVersions are the root versions of scope a host may still use.
@@ -297,24 +292,21 @@ func stronger(rank map[string]int, a, b string) string {
 	return a
 }
 
-// moveWith gives the grants g's root version and authentication and
-// returns the ones it changed, and copies of those as they were (to put
-// back if the change does not reach the target).
-func moveWith(gs []*nvmegate.Grant, g *nvmegate.Grant) (moved, before []*nvmegate.Grant) {
+// differing returns the grants whose host entry (root version and
+// authentication) is not g's: those a change of g moves.
+func differing(gs []*nvmegate.Grant, g *nvmegate.Grant) []*nvmegate.Grant {
+	var out []*nvmegate.Grant
 	for _, o := range gs {
-		if o.KeyVersion == g.KeyVersion && o.DHCHAPHash == g.DHCHAPHash && o.DHGroup == g.DHGroup && o.Bidirectional == g.Bidirectional {
-			continue
+		if store.EntryOf(o) != store.EntryOf(g) {
+			out = append(out, o)
 		}
-		b := *o
-		before = append(before, &b)
-		o.KeyVersion, o.DHCHAPHash, o.DHGroup, o.Bidirectional = g.KeyVersion, g.DHCHAPHash, g.DHGroup, g.Bidirectional
-		moved = append(moved, o)
 	}
-	return moved, before
+	return out
 }
 
-// putBack returns the grants moved with g to where they were, each only
-// while it still has g's entry (a later move stays).
+// putBack returns the grants moved with g to where they were (before
+// holds them as read before the move), each only while it still has g's
+// entry (a later move stays).
 func (s *accessService) putBack(ctx context.Context, g *nvmegate.Grant, before []*nvmegate.Grant) {
 	ctx = context.WithoutCancel(ctx)
 	moved := store.EntryOf(g)
@@ -355,6 +347,20 @@ func grantExpiry(now time.Time, ttl, maxTTL time.Duration, jobExpiry time.Time) 
 		exp = jobExpiry
 	}
 	return exp
+}
+
+// grantAuth sets g's authentication from the obligations and refuses what
+// g's target cannot enforce: the nvmet driver authenticates hosts with
+// DH-HMAC-CHAP only (it installs no TLS PSK), so a grant that relies on
+// TLS would be open there.
+func grantAuth(g *nvmegate.Grant, sub *nvmegate.Subsystem, t *nvmegate.Target, ob nvmegate.Obligations) error {
+	if err := grantCredentialParams(g, sub, ob); err != nil {
+		return err
+	}
+	if t.Driver == nvmegate.DriverNVMet && (g.TLS || g.DHCHAPHash == "none") {
+		return nvmegate.Errorf(nvmegate.ECONFLICT, "policy requires TLS for %s, which its nvmet target cannot enforce; not granted", sub.NQN)
+	}
+	return nil
 }
 
 // grantCredentialParams fills the grant's credential settings from the
@@ -561,13 +567,10 @@ func (s *accessService) Renew(ctx context.Context, r *pb.RenewRequest) (*pb.Rene
 	}
 	prev := *g
 	g.ReadOnly = d.Obligations.ReadOnly
-	if err := grantCredentialParams(g, sub, d.Obligations); err != nil {
+	if err := grantAuth(g, sub, t, d.Obligations); err != nil {
 		return nil, err
 	}
-	if t.Driver == nvmegate.DriverNVMet && (g.TLS || g.DHCHAPHash == "none") {
-		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "policy now requires TLS for %s, which its nvmet target cannot enforce; the grant is not renewed", sub.NQN)
-	}
-	sibs, err := s.sharingHostEntry(ctx, g)
+	_, sibs, err := s.nodeGrants(ctx, g)
 	if err != nil {
 		return nil, err
 	}
@@ -582,26 +585,25 @@ func (s *accessService) Renew(ctx context.Context, r *pb.RenewRequest) (*pb.Rene
 	now := s.now()
 	g.KeyVersion, g.ExpiresAt, g.DecisionID = creds.RootVersion, grantExpiry(now, r.Ttl.AsDuration(), d.Obligations.MaxTTL, j.ExpiresAt), d.ID
 	// The node's grants that share this host entry move with it.
-	moved, before := moveWith(sibs, g)
+	moving := differing(sibs, g)
 	// On the record before the store or the target changes.
 	e := grantEntry(in, d, g, creds)
-	e.Kind, e.Time, e.Detail = audit.EventRenew, now, "access.renew "+g.SubsystemNQN+movedDetail(moved)
+	e.Kind, e.Time, e.Detail = audit.EventRenew, now, "access.renew "+g.SubsystemNQN+movedDetail(moving)
 	idx, _, err := s.audit.Append(ctx, e)
 	if err != nil {
 		return nil, errAuditUnavailable
 	}
 	g.AuditIndex = idx
-	if err := s.grants.PutGrantsMoving(ctx, []*nvmegate.Grant{g}, ids(moved), nil, store.EntryOf(g)); err != nil {
+	if err := s.grants.PutGrantsMoving(ctx, []*nvmegate.Grant{g}, ids(moving), nil, store.EntryOf(g)); err != nil {
 		return nil, err // e.g. revoked meanwhile: ended grants stay ended
 	}
-	if len(moved) > 0 || g.KeyVersion != prev.KeyVersion || g.DHCHAPHash != prev.DHCHAPHash || g.DHGroup != prev.DHGroup ||
-		g.Bidirectional != prev.Bidirectional || g.TLS != prev.TLS || g.ReadOnly != prev.ReadOnly {
+	if len(moving) > 0 || store.EntryOf(g) != store.EntryOf(&prev) || g.TLS != prev.TLS || g.ReadOnly != prev.ReadOnly {
 		if err := s.targets.Program(ctx, t.ID); err != nil {
 			s.log.ErrorContext(ctx, "renew: target not reprogrammed; grant kept at its old keys", "grant", g.ID, "err", err)
 			if perr := s.grants.PutGrant(context.WithoutCancel(ctx), &prev); perr != nil {
 				s.log.ErrorContext(ctx, "renew: old keys not restored", "grant", g.ID, "err", perr)
 			}
-			s.putBack(ctx, g, before)
+			s.putBack(ctx, g, moving)
 			s.recordFailure(ctx, in, d, g, "target "+t.ID+" did not accept the new keys")
 			return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "target %s did not accept the new keys; the grant keeps its old ones", t.ID)
 		}
