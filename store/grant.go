@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -49,46 +48,13 @@ func encodeGrant(g *nvmegate.Grant) ([]byte, error) {
 		Bidirectional: g.Bidirectional, TLS: g.TLS, ReadOnly: g.ReadOnly})
 }
 
-// grantMemo keeps decoded grants by ID with the bytes they were decoded
-// from: a target's desired state reads every active grant of its
-// subsystems on each programming run, and JSON decoding them was most of
-// that run's cost under a connect storm. A changed record has other bytes
-// and is decoded again.
-type grantMemo struct {
-	mu sync.Mutex
-	m  map[string]memoGrant
-}
-
-type memoGrant struct {
-	raw []byte
-	g   nvmegate.Grant
-}
-
-// maxGrantMemo bounds the memo; past it the memo starts over.
+// maxGrantMemo bounds the memo of decoded grants (DB.grantMemo).
 const maxGrantMemo = 1 << 17
 
 // decodeGrantMemo decodes v (the value of grant id), from the memo when it
 // holds the same bytes. The caller gets its own copy.
 func (db *DB) decodeGrantMemo(id, v []byte) (*nvmegate.Grant, error) {
-	m := &db.grantMemo
-	m.mu.Lock()
-	e, ok := m.m[string(id)]
-	m.mu.Unlock()
-	if ok && bytes.Equal(e.raw, v) {
-		g := e.g
-		return &g, nil
-	}
-	g, err := decodeGrant(v)
-	if err != nil {
-		return nil, err
-	}
-	m.mu.Lock()
-	if m.m == nil || len(m.m) >= maxGrantMemo {
-		m.m = map[string]memoGrant{}
-	}
-	m.m[string(id)] = memoGrant{raw: bytes.Clone(v), g: *g}
-	m.mu.Unlock()
-	return g, nil
+	return db.grantMemo.get(string(id), v, decodeGrant)
 }
 
 func decodeGrant(v []byte) (*nvmegate.Grant, error) {

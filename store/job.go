@@ -1,12 +1,10 @@
 package store
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -128,27 +126,16 @@ func (db *DB) Job(ctx context.Context, id string) (*nvmegate.Job, error) {
 		if v == nil {
 			return nvmegate.Errorf(nvmegate.ENOTFOUND, "job %q not found", id)
 		}
-		m := &db.jobMemo
-		m.mu.Lock()
-		e, ok := m.m[id]
-		m.mu.Unlock()
-		if ok && bytes.Equal(e.raw, v) {
-			c := e.j
-			j = &c
-			return nil
-		}
 		var err error
-		if j, err = decodeJob(v); err != nil {
-			return err
-		}
-		j.Nodes, j.AllowedRegions, j.Namespaces = slices.Clip(j.Nodes), slices.Clip(j.AllowedRegions), slices.Clip(j.Namespaces)
-		m.mu.Lock()
-		if m.m == nil || len(m.m) >= maxJobMemo {
-			m.m = map[string]memoJob{}
-		}
-		m.m[id] = memoJob{raw: bytes.Clone(v), j: *j}
-		m.mu.Unlock()
-		return nil
+		j, err = db.jobMemo.get(id, v, func(v []byte) (*nvmegate.Job, error) {
+			j, err := decodeJob(v)
+			if err != nil {
+				return nil, err
+			}
+			j.Nodes, j.AllowedRegions, j.Namespaces = slices.Clip(j.Nodes), slices.Clip(j.AllowedRegions), slices.Clip(j.Namespaces)
+			return j, nil
+		})
+		return err
 	})
 	if err == nil {
 		db.expire(j)
@@ -156,17 +143,7 @@ func (db *DB) Job(ctx context.Context, id string) (*nvmegate.Job, error) {
 	return j, err
 }
 
-// jobMemo keeps decoded jobs with the bytes they came from (DB.Job).
-type jobMemo struct {
-	mu sync.Mutex
-	m  map[string]memoJob
-}
-
-type memoJob struct {
-	raw []byte
-	j   nvmegate.Job
-}
-
+// maxJobMemo bounds the memo of decoded jobs (DB.jobMemo).
 const maxJobMemo = 4096
 
 func getJob(tx *bolt.Tx, id string) (*nvmegate.Job, error) {

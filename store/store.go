@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nvmegate/nvmegate"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 )
@@ -70,8 +71,8 @@ type DB struct {
 	now     func() time.Time
 	batcher batcher
 	// grantMemo and jobMemo hold decoded records (grant.go, job.go).
-	grantMemo grantMemo
-	jobMemo   jobMemo
+	grantMemo decodeMemo[nvmegate.Grant]
+	jobMemo   decodeMemo[nvmegate.Job]
 }
 
 // Open opens (creating if needed, mode 0600) the store file at path, creates
@@ -97,7 +98,7 @@ func Open(path string, opts Options) (*DB, error) {
 		_ = bdb.Close()
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
-	return &DB{bolt: bdb, now: opts.Now}, nil
+	return &DB{bolt: bdb, now: opts.Now, grantMemo: decodeMemo[nvmegate.Grant]{max: maxGrantMemo}, jobMemo: decodeMemo[nvmegate.Job]{max: maxJobMemo}}, nil
 }
 
 // initSchema stamps a new file, or checks an existing one, and creates any
