@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -108,14 +109,13 @@ func (r *remote) forget(gen uint64, done chan error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ws := r.waiters[gen]
-	for i, w := range ws {
-		if w == done {
-			r.waiters[gen] = append(ws[:i], ws[i+1:]...)
-			break
-		}
+	if i := slices.Index(ws, done); i >= 0 {
+		ws = slices.Delete(ws, i, i+1)
 	}
-	if len(r.waiters[gen]) == 0 {
+	if len(ws) == 0 {
 		delete(r.waiters, gen)
+	} else {
+		r.waiters[gen] = ws
 	}
 }
 

@@ -24,12 +24,13 @@ import (
 	"github.com/nvmegate/nvmegate/targetagent"
 )
 
-// startDaemon runs the dev daemon in dir until the returned stop is called.
-func startDaemon(t *testing.T, dir string) (*Main, func()) {
+// startDaemon runs the dev daemon in dir, serving gRPC on listen, until
+// the returned stop is called.
+func startDaemon(t *testing.T, dir, listen string) (*Main, func()) {
 	t.Helper()
 	m := NewMain()
 	m.Stderr = io.Discard
-	if err := m.ParseFlags(context.Background(), []string{"dev", "--dir", dir, "--listen", "127.0.0.1:0", "--http-listen", "off"}); err != nil {
+	if err := m.ParseFlags(context.Background(), []string{"dev", "--dir", dir, "--listen", listen, "--http-listen", "off"}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -72,7 +73,7 @@ func allowedHosts(t *testing.T, m *Main, sub string) []string {
 // target lost it, with the granted keys.
 func TestRestartReconcilesGrants(t *testing.T) {
 	dir := t.TempDir()
-	m, stop := startDaemon(t, dir)
+	m, stop := startDaemon(t, dir, "127.0.0.1:0")
 	admin := devConn(t, m.GRPCAddr(), dir, "admin")
 	inv := pb.NewInventoryClient(admin)
 	sub := "nqn.2026-01.io.nvmegate.test:acme-train"
@@ -122,7 +123,7 @@ func TestRestartReconcilesGrants(t *testing.T) {
 	if err := os.RemoveAll(root); err != nil {
 		t.Fatal(err)
 	}
-	m, stop = startDaemon(t, dir)
+	m, stop = startDaemon(t, dir, "127.0.0.1:0")
 	defer stop()
 	hs := allowedHosts(t, m, sub)
 	if len(hs) != 2 || !contains(hs, grants[0].HostNqn) || !contains(hs, grants[1].HostNqn) {
@@ -162,20 +163,7 @@ func TestRemoteAgentSurvivesGatewayRestart(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	start := func() (*Main, func()) {
-		m := NewMain()
-		m.Stderr = io.Discard
-		if err := m.ParseFlags(context.Background(), []string{"dev", "--dir", dir, "--listen", addr, "--http-listen", "off"}); err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		if err := m.Open(ctx); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- m.Run(ctx) }()
-		return m, func() { cancel(); <-done; m.Close() }
-	}
+	start := func() (*Main, func()) { return startDaemon(t, dir, addr) }
 	m, stop := start()
 	if _, err := pb.NewInventoryClient(devConn(t, m.GRPCAddr(), dir, "admin")).AddTarget(ctxT(t), &pb.AddTargetRequest{Target: &pb.Target{
 		Id: "stor-eu-1", Fabric: "fab", Region: "eu-west", Driver: "nvmet",
