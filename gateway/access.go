@@ -218,7 +218,6 @@ func (s *accessService) nodeGrants(ctx context.Context, g *nvmegate.Grant) (supe
 		return nil, nil, err
 	}
 	now := s.now()
-	var usable map[uint64]bool
 	for _, o := range all {
 		switch {
 		case o.ID == g.ID:
@@ -229,13 +228,10 @@ func (s *accessService) nodeGrants(ctx context.Context, g *nvmegate.Grant) (supe
 		case !o.Active(now) || o.HostNQN != g.HostNQN || o.Scope() != g.Scope():
 			continue
 		}
-		if usable == nil {
-			if usable, err = s.usableVersions(ctx, g.Scope(), now); err != nil {
-				return nil, nil, keyErr(err)
-			}
-		}
-		if !usable[o.KeyVersion] {
+		if err := s.keys.Usable(ctx, g.Scope(), o.KeyVersion); errors.Is(err, keys.ErrExpired) {
 			continue
+		} else if err != nil {
+			return nil, nil, keyErr(err)
 		}
 		if o.TLS != g.TLS || (o.DHCHAPHash == "none") != (g.DHCHAPHash == "none") {
 			return nil, nil, nvmegate.Errorf(nvmegate.ECONFLICT,
@@ -250,21 +246,6 @@ func (s *accessService) nodeGrants(ctx context.Context, g *nvmegate.Grant) (supe
 		g.Bidirectional = g.Bidirectional || o.Bidirectional
 	}
 	return superseded, sharing, nil
-}
-
-// usableVersions are the root versions of scope a host may still use.
-func (s *accessService) usableVersions(ctx context.Context, scope string, now time.Time) (map[uint64]bool, error) {
-	st, err := s.keys.Status(ctx, scope)
-	if err != nil {
-		return nil, err
-	}
-	out := map[uint64]bool{}
-	for _, v := range st.Versions {
-		if v.ValidUntil.IsZero() || now.Before(v.ValidUntil) {
-			out[v.Version] = true
-		}
-	}
-	return out, nil
 }
 
 func security(g *nvmegate.Grant) string {

@@ -22,6 +22,9 @@ type KeyManager interface {
 	KEKVersions(ctx context.Context, namespace string) ([]keys.KEKVersion, error)
 	Revoked(ctx context.Context, subsystemNQN, why string) error
 	Credentials(ctx context.Context, hostNQN, subNQN string, p keys.CredentialParams) (keys.Credentials, error)
+	// Usable is nil while root version v may still be used, ErrExpired
+	// after its grace.
+	Usable(ctx context.Context, subNQN string, v uint64) error
 }
 
 // NamespaceKeyName names a namespace's data key in the key store.

@@ -164,14 +164,30 @@ func (m *Manager) Credentials(ctx context.Context, hostNQN, subNQN string, p Cre
 // CredentialsAt derives credentials from root version v, which must be the
 // current one or superseded less than Grace ago (else ErrExpired).
 func (m *Manager) CredentialsAt(ctx context.Context, hostNQN, subNQN string, v uint64, p CredentialParams) (Credentials, error) {
-	c, err := m.fresh(ctx, subNQN)
+	r, err := m.rootAt(ctx, subNQN, v)
 	if err != nil {
 		return Credentials{}, err
+	}
+	return m.derive(r, hostNQN, subNQN, p)
+}
+
+// Usable reports, as an error, whether root version v of subNQN may still
+// be used: nil, or ErrExpired once it is past its grace (or gone).
+func (m *Manager) Usable(ctx context.Context, subNQN string, v uint64) error {
+	_, err := m.rootAt(ctx, subNQN, v)
+	return err
+}
+
+// rootAt is root version v of subNQN if a host may still use it.
+func (m *Manager) rootAt(ctx context.Context, subNQN string, v uint64) (Root, error) {
+	c, err := m.fresh(ctx, subNQN)
+	if err != nil {
+		return Root{}, err
 	}
 	if v > currentVersion(c.roots) {
 		// Another gateway rotated since our last refresh.
 		if c, err = m.load(ctx, subNQN); err != nil {
-			return Credentials{}, err
+			return Root{}, err
 		}
 	}
 	now := m.opts.Now()
@@ -180,12 +196,12 @@ func (m *Manager) CredentialsAt(ctx context.Context, hostNQN, subNQN string, v u
 			continue
 		}
 		if !r.Superseded.IsZero() && !now.Before(r.Superseded.Add(m.opts.Grace)) {
-			return Credentials{}, fmt.Errorf("%w: %s root v%d was superseded at %s (grace %s)", ErrExpired, subNQN, v,
+			return Root{}, fmt.Errorf("%w: %s root v%d was superseded at %s (grace %s)", ErrExpired, subNQN, v,
 				r.Superseded.UTC().Format(time.RFC3339), m.opts.Grace)
 		}
-		return m.derive(r, hostNQN, subNQN, p)
+		return r, nil
 	}
-	return Credentials{}, fmt.Errorf("%w: %s has no root v%d", ErrExpired, subNQN, v)
+	return Root{}, fmt.Errorf("%w: %s has no root v%d", ErrExpired, subNQN, v)
 }
 
 // current returns the current root of subNQN, creating version 1 if the
