@@ -43,6 +43,13 @@ func ServerCredentials(src Source, td spiffeid.TrustDomain) credentials.Transpor
 // tlsconfig.AuthorizeID(gatewayID)). A nil authorize accepts no server.
 // TLS 1.3 is required, and sessions are never resumed.
 func ClientCredentials(src Source, authorize tlsconfig.Authorizer) credentials.TransportCredentials {
+	return &spiffeCredentials{TransportCredentials: credentials.NewTLS(ClientTLSConfig(src, authorize))}
+}
+
+// ClientTLSConfig is the TLS configuration ClientCredentials uses, for a
+// client that speaks TLS without gRPC (the load generator's handshake
+// floor measures exactly the handshakes a node's gRPC connection makes).
+func ClientTLSConfig(src Source, authorize tlsconfig.Authorizer) *tls.Config {
 	if authorize == nil {
 		authorize = func(spiffeid.ID, [][]*x509.Certificate) error {
 			return errors.New("identity: no server authorizer configured")
@@ -50,7 +57,7 @@ func ClientCredentials(src Source, authorize tlsconfig.Authorizer) credentials.T
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS13}
 	tlsconfig.HookMTLSClientConfig(cfg, src, src, authorize)
-	return &spiffeCredentials{TransportCredentials: credentials.NewTLS(cfg)}
+	return cfg
 }
 
 // AuthInfo is the credentials.AuthInfo of a connection made with

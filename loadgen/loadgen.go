@@ -15,10 +15,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"crypto/tls"
+
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -47,6 +51,38 @@ type Options struct {
 	// host secrets received, one per line — for leak tests, which look for
 	// them where they must never be (the gateway's logs, its audit log).
 	Secrets io.Writer
+	// Call is what every node does; "" means CallConnect.
+	Call Call
+}
+
+// Call is what a node does in a run: the product's call, or one of its
+// floors — the same nodes, identities and connections doing the least a
+// call can do, measured in the same sitting so that a figure is quoted as a
+// ratio to what the machine can do at all.
+type Call string
+
+const (
+	// CallConnect is Access.Connect: policy, credentials, target
+	// programming, a durable audit entry.
+	CallConnect Call = "connect"
+	// CallHealth is grpc.health.v1 Health/Check over the node's mTLS
+	// connection: the floor of a unary call through the gateway's
+	// interceptors.
+	CallHealth Call = "health"
+	// CallHandshake is a new TLS 1.3 connection with the node's SVID to
+	// the gateway, complete when the server's first bytes (its HTTP/2
+	// settings, sent after it verified the client's certificate) arrive,
+	// then closed: the floor of a storm, where every node's first call
+	// pays a handshake. No gRPC call is made.
+	CallHandshake Call = "handshake"
+)
+
+func (c Call) check() error {
+	switch c {
+	case "", CallConnect, CallHealth, CallHandshake:
+		return nil
+	}
+	return fmt.Errorf("loadgen: unknown call %q (connect, health or handshake)", string(c))
 }
 
 // SecretSample bounds what Options.Secrets gets: a leak scan searches for
@@ -67,6 +103,7 @@ type Node struct {
 	ID   string // SPIFFE ID
 	Job  string
 	conn *grpc.ClientConn
+	tls  *tls.Config // the connection's TLS configuration (CallHandshake)
 }
 
 // Fleet is what Setup made.
@@ -74,6 +111,7 @@ type Fleet struct {
 	Subsystem string
 	Jobs      []string
 	Nodes     []*Node
+	addr      string // the gateway's (CallHandshake dials it)
 }
 
 // Close closes the nodes' connections.
@@ -94,6 +132,7 @@ type Ack struct {
 
 // Result is what a run measured.
 type Result struct {
+	Call      Call
 	Elapsed   time.Duration
 	Latencies []time.Duration // of successful connects, sorted
 	Errors    map[string]int  // by gRPC code
@@ -140,7 +179,7 @@ func (o *Options) check() error {
 	case o.RunID == "":
 		return errors.New("loadgen: a run ID is required")
 	}
-	return nil
+	return o.Call.check()
 }
 
 // Setup registers the inventory, host bindings and jobs of a run, and
@@ -225,7 +264,10 @@ func Setup(ctx context.Context, env Env, o Options) (*Fleet, error) {
 		if err != nil {
 			return nil, err
 		}
+		n.tls = identity.ClientTLSConfig(src, identity.AuthorizeGateway(td))
+		n.tls.NextProtos = []string{"h2"} // gRPC servers refuse a TLS client that does not offer HTTP/2
 	}
+	f.addr = env.Addr
 	return f, nil
 }
 
@@ -245,9 +287,20 @@ type recorder struct {
 // connect makes one Connect attempt of node n and records it; it reports
 // whether the node was granted. A call that the end of a sustained run
 // (run, if non-nil) cut off is neither a success nor a failure.
-func (r *recorder) connect(ctx, run context.Context, f *Fleet, n *Node) bool {
+func (r *recorder) connect(ctx, run context.Context, f *Fleet, n *Node, call Call) bool {
 	start := time.Now()
-	resp, err := pb.NewAccessClient(n.conn).Connect(ctx, &pb.ConnectRequest{JobId: n.Job, SubsystemNqn: f.Subsystem})
+	var (
+		resp *pb.ConnectResponse
+		err  error
+	)
+	switch call {
+	case CallHealth:
+		_, err = healthpb.NewHealthClient(n.conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	case CallHandshake:
+		err = handshake(ctx, f.addr, n.tls)
+	default:
+		resp, err = pb.NewAccessClient(n.conn).Connect(ctx, &pb.ConnectRequest{JobId: n.Job, SubsystemNqn: f.Subsystem})
+	}
 	d := time.Since(start)
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -266,6 +319,9 @@ func (r *recorder) connect(ctx, run context.Context, f *Fleet, n *Node) bool {
 		return false
 	}
 	r.lat = append(r.lat, d)
+	if resp == nil {
+		return true // a floor call: nothing granted
+	}
 	a := Ack{GrantID: resp.Grant.GetGrantId(), Job: n.Job, AuditIndex: resp.Grant.GetAuditIndex()}
 	r.acks = append(r.acks, a)
 	if r.sink != nil {
@@ -279,6 +335,27 @@ func (r *recorder) connect(ctx, run context.Context, f *Fleet, n *Node) bool {
 		fmt.Fprintln(r.secrets, sec)
 	}
 	return true
+}
+
+// handshake opens a TLS connection to addr and waits for the server's
+// first bytes: a gRPC server sends its HTTP/2 settings only once its side
+// of the handshake, the client certificate's verification included, is
+// done (a TLS 1.3 client's Handshake returns before that).
+func handshake(ctx context.Context, addr string, cfg *tls.Config) error {
+	d := tls.Dialer{Config: cfg}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return status.Error(codes.Unavailable, err.Error())
+	}
+	defer c.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetReadDeadline(dl)
+	}
+	var b [1]byte
+	if _, err := c.Read(b[:]); err != nil {
+		return status.Error(codes.Unavailable, "no server preface after the handshake: "+err.Error())
+	}
+	return nil
 }
 
 // ended reports whether the run's context is over. gRPC times a call out
@@ -307,9 +384,12 @@ func ReadAcks(rd io.Reader) ([]Ack, error) {
 	return out, sc.Err()
 }
 
-func (r *recorder) result(elapsed time.Duration) *Result {
+func (r *recorder) result(call Call, elapsed time.Duration) *Result {
 	sort.Slice(r.lat, func(i, j int) bool { return r.lat[i] < r.lat[j] })
-	return &Result{Elapsed: elapsed, Latencies: r.lat, Errors: r.errs, Acks: r.acks, FirstErrors: r.firstErr}
+	if call == "" {
+		call = CallConnect
+	}
+	return &Result{Call: call, Elapsed: elapsed, Latencies: r.lat, Errors: r.errs, Acks: r.acks, FirstErrors: r.firstErr}
 }
 
 // Run keeps o.Concurrency connects in flight for o.Duration, the nodes
@@ -330,12 +410,12 @@ func Run(ctx context.Context, f *Fleet, o Options) *Result {
 			defer wg.Done()
 			for !ended(ctx) {
 				n := f.Nodes[int(next.Add(1)-1)%len(f.Nodes)]
-				rec.connect(ctx, ctx, f, n)
+				rec.connect(ctx, ctx, f, n, o.Call)
 			}
 		}()
 	}
 	wg.Wait()
-	return rec.result(time.Since(start))
+	return rec.result(o.Call, time.Since(start))
 }
 
 // Storm connects every node at once and reports when the last one was
@@ -359,7 +439,7 @@ func Storm(ctx context.Context, f *Fleet, o Options, timeout, attempt time.Durat
 			defer wg.Done()
 			for try := 0; ; try++ {
 				actx, acancel := context.WithTimeout(ctx, attempt)
-				ok := rec.connect(actx, nil, f, n)
+				ok := rec.connect(actx, nil, f, n, o.Call)
 				acancel()
 				if ok {
 					return
@@ -380,7 +460,7 @@ func Storm(ctx context.Context, f *Fleet, o Options, timeout, attempt time.Durat
 		}()
 	}
 	wg.Wait()
-	return rec.result(time.Since(start))
+	return rec.result(o.Call, time.Since(start))
 }
 
 // Verify checks that every acknowledged grant has its grant entry in the
@@ -421,10 +501,28 @@ func Verify(ctx context.Context, env Env, acks []Ack) ([]string, error) {
 	return missing, nil
 }
 
+// Ratio compares a connect run with its floor measured in the same sitting:
+// rates and p99 for a sustained run, the time until the last node was
+// done for a storm.
+func Ratio(r, floor *Result, storm bool) string {
+	if storm {
+		return fmt.Sprintf("ratio      storm %s / %s floor %s = %.2fx\n", r.Elapsed.Round(time.Millisecond), floor.Call,
+			floor.Elapsed.Round(time.Millisecond), r.Elapsed.Seconds()/max(floor.Elapsed.Seconds(), 1e-9))
+	}
+	return fmt.Sprintf("ratio      %.0f grants/s / %.0f %s calls/s = %.2f of the floor; p99 %s / %s = %.2fx\n",
+		r.Rate(), floor.Rate(), floor.Call, r.Rate()/max(floor.Rate(), 1e-9),
+		r.Percentile(0.99).Round(time.Microsecond), floor.Percentile(0.99).Round(time.Microsecond),
+		float64(r.Percentile(0.99))/max(float64(floor.Percentile(0.99)), 1))
+}
+
 // Summary is a one-screen report of a result.
 func Summary(r *Result) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "grants     %d in %s = %.0f grants/s\n", len(r.Latencies), r.Elapsed.Round(time.Millisecond), r.Rate())
+	what := map[Call]string{CallHealth: "calls", CallHandshake: "handshakes"}[r.Call]
+	if what == "" {
+		what = "grants"
+	}
+	fmt.Fprintf(&b, "%-10s %d in %s = %.0f %s/s\n", what, len(r.Latencies), r.Elapsed.Round(time.Millisecond), r.Rate(), what)
 	fmt.Fprintf(&b, "latency    p50 %s  p90 %s  p99 %s  p99.9 %s  p99.99 %s  max %s\n",
 		r.Percentile(0.5).Round(time.Microsecond), r.Percentile(0.9).Round(time.Microsecond), r.Percentile(0.99).Round(time.Microsecond),
 		r.Percentile(0.999).Round(time.Microsecond), r.Percentile(0.9999).Round(time.Microsecond), r.Percentile(1).Round(time.Microsecond))

@@ -3,22 +3,27 @@
 #
 #  (a) nvmegate's Connect, end to end (`nvmegate bench connect`: N node
 #      SVIDs, mTLS each, policy, derivation, target programming, durable
-#      audit entry), against the naive composition of the same work
+#      audit entry), against its floor measured just before on the same
+#      fleet (a health Check over the same N mTLS connections, same C) and
+#      against the naive composition of the same work
 #      (internal/cmd/naivebench: an OPA server decision over HTTP with the
 #      same Rego, a Vault KV read, a Vault Transit HMAC, a bbolt append with
 #      fsync) — same concurrency, duration and namespaces, same machine,
-#      both against the same real Vault dev server;
+#      both against the same real Vault dev server; then the storm: all N
+#      nodes at once, each a new mTLS connection, after its floor (N bare
+#      mTLS handshakes to the gateway, all at once);
 #  (b) nvmegate's audit append (audit BenchmarkAppend) against Tessera's
 #      POSIX driver at 16 and 256 appenders, same entry size.
 #
-#   scripts/sidebyside.sh            # C=32 D=20s N=200 M=8
+#   scripts/sidebyside.sh            # C=32 D=20s N=1000 M=8
+#   STORM=10000 scripts/sidebyside.sh   # the storm with 10,000 nodes (default N)
 #   C=64 D=30s scripts/sidebyside.sh
 #
 # Needs the opa CLI and Vault that `make test` caches; builds the Tessera
 # program once in a throwaway module (Tessera is not our dependency).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-C=${C:-32} D=${D:-20s} N=${N:-200} M=${M:-8}
+C=${C:-32} D=${D:-20s} N=${N:-1000} M=${M:-8} STORM=${STORM:-$N}
 CACHE="${TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nvmegate/tools}"
 OPA="$CACHE/opa-$(go list -m -f '{{.Version}}' github.com/open-policy-agent/opa)/opa"
 VAULT="$(scripts/build-vault.sh)"
@@ -65,13 +70,15 @@ printf root > "$work/token"
 pids+=($!); gpid=$!
 for _ in $(seq 300); do [ -f "$work/dev/gateway.json" ] && break; sleep 0.1; done
 "$work/bin/nvmegate" --dev-dir "$work/dev" --dev-identity admin bench connect --nodes "$N" --namespaces "$M" \
-  --concurrency "$C" --duration "$D" | tee "$work/nvmegate.txt"
+  --concurrency "$C" --duration "$D" --call health,connect | tee "$work/nvmegate.txt"
 echo "   server RSS (max): nvmegated $(hwm $gpid)"
 rate() { sed -n 's/.*= \([0-9]*\) grants\/s.*/\1/p' "$1"; }
-p99() { sed -n 's/.*p99 \([0-9.]*m\?s\) .*/\1/p' "$1"; }
+p99() { grep "^latency" "$1" | tail -1 | sed -n 's/.*p99 \([0-9.]*m\?s\) .*/\1/p'; }
 echo "   ratio nvmegate/naive: grants/s $(rate "$work/nvmegate.txt")/$(rate "$work/naive.txt") = $(python3 -c "print(round($(rate "$work/nvmegate.txt")/$(rate "$work/naive.txt"),2))"); p99 $(p99 "$work/nvmegate.txt") vs $(p99 "$work/naive.txt")"
-echo "-- nvmegate storm: all $N nodes connect at once"
-"$work/bin/nvmegate" --dev-dir "$work/dev" --dev-identity admin bench connect --nodes "$N" --namespaces "$M" --storm
+echo "-- nvmegate storm: all $STORM nodes at once, each a new mTLS connection, after the handshake floor"
+"$work/bin/nvmegate" --dev-dir "$work/dev" --dev-identity admin --timeout 60s bench connect --nodes "$STORM" --job-size "$STORM" \
+  --namespaces "$M" --storm --call handshake,connect
+echo "   server RSS (max): nvmegated $(hwm $gpid)"
 
 echo
 echo "== (b) audit append vs Tessera POSIX (20,000 entries of ~840 bytes, fsync'd)"

@@ -26,9 +26,10 @@ func (a *app) benchCmd() *cobra.Command {
 		stormTimeout          time.Duration
 		acksFile              string
 		secretsFile           string
+		calls                 []string
 	)
 	connect := &cobra.Command{
-		Use:   "connect --dev-dir DIR [--nodes N] [--namespaces M] [--concurrency C] [--duration D] [--storm]",
+		Use:   "connect --dev-dir DIR [--nodes N] [--namespaces M] [--concurrency C] [--duration D] [--storm] [--call health,connect]",
 		Short: "Connect storm / sustained connects from N node identities, each with its own mTLS connection",
 		Long: `Registers a target, a subsystem with M namespaces, N node host bindings and
 jobs scoping them (as the admin and the tenant's scheduler), mints N node
@@ -79,23 +80,37 @@ Needs a dev gateway (nvmegated dev): the node SVIDs come from its CA.`,
 			}
 			defer fleet.Close()
 			fmt.Fprintf(a.stdout, " %s\n", time.Since(t0).Round(time.Millisecond))
-			var r *loadgen.Result
-			if storm {
-				fmt.Fprintf(a.stdout, "storm      all %d nodes connect at once\n", o.Nodes)
-				r = loadgen.Storm(ctx, fleet, o, stormTimeout, a.timeout)
-			} else {
-				fmt.Fprintf(a.stdout, "load       %d in flight for %s\n", o.Concurrency, o.Duration)
-				r = loadgen.Run(ctx, fleet, o)
+			var (
+				r     *loadgen.Result
+				acks  []loadgen.Ack
+				floor *loadgen.Result
+			)
+			for _, c := range calls {
+				o.Call = loadgen.Call(c)
+				if storm {
+					fmt.Fprintf(a.stdout, "storm      all %d nodes at once: %s\n", o.Nodes, c)
+					r = loadgen.Storm(ctx, fleet, o, stormTimeout, a.timeout)
+				} else {
+					fmt.Fprintf(a.stdout, "load       %d in flight for %s: %s\n", o.Concurrency, o.Duration, c)
+					r = loadgen.Run(ctx, fleet, o)
+				}
+				fmt.Fprint(a.stdout, loadgen.Summary(r))
+				if floor != nil && r.Call == loadgen.CallConnect {
+					fmt.Fprint(a.stdout, loadgen.Ratio(r, floor, storm))
+				}
+				if r.Call != loadgen.CallConnect {
+					floor = r
+				}
+				acks = append(acks, r.Acks...)
 			}
-			fmt.Fprint(a.stdout, loadgen.Summary(r))
-			missing, err := loadgen.Verify(ctx, env, r.Acks)
+			missing, err := loadgen.Verify(ctx, env, acks)
 			if err != nil {
 				return statusErr(err)
 			}
 			if len(missing) > 0 {
 				return fmt.Errorf("%d acknowledged grant(s) missing from the audit log, e.g. %s", len(missing), missing[0])
 			}
-			fmt.Fprintf(a.stdout, "audit      all %d acknowledged grants are in the log at their answered index\n", len(r.Acks))
+			fmt.Fprintf(a.stdout, "audit      all %d acknowledged grants are in the log at their answered index\n", len(acks))
 			return nil
 		},
 	}
@@ -106,6 +121,7 @@ Needs a dev gateway (nvmegated dev): the node SVIDs come from its CA.`,
 	f.DurationVar(&o.Duration, "duration", 10*time.Second, "how long to keep connecting (D)")
 	f.IntVar(&o.JobSize, "job-size", 256, "nodes per job")
 	f.BoolVar(&storm, "storm", false, "connect all N nodes at once; report the time until all are granted")
+	f.StringSliceVar(&calls, "call", []string{"connect"}, `what each node does, in order on the same fleet: connect, or a floor — health (a trivial unary call over the node's connection) or handshake (a new mTLS connection and nothing else); a connect after a floor is reported as a ratio to it`)
 	f.DurationVar(&stormTimeout, "storm-timeout", 5*time.Minute, "give up on a storm after this long")
 	f.StringVar(&o.Tenant, "tenant", "acme", "the tenant of the scheduler identity")
 	f.StringVar(&o.Region, "region", "eu-west", "region of the target and namespaces")
