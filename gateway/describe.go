@@ -434,12 +434,11 @@ func (d describer) nodeCall(jobID string) (map[string]any, error) {
 		} else if ok {
 			j = stored
 			out["tenant"] = j.Tenant
-			v := jobValue(j)
-			v["nodes"] = []any{}
+			var member []string
 			if slices.Contains(j.Nodes, caller.String()) {
-				v["nodes"] = []any{caller.String()}
+				member = []string{caller.String()}
 			}
-			out["job"] = v
+			out["job"] = jobValueWith(j, member)
 		}
 	}
 	b, err := d.nodeBinding(caller.String())
@@ -530,9 +529,14 @@ func (d describer) job(id string) (map[string]any, error) {
 }
 
 // jobValue describes a stored job for policy (policy/README.md).
-func jobValue(j *nvmegate.Job) map[string]any {
+func jobValue(j *nvmegate.Job) map[string]any { return jobValueWith(j, j.Nodes) }
+
+// jobValueWith describes j with nodes as its node list (a node's call
+// carries only the caller: converting a 10,000-node list for every call
+// of a storm was O(job size) per call).
+func jobValueWith(j *nvmegate.Job, nodes []string) map[string]any {
 	return map[string]any{
-		"job_id": j.ID, "tenant": j.Tenant, "scheduler": j.Scheduler, "nodes": anySlice(j.Nodes),
+		"job_id": j.ID, "tenant": j.Tenant, "scheduler": j.Scheduler, "nodes": anySlice(nodes),
 		"allowed_regions": anySlice(j.AllowedRegions), "expires_at": j.ExpiresAt.UTC().Format(time.RFC3339Nano),
 		"state": j.State,
 	}

@@ -166,6 +166,7 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		return fmt.Errorf("config: %w", err)
 	}
 	m.log = newLogger(m.Stderr, c.Log)
+	c.Runtime.apply(os.Getenv)
 	td, _ := spiffeid.TrustDomainFromString(c.TrustDomain)
 
 	if err := os.MkdirAll(c.StateDir, 0o700); err != nil {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -224,6 +225,9 @@ func TestConfigValidation(t *testing.T) {
 		"zero rotation":    {func(c *Config) { c.Keys.RotationPeriod = "0s" }, "keys.rotation_period"},
 		"audit algorithm":  {func(c *Config) { c.Audit.Algorithm = "rsa" }, "audit.algorithm"},
 		"checkpoint every": {func(c *Config) { c.Audit.CheckpointInterval = "2h" }, "audit.checkpoint_interval"},
+		"memory limit":     {func(c *Config) { c.Runtime.MemoryLimit = "1GB" }, "runtime.memory_limit"},
+		"memory limit 0":   {func(c *Config) { c.Runtime.MemoryLimit = "0MiB" }, "runtime.memory_limit"},
+		"memory overflow":  {func(c *Config) { c.Runtime.MemoryLimit = "9999999999TiB" }, "runtime.memory_limit"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := base
@@ -241,6 +245,30 @@ func TestConfigValidation(t *testing.T) {
 	c.setDefaults()
 	if err := c.validate(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestRuntimeMemoryLimit(t *testing.T) {
+	for in, want := range map[string]int64{"": defaultMemoryLimit, "off": 0, "4GiB": 4 << 30, "768MiB": 768 << 20, "1024B": 1024, "64KiB": 64 << 10} {
+		if got, err := (RuntimeConfig{MemoryLimit: in}).memoryLimit(); err != nil || got != want {
+			t.Errorf("memoryLimit(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	// The environment wins: with GOGC and GOMEMLIMIT set, apply changes
+	// neither.
+	before, limit := debug.SetGCPercent(100), debug.SetMemoryLimit(-1)
+	defer debug.SetGCPercent(before)
+	defer debug.SetMemoryLimit(limit)
+	RuntimeConfig{GCPercent: 250, MemoryLimit: "1GiB"}.apply(func(string) string { return "set" })
+	if got := debug.SetGCPercent(100); got != 100 {
+		t.Errorf("GC percent %d after apply with GOGC set, want 100", got)
+	}
+	RuntimeConfig{GCPercent: 250, MemoryLimit: "1GiB"}.apply(func(string) string { return "" })
+	if got := debug.SetGCPercent(100); got != 250 {
+		t.Errorf("GC percent %d after apply, want 250", got)
+	}
+	if got := debug.SetMemoryLimit(-1); got != 1<<30 {
+		t.Errorf("memory limit %d after apply, want 1GiB", got)
 	}
 }
 
