@@ -61,40 +61,36 @@ const DefaultGrantTTL = time.Hour
 // controller would: one entry per port of each subsystem, with its
 // secure-channel requirement, and the host NQN the node must connect with.
 func (s *accessService) Discover(ctx context.Context, r *pb.DiscoverRequest) (*pb.DiscoverResponse, error) {
-	in, ok := authz.InputFromContext(ctx)
+	sc, ok := scopeFrom(ctx)
 	if !ok {
 		return nil, nvmegate.Errorf(nvmegate.EINTERNAL, "discover: call has no authorization input")
 	}
-	j, err := s.jobs.Job(ctx, r.JobId)
-	if err != nil {
-		return nil, err
+	if sc.Job == nil {
+		return nil, nvmegate.Errorf(nvmegate.ENOTFOUND, "job %q not found", r.JobId)
 	}
-	out := &pb.DiscoverResponse{HostNqn: str(in.Resource, "host_binding", "host_nqn")}
+	out := &pb.DiscoverResponse{HostNqn: sc.Binding.HostNQN}
 	seen := map[string]bool{}
-	for _, jn := range j.Namespaces {
+	for _, jn := range sc.Job.Namespaces {
 		if seen[jn.SubsystemNQN] {
 			continue
 		}
 		seen[jn.SubsystemNQN] = true
-		entries, err := s.discoveryEntries(ctx, jn.SubsystemNQN)
+		sub, err := s.store.Subsystem(ctx, jn.SubsystemNQN)
 		if err != nil {
 			return nil, err
 		}
-		out.Entries = append(out.Entries, entries...)
+		t, err := s.store.Target(ctx, sub.TargetID)
+		if err != nil {
+			return nil, err
+		}
+		out.Entries = append(out.Entries, discoveryEntries(sub, t)...)
 	}
 	return out, nil
 }
 
 // discoveryEntries are a subsystem's ports as NVMe discovery log entries.
-func (s *accessService) discoveryEntries(ctx context.Context, nqn string) ([]*pb.DiscoveryEntry, error) {
-	sub, err := s.store.Subsystem(ctx, nqn)
-	if err != nil {
-		return nil, err
-	}
-	t, err := s.store.Target(ctx, sub.TargetID)
-	if err != nil {
-		return nil, err
-	}
+func discoveryEntries(sub *nvmegate.Subsystem, t *nvmegate.Target) []*pb.DiscoveryEntry {
+	nqn := sub.NQN
 	var out []*pb.DiscoveryEntry
 	for _, pid := range sub.PortIDs {
 		for _, p := range t.Ports {
@@ -112,7 +108,7 @@ func (s *accessService) discoveryEntries(ctx context.Context, nqn string) ([]*pb
 			out = append(out, e)
 		}
 	}
-	return out, nil
+	return out
 }
 
 // Connect hands a node the credentials of one subsystem in its job: policy
@@ -126,24 +122,23 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 	}
 	in, ok := authz.InputFromContext(ctx)
 	d, ok2 := authz.DecisionFromContext(ctx)
-	if !ok || !ok2 {
+	sc, ok3 := scopeFrom(ctx)
+	if !ok || !ok2 || !ok3 {
 		return nil, nvmegate.Errorf(nvmegate.EINTERNAL, "connect: call has no authorization")
 	}
-	j, err := s.jobs.Job(ctx, r.JobId)
-	if err != nil {
-		return nil, err
-	}
-	sub, err := s.store.Subsystem(ctx, r.SubsystemNqn)
-	if err != nil {
-		return nil, err
-	}
-	t, err := s.store.Target(ctx, sub.TargetID)
-	if err != nil {
-		return nil, err
+	// The records policy decided on, read once (describe.go).
+	j, sub, t := sc.Job, sc.Subsystem, sc.Target
+	switch {
+	case j == nil:
+		return nil, nvmegate.Errorf(nvmegate.ENOTFOUND, "job %q not found", r.JobId)
+	case sub == nil:
+		return nil, nvmegate.Errorf(nvmegate.ENOTFOUND, "subsystem %q not found", r.SubsystemNqn)
+	case t == nil:
+		return nil, nvmegate.Errorf(nvmegate.ENOTFOUND, "target %q not found", sub.TargetID)
 	}
 	now := s.now()
 	g := &nvmegate.Grant{ID: newGrantID(), JobID: j.ID, Tenant: j.Tenant, Node: in.Caller.ID,
-		HostNQN: str(in.Resource, "host_binding", "host_nqn"), SubsystemNQN: sub.NQN, IssuedAt: now,
+		HostNQN: sc.Binding.HostNQN, SubsystemNQN: sub.NQN, IssuedAt: now,
 		ExpiresAt: grantExpiry(now, r.Ttl.AsDuration(), d.Obligations.MaxTTL, j.ExpiresAt), State: nvmegate.GrantActive,
 		DecisionID: d.ID, ReadOnly: d.Obligations.ReadOnly, KeyScope: nvmegate.CredentialScope(t, sub)}
 	if err := grantAuth(g, sub, t, d.Obligations); err != nil {
@@ -418,10 +413,7 @@ func grantEntry(in *authz.Input, d *nvmegate.Decision, g *nvmegate.Grant, c keys
 
 func (s *accessService) connectResponse(ctx context.Context, g *nvmegate.Grant, sub *nvmegate.Subsystem, t *nvmegate.Target,
 	c keys.Credentials, d *nvmegate.Decision) (*pb.ConnectResponse, error) {
-	entries, err := s.discoveryEntries(ctx, sub.NQN)
-	if err != nil {
-		return nil, err
-	}
+	entries := discoveryEntries(sub, t)
 	conn := nvmefmt.Connection{HostNQN: g.HostNQN, SubsystemNQN: g.SubsystemNQN, DHCHAPKey: c.HostSecret,
 		DHCHAPCtrlKey: c.CtrlSecret, TLS: g.TLS, TLSKey: c.TLSPSK}
 	if c.TLSPSK != "" {

@@ -25,7 +25,7 @@ import (
 // decides on what the caller may learn, and the handler answers NotFound to
 // callers that were allowed. Any other store error fails the call closed.
 func (s *Server) describe(ctx context.Context, fullMethod string, req any) (string, map[string]any, error) {
-	d := describer{ctx: ctx, store: s.store, jobs: s.jobs}
+	d := &describer{ctx: ctx, store: s.store, jobs: s.jobs}
 	if action, ok := targetAgentActions[fullMethod]; ok {
 		// A target agent's calls are about its own target (its SVID's
 		// name), whatever the request says; the stream's request is not
@@ -54,7 +54,7 @@ var targetAgentActions = map[string]string{
 }
 
 // ownTarget describes the caller's own target.
-func (d describer) ownTarget() (map[string]any, error) {
+func (d *describer) ownTarget() (map[string]any, error) {
 	id, _ := identity.PeerID(d.ctx)
 	name := ""
 	if c := authz.ParseCaller(id); c.Role == authz.RoleTarget {
@@ -67,9 +67,77 @@ type describer struct {
 	ctx   context.Context
 	store InventoryStore
 	jobs  JobStore // nil: jobs are described by their ID only
+	// Records read once per call: a connect's namespaces share their
+	// subsystem and target.
+	subs    map[string]*nvmegate.Subsystem
+	targets map[string]*nvmegate.Target
 }
 
-func (d describer) resource(req any) (map[string]any, error) {
+// subsystemRec reads a subsystem once per call; nil if there is none.
+func (d *describer) subsystemRec(nqn string) (*nvmegate.Subsystem, error) {
+	if s, ok := d.subs[nqn]; ok {
+		return s, nil
+	}
+	s, err := d.store.Subsystem(d.ctx, nqn)
+	if ok, err := found(err); err != nil {
+		return nil, err
+	} else if !ok {
+		s = nil
+	}
+	if d.subs == nil {
+		d.subs = map[string]*nvmegate.Subsystem{}
+	}
+	d.subs[nqn] = s
+	return s, nil
+}
+
+// targetRec reads a target once per call; nil if there is none.
+func (d *describer) targetRec(id string) (*nvmegate.Target, error) {
+	if t, ok := d.targets[id]; ok {
+		return t, nil
+	}
+	t, err := d.store.Target(d.ctx, id)
+	if ok, err := found(err); err != nil {
+		return nil, err
+	} else if !ok {
+		t = nil
+	}
+	if d.targets == nil {
+		d.targets = map[string]*nvmegate.Target{}
+	}
+	d.targets[id] = t
+	return t, nil
+}
+
+// scopeKey keys the slot in a call's context where describe leaves the
+// typed scope of a node's call for its handler (withScopeSlot, scopeFrom).
+type scopeKey struct{}
+
+type scopeSlot struct{ scope *nvmegate.Scope }
+
+// withScopeSlot gives a call a slot for its scope; the interceptor chain
+// adds it before policy, describe fills it.
+func withScopeSlot(ctx context.Context) context.Context {
+	return context.WithValue(ctx, scopeKey{}, &scopeSlot{})
+}
+
+// scopeFrom is the scope describe read for this call.
+func scopeFrom(ctx context.Context) (*nvmegate.Scope, bool) {
+	slot, _ := ctx.Value(scopeKey{}).(*scopeSlot)
+	if slot == nil || slot.scope == nil {
+		return nil, false
+	}
+	return slot.scope, true
+}
+
+// keepScope leaves sc for the call's handler.
+func (d *describer) keepScope(sc *nvmegate.Scope) {
+	if slot, _ := d.ctx.Value(scopeKey{}).(*scopeSlot); slot != nil {
+		slot.scope = sc
+	}
+}
+
+func (d *describer) resource(req any) (map[string]any, error) {
 	switch r := req.(type) {
 	case *pb.AddTargetRequest:
 		t := r.Target
@@ -219,7 +287,7 @@ func subsystemValue(s *nvmegate.Subsystem) map[string]any {
 	return map[string]any{"nqn": s.NQN, "tenant": s.Tenant, "target_id": s.TargetID, "dhchap": s.DHCHAP, "tls": s.TLS}
 }
 
-func (d describer) target(id string) (map[string]any, error) {
+func (d *describer) target(id string) (map[string]any, error) {
 	out := res("target", "")
 	t, err := d.store.Target(d.ctx, id)
 	if ok, err := found(err); err != nil {
@@ -233,7 +301,7 @@ func (d describer) target(id string) (map[string]any, error) {
 }
 
 // addTarget adds the stored target id to out, if it exists.
-func (d describer) addTarget(out map[string]any, id string) error {
+func (d *describer) addTarget(out map[string]any, id string) error {
 	t, err := d.store.Target(d.ctx, id)
 	if ok, err := found(err); err != nil {
 		return err
@@ -243,13 +311,13 @@ func (d describer) addTarget(out map[string]any, id string) error {
 	return nil
 }
 
-func (d describer) subsystem(nqn string) (map[string]any, error) {
+func (d *describer) subsystem(nqn string) (map[string]any, error) {
 	return d.subsystemAs("subsystem", nqn)
 }
 
 // subsystemAs describes a request about subsystem nqn (or its keys): the
 // stored subsystem's tenant is the resource's tenant.
-func (d describer) subsystemAs(kind, nqn string) (map[string]any, error) {
+func (d *describer) subsystemAs(kind, nqn string) (map[string]any, error) {
 	out := res(kind, "")
 	if err := d.addSubsystemOf(out, nqn); err != nil {
 		return nil, err
@@ -261,7 +329,7 @@ func (d describer) subsystemAs(kind, nqn string) (map[string]any, error) {
 }
 
 // addSubsystemOf adds the stored subsystem nqn and its target to out.
-func (d describer) addSubsystemOf(out map[string]any, nqn string) error {
+func (d *describer) addSubsystemOf(out map[string]any, nqn string) error {
 	s, err := d.store.Subsystem(d.ctx, nqn)
 	ok, err := found(err)
 	if err != nil {
@@ -275,7 +343,7 @@ func (d describer) addSubsystemOf(out map[string]any, nqn string) error {
 	return d.addTarget(out, s.TargetID)
 }
 
-func (d describer) namespace(nqn string, nsid uint32) (map[string]any, error) {
+func (d *describer) namespace(nqn string, nsid uint32) (map[string]any, error) {
 	out := res("namespace", "")
 	n, err := d.store.Namespace(d.ctx, nqn, nsid)
 	ok, err := found(err)
@@ -297,26 +365,30 @@ func (d describer) namespace(nqn string, nsid uint32) (map[string]any, error) {
 
 // namespaceValue describes namespace n with the mode asked for and the
 // target its data is on (through its stored subsystem).
-func (d describer) namespaceValue(n *nvmegate.Namespace, mode string) (map[string]any, error) {
+func (d *describer) namespaceValue(n *nvmegate.Namespace, mode string) (map[string]any, error) {
+	sn, err := d.scopeNamespace(n.Key(), n, mode)
+	if err != nil {
+		return nil, err
+	}
+	return namespaceValueAt(n, mode, sn.Target), nil
+}
+
+// namespaceValueAt describes namespace n with mode, on target t (nil if
+// unknown).
+func namespaceValueAt(n *nvmegate.Namespace, mode string, t *nvmegate.Target) map[string]any {
 	v := map[string]any{
 		"subsystem_nqn": n.SubsystemNQN, "nsid": int64(n.NSID), "tenant": n.Tenant, "region": n.Region,
 		"data_class": n.DataClass, "mode": mode,
 		"dataset": map[string]any{"name": n.Dataset.Name, "digest": n.Dataset.Digest},
 		"qos":     map[string]any{"max_iops": n.QoS.MaxIOPS, "max_mbps": n.QoS.MaxMBps},
 	}
-	s, err := d.store.Subsystem(d.ctx, n.SubsystemNQN)
-	if ok, err := found(err); err != nil || !ok {
-		return v, err
+	if t != nil {
+		v["target"] = map[string]any{"id": t.ID, "region": t.Region, "fabric": t.Fabric}
 	}
-	t, err := d.store.Target(d.ctx, s.TargetID)
-	if ok, err := found(err); err != nil || !ok {
-		return v, err
-	}
-	v["target"] = map[string]any{"id": t.ID, "region": t.Region, "fabric": t.Fabric}
-	return v, nil
+	return v
 }
 
-func (d describer) binding(id string) (map[string]any, error) {
+func (d *describer) binding(id string) (map[string]any, error) {
 	out := res("host_binding", "")
 	b, err := d.store.HostBinding(d.ctx, id)
 	if ok, err := found(err); err != nil {
@@ -336,34 +408,44 @@ func bindingValue(b *nvmegate.HostBinding, bound bool) map[string]any {
 
 // nodeBinding is the binding of node id, or its derived default when it has
 // none (bound false, no tenant).
-func (d describer) nodeBinding(id string) (map[string]any, error) {
-	b, err := d.store.HostBinding(d.ctx, id)
-	ok, err := found(err)
+func (d *describer) nodeBinding(id string) (map[string]any, error) {
+	b, bound, err := d.nodeBindingRec(id)
 	if err != nil {
 		return nil, err
 	}
+	return bindingValue(&b, bound), nil
+}
+
+// nodeBindingRec is nodeBinding's record: the stored binding (bound), or
+// the default derived from the SPIFFE ID.
+func (d *describer) nodeBindingRec(id string) (nvmegate.HostBinding, bool, error) {
+	b, err := d.store.HostBinding(d.ctx, id)
+	ok, err := found(err)
+	if err != nil {
+		return nvmegate.HostBinding{}, false, err
+	}
 	if ok {
-		return bindingValue(b, true), nil
+		return *b, true, nil
 	}
 	nqn, err := nvmefmt.HostNQNFromSPIFFEID(id)
 	if err != nil {
-		return nil, nvmegate.Invalid("nodes", "%v", err)
+		return nvmegate.HostBinding{}, false, nvmegate.Invalid("nodes", "%v", err)
 	}
 	// The derived default must not be a host NQN an explicit binding gave
 	// to another identity: that node's targets would accept this one.
 	other, err := d.store.HostBindingByNQN(d.ctx, nqn)
 	switch ok, err := found(err); {
 	case err != nil:
-		return nil, err
+		return nvmegate.HostBinding{}, false, err
 	case ok && other.SPIFFEID != id:
-		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "the default host NQN of %s is bound to another identity; bind this node explicitly", id)
+		return nvmegate.HostBinding{}, false, nvmegate.Errorf(nvmegate.ECONFLICT, "the default host NQN of %s is bound to another identity; bind this node explicitly", id)
 	}
-	return bindingValue(&nvmegate.HostBinding{SPIFFEID: id, HostNQN: nqn}, false), nil
+	return nvmegate.HostBinding{SPIFFEID: id, HostNQN: nqn}, false, nil
 }
 
 // grant returns a stored grant, or nil if there is none (or no grant
 // store): policy then refuses the node, which learns nothing.
-func (d describer) grant(id string) (*nvmegate.Grant, error) {
+func (d *describer) grant(id string) (*nvmegate.Grant, error) {
 	gs, ok := d.store.(GrantStore)
 	if !ok {
 		return nil, nil
@@ -379,23 +461,24 @@ func (d describer) grant(id string) (*nvmegate.Grant, error) {
 // job: nodeCall's description, the stored subsystem and its target, and
 // every namespace on the subsystem (a connected host sees them all), each
 // with the mode the job gives it ("" for one the job does not name).
-func (d describer) subsystemCall(jobID, subNQN, hostNQN, ttl string) (map[string]any, error) {
-	out, err := d.nodeCall(jobID)
+func (d *describer) subsystemCall(jobID, subNQN, hostNQN, ttl string) (map[string]any, error) {
+	sc, err := d.nodeScope(jobID)
 	if err != nil {
 		return nil, err
 	}
-	out["request"] = map[string]any{"host_nqn": hostNQN, "ttl": ttl, "mode": ""}
-	if err := d.addSubsystemOf(out, subNQN); err != nil {
+	sc.SubsystemNQN, sc.HostNQN, sc.TTL = subNQN, hostNQN, ttl
+	if sc.Subsystem, err = d.subsystemRec(subNQN); err != nil {
 		return nil, err
 	}
+	if sc.Subsystem != nil {
+		if sc.Target, err = d.targetRec(sc.Subsystem.TargetID); err != nil {
+			return nil, err
+		}
+	}
 	modes := map[uint32]string{}
-	if nss, ok := out["namespaces"].([]any); ok {
-		for _, x := range nss {
-			ns, _ := x.(map[string]any)
-			if str(ns, "subsystem_nqn") == subNQN {
-				nsid, _ := ns["nsid"].(int64)
-				modes[uint32(nsid)] = str(ns, "mode")
-			}
+	for _, n := range sc.Namespaces {
+		if n.Key.SubsystemNQN == subNQN {
+			modes[n.Key.NSID] = n.Mode
 		}
 	}
 	all, err := store.All(func(p store.Page) ([]*nvmegate.Namespace, string, error) {
@@ -404,73 +487,132 @@ func (d describer) subsystemCall(jobID, subNQN, hostNQN, ttl string) (map[string
 	if err != nil {
 		return nil, err
 	}
-	nss := make([]any, 0, len(all))
+	nss := make([]nvmegate.ScopeNamespace, 0, len(all))
 	for _, n := range all {
-		v, err := d.namespaceValue(n, modes[n.NSID])
+		sn, err := d.scopeNamespace(n.Key(), n, modes[n.NSID])
 		if err != nil {
 			return nil, err
 		}
-		nss = append(nss, v)
+		nss = append(nss, sn)
 	}
-	out["namespaces"] = nss
-	return out, nil
+	sc.Namespaces = nss
+	d.keepScope(sc)
+	return scopeResource(sc), nil
 }
 
-// nodeCall describes a node's call in a job (discover; connect and renew
-// add the subsystem): the stored job, the caller's binding and the job's
-// namespaces with the modes the job gives them. The job is read once, and
-// its nodes are narrowed to the caller (if the job names it): node rules
-// only ask whether the caller is a member, and a 10,000-node job would
-// otherwise be converted into every node's every decision.
-func (d describer) nodeCall(jobID string) (map[string]any, error) {
-	caller, _ := identity.PeerID(d.ctx)
-	out := res("job", "")
-	out["job"] = map[string]any{"job_id": jobID}
-	var j *nvmegate.Job
-	if d.jobs != nil {
-		stored, err := d.jobs.Job(d.ctx, jobID)
-		if ok, err := found(err); err != nil {
-			return nil, err
-		} else if ok {
-			j = stored
-			out["tenant"] = j.Tenant
-			var member []string
-			if slices.Contains(j.Nodes, caller.String()) {
-				member = []string{caller.String()}
-			}
-			out["job"] = jobValueWith(j, member)
-		}
-	}
-	b, err := d.nodeBinding(caller.String())
+// nodeCall describes a node's call in a job (discover, release): the
+// stored job, the caller's binding and the job's namespaces with the modes
+// the job gives them.
+func (d *describer) nodeCall(jobID string) (map[string]any, error) {
+	sc, err := d.nodeScope(jobID)
 	if err != nil {
 		return nil, err
 	}
-	out["host_binding"] = b
-	out["request"] = map[string]any{"host_nqn": "", "mode": ""}
-	nss := []any{}
-	if j != nil {
-		for _, jn := range j.Namespaces {
+	d.keepScope(sc)
+	return scopeResource(sc), nil
+}
+
+// nodeScope reads the scope of a node's call in a job: the stored job,
+// whether the caller is one of its nodes, the caller's binding, and the
+// job's namespaces with their modes.
+func (d *describer) nodeScope(jobID string) (*nvmegate.Scope, error) {
+	caller, _ := identity.PeerID(d.ctx)
+	sc := &nvmegate.Scope{Caller: caller.String(), JobID: jobID}
+	if d.jobs != nil {
+		j, err := d.jobs.Job(d.ctx, jobID)
+		if ok, err := found(err); err != nil {
+			return nil, err
+		} else if ok {
+			sc.Job = j
+			sc.Member = slices.Contains(j.Nodes, sc.Caller)
+		}
+	}
+	b, bound, err := d.nodeBindingRec(sc.Caller)
+	if err != nil {
+		return nil, err
+	}
+	sc.Binding, sc.Bound = b, bound
+	if sc.Job != nil {
+		sc.Namespaces = make([]nvmegate.ScopeNamespace, 0, len(sc.Job.Namespaces))
+		for _, jn := range sc.Job.Namespaces {
+			key := nvmegate.NamespaceKey{SubsystemNQN: jn.SubsystemNQN, NSID: jn.NSID}
 			n, err := d.store.Namespace(d.ctx, jn.SubsystemNQN, jn.NSID)
 			if ok, err := found(err); err != nil {
 				return nil, err
 			} else if !ok {
-				nss = append(nss, map[string]any{"subsystem_nqn": jn.SubsystemNQN, "nsid": int64(jn.NSID), "mode": jn.Mode})
-				continue
+				n = nil
 			}
-			v, err := d.namespaceValue(n, jn.Mode)
+			sn, err := d.scopeNamespace(key, n, jn.Mode)
 			if err != nil {
 				return nil, err
 			}
-			nss = append(nss, v)
+			sc.Namespaces = append(sc.Namespaces, sn)
 		}
 	}
+	return sc, nil
+}
+
+// scopeNamespace is namespace n (nil: not in the inventory) with mode and
+// the target its data is on.
+func (d *describer) scopeNamespace(key nvmegate.NamespaceKey, n *nvmegate.Namespace, mode string) (nvmegate.ScopeNamespace, error) {
+	sn := nvmegate.ScopeNamespace{Key: key, Namespace: n, Mode: mode}
+	if n == nil {
+		return sn, nil
+	}
+	sub, err := d.subsystemRec(n.SubsystemNQN)
+	if err != nil || sub == nil {
+		return sn, err
+	}
+	sn.Target, err = d.targetRec(sub.TargetID)
+	return sn, err
+}
+
+// scopeResource is a node call's scope as policy's input.resource
+// (policy/README.md): kind "job", the job's tenant, the job (its node list
+// narrowed to the caller: node rules only ask whether the caller is a
+// member, and a 10,000-node job would otherwise be converted into every
+// node's every decision), the binding, the request, and for a subsystem
+// call the subsystem and its target.
+func scopeResource(sc *nvmegate.Scope) map[string]any {
+	out := res("job", sc.Tenant())
+	if sc.Job != nil {
+		var member []string
+		if sc.Member {
+			member = []string{sc.Caller}
+		}
+		out["job"] = jobValueWith(sc.Job, member)
+	} else {
+		out["job"] = map[string]any{"job_id": sc.JobID}
+	}
+	out["host_binding"] = bindingValue(&sc.Binding, sc.Bound)
+	out["request"] = map[string]any{"host_nqn": sc.HostNQN, "mode": ""}
+	if sc.SubsystemNQN != "" {
+		out["request"] = map[string]any{"host_nqn": sc.HostNQN, "ttl": sc.TTL, "mode": ""}
+		switch {
+		case sc.Subsystem == nil:
+			out["subsystem"] = map[string]any{"nqn": sc.SubsystemNQN}
+		default:
+			out["subsystem"] = subsystemValue(sc.Subsystem)
+			if sc.Target != nil {
+				out["target"] = targetValue(sc.Target)
+			}
+		}
+	}
+	nss := make([]any, 0, len(sc.Namespaces))
+	for _, n := range sc.Namespaces {
+		if n.Namespace == nil {
+			nss = append(nss, map[string]any{"subsystem_nqn": n.Key.SubsystemNQN, "nsid": int64(n.Key.NSID), "mode": n.Mode})
+			continue
+		}
+		nss = append(nss, namespaceValueAt(n.Namespace, n.Mode, n.Target))
+	}
 	out["namespaces"] = nss
-	return out, nil
+	return out
 }
 
 // admit describes a job admission: the requested scope, with the stored
 // record of every namespace it names and the binding of every node.
-func (d describer) admit(r *pb.AdmitRequest) (map[string]any, error) {
+func (d *describer) admit(r *pb.AdmitRequest) (map[string]any, error) {
 	out := res("job", r.Tenant)
 	nodes := make([]any, 0, len(r.Nodes))
 	for _, id := range r.Nodes {
@@ -513,7 +655,7 @@ func (d describer) admit(r *pb.AdmitRequest) (map[string]any, error) {
 	return out, nil
 }
 
-func (d describer) job(id string) (map[string]any, error) {
+func (d *describer) job(id string) (map[string]any, error) {
 	out := res("job", "")
 	out["job"] = map[string]any{"job_id": id}
 	if d.jobs == nil {

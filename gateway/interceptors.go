@@ -20,7 +20,8 @@ import (
 //	observe   metrics and one log line per call (never bodies: they can carry secrets)
 //	recover   a panic becomes Internal, the stack goes to the log
 //	status    domain errors become gRPC statuses (status.go)
-//	validate  malformed requests stop here with InvalidArgument
+//	validate  malformed requests stop here with InvalidArgument; a call
+//	          gets the slot its typed scope is kept in (describe.go)
 //	authz     the caller's SPIFFE ID and the request go to policy; refusals
 //	          are recorded in the audit log (audit.go)
 //	audit     state-changing calls are recorded before they change anything
@@ -81,7 +82,7 @@ func (s *Server) unaryInterceptors() []grpc.UnaryServerInterceptor {
 			if err := validate(req, s.now()); err != nil {
 				return nil, err
 			}
-			return h(ctx, req)
+			return h(withScopeSlot(ctx), req)
 		},
 		authz.UnaryServerInterceptor(s.authorizer, s.describe, s.log,
 			authz.WithPeerID(identity.PeerID), authz.WithRefusalRecorder(s.recordRefusal)),
