@@ -1,6 +1,8 @@
 package gateway_test
 
 import (
+	"errors"
+	"net"
 	"testing"
 	"time"
 
@@ -41,5 +43,31 @@ func TestShutdownEndsHealthWatches(t *testing.T) {
 		}
 	case <-time.After(time.Minute): // a hang detector: the stop timeout is an hour
 		t.Fatal("the graceful stop still waits after the watches ended")
+	}
+}
+
+// A peer that opens a connection and never finishes its TLS handshake is
+// disconnected after the handshake timeout: idle connections cannot pile
+// up on the gateway.
+func TestIdleHandshakeIsCutOff(t *testing.T) {
+	g := startGateway(t, func(c *gateway.Config) { c.HandshakeTimeout = 300 * time.Millisecond })
+	conn, err := net.Dial("tcp", g.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	start := time.Now()
+	n, err := conn.Read(make([]byte, 1))
+	if err == nil || n != 0 {
+		t.Fatalf("read %d bytes, err %v: want the gateway to close the idle connection", n, err)
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("the gateway kept an idle, unauthenticated connection open for %s", time.Since(start).Round(time.Millisecond))
+	}
+	// Meanwhile a real client is served.
+	if _, err := healthpb.NewHealthClient(g.client(t, node)).Check(t.Context(), &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -59,6 +60,10 @@ type Config struct {
 	Now func() time.Time
 	// ShutdownTimeout bounds the graceful stop; 0 means 10 seconds.
 	ShutdownTimeout time.Duration
+	// HandshakeTimeout bounds a new connection's TLS handshake; 0 means
+	// DefaultHandshakeTimeout. A peer that has not finished by then is
+	// disconnected.
+	HandshakeTimeout time.Duration
 	// MaxInFlight bounds the unary calls worked on at once (default 256);
 	// more wait for a slot until their deadline, and past MaxWaiting
 	// waiting (default 16384) they are refused Unavailable (limit.go).
@@ -118,8 +123,18 @@ func New(cfg Config) (*Server, error) {
 		grpc.ChainUnaryInterceptor(s.unaryInterceptors()...),
 		grpc.ChainStreamInterceptor(s.streamInterceptors()...),
 		grpc.MaxRecvMsgSize(4<<20),
-		// Bound the TLS handshake so idle peers cannot hold connections open.
-		grpc.ConnectionTimeout(10*time.Second),
+		// Bound the TLS handshake so idle peers cannot hold connections
+		// open — but not below what a job start needs: 10,000 nodes
+		// connecting at once share the CPU for their handshakes (about
+		// 10 s of handshakes on two cores), and a bound any nearer would
+		// cut off the last of them, which then start again from scratch.
+		grpc.ConnectionTimeout(cmp.Or(cfg.HandshakeTimeout, DefaultHandshakeTimeout)),
+		// Tens of thousands of mostly idle node connections: a write
+		// buffer only while a connection writes, and a small read buffer
+		// (requests are a few hundred bytes; a larger frame is read past
+		// it). gRPC's defaults are 32 KiB each per connection.
+		grpc.SharedWriteBuffer(true),
+		grpc.ReadBufferSize(8<<10),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		// Reused handler goroutines: a policy evaluation recurses deeply,
 		// and a fresh goroutine per call spent ~17% of the CPU growing its
@@ -175,6 +190,10 @@ func jobStoreOf(s InventoryStore) JobStore {
 	}
 	return nil
 }
+
+// DefaultHandshakeTimeout bounds a connection's TLS handshake when
+// Config.HandshakeTimeout is zero.
+const DefaultHandshakeTimeout = 30 * time.Second
 
 // streamWorkers is the size of the reused handler goroutine pool: enough
 // for the calls that wait on a commit or a target at once.
