@@ -223,9 +223,9 @@ func TestCorruptRecord(t *testing.T) {
 		"truncated JSON": []byte(`{"v":1,"nqn":"`),
 		"future record":  []byte(`{"v":2,"nqn":"x"}`),
 	} {
-		must(t, db.bolt.Update(func(tx *bolt.Tx) error {
+		tamper(t, db, func(tx *bolt.Tx) error {
 			return tx.Bucket(bucketSubsystems).Put([]byte(subNQN(1)), value)
-		}))
+		})
 		s, err := db.Subsystem(ctx, subNQN(1))
 		if s != nil || nvmegate.ErrorCode(err) != nvmegate.EINTERNAL {
 			t.Errorf("%s: Subsystem = %v, %v; want an internal error", name, s, err)
