@@ -186,6 +186,9 @@ func (m *model) grantsByID(index []byte, keys []string, id func(string) string, 
 			buf = append(buf, *g)
 		}
 	}
+	if len(buf) == 0 {
+		return nil, nil
+	}
 	out := make([]*nvmegate.Grant, len(buf))
 	for i := range buf {
 		out[i] = &buf[i]

@@ -231,8 +231,10 @@ func TestCorruptRecord(t *testing.T) {
 			t.Errorf("%s: Subsystem = %v, %v; want an internal error", name, s, err)
 		}
 		wantMessage(t, err, "decode subsystem")
-		if _, _, err := db.ListSubsystems(ctx, SubsystemFilter{}, Page{}); nvmegate.ErrorCode(err) != nvmegate.EINTERNAL {
-			t.Errorf("%s: ListSubsystems: %v, want an internal error", name, err)
+		for _, f := range []SubsystemFilter{{}, {TargetID: "t1"}} { // from the file, from the model
+			if _, _, err := db.ListSubsystems(ctx, f, Page{}); nvmegate.ErrorCode(err) != nvmegate.EINTERNAL {
+				t.Errorf("%s: ListSubsystems %+v: %v, want an internal error", name, f, err)
+			}
 		}
 		// A rule that reads the record fails closed too.
 		if err := db.CreateNamespace(ctx, newNamespace(subNQN(1), 1, "acme")); nvmegate.ErrorCode(err) != nvmegate.EINTERNAL {
