@@ -32,7 +32,9 @@ type model struct {
 }
 
 // records are the model's maps. Values are never modified once stored: a
-// change replaces them, and readers hand out copies.
+// change replaces them, and readers hand out copies. A reader may
+// therefore collect values under the lock and copy them after releasing
+// it, which keeps a large read (SubsystemGrants) from holding up commits.
 type records struct {
 	targets      map[string]*nvmegate.Target
 	subsystems   map[string]*nvmegate.Subsystem

@@ -143,8 +143,9 @@ func (m *model) subsystemGrants(ctx context.Context, nqn string) ([]*nvmegate.Gr
 	if err := m.rlock(ctx); err != nil {
 		return nil, err
 	}
-	defer m.mu.RUnlock()
-	return m.grantsByID(bucketGrantsBySubsystem, m.grantsBySub[nqn], func(id string) string { return id }, true)
+	gs, err := m.grantsByID(bucketGrantsBySubsystem, m.grantsBySub[nqn], func(id string) string { return id }, true)
+	m.mu.RUnlock()
+	return copyGrants(gs), err
 }
 
 // nodeGrants returns the active grants of a node whose node index entry
@@ -153,7 +154,6 @@ func (m *model) nodeGrants(ctx context.Context, node, prefix string) ([]*nvmegat
 	if err := m.rlock(ctx); err != nil {
 		return nil, err
 	}
-	defer m.mu.RUnlock()
 	keys := m.grantsByNode[node]
 	if prefix != "" {
 		i, _ := slices.BinarySearch(keys, prefix)
@@ -163,17 +163,21 @@ func (m *model) nodeGrants(ctx context.Context, node, prefix string) ([]*nvmegat
 		}
 		keys = keys[i : i+n]
 	}
-	return m.grantsByID(bucketGrantsByNode, keys, func(k string) string { return k[strings.LastIndexByte(k, keySep)+1:] }, false)
+	gs, err := m.grantsByID(bucketGrantsByNode, keys, func(k string) string { return k[strings.LastIndexByte(k, keySep)+1:] }, false)
+	m.mu.RUnlock()
+	return copyGrants(gs), err
 }
 
-// grantsByID copies the grants named by index entries keys (id extracts
-// the grant ID) into one array, failing on an entry without its grant;
+// grantsByID returns the model's grants named by index entries keys (id
+// extracts the grant ID), failing on an entry without its grant;
 // activeOnly skips grants not stored as active (the index holds none).
+// The caller copies them (copyGrants), after releasing the lock if it
+// likes: stored values are never modified.
 func (m *model) grantsByID(index []byte, keys []string, id func(string) string, activeOnly bool) ([]*nvmegate.Grant, error) {
 	if len(keys) == 0 {
 		return nil, nil
 	}
-	buf := make([]nvmegate.Grant, 0, len(keys))
+	out := make([]*nvmegate.Grant, 0, len(keys))
 	for _, k := range keys {
 		g, ok := m.grants[id(k)]
 		if !ok {
@@ -183,17 +187,24 @@ func (m *model) grantsByID(index []byte, keys []string, id func(string) string, 
 			return nil, fmt.Errorf("store: index %s points to a missing grant %q", index, id(k))
 		}
 		if !activeOnly || g.State == nvmegate.GrantActive {
-			buf = append(buf, *g)
+			out = append(out, g)
 		}
 	}
-	if len(buf) == 0 {
-		return nil, nil
-	}
-	out := make([]*nvmegate.Grant, len(buf))
-	for i := range buf {
-		out[i] = &buf[i]
-	}
 	return out, nil
+}
+
+// copyGrants replaces the model's grants in gs by copies, all in one
+// array; nil if there are none.
+func copyGrants(gs []*nvmegate.Grant) []*nvmegate.Grant {
+	if len(gs) == 0 {
+		return nil
+	}
+	buf := make([]nvmegate.Grant, len(gs))
+	for i, g := range gs {
+		buf[i] = *g
+		gs[i] = &buf[i]
+	}
+	return gs
 }
 
 // expiredGrants returns the grants stored as active whose expiry is not
