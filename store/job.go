@@ -118,11 +118,11 @@ func (db *DB) CreateJob(ctx context.Context, j *nvmegate.Job) error {
 // Job returns a job, or ENOTFOUND. A job past its expiry is reported as
 // expired whatever its stored state.
 //
-// Jobs are read on every node call and a large job is large (10,000 nodes
-// are ~600 KB of JSON): the job is served from the model, and its slices
-// (Nodes, Namespaces, AllowedRegions) are the model's, shared with every
-// caller. Callers must not modify their elements; appending is safe (the
-// slices are clipped), and so is changing the job's other fields.
+// Jobs are read on every node call, and a 10,000-node job is ~600 KB of
+// JSON: the job is served from the model without copying its slices
+// (Nodes, Namespaces, AllowedRegions), which are shared with every caller.
+// Callers must not modify their elements; appending is safe (the slices
+// are clipped), and so is changing the job's other fields.
 func (db *DB) Job(ctx context.Context, id string) (*nvmegate.Job, error) {
 	j, err := db.model.job(ctx, id)
 	if err != nil {

@@ -81,7 +81,7 @@ type DB struct {
 }
 
 // Open opens (creating if needed, mode 0600) the store file at path, creates
-// missing buckets and checks the schema version.
+// missing buckets, checks the schema version and loads the read model.
 func Open(path string, opts Options) (*DB, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
