@@ -3,8 +3,6 @@ package store
 import (
 	"context"
 	"sync"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 // batcher groups concurrent writes into one transaction, so that a storm of
@@ -18,15 +16,16 @@ type batcher struct {
 }
 
 type batchCall struct {
-	fn   func(*bolt.Tx) error
+	fn   func(*txn) error
 	done chan error
 }
 
 // batch runs fn in a write transaction shared with other concurrent
 // callers. fn must be safe to run twice: if any function of a group fails,
-// the group is rolled back and each function is run in a transaction of its
-// own, so one caller's error never becomes another's.
-func (db *DB) batch(ctx context.Context, fn func(*bolt.Tx) error) error {
+// the group is rolled back (with the changes its functions recorded) and
+// each function is run in a transaction of its own, so one caller's error
+// never becomes another's.
+func (db *DB) batch(ctx context.Context, fn func(*txn) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -57,7 +56,7 @@ func (db *DB) drainBatches() {
 			return
 		}
 		b.mu.Unlock()
-		err := db.update(context.Background(), func(tx *bolt.Tx) error {
+		err := db.update(context.Background(), func(tx *txn) error {
 			for _, c := range calls {
 				if err := c.fn(tx); err != nil {
 					return err

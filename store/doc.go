@@ -1,6 +1,7 @@
 // Package store persists the inventory (targets, subsystems, namespaces and
-// host bindings) in a bbolt file, and enforces the rules between records that
-// no record can check on its own.
+// host bindings), jobs and grants in a bbolt file, enforces the rules between
+// records that no record can check on its own, and serves the reads of the
+// connect path from an in-memory read model kept current by every commit.
 //
 // # Use
 //
@@ -20,16 +21,66 @@
 //
 // # Transactions
 //
-// Reads run in bbolt read transactions, concurrently with each other and
-// with the single writer. Each Create and Delete is one write transaction:
-// the rule checks and the writes see the same state, and bbolt fsyncs on
-// commit, so a method that returned nil is durable. The context is checked
-// before a transaction starts; a started transaction is not interrupted.
+// Each Create and Delete is one write transaction: the rule checks and the
+// writes see the same state, and bbolt fsyncs on commit, so a method that
+// returned nil is durable. Reads not served by the read model (below) run
+// in bbolt read transactions, concurrently with each other and with the
+// single writer. The context is checked before a read or a transaction
+// starts; a started transaction is not interrupted.
+//
+// # Read model
+//
+// The reads every Connect and every target reconcile make are served from
+// memory, with no read transaction and no decoding: Target, Subsystem,
+// Namespace, HostBinding, HostBindingByNQN, Job, Grant (of an active
+// grant), NodeGrants, NodeActiveGrants, SubsystemGrants, ExpiredGrants, and
+// ListSubsystems with a TargetID filter and ListNamespaces with a
+// SubsystemNQN filter (what the target programmer lists). Ended grants and
+// the other listings (admin pages, unfiltered or filtered otherwise) are
+// read from the file.
+//
+// The model (model.go) holds the decoded targets, subsystems, namespaces,
+// host bindings and jobs, the active grants, and the indexes those reads
+// walk: subsystems by target, namespaces by subsystem, host bindings by
+// NQN, active grants by subsystem and by node. Open loads it from the
+// buckets, indexes from their own buckets, so that a damaged index is
+// reported by a read as it was when reads walked the file. A record that
+// does not decode is kept as its error, which a read reaching it returns;
+// a malformed index key fails Open.
+//
+// It is fed as a stream of changes. Each write transaction records what it
+// stores and deletes, as decoded values (a change: a revision and its ops);
+// after bbolt's commit succeeded, apply plays the change onto the model
+// under the model's lock, so a reader sees all of a commit or none of it,
+// and changes are applied in commit order. A transaction that fails, in
+// its function or at commit, is rolled back and its change dropped; a
+// group commit (batch.go) that fails drops the group's change, and each
+// write re-run alone records its own. apply is the model's only writer, so
+// a replicated store can feed it the changes an etcd watch reports.
+//
+// The revision numbers the commits: each write transaction stores the next
+// one in the meta bucket, so it grows by one with every commit (a rolled
+// back transaction takes none) and keeps growing across restarts.
+// DB.Revision is the revision of the model, which a decision can name as
+// the data it read.
+//
+// What a read returns is the caller's, to modify freely: records and grants
+// are copies, a list is freshly allocated (SubsystemGrants copies its
+// grants into one array). The exception is a job's slices (Nodes,
+// Namespaces, AllowedRegions): a 10,000-node job is large, so they are the
+// model's, shared by every caller. They must not be modified in place;
+// they are clipped, so appending copies.
+//
+// The model keeps every job (finished ones too) but only active grants;
+// its size is about that of the decoded inventory, the jobs and the active
+// grants.
 //
 // # Layout (schema version 1)
 //
 //	meta                  "kind" -> "nvmegate/store"
 //	                      "schema_version" -> uint64, big-endian
+//	                      "revision" -> uint64, big-endian (of the last
+//	                      commit; absent in a file never written to)
 //	targets               target ID -> target JSON
 //	subsystems            subsystem NQN -> subsystem JSON
 //	subsystems_by_target  target ID 0x00 subsystem NQN -> "" (index)
@@ -79,7 +130,10 @@
 //   - Nothing dangles: a target with subsystems and a subsystem with
 //     namespaces cannot be deleted (ECONFLICT naming what is left).
 //   - The indexes match the records: subsystems_by_target holds exactly one
-//     entry per subsystem, host_bindings_by_nqn exactly one per binding.
+//     entry per subsystem, host_bindings_by_nqn exactly one per binding,
+//     grants_by_subsystem and grants_by_node one per active grant.
+//   - A grant's job, node, host NQN and subsystem never change, and an
+//     ended grant never becomes active again (ECONFLICT).
 //
 // Records are never updated in place; a change is a delete and a create,
 // which re-runs every rule.

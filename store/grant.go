@@ -48,15 +48,6 @@ func encodeGrant(g *nvmegate.Grant) ([]byte, error) {
 		Bidirectional: g.Bidirectional, TLS: g.TLS, ReadOnly: g.ReadOnly})
 }
 
-// maxGrantMemo bounds the memo of decoded grants (DB.grantMemo).
-const maxGrantMemo = 1 << 17
-
-// decodeGrantMemo decodes v (the value of grant id), from the memo when it
-// holds the same bytes. The caller gets its own copy.
-func (db *DB) decodeGrantMemo(id, v []byte) (*nvmegate.Grant, error) {
-	return db.grantMemo.get(string(id), v, decodeGrant)
-}
-
 func decodeGrant(v []byte) (*nvmegate.Grant, error) {
 	var r grantRecord
 	if err := json.Unmarshal(v, &r); err != nil {
@@ -118,37 +109,17 @@ func forEachActiveGrant(tx *bolt.Tx, fn func(*nvmegate.Grant) error) error {
 }
 
 // NodeGrants returns the active grants of a node in a job on a subsystem
-// (normally at most one), without reading the subsystem's other grants.
+// (normally at most one), without reading the subsystem's other grants, in
+// grant ID order.
 func (db *DB) NodeGrants(ctx context.Context, node, jobID, subsystemNQN string) ([]*nvmegate.Grant, error) {
-	return db.nodeGrants(ctx, grantByNodePrefix(node, jobID, subsystemNQN))
+	return db.model.nodeGrants(ctx, node, jobID+"\x00"+subsystemNQN+"\x00")
 }
 
 // NodeActiveGrants returns every active grant of a node, in any job and on
-// any subsystem (those that share its host entry on a target).
+// any subsystem (those that share its host entry on a target), ordered by
+// job, subsystem and grant ID.
 func (db *DB) NodeActiveGrants(ctx context.Context, node string) ([]*nvmegate.Grant, error) {
-	return db.nodeGrants(ctx, append([]byte(node), 0))
-}
-
-func (db *DB) nodeGrants(ctx context.Context, prefix []byte) ([]*nvmegate.Grant, error) {
-	var out []*nvmegate.Grant
-	err := db.view(ctx, func(tx *bolt.Tx) error {
-		grants := tx.Bucket(bucketGrants)
-		c := tx.Bucket(bucketGrantsByNode).Cursor()
-		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-			id := k[bytes.LastIndexByte(k, 0)+1:] // node\0job\0subsystem\0ID
-			v := grants.Get(id)
-			if v == nil {
-				return fmt.Errorf("store: index %s points to a missing grant %q", bucketGrantsByNode, id)
-			}
-			g, err := decodeGrant(v)
-			if err != nil {
-				return err
-			}
-			out = append(out, g)
-		}
-		return nil
-	})
-	return out, err
+	return db.model.nodeGrants(ctx, node, "")
 }
 
 // PutGrant stores a grant, new or changed (its job, host and subsystem
@@ -186,6 +157,7 @@ func EntryOf(g *nvmegate.Grant) HostEntry {
 // back must not undo a later one).
 func (db *DB) PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []string, from *HostEntry, to HostEntry) error {
 	vals := make([][]byte, len(gs))
+	stored := make([]*nvmegate.Grant, len(gs)) // the model's copies
 	for i, g := range gs {
 		if g == nil {
 			return nvmegate.Invalid("", "a grant is required")
@@ -197,12 +169,15 @@ func (db *DB) PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []
 		if vals[i], err = encodeGrant(g); err != nil {
 			return err
 		}
+		if stored[i], err = decodeGrant(vals[i]); err != nil {
+			return err
+		}
 	}
 	// Batched with concurrent grant writes (one commit for a storm's
 	// group); the function is safe to run twice.
-	return db.batch(ctx, func(tx *bolt.Tx) error {
-		for i, g := range gs {
-			if err := putGrant(tx, g, vals[i]); err != nil {
+	return db.batch(ctx, func(tx *txn) error {
+		for i := range gs {
+			if err := putGrant(tx, stored[i], vals[i]); err != nil {
 				return err
 			}
 		}
@@ -231,14 +206,17 @@ func (db *DB) PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []
 	})
 }
 
-func putGrant(tx *bolt.Tx, g *nvmegate.Grant, val []byte) error {
+// putGrant stores g (encoded as val) and records it for the model, which
+// keeps g: it must be the transaction's own copy.
+func putGrant(tx *txn, g *nvmegate.Grant, val []byte) error {
 	if old := tx.Bucket(bucketGrants).Get([]byte(g.ID)); old != nil {
 		prev, err := decodeGrant(old)
 		if err != nil {
 			return err
 		}
-		if prev.SubsystemNQN != g.SubsystemNQN || prev.HostNQN != g.HostNQN || prev.JobID != g.JobID {
-			return nvmegate.Errorf(nvmegate.ECONFLICT, "grant %s cannot change its job, host or subsystem", g.ID)
+		// The node too: its index entry is keyed by it.
+		if prev.SubsystemNQN != g.SubsystemNQN || prev.HostNQN != g.HostNQN || prev.JobID != g.JobID || prev.Node != g.Node {
+			return nvmegate.Errorf(nvmegate.ECONFLICT, "grant %s cannot change its job, node, host or subsystem", g.ID)
 		}
 		// Ended is final: a renewal racing a revocation must not bring
 		// the grant back.
@@ -246,6 +224,7 @@ func putGrant(tx *bolt.Tx, g *nvmegate.Grant, val []byte) error {
 			return nvmegate.Errorf(nvmegate.ECONFLICT, "grant %s has ended (%s)", g.ID, prev.State)
 		}
 	}
+	tx.record(op{grant: g})
 	if err := put(tx, bucketGrants, []byte(g.ID), val); err != nil {
 		return err
 	}
@@ -265,10 +244,22 @@ func putGrant(tx *bolt.Tx, g *nvmegate.Grant, val []byte) error {
 	return tx.Bucket(bucketGrantsBySubsystem).Delete(k)
 }
 
-// Grant returns a grant, or ENOTFOUND.
+// Grant returns a grant, or ENOTFOUND. An active grant is served from the
+// model, an ended one read from the file. An active grant past its expiry
+// is reported as expired.
 func (db *DB) Grant(ctx context.Context, id string) (*nvmegate.Grant, error) {
-	var g *nvmegate.Grant
-	err := db.view(ctx, func(tx *bolt.Tx) error {
+	g, ok, err := db.model.activeGrant(ctx, id)
+	if ok {
+		if err != nil {
+			return nil, err
+		}
+		db.expireGrant(g)
+		return g, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	err = db.view(ctx, func(tx *bolt.Tx) error {
 		v := tx.Bucket(bucketGrants).Get([]byte(id))
 		if v == nil {
 			return nvmegate.Errorf(nvmegate.ENOTFOUND, "grant %q not found", id)
@@ -277,10 +268,11 @@ func (db *DB) Grant(ctx context.Context, id string) (*nvmegate.Grant, error) {
 		g, err = decodeGrant(v)
 		return err
 	})
-	if err == nil {
-		db.expireGrant(g)
+	if err != nil {
+		return nil, err
 	}
-	return g, err
+	db.expireGrant(g)
+	return g, nil
 }
 
 // expireGrant shows an active grant past its expiry as expired (the
@@ -322,41 +314,11 @@ func (db *DB) ListGrants(ctx context.Context, f GrantFilter, page Page) ([]*nvme
 // SubsystemGrants returns the active grants of a subsystem (what its
 // target must allow), in grant ID order.
 func (db *DB) SubsystemGrants(ctx context.Context, subsystemNQN string) ([]*nvmegate.Grant, error) {
-	var out []*nvmegate.Grant
-	err := db.view(ctx, func(tx *bolt.Tx) error {
-		prefix := append([]byte(subsystemNQN), 0)
-		c := tx.Bucket(bucketGrantsBySubsystem).Cursor()
-		grants := tx.Bucket(bucketGrants)
-		for k, _ := c.Seek(prefix); k != nil && len(k) > len(prefix) && string(k[:len(prefix)]) == string(prefix); k, _ = c.Next() {
-			v := grants.Get(k[len(prefix):])
-			if v == nil {
-				return fmt.Errorf("store: index %s points to a missing grant %q", bucketGrantsBySubsystem, k[len(prefix):])
-			}
-			g, err := db.decodeGrantMemo(k[len(prefix):], v)
-			if err != nil {
-				return err
-			}
-			if g.State == nvmegate.GrantActive {
-				out = append(out, g)
-			}
-		}
-		return nil
-	})
-	return out, err
+	return db.model.subsystemGrants(ctx, subsystemNQN)
 }
 
 // ExpiredGrants returns the grants still stored as active whose expiry has
-// passed (the sweeper ends them), through the index of active grants.
+// passed (the sweeper ends them), ordered by subsystem and grant ID.
 func (db *DB) ExpiredGrants(ctx context.Context) ([]*nvmegate.Grant, error) {
-	now := db.now()
-	var out []*nvmegate.Grant
-	err := db.view(ctx, func(tx *bolt.Tx) error {
-		return forEachActiveGrant(tx, func(g *nvmegate.Grant) error {
-			if g.State == nvmegate.GrantActive && !now.Before(g.ExpiresAt) {
-				out = append(out, g)
-			}
-			return nil
-		})
-	})
-	return out, err
+	return db.model.expiredGrants(ctx, db.now())
 }

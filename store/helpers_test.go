@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nvmegate/nvmegate"
+	bolt "go.etcd.io/bbolt"
 )
 
 // t0 is in a non-UTC zone on purpose: the store must stamp CreatedAt in UTC.
@@ -133,4 +134,25 @@ func checkCreatedAt(tb testing.TB, got *time.Time) {
 		tb.Errorf("CreatedAt = %v, want a UTC time from the test clock", *got)
 	}
 	*got = time.Time{}
+}
+
+// tamper changes the file behind the store's back, as damage or another
+// program would, and reloads the model from it as Open would: the model
+// follows the store's own writes only.
+func tamper(tb testing.TB, db *DB, fn func(*bolt.Tx) error) {
+	tb.Helper()
+	db.writeMu.Lock()
+	defer db.writeMu.Unlock()
+	must(tb, db.bolt.Update(fn))
+	must(tb, db.bolt.View(func(tx *bolt.Tx) error {
+		recs, rev, err := load(tx)
+		if err != nil {
+			return err
+		}
+		db.model.mu.Lock()
+		defer db.model.mu.Unlock()
+		db.model.records = recs
+		db.model.rev.Store(rev)
+		return nil
+	}))
 }

@@ -32,7 +32,11 @@ func (db *DB) CreateHostBinding(ctx context.Context, h *nvmegate.HostBinding) er
 	if err != nil {
 		return err
 	}
-	err = db.update(ctx, func(tx *bolt.Tx) error {
+	stored, err := decodeHostBinding(val)
+	if err != nil {
+		return err
+	}
+	err = db.update(ctx, func(tx *txn) error {
 		k := []byte(h.SPIFFEID)
 		if tx.Bucket(bucketHostBindings).Get(k) != nil {
 			return nvmegate.Errorf(nvmegate.EEXISTS, "host binding for %q already exists", h.SPIFFEID)
@@ -41,6 +45,7 @@ func (db *DB) CreateHostBinding(ctx context.Context, h *nvmegate.HostBinding) er
 		if tx.Bucket(bucketHostBindingsByNQN).Get(nqn) != nil {
 			return nvmegate.Errorf(nvmegate.ECONFLICT, "host NQN %q is already bound to another identity", h.HostNQN)
 		}
+		tx.record(op{binding: stored})
 		if err := put(tx, bucketHostBindings, k, val); err != nil {
 			return err
 		}
@@ -55,13 +60,7 @@ func (db *DB) CreateHostBinding(ctx context.Context, h *nvmegate.HostBinding) er
 
 // HostBinding returns the binding of a SPIFFE ID, or ENOTFOUND.
 func (db *DB) HostBinding(ctx context.Context, spiffeID string) (*nvmegate.HostBinding, error) {
-	var h *nvmegate.HostBinding
-	err := db.view(ctx, func(tx *bolt.Tx) error {
-		var err error
-		h, err = getHostBinding(tx, spiffeID)
-		return err
-	})
-	return h, err
+	return db.model.hostBinding(ctx, spiffeID)
 }
 
 func getHostBinding(tx *bolt.Tx, spiffeID string) (*nvmegate.HostBinding, error) {
@@ -80,29 +79,7 @@ func getHostBinding(tx *bolt.Tx, spiffeID string) (*nvmegate.HostBinding, error)
 // The index entry and the binding are cross-checked: an inconsistent index
 // is an internal error, never an answer.
 func (db *DB) HostBindingByNQN(ctx context.Context, hostNQN string) (*nvmegate.HostBinding, error) {
-	var h *nvmegate.HostBinding
-	err := db.view(ctx, func(tx *bolt.Tx) error {
-		id := tx.Bucket(bucketHostBindingsByNQN).Get([]byte(hostNQN))
-		if id == nil {
-			return nvmegate.Errorf(nvmegate.ENOTFOUND, "host NQN %q is not bound", hostNQN)
-		}
-		v := tx.Bucket(bucketHostBindings).Get(id)
-		if v == nil {
-			return fmt.Errorf("store: index %s: host NQN %q points to missing binding %q", bucketHostBindingsByNQN, hostNQN, id)
-		}
-		var err error
-		if h, err = decodeHostBinding(v); err != nil {
-			return err
-		}
-		if h.HostNQN != hostNQN || h.SPIFFEID != string(id) {
-			return fmt.Errorf("store: index %s: host NQN %q points to binding %q of host NQN %q", bucketHostBindingsByNQN, hostNQN, id, h.HostNQN)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return h, nil
+	return db.model.hostBindingByNQN(ctx, hostNQN)
 }
 
 // ListHostBindings returns bindings in SPIFFE ID order, one page at a time,
@@ -136,8 +113,8 @@ func (db *DB) ListHostBindings(ctx context.Context, f HostBindingFilter, page Pa
 // DeleteHostBinding removes the binding of a SPIFFE ID and frees its host
 // NQN, or fails with ENOTFOUND.
 func (db *DB) DeleteHostBinding(ctx context.Context, spiffeID string) error {
-	return db.update(ctx, func(tx *bolt.Tx) error {
-		h, err := getHostBinding(tx, spiffeID)
+	return db.update(ctx, func(tx *txn) error {
+		h, err := getHostBinding(tx.Tx, spiffeID)
 		if err != nil {
 			return err
 		}
@@ -148,6 +125,7 @@ func (db *DB) DeleteHostBinding(ctx context.Context, spiffeID string) error {
 		if err := del(tx, bucketHostBindingsByNQN, nqn); err != nil {
 			return err
 		}
+		tx.record(op{del: true, binding: h})
 		return del(tx, bucketHostBindings, []byte(spiffeID))
 	})
 }

@@ -124,9 +124,9 @@ func TestHostBindingByNQNTamperedIndex(t *testing.T) {
 	defer db.Close()
 	must(t, db.CreateHostBinding(ctx, newBinding(1, "")))
 	must(t, db.CreateHostBinding(ctx, newBinding(2, "")))
-	must(t, db.bolt.Update(func(tx *bolt.Tx) error {
+	tamper(t, db, func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketHostBindingsByNQN).Put([]byte(hostNQN(1)), []byte(nodeID(2)))
-	}))
+	})
 	if err := checkInvariants(db); err == nil {
 		t.Error("invariant checker missed the tampered index")
 	}

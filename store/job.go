@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -86,12 +85,16 @@ func (db *DB) CreateJob(ctx context.Context, j *nvmegate.Job) error {
 	if err != nil {
 		return err
 	}
-	err = db.update(ctx, func(tx *bolt.Tx) error {
+	stored, err := decodeJob(val)
+	if err != nil {
+		return err
+	}
+	err = db.update(ctx, func(tx *txn) error {
 		if tx.Bucket(bucketJobs).Get([]byte(j.ID)) != nil {
 			return nvmegate.Errorf(nvmegate.EEXISTS, "job %q already exists", j.ID)
 		}
 		for _, jn := range j.Namespaces {
-			n, err := getNamespace(tx, jn.SubsystemNQN, jn.NSID)
+			n, err := getNamespace(tx.Tx, jn.SubsystemNQN, jn.NSID)
 			if nvmegate.ErrorCode(err) == nvmegate.ENOTFOUND {
 				return nvmegate.Errorf(nvmegate.ECONFLICT, "namespace %s/%d is not in the inventory", jn.SubsystemNQN, jn.NSID)
 			}
@@ -102,6 +105,7 @@ func (db *DB) CreateJob(ctx context.Context, j *nvmegate.Job) error {
 				return nvmegate.Errorf(nvmegate.ECONFLICT, "namespace %s/%d is not tenant %s's", jn.SubsystemNQN, jn.NSID, j.Tenant)
 			}
 		}
+		tx.record(op{job: clipJob(stored)})
 		return put(tx, bucketJobs, []byte(j.ID), val)
 	})
 	if err != nil {
@@ -114,37 +118,19 @@ func (db *DB) CreateJob(ctx context.Context, j *nvmegate.Job) error {
 // Job returns a job, or ENOTFOUND. A job past its expiry is reported as
 // expired whatever its stored state.
 //
-// Jobs are read on every node call and a large job's record is large (a
-// 10,000-node job is ~600 KB of JSON): decoded jobs are memoized by the
-// bytes they came from. The returned job's slices are shared with the memo:
-// callers must not modify their elements (appending is safe, the slices
-// are clipped).
+// Jobs are read on every node call, and a 10,000-node job is ~600 KB of
+// JSON: the job is served from the model without copying its slices
+// (Nodes, Namespaces, AllowedRegions), which are shared with every caller.
+// Callers must not modify their elements; appending is safe (the slices
+// are clipped), and so is changing the job's other fields.
 func (db *DB) Job(ctx context.Context, id string) (*nvmegate.Job, error) {
-	var j *nvmegate.Job
-	err := db.view(ctx, func(tx *bolt.Tx) error {
-		v := tx.Bucket(bucketJobs).Get([]byte(id))
-		if v == nil {
-			return nvmegate.Errorf(nvmegate.ENOTFOUND, "job %q not found", id)
-		}
-		var err error
-		j, err = db.jobMemo.get(id, v, func(v []byte) (*nvmegate.Job, error) {
-			j, err := decodeJob(v)
-			if err != nil {
-				return nil, err
-			}
-			j.Nodes, j.AllowedRegions, j.Namespaces = slices.Clip(j.Nodes), slices.Clip(j.AllowedRegions), slices.Clip(j.Namespaces)
-			return j, nil
-		})
-		return err
-	})
-	if err == nil {
-		db.expire(j)
+	j, err := db.model.job(ctx, id)
+	if err != nil {
+		return nil, err
 	}
-	return j, err
+	db.expire(j)
+	return j, nil
 }
-
-// maxJobMemo bounds the memo of decoded jobs (DB.jobMemo).
-const maxJobMemo = 4096
 
 func getJob(tx *bolt.Tx, id string) (*nvmegate.Job, error) {
 	v := tx.Bucket(bucketJobs).Get([]byte(id))
@@ -196,9 +182,9 @@ func (db *DB) ListJobs(ctx context.Context, f JobFilter, page Page) ([]*nvmegate
 // already finished or expired fails with ECONFLICT.
 func (db *DB) FinishJob(ctx context.Context, id string) (*nvmegate.Job, error) {
 	var j *nvmegate.Job
-	err := db.update(ctx, func(tx *bolt.Tx) error {
+	err := db.update(ctx, func(tx *txn) error {
 		var err error
-		if j, err = getJob(tx, id); err != nil {
+		if j, err = getJob(tx.Tx, id); err != nil {
 			return err
 		}
 		db.expire(j)
@@ -210,6 +196,11 @@ func (db *DB) FinishJob(ctx context.Context, id string) (*nvmegate.Job, error) {
 		if err != nil {
 			return err
 		}
+		stored, err := decodeJob(val) // j is the caller's
+		if err != nil {
+			return err
+		}
+		tx.record(op{job: clipJob(stored)})
 		return put(tx, bucketJobs, []byte(id), val)
 	})
 	return j, err

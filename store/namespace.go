@@ -38,7 +38,11 @@ func (db *DB) CreateNamespace(ctx context.Context, n *nvmegate.Namespace) error 
 	if err != nil {
 		return err
 	}
-	err = db.update(ctx, func(tx *bolt.Tx) error {
+	stored, err := decodeNamespace(val)
+	if err != nil {
+		return err
+	}
+	err = db.update(ctx, func(tx *txn) error {
 		k := namespaceKey(n.SubsystemNQN, n.NSID)
 		if tx.Bucket(bucketNamespaces).Get(k) != nil {
 			return nvmegate.Errorf(nvmegate.EEXISTS, "namespace %d of subsystem %q already exists", n.NSID, n.SubsystemNQN)
@@ -57,13 +61,14 @@ func (db *DB) CreateNamespace(ctx context.Context, n *nvmegate.Namespace) error 
 		// The data of a namespace lives on its target: a residency region
 		// other than the target's would let the inventory claim data is
 		// where it is not, and every residency decision would rest on it.
-		t, err := getTarget(tx, s.TargetID)
+		t, err := getTarget(tx.Tx, s.TargetID)
 		if err != nil {
 			return err
 		}
 		if n.Region != t.Region {
 			return nvmegate.Invalid("region", "namespace region %q differs from region %q of its target %q: a namespace's data resides where its target is", n.Region, t.Region, t.ID)
 		}
+		tx.record(op{namespace: stored})
 		return put(tx, bucketNamespaces, k, val)
 	})
 	if err != nil {
@@ -75,13 +80,7 @@ func (db *DB) CreateNamespace(ctx context.Context, n *nvmegate.Namespace) error 
 
 // Namespace returns namespace nsid of subsystem nqn, or ENOTFOUND.
 func (db *DB) Namespace(ctx context.Context, nqn string, nsid uint32) (*nvmegate.Namespace, error) {
-	var n *nvmegate.Namespace
-	err := db.view(ctx, func(tx *bolt.Tx) error {
-		var err error
-		n, err = getNamespace(tx, nqn, nsid)
-		return err
-	})
-	return n, err
+	return db.model.namespace(ctx, nqn, nsid)
 }
 
 func getNamespace(tx *bolt.Tx, nqn string, nsid uint32) (*nvmegate.Namespace, error) {
@@ -93,27 +92,31 @@ func getNamespace(tx *bolt.Tx, nqn string, nsid uint32) (*nvmegate.Namespace, er
 }
 
 // ListNamespaces returns namespaces ordered by subsystem NQN, then NSID, one
-// page at a time, and the token of the next page ("" after the last). A
-// SubsystemNQN filter reads only that subsystem's key range. A Tenant filter
-// reads one namespace of each other tenant's subsystem and seeks past the
-// rest, which the one-tenant-per-subsystem invariant allows. Region filters
-// while scanning.
+// page at a time, and the token of the next page ("" after the last). With
+// a SubsystemNQN filter (what the target programmer lists) it is served
+// from the model's index of each subsystem's namespaces. Without, it scans
+// the file: a Tenant filter reads one namespace of each other tenant's
+// subsystem and seeks past the rest, which the one-tenant-per-subsystem
+// invariant allows; Region filters while scanning.
 func (db *DB) ListNamespaces(ctx context.Context, f NamespaceFilter, page Page) ([]*nvmegate.Namespace, string, error) {
 	size, after, err := page.parse(kindNamespaces)
 	if err != nil {
 		return nil, "", err
 	}
-	var prefix []byte
-	if f.SubsystemNQN != "" {
-		prefix = namespacePrefix(f.SubsystemNQN)
-	}
 	var (
 		items []*nvmegate.Namespace
 		next  []byte
 	)
+	if f.SubsystemNQN != "" {
+		items, next, err = db.model.subsystemNamespaces(ctx, f.SubsystemNQN, f.Tenant, f.Region, after, size)
+		if err != nil {
+			return nil, "", err
+		}
+		return items, encodeToken(kindNamespaces, next), nil
+	}
 	err = db.view(ctx, func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketNamespaces).Cursor()
-		items, next, err = scanPage(c, prefix, after, size, func(_, v []byte) (*nvmegate.Namespace, bool, []byte, error) {
+		items, next, err = scanPage(c, nil, after, size, func(_, v []byte) (*nvmegate.Namespace, bool, []byte, error) {
 			n, err := decodeNamespace(v)
 			if err != nil {
 				return nil, false, nil, err
@@ -136,11 +139,12 @@ func (db *DB) ListNamespaces(ctx context.Context, f NamespaceFilter, page Page) 
 // DeleteNamespace removes namespace nsid of subsystem nqn, or fails with
 // ENOTFOUND.
 func (db *DB) DeleteNamespace(ctx context.Context, nqn string, nsid uint32) error {
-	return db.update(ctx, func(tx *bolt.Tx) error {
+	return db.update(ctx, func(tx *txn) error {
 		k := namespaceKey(nqn, nsid)
 		if tx.Bucket(bucketNamespaces).Get(k) == nil {
 			return nvmegate.Errorf(nvmegate.ENOTFOUND, "namespace %d of subsystem %q not found", nsid, nqn)
 		}
+		tx.record(op{del: true, namespace: &nvmegate.Namespace{SubsystemNQN: nqn, NSID: nsid}})
 		return del(tx, bucketNamespaces, k)
 	})
 }

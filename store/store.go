@@ -5,9 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
-	"github.com/nvmegate/nvmegate"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 )
@@ -42,8 +42,9 @@ var (
 		bucketGrants, bucketGrantsBySubsystem, bucketGrantsByNode,
 	}
 
-	metaKind   = []byte("kind")
-	metaSchema = []byte("schema_version")
+	metaKind     = []byte("kind")
+	metaSchema   = []byte("schema_version")
+	metaRevision = []byte("revision")
 )
 
 // DefaultTimeout is how long Open waits for the file lock when
@@ -63,20 +64,24 @@ type Options struct {
 	Timeout time.Duration
 }
 
-// DB is the inventory store. Its methods are safe for concurrent use: reads
-// run in concurrent read transactions, writes in one serialized write
-// transaction each, fsync'd on commit.
+// DB is the inventory store. Its methods are safe for concurrent use: the
+// hot-path reads are served from the in-memory model (model.go), the other
+// reads run in concurrent read transactions, and writes in one serialized
+// write transaction each, fsync'd on commit and then applied to the model.
 type DB struct {
 	bolt    *bolt.DB
 	now     func() time.Time
 	batcher batcher
-	// grantMemo and jobMemo hold decoded records (grant.go, job.go).
-	grantMemo decodeMemo[nvmegate.Grant]
-	jobMemo   decodeMemo[nvmegate.Job]
+	// writeMu is held from the start of a write transaction until its
+	// change is applied to the model, so that changes are applied in
+	// commit order. bbolt serializes writers anyway: it costs no
+	// concurrency.
+	writeMu sync.Mutex
+	model   model
 }
 
 // Open opens (creating if needed, mode 0600) the store file at path, creates
-// missing buckets and checks the schema version.
+// missing buckets, checks the schema version and loads the read model.
 func Open(path string, opts Options) (*DB, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
@@ -98,7 +103,17 @@ func Open(path string, opts Options) (*DB, error) {
 		_ = bdb.Close()
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
-	return &DB{bolt: bdb, now: opts.Now, grantMemo: decodeMemo[nvmegate.Grant]{max: maxGrantMemo}, jobMemo: decodeMemo[nvmegate.Job]{max: maxJobMemo}}, nil
+	db := &DB{bolt: bdb, now: opts.Now}
+	if err := bdb.View(func(tx *bolt.Tx) error {
+		recs, rev, err := load(tx)
+		db.model.records = recs
+		db.model.rev.Store(rev)
+		return err
+	}); err != nil {
+		_ = bdb.Close()
+		return nil, fmt.Errorf("store: open %s: load: %w", path, err)
+	}
+	return db, nil
 }
 
 // initSchema stamps a new file, or checks an existing one, and creates any
@@ -148,8 +163,16 @@ func initSchema(tx *bolt.Tx) error {
 	return nil
 }
 
+// Revision is the revision of the data the model serves: that of the last
+// committed write transaction. It grows by one with every commit and is
+// stored in the file, so it keeps growing across restarts. A decision can
+// name the revision it read (the reads it made may see a later one, never
+// an earlier one).
+func (db *DB) Revision() uint64 { return db.model.rev.Load() }
+
 // Close releases the file. Calls after Close fail with ErrClosed.
 func (db *DB) Close() error {
+	db.model.close()
 	if err := db.bolt.Close(); err != nil {
 		return fmt.Errorf("store: close: %w", err)
 	}
@@ -170,22 +193,42 @@ func (db *DB) view(ctx context.Context, fn func(*bolt.Tx) error) error {
 	return fn(tx)
 }
 
-// update runs fn in a write transaction and commits (fsync) if fn succeeds.
-func (db *DB) update(ctx context.Context, fn func(*bolt.Tx) error) error {
+// txn is a write transaction and the change it makes to the model: each
+// write records what it stored (record), and the change is applied once
+// the transaction has committed. A rolled-back transaction's change is
+// dropped with it.
+type txn struct {
+	*bolt.Tx
+	ops []op
+}
+
+func (tx *txn) record(o op) { tx.ops = append(tx.ops, o) }
+
+// update runs fn in a write transaction, stamps the next revision,
+// commits (fsync) if fn succeeds, and applies the change to the model.
+func (db *DB) update(ctx context.Context, fn func(*txn) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	tx, err := db.bolt.Begin(true)
+	db.writeMu.Lock()
+	defer db.writeMu.Unlock()
+	btx, err := db.bolt.Begin(true)
 	if err != nil {
 		return beginError(err)
 	}
-	defer func() { _ = tx.Rollback() }() // no-op after a successful Commit
+	defer func() { _ = btx.Rollback() }() // no-op after a successful Commit
+	tx := &txn{Tx: btx}
 	if err := fn(tx); err != nil {
 		return err
 	}
-	if err := tx.Commit(); err != nil {
+	rev := db.model.rev.Load() + 1
+	if err := put(tx, bucketMeta, metaRevision, binary.BigEndian.AppendUint64(nil, rev)); err != nil {
+		return err
+	}
+	if err := btx.Commit(); err != nil {
 		return fmt.Errorf("store: commit: %w", err)
 	}
+	db.model.apply(change{revision: rev, ops: tx.ops})
 	return nil
 }
 
@@ -197,7 +240,7 @@ func beginError(err error) error {
 }
 
 // put writes one key of bucket name, wrapping bbolt's error with context.
-func put(tx *bolt.Tx, name, k, v []byte) error {
+func put(tx *txn, name, k, v []byte) error {
 	if err := tx.Bucket(name).Put(k, v); err != nil {
 		return fmt.Errorf("store: put %s: %w", name, err)
 	}
@@ -205,7 +248,7 @@ func put(tx *bolt.Tx, name, k, v []byte) error {
 }
 
 // del deletes one key of bucket name, wrapping bbolt's error with context.
-func del(tx *bolt.Tx, name, k []byte) error {
+func del(tx *txn, name, k []byte) error {
 	if err := tx.Bucket(name).Delete(k); err != nil {
 		return fmt.Errorf("store: delete %s: %w", name, err)
 	}

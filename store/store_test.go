@@ -223,16 +223,18 @@ func TestCorruptRecord(t *testing.T) {
 		"truncated JSON": []byte(`{"v":1,"nqn":"`),
 		"future record":  []byte(`{"v":2,"nqn":"x"}`),
 	} {
-		must(t, db.bolt.Update(func(tx *bolt.Tx) error {
+		tamper(t, db, func(tx *bolt.Tx) error {
 			return tx.Bucket(bucketSubsystems).Put([]byte(subNQN(1)), value)
-		}))
+		})
 		s, err := db.Subsystem(ctx, subNQN(1))
 		if s != nil || nvmegate.ErrorCode(err) != nvmegate.EINTERNAL {
 			t.Errorf("%s: Subsystem = %v, %v; want an internal error", name, s, err)
 		}
 		wantMessage(t, err, "decode subsystem")
-		if _, _, err := db.ListSubsystems(ctx, SubsystemFilter{}, Page{}); nvmegate.ErrorCode(err) != nvmegate.EINTERNAL {
-			t.Errorf("%s: ListSubsystems: %v, want an internal error", name, err)
+		for _, f := range []SubsystemFilter{{}, {TargetID: "t1"}} { // from the file, from the model
+			if _, _, err := db.ListSubsystems(ctx, f, Page{}); nvmegate.ErrorCode(err) != nvmegate.EINTERNAL {
+				t.Errorf("%s: ListSubsystems %+v: %v, want an internal error", name, f, err)
+			}
 		}
 		// A rule that reads the record fails closed too.
 		if err := db.CreateNamespace(ctx, newNamespace(subNQN(1), 1, "acme")); nvmegate.ErrorCode(err) != nvmegate.EINTERNAL {

@@ -3,7 +3,6 @@ package store
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"strconv"
 
 	"github.com/nvmegate/nvmegate"
@@ -34,14 +33,19 @@ func (db *DB) CreateSubsystem(ctx context.Context, s *nvmegate.Subsystem) error 
 	if err != nil {
 		return err
 	}
-	err = db.update(ctx, func(tx *bolt.Tx) error {
+	stored, err := decodeSubsystem(val)
+	if err != nil {
+		return err
+	}
+	err = db.update(ctx, func(tx *txn) error {
 		k := []byte(s.NQN)
 		if tx.Bucket(bucketSubsystems).Get(k) != nil {
 			return nvmegate.Errorf(nvmegate.EEXISTS, "subsystem %q already exists", s.NQN)
 		}
-		if err := checkSubsystemPorts(tx, s); err != nil {
+		if err := checkSubsystemPorts(tx.Tx, s); err != nil {
 			return err
 		}
+		tx.record(op{subsystem: stored})
 		if err := put(tx, bucketSubsystems, k, val); err != nil {
 			return err
 		}
@@ -85,13 +89,7 @@ func checkSubsystemPorts(tx *bolt.Tx, s *nvmegate.Subsystem) error {
 
 // Subsystem returns the subsystem with the given NQN, or ENOTFOUND.
 func (db *DB) Subsystem(ctx context.Context, nqn string) (*nvmegate.Subsystem, error) {
-	var s *nvmegate.Subsystem
-	err := db.view(ctx, func(tx *bolt.Tx) error {
-		var err error
-		s, err = getSubsystem(tx, nqn)
-		return err
-	})
-	return s, err
+	return db.model.subsystem(ctx, nqn)
 }
 
 func getSubsystem(tx *bolt.Tx, nqn string) (*nvmegate.Subsystem, error) {
@@ -103,9 +101,10 @@ func getSubsystem(tx *bolt.Tx, nqn string) (*nvmegate.Subsystem, error) {
 }
 
 // ListSubsystems returns subsystems in NQN order, one page at a time, and
-// the token of the next page ("" after the last). A TargetID filter walks the
-// subsystems_by_target index, so it costs the size of the page, not of the
-// inventory.
+// the token of the next page ("" after the last). With a TargetID filter
+// (what the target programmer lists) it is served from the model's index of
+// each target's subsystems, so it costs the size of the page, not of the
+// inventory; without, it scans the file.
 func (db *DB) ListSubsystems(ctx context.Context, f SubsystemFilter, page Page) ([]*nvmegate.Subsystem, string, error) {
 	size, after, err := page.parse(kindSubsystems)
 	if err != nil {
@@ -118,8 +117,12 @@ func (db *DB) ListSubsystems(ctx context.Context, f SubsystemFilter, page Page) 
 		items []*nvmegate.Subsystem
 		next  []byte
 	)
-	err = db.view(ctx, func(tx *bolt.Tx) error {
-		if f.TargetID == "" {
+	if f.TargetID != "" {
+		// The token holds an NQN: within one target the index sorts like
+		// the NQNs.
+		items, next, err = db.model.targetSubsystems(ctx, f.TargetID, f.Tenant, after, size)
+	} else {
+		err = db.view(ctx, func(tx *bolt.Tx) error {
 			c := tx.Bucket(bucketSubsystems).Cursor()
 			items, next, err = scanPage(c, nil, after, size, func(_, v []byte) (*nvmegate.Subsystem, bool, []byte, error) {
 				s, err := decodeSubsystem(v)
@@ -129,32 +132,8 @@ func (db *DB) ListSubsystems(ctx context.Context, f SubsystemFilter, page Page) 
 				return s, match(s), nil, nil
 			})
 			return err
-		}
-		// Index keys are target ID, 0x00, NQN: within one target they sort
-		// like the NQNs, so the token still holds an NQN.
-		prefix := indexPrefix(f.TargetID)
-		if after != nil {
-			after = append(bytes.Clone(prefix), after...)
-		}
-		subs := tx.Bucket(bucketSubsystems)
-		c := tx.Bucket(bucketSubsystemsByTarget).Cursor()
-		items, next, err = scanPage(c, prefix, after, size, func(k, _ []byte) (*nvmegate.Subsystem, bool, []byte, error) {
-			nqn := k[len(prefix):]
-			v := subs.Get(nqn)
-			if v == nil {
-				return nil, false, nil, fmt.Errorf("store: index %s: subsystem %q of target %q is missing", bucketSubsystemsByTarget, nqn, f.TargetID)
-			}
-			s, err := decodeSubsystem(v)
-			if err != nil {
-				return nil, false, nil, err
-			}
-			return s, match(s), nil, nil
 		})
-		if next != nil {
-			next = next[len(prefix):]
-		}
-		return err
-	})
+	}
 	if err != nil {
 		return nil, "", err
 	}
@@ -164,8 +143,8 @@ func (db *DB) ListSubsystems(ctx context.Context, f SubsystemFilter, page Page) 
 // DeleteSubsystem removes a subsystem. It fails with ENOTFOUND if absent and
 // with ECONFLICT while it has namespaces.
 func (db *DB) DeleteSubsystem(ctx context.Context, nqn string) error {
-	return db.update(ctx, func(tx *bolt.Tx) error {
-		s, err := getSubsystem(tx, nqn)
+	return db.update(ctx, func(tx *txn) error {
+		s, err := getSubsystem(tx.Tx, nqn)
 		if err != nil {
 			return err
 		}
@@ -182,6 +161,7 @@ func (db *DB) DeleteSubsystem(ctx context.Context, nqn string) error {
 		if err := del(tx, bucketSubsystemsByTarget, indexKey(s.TargetID, nqn)); err != nil {
 			return err
 		}
+		tx.record(op{del: true, subsystem: s})
 		return del(tx, bucketSubsystems, []byte(nqn))
 	})
 }

@@ -32,11 +32,16 @@ func (db *DB) CreateTarget(ctx context.Context, t *nvmegate.Target) error {
 	if err != nil {
 		return err
 	}
-	err = db.update(ctx, func(tx *bolt.Tx) error {
+	stored, err := decodeTarget(val)
+	if err != nil {
+		return err
+	}
+	err = db.update(ctx, func(tx *txn) error {
 		k := []byte(t.ID)
 		if tx.Bucket(bucketTargets).Get(k) != nil {
 			return nvmegate.Errorf(nvmegate.EEXISTS, "target %q already exists", t.ID)
 		}
+		tx.record(op{target: stored})
 		return put(tx, bucketTargets, k, val)
 	})
 	if err != nil {
@@ -48,13 +53,7 @@ func (db *DB) CreateTarget(ctx context.Context, t *nvmegate.Target) error {
 
 // Target returns the target with the given ID, or ENOTFOUND.
 func (db *DB) Target(ctx context.Context, id string) (*nvmegate.Target, error) {
-	var t *nvmegate.Target
-	err := db.view(ctx, func(tx *bolt.Tx) error {
-		var err error
-		t, err = getTarget(tx, id)
-		return err
-	})
-	return t, err
+	return db.model.target(ctx, id)
 }
 
 // getTarget reads a target, ENOTFOUND if absent.
@@ -98,7 +97,7 @@ func (db *DB) ListTargets(ctx context.Context, f TargetFilter, page Page) ([]*nv
 // DeleteTarget removes a target. It fails with ENOTFOUND if absent and with
 // ECONFLICT while subsystems on it exist.
 func (db *DB) DeleteTarget(ctx context.Context, id string) error {
-	return db.update(ctx, func(tx *bolt.Tx) error {
+	return db.update(ctx, func(tx *txn) error {
 		k := []byte(id)
 		if tx.Bucket(bucketTargets).Get(k) == nil {
 			return nvmegate.Errorf(nvmegate.ENOTFOUND, "target %q not found", id)
@@ -112,6 +111,7 @@ func (db *DB) DeleteTarget(ctx context.Context, id string) error {
 		if len(nqns) > 0 {
 			return nvmegate.Errorf(nvmegate.ECONFLICT, "target %q still exports %s; delete them first", id, nameSome("subsystem", nqns))
 		}
+		tx.record(op{del: true, target: &nvmegate.Target{ID: id}})
 		return del(tx, bucketTargets, k)
 	})
 }
