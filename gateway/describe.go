@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"slices"
 	"time"
 
 	"github.com/nvmegate/nvmegate"
@@ -25,7 +24,7 @@ import (
 // decides on what the caller may learn, and the handler answers NotFound to
 // callers that were allowed. Any other store error fails the call closed.
 func (s *Server) describe(ctx context.Context, fullMethod string, req any) (string, map[string]any, error) {
-	d := &describer{ctx: ctx, store: s.store, jobs: s.jobs}
+	d := &describer{ctx: ctx, store: s.store, jobs: s.jobs, members: &s.members}
 	if action, ok := targetAgentActions[fullMethod]; ok {
 		// A target agent's calls are about its own target (its SVID's
 		// name), whatever the request says; the stream's request is not
@@ -67,6 +66,8 @@ type describer struct {
 	ctx   context.Context
 	store InventoryStore
 	jobs  JobStore // nil: jobs are described by their ID only
+	// members answers job membership (nil: scan the job's nodes).
+	members *memberSets
 	// Records read once per call: a connect's namespaces share their
 	// subsystem and target.
 	subs    map[string]*nvmegate.Subsystem
@@ -524,7 +525,7 @@ func (d *describer) nodeScope(jobID string) (*nvmegate.Scope, error) {
 			return nil, err
 		} else if ok {
 			sc.Job = j
-			sc.Member = slices.Contains(j.Nodes, sc.Caller)
+			sc.Member = d.members.has(j, sc.Caller)
 		}
 	}
 	b, bound, err := d.nodeBindingRec(sc.Caller)

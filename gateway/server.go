@@ -86,6 +86,7 @@ type Server struct {
 	now             func() time.Time
 	shutdownTimeout time.Duration
 	limit           *limiter
+	members         memberSets // job membership, for describe
 }
 
 // New builds a Server from cfg.
