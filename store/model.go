@@ -28,6 +28,8 @@ type model struct {
 	mu     sync.RWMutex
 	closed bool
 	rev    atomic.Uint64 // of the last change applied; stored under mu
+	// scopeRev is the revision of the last change to anything but grants.
+	scopeRev atomic.Uint64
 	records
 }
 
@@ -107,8 +109,13 @@ func (m *model) apply(c change) {
 	if c.revision <= m.rev.Load() {
 		panic(fmt.Sprintf("store: change of revision %d applied after revision %d", c.revision, m.rev.Load()))
 	}
+	scope := false
 	for _, o := range c.ops {
 		m.records.apply(o)
+		scope = scope || o.grant == nil
+	}
+	if scope {
+		m.scopeRev.Store(c.revision)
 	}
 	m.rev.Store(c.revision)
 }

@@ -723,3 +723,32 @@ func TestReadsReturnCopies(t *testing.T) {
 	}
 	wantModel(t, db, r, rev)
 }
+
+// The scope revision moves with inventory, bindings and jobs, not with
+// grants: under a connect load (grants only) it stays put.
+func TestScopeRevision(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "store.db")
+	db := openPath(t, path)
+	must(t, db.CreateTarget(ctx, newTarget("t1")))
+	must(t, db.CreateSubsystem(ctx, newSubsystem(subNQN(0), "t1", "acme")))
+	inv := db.Revision()
+	if got := db.ScopeRevision(); got != inv {
+		t.Fatalf("scope revision %d after inventory changes, want %d", got, inv)
+	}
+	must(t, db.PutGrants(ctx, newGrant(1, subNQN(0))))
+	must(t, db.PutGrants(ctx, newGrant(2, subNQN(0))))
+	if db.Revision() != inv+2 || db.ScopeRevision() != inv {
+		t.Fatalf("after two grant commits: revision %d (want %d), scope revision %d (want %d)", db.Revision(), inv+2, db.ScopeRevision(), inv)
+	}
+	must(t, db.CreateTarget(ctx, newTarget("t2")))
+	if got := db.ScopeRevision(); got != db.Revision() {
+		t.Fatalf("scope revision %d after a target was added, want %d", got, db.Revision())
+	}
+	must(t, db.Close())
+	db = openPath(t, path)
+	defer db.Close()
+	if db.ScopeRevision() != db.Revision() {
+		t.Fatalf("reopened: scope revision %d, revision %d", db.ScopeRevision(), db.Revision())
+	}
+}

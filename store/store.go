@@ -108,6 +108,7 @@ func Open(path string, opts Options) (*DB, error) {
 		recs, rev, err := load(tx)
 		db.model.records = recs
 		db.model.rev.Store(rev)
+		db.model.scopeRev.Store(rev)
 		return err
 	}); err != nil {
 		_ = bdb.Close()
@@ -169,6 +170,13 @@ func initSchema(tx *bolt.Tx) error {
 // name the revision it read (the reads it made may see a later one, never
 // an earlier one).
 func (db *DB) Revision() uint64 { return db.model.rev.Load() }
+
+// ScopeRevision is the revision of the last commit that changed anything a
+// call's scope is read from — inventory, bindings or jobs — rather than
+// grants alone: a policy decision over a scope stays the same decision
+// until it changes (or the policy does), however many grants are written
+// meanwhile. It starts, after Open, at the revision read from the file.
+func (db *DB) ScopeRevision() uint64 { return db.model.scopeRev.Load() }
 
 // Close releases the file. Calls after Close fail with ErrClosed.
 func (db *DB) Close() error {
