@@ -2,18 +2,11 @@ package fabric
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
 )
-
-// Driver programs one target. Apply makes the target match s exactly for
-// the subsystems it manages; it is idempotent.
-type Driver interface {
-	Apply(ctx context.Context, s State) error
-}
 
 // ErrNeedFull is returned by whatever applies a Delta (a driver, the
 // stream to a target's agent) when it does not hold the delta's base: it

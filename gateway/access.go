@@ -51,7 +51,7 @@ type GrantStore interface {
 // TargetProgrammer makes a target allow exactly the hosts its active
 // grants name (targetagent.Agent).
 type TargetProgrammer interface {
-	Program(ctx context.Context, targetID string) error
+	Program(ctx context.Context, targetID string, changed ...targetagent.HostRef) error
 }
 
 // DefaultGrantTTL is a grant's lifetime when the node asks for none.

@@ -21,7 +21,6 @@ import (
 	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/authz"
-	"github.com/nvmegate/nvmegate/fabric"
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
 	"github.com/nvmegate/nvmegate/gateway"
 	"github.com/nvmegate/nvmegate/identity"
@@ -104,8 +103,17 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 	}
 	configfs := filepath.Join(dir, "configfs")
 	hub := &targetagent.Hub{AckTimeout: 5 * time.Second}
-	agent := &targetagent.Agent{Store: db, Keys: km, Hub: hub, Driver: func(t *nvmegate.Target) fabric.Driver {
-		return &nvmet.Driver{Root: filepath.Join(configfs, t.ID)}
+	var (
+		driversMu sync.Mutex
+		drivers   = map[string]*nvmet.Driver{} // one per target, as the daemon keeps them
+	)
+	agent := &targetagent.Agent{Store: db, Keys: km, Hub: hub, Driver: func(t *nvmegate.Target) targetagent.Driver {
+		driversMu.Lock()
+		defer driversMu.Unlock()
+		if drivers[t.ID] == nil {
+			drivers[t.ID] = &nvmet.Driver{Root: filepath.Join(configfs, t.ID)}
+		}
+		return drivers[t.ID]
 	}}
 	reg := prometheus.NewRegistry()
 	cfg := gateway.Config{

@@ -21,11 +21,12 @@ import (
 // failing is a driver that refuses every state.
 type failing struct{}
 
-func (failing) Apply(context.Context, fabric.State) error { return errors.New("disk on fire") }
+func (failing) Apply(context.Context, fabric.State) error      { return errors.New("disk on fire") }
+func (failing) ApplyDelta(context.Context, fabric.Delta) error { return errors.New("disk on fire") }
 
 // startRemote runs a remote agent as target id with driver d until the test
 // ends, and reports each generation it applied.
-func startRemote(t *testing.T, g *testGateway, id string, d fabric.Driver) <-chan uint64 {
+func startRemote(t *testing.T, g *testGateway, id string, d targetagent.Driver) <-chan uint64 {
 	t.Helper()
 	applied := make(chan uint64, 100)
 	r := &targetagent.Remote{Conn: g.client(t, "/target/"+id), Driver: d, Applied: func(gen uint64, err error) {

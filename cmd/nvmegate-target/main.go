@@ -23,7 +23,6 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/nvmegate/nvmegate/fabric"
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
 	"github.com/nvmegate/nvmegate/fabric/spdk"
 	"github.com/nvmegate/nvmegate/internal/clientconn"
@@ -62,7 +61,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	var d fabric.Driver
+	var d targetagent.Driver
 	switch {
 	case *nvmetRoot != "" && *spdkSocket == "":
 		d = &nvmet.Driver{Root: *nvmetRoot}
