@@ -45,6 +45,8 @@ type testGateway struct {
 	auditKey attest.PublicKey
 	keyStore *localstore.Store // the real local key store in a temp dir
 	configfs string            // the nvmet driver's trees, one per target ID
+	db       *store.DB
+	agent    *targetagent.Agent
 	srv      *gateway.Server
 	stop     func() error // shuts the gateway down (once) and returns what Serve did
 }
@@ -157,7 +159,7 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 		alog.Close()
 		ks.Close()
 	})
-	return &testGateway{addr: lis.Addr().String(), ca: ca, registry: reg, engine: engine, audit: alog, auditKey: ls.PublicKey(), keyStore: ks, configfs: configfs, srv: srv, stop: stop}
+	return &testGateway{addr: lis.Addr().String(), ca: ca, registry: reg, engine: engine, audit: alog, auditKey: ls.PublicKey(), keyStore: ks, configfs: configfs, db: db, agent: agent, srv: srv, stop: stop}
 }
 
 // client connects as spiffe://nvmegate.test/<path> with a fresh SVID.
