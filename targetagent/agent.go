@@ -285,10 +285,11 @@ func (a *Agent) send(ctx context.Context, tgt *nvmegate.Target, t *target, whole
 		if err != nil {
 			return err
 		}
-		whole = whole || !t.synced || !sk.same(t.sink) || !sk.deltas()
+		whole = whole || !t.synced || !sk.same(t.sink)
 		if !whole && len(changes) == 0 {
 			return nil // nothing changed, and the sink holds the state
 		}
+		whole = whole || !sk.deltas()
 		gen := a.gen.Add(1)
 		t.synced = false
 		if whole {

@@ -636,3 +636,59 @@ func TestWholeStates(t *testing.T) {
 		t.Fatalf("state %v %v", st, err)
 	}
 }
+
+// Concurrent changes, coalesced into fewer runs whose deltas carry all
+// their host entries: every Program returns once its host is on the
+// target, and the tree ends as a whole Apply of the store's state makes
+// it.
+func TestProgramConcurrentDeltas(t *testing.T) {
+	const n = 40
+	var nodes []string
+	hostOf := map[string]string{}
+	for i := range n {
+		nodes = append(nodes, fmt.Sprintf("spiffe://x/node/%d", i))
+		hostOf[nodes[i]] = fmt.Sprintf("nqn.2014-08.org.example:host-%d", i)
+	}
+	w := newWorld(t, 1, nvmegate.DriverNVMet, []string{sub}, nodes, hostOf)
+	root := filepath.Join(t.TempDir(), "nvmet")
+	d := &counting{Driver: &nvmet.Driver{Root: root}}
+	a := &targetagent.Agent{Store: w.db, Keys: w.km, Now: w.clk.Now, Driver: func(*nvmegate.Target) targetagent.Driver { return d }}
+	if err := a.Reconcile(w.ctx); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i, node := range nodes {
+		wg.Go(func() {
+			g := &nvmegate.Grant{ID: fmt.Sprintf("grant-c%05d", i), JobID: "j", Tenant: "acme", Node: node, HostNQN: hostOf[node], SubsystemNQN: sub,
+				KeyScope: w.scope(sub), KeyVersion: 1, IssuedAt: w.clk.now, ExpiresAt: w.clk.now.Add(time.Hour), State: nvmegate.GrantActive,
+				DHCHAPHash: "sha256", DHGroup: "null"}
+			if err := w.db.PutGrant(w.ctx, g); err != nil {
+				t.Error(err)
+				return
+			}
+			if err := a.Program(w.ctx, "t1", targetagent.HostOf(g)); err != nil {
+				t.Error(err)
+				return
+			}
+			if _, err := os.Lstat(filepath.Join(root, "subsystems", sub, "allowed_hosts", g.HostNQN)); err != nil {
+				t.Errorf("Program returned before its host was allowed: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	st, err := a.State(w.ctx, w.target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := t.TempDir()
+	if err := (&nvmet.Driver{Root: want}).Apply(w.ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if dump(t, root) != dump(t, want) {
+		t.Fatal("the tree differs from a whole Apply of the store's state")
+	}
+	if d.whole.Load() != 1 || d.deltas.Load() > n {
+		t.Fatalf("%d whole states and %d deltas for %d changes", d.whole.Load(), d.deltas.Load(), n)
+	}
+	t.Logf("%d changes in %d deltas", n, d.deltas.Load())
+}
