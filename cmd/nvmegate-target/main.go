@@ -4,7 +4,10 @@
 // subsystems with their keys, and nothing of any other target — applies
 // each generation with the local driver (Linux nvmet configfs, or an SPDK
 // nvmf_tgt over JSON-RPC) and acknowledges it; the gateway answers a
-// Connect only after that. It reconnects with backoff when the gateway
+// Connect only after that. The stream starts with the whole state and then
+// carries deltas (the host entries that changed), applied in order; a
+// delta on top of a generation the agent has not applied makes it
+// reconnect for the whole state (targetagent.Remote). It reconnects with backoff when the gateway
 // restarts, and stops on SIGTERM.
 //
 //	nvmegate-target --spiffe-socket unix:///run/spire/agent.sock --addr gw:7443 \
