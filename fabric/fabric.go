@@ -2,23 +2,77 @@ package fabric
 
 import (
 	"cmp"
-	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 )
 
-// Driver programs one target. Apply makes the target match s exactly for
-// the subsystems it manages; it is idempotent.
-type Driver interface {
-	Apply(ctx context.Context, s State) error
-}
+// ErrNeedFull is returned by whatever applies a Delta (a driver, the
+// stream to a target's agent) when it does not hold the delta's base: it
+// has applied no whole state yet, its last application failed, or it holds
+// another generation. Nothing was changed; the caller applies the whole
+// state instead.
+var ErrNeedFull = errors.New("fabric: the delta's base is not what is applied; a whole state is needed")
 
 // State is the desired state of a target, at a generation that grows with
 // every change (the agent acknowledges generations).
 type State struct {
 	Generation uint64
 	Subsystems []Subsystem
+}
+
+// Delta is a change of a target's desired state: the state at generation
+// Base with Hosts applied, in order, is the state at Generation. A delta
+// changes host entries only (a grant was issued, renewed, ended); a change
+// of subsystems, ports or namespaces comes as a whole State.
+type Delta struct {
+	Base       uint64
+	Generation uint64
+	Hosts      []HostChange
+}
+
+// HostChange is one host entry of one subsystem: Host is allowed on
+// Subsystem with Host's credentials (added, or its credentials changed),
+// or, with Remove, the host named Host.NQN is no longer allowed there.
+type HostChange struct {
+	Subsystem string
+	Host      Host
+	Remove    bool
+}
+
+// String names the change, without its secrets.
+func (c HostChange) String() string {
+	if c.Remove {
+		return fmt.Sprintf("remove host %s from %s", c.Host.NQN, c.Subsystem)
+	}
+	return fmt.Sprintf("set %s on %s", c.Host, c.Subsystem)
+}
+
+// ApplyDelta changes s as d says, for whatever keeps a whole state
+// (drivers without deltas of their own, tests). It refuses with
+// ErrNeedFull, leaving s as it was, if s is not at d's base generation or
+// d names a subsystem s does not have.
+func (s *State) ApplyDelta(d Delta) error {
+	if s.Generation != d.Base {
+		return fmt.Errorf("state at generation %d, delta from %d: %w", s.Generation, d.Base, ErrNeedFull)
+	}
+	// Copies: the slices may be shared with an earlier state.
+	subs := slices.Clone(s.Subsystems)
+	for _, c := range d.Hosts {
+		i := slices.IndexFunc(subs, func(sub Subsystem) bool { return sub.NQN == c.Subsystem })
+		if i < 0 {
+			return fmt.Errorf("delta names subsystem %s, which the state does not have: %w", c.Subsystem, ErrNeedFull)
+		}
+		hosts := slices.DeleteFunc(slices.Clone(subs[i].Hosts), func(h Host) bool { return h.NQN == c.Host.NQN })
+		if !c.Remove {
+			hosts = append(hosts, c.Host)
+			slices.SortFunc(hosts, func(a, b Host) int { return strings.Compare(a.NQN, b.NQN) })
+		}
+		subs[i].Hosts = hosts
+	}
+	s.Subsystems, s.Generation = subs, d.Generation
+	return nil
 }
 
 // Subsystem is one NVM subsystem with the hosts allowed on it and the ports

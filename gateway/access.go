@@ -49,9 +49,14 @@ type GrantStore interface {
 }
 
 // TargetProgrammer makes a target allow exactly the hosts its active
-// grants name (targetagent.Agent).
+// grants name (targetagent.Agent). Program's changed are the host entries
+// whose grants the caller stored a change of (every one, or the target
+// does not hear of it until the next whole run); none programs the whole
+// target. InventoryChanged says the target's subsystems, namespaces or
+// ports changed: its next run is whole.
 type TargetProgrammer interface {
-	Program(ctx context.Context, targetID string) error
+	Program(ctx context.Context, targetID string, changed ...targetagent.HostRef) error
+	InventoryChanged(targetID string)
 }
 
 // DefaultGrantTTL is a grant's lifetime when the node asks for none.
@@ -186,11 +191,16 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 		s.recordFailure(ctx, in, d, g, "grant not stored")
 		return nil, err
 	}
-	if err := s.targets.Program(ctx, t.ID); err != nil {
+	// Every host entry the commit changed: g's, those it supersedes (on
+	// the same subsystem, or another host NQN if the node's binding
+	// changed), those that moved with it (its host on the target's other
+	// subsystems).
+	touched := append(changed, moving...)
+	if err := s.targets.Program(ctx, t.ID, targetagent.HostsOf(touched...)...); err != nil {
 		s.log.ErrorContext(ctx, "connect: target not programmed; no grant", "target", t.ID, "grant", g.ID, "err", err)
 		// The node keeps its other grants at the keys it holds.
 		s.putBack(ctx, g, moving)
-		s.endGrant(ctx, g, t.ID, nvmegate.GrantRevoked)
+		s.endGrant(ctx, g, t.ID, nvmegate.GrantRevoked, touched...)
 		s.recordFailure(ctx, in, d, g, "target "+t.ID+" did not accept the host")
 		return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "target %s did not accept the host in time; no grant was made", t.ID)
 	}
@@ -371,15 +381,15 @@ func newGrantID() string {
 	return "g-" + base64.RawURLEncoding.EncodeToString(b)
 }
 
-// endGrant ends a grant and reprograms its target (best effort: the
-// reconciler retries).
-func (s *accessService) endGrant(ctx context.Context, g *nvmegate.Grant, targetID, state string) {
+// endGrant ends a grant and reprograms its target for it and the other
+// grants also changed (best effort: the reconciler retries).
+func (s *accessService) endGrant(ctx context.Context, g *nvmegate.Grant, targetID, state string, also ...*nvmegate.Grant) {
 	ctx = context.WithoutCancel(ctx)
 	g.State = state
 	if err := s.grants.PutGrant(ctx, g); err != nil {
 		s.log.ErrorContext(ctx, "grant not ended in the store", "grant", g.ID, "err", err)
 	}
-	if err := s.targets.Program(ctx, targetID); err != nil {
+	if err := s.targets.Program(ctx, targetID, targetagent.HostsOf(append([]*nvmegate.Grant{g}, also...)...)...); err != nil {
 		s.log.ErrorContext(ctx, "target not reprogrammed after a grant ended", "target", targetID, "err", err)
 	}
 }
@@ -571,12 +581,18 @@ func (s *accessService) Renew(ctx context.Context, r *pb.RenewRequest) (*pb.Rene
 		return nil, err // e.g. revoked meanwhile: ended grants stay ended
 	}
 	if len(moving) > 0 || store.EntryOf(g) != store.EntryOf(&prev) || g.TLS != prev.TLS || g.ReadOnly != prev.ReadOnly {
-		if err := s.targets.Program(ctx, t.ID); err != nil {
+		touched := targetagent.HostsOf(append([]*nvmegate.Grant{g}, moving...)...)
+		if err := s.targets.Program(ctx, t.ID, touched...); err != nil {
 			s.log.ErrorContext(ctx, "renew: target not reprogrammed; grant kept at its old keys", "grant", g.ID, "err", err)
 			if perr := s.grants.PutGrant(context.WithoutCancel(ctx), &prev); perr != nil {
 				s.log.ErrorContext(ctx, "renew: old keys not restored", "grant", g.ID, "err", perr)
 			}
 			s.putBack(ctx, g, moving)
+			// The target follows the store back (best effort: the
+			// reconciler retries).
+			if perr := s.targets.Program(context.WithoutCancel(ctx), t.ID, touched...); perr != nil {
+				s.log.ErrorContext(ctx, "renew: target not reprogrammed to the old keys", "target", t.ID, "err", perr)
+			}
 			s.recordFailure(ctx, in, d, g, "target "+t.ID+" did not accept the new keys")
 			return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "target %s did not accept the new keys; the grant keeps its old ones", t.ID)
 		}
@@ -655,7 +671,7 @@ func (s *accessService) Revoke(ctx context.Context, r *pb.RevokeRequest) (*pb.Re
 // revocation once begun runs to its end even if the caller hangs up.
 func (s *accessService) revokeGrants(ctx context.Context, gs []*nvmegate.Grant, why string) ([]string, error) {
 	ctx = context.WithoutCancel(ctx)
-	targets := map[string]bool{}
+	targets := map[string][]targetagent.HostRef{} // the host entries ended, by target
 	scopes := map[string]bool{}
 	var ids []string
 	var errs []error
@@ -696,13 +712,13 @@ func (s *accessService) revokeGrants(ctx context.Context, gs []*nvmegate.Grant, 
 		ids = append(ids, g.ID)
 		scopes[g.Scope()] = true
 		if _, t, err := s.targetOf(ctx, g); err == nil {
-			targets[t.ID] = true
+			targets[t.ID] = append(targets[t.ID], targetagent.HostOf(g))
 		}
 	}
 	// For every grant that ended, whatever else failed: the targets drop
 	// the hosts, and the roots the hosts knew rotate.
-	for t := range targets {
-		if err := s.targets.Program(ctx, t); err != nil {
+	for t, hosts := range targets {
+		if err := s.targets.Program(ctx, t, hosts...); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -752,11 +768,11 @@ func (s *Server) SweepExpired(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	targets := map[string]bool{}
+	targets := map[string][]targetagent.HostRef{} // the host entries ended, by target
 	ended := 0
 	defer func() {
-		for t := range targets {
-			if err := as.targets.Program(ctx, t); err != nil {
+		for t, hosts := range targets {
+			if err := as.targets.Program(ctx, t, hosts...); err != nil {
 				s.log.WarnContext(ctx, "target not reprogrammed after expiry; the reconciler retries", "target", t, "err", err)
 			}
 		}
@@ -773,7 +789,7 @@ func (s *Server) SweepExpired(ctx context.Context) (int, error) {
 		}
 		ended++
 		if _, t, err := as.targetOf(ctx, g); err == nil {
-			targets[t.ID] = true
+			targets[t.ID] = append(targets[t.ID], targetagent.HostOf(g))
 		}
 	}
 	return ended, nil

@@ -444,6 +444,12 @@ func (r *recordingDriver) Apply(_ context.Context, s fabric.State) error {
 	return nil
 }
 
+func (r *recordingDriver) ApplyDelta(_ context.Context, d fabric.Delta) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last.ApplyDelta(d)
+}
+
 func (r *recordingDriver) host(nqn string) *fabric.Host {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -21,7 +21,6 @@ import (
 	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/authz"
-	"github.com/nvmegate/nvmegate/fabric"
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
 	"github.com/nvmegate/nvmegate/gateway"
 	"github.com/nvmegate/nvmegate/identity"
@@ -46,6 +45,8 @@ type testGateway struct {
 	auditKey attest.PublicKey
 	keyStore *localstore.Store // the real local key store in a temp dir
 	configfs string            // the nvmet driver's trees, one per target ID
+	db       *store.DB
+	agent    *targetagent.Agent
 	srv      *gateway.Server
 	stop     func() error // shuts the gateway down (once) and returns what Serve did
 }
@@ -104,8 +105,17 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 	}
 	configfs := filepath.Join(dir, "configfs")
 	hub := &targetagent.Hub{AckTimeout: 5 * time.Second}
-	agent := &targetagent.Agent{Store: db, Keys: km, Hub: hub, Driver: func(t *nvmegate.Target) fabric.Driver {
-		return &nvmet.Driver{Root: filepath.Join(configfs, t.ID)}
+	var (
+		driversMu sync.Mutex
+		drivers   = map[string]*nvmet.Driver{} // one per target, as the daemon keeps them
+	)
+	agent := &targetagent.Agent{Store: db, Keys: km, Hub: hub, Driver: func(t *nvmegate.Target) targetagent.Driver {
+		driversMu.Lock()
+		defer driversMu.Unlock()
+		if drivers[t.ID] == nil {
+			drivers[t.ID] = &nvmet.Driver{Root: filepath.Join(configfs, t.ID)}
+		}
+		return drivers[t.ID]
 	}}
 	reg := prometheus.NewRegistry()
 	cfg := gateway.Config{
@@ -149,7 +159,7 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 		alog.Close()
 		ks.Close()
 	})
-	return &testGateway{addr: lis.Addr().String(), ca: ca, registry: reg, engine: engine, audit: alog, auditKey: ls.PublicKey(), keyStore: ks, configfs: configfs, srv: srv, stop: stop}
+	return &testGateway{addr: lis.Addr().String(), ca: ca, registry: reg, engine: engine, audit: alog, auditKey: ls.PublicKey(), keyStore: ks, configfs: configfs, db: db, agent: agent, srv: srv, stop: stop}
 }
 
 // client connects as spiffe://nvmegate.test/<path> with a fresh SVID.

@@ -39,6 +39,27 @@ type InventoryStore interface {
 type inventoryService struct {
 	pb.UnimplementedInventoryServer
 	store InventoryStore
+	// targets, if set, hears of every change of a target, its subsystems
+	// or their namespaces: the target's next programming run rebuilds its
+	// state whole (a grant change only touches its host entry).
+	targets TargetProgrammer
+}
+
+// changed tells the target programmer that target id's inventory changed.
+func (s *inventoryService) changed(id string) {
+	if s.targets != nil && id != "" {
+		s.targets.InventoryChanged(id)
+	}
+}
+
+// targetOf is the target of subsystem nqn ("" if it cannot be read: then
+// there is nothing of it to change either).
+func (s *inventoryService) targetOf(ctx context.Context, nqn string) string {
+	sub, err := s.store.Subsystem(ctx, nqn)
+	if err != nil {
+		return ""
+	}
+	return sub.TargetID
 }
 
 func (s *inventoryService) AddTarget(ctx context.Context, r *pb.AddTargetRequest) (*pb.AddTargetResponse, error) {
@@ -49,6 +70,7 @@ func (s *inventoryService) AddTarget(ctx context.Context, r *pb.AddTargetRequest
 	if err := s.store.CreateTarget(ctx, t); err != nil {
 		return nil, nvmegate.WithFieldPrefix("target", err)
 	}
+	s.changed(t.ID)
 	return &pb.AddTargetResponse{Target: targetToProto(t)}, nil
 }
 
@@ -73,6 +95,7 @@ func (s *inventoryService) ListTargets(ctx context.Context, r *pb.ListTargetsReq
 }
 
 func (s *inventoryService) RemoveTarget(ctx context.Context, r *pb.RemoveTargetRequest) (*pb.RemoveTargetResponse, error) {
+	defer s.changed(r.Id)
 	return &pb.RemoveTargetResponse{}, s.store.DeleteTarget(ctx, r.Id)
 }
 
@@ -84,6 +107,7 @@ func (s *inventoryService) AddSubsystem(ctx context.Context, r *pb.AddSubsystemR
 	if err := s.store.CreateSubsystem(ctx, sub); err != nil {
 		return nil, nvmegate.WithFieldPrefix("subsystem", err)
 	}
+	s.changed(sub.TargetID)
 	return &pb.AddSubsystemResponse{Subsystem: subsystemToProto(sub)}, nil
 }
 
@@ -108,6 +132,7 @@ func (s *inventoryService) ListSubsystems(ctx context.Context, r *pb.ListSubsyst
 }
 
 func (s *inventoryService) RemoveSubsystem(ctx context.Context, r *pb.RemoveSubsystemRequest) (*pb.RemoveSubsystemResponse, error) {
+	defer s.changed(s.targetOf(ctx, r.Nqn)) // read before the subsystem goes
 	return &pb.RemoveSubsystemResponse{}, s.store.DeleteSubsystem(ctx, r.Nqn)
 }
 
@@ -119,6 +144,7 @@ func (s *inventoryService) AddNamespace(ctx context.Context, r *pb.AddNamespaceR
 	if err := s.store.CreateNamespace(ctx, n); err != nil {
 		return nil, nvmegate.WithFieldPrefix("namespace", err)
 	}
+	s.changed(s.targetOf(ctx, n.SubsystemNQN))
 	return &pb.AddNamespaceResponse{Namespace: namespaceToProto(n)}, nil
 }
 
@@ -143,6 +169,7 @@ func (s *inventoryService) ListNamespaces(ctx context.Context, r *pb.ListNamespa
 }
 
 func (s *inventoryService) RemoveNamespace(ctx context.Context, r *pb.RemoveNamespaceRequest) (*pb.RemoveNamespaceResponse, error) {
+	defer s.changed(s.targetOf(ctx, r.SubsystemNqn))
 	return &pb.RemoveNamespaceResponse{}, s.store.DeleteNamespace(ctx, r.SubsystemNqn, r.Nsid)
 }
 

@@ -143,7 +143,7 @@ func New(cfg Config) (*Server, error) {
 		// still get goroutines of their own.
 		grpc.NumStreamWorkers(streamWorkers),
 	)
-	pb.RegisterInventoryServer(s.grpc, &inventoryService{store: cfg.Store})
+	pb.RegisterInventoryServer(s.grpc, &inventoryService{store: cfg.Store, targets: cfg.Targets})
 	pb.RegisterPolicyServer(s.grpc, &policyService{info: cfg.Policy})
 	if cfg.Keys != nil {
 		pb.RegisterKeysServer(s.grpc, &keysService{keys: cfg.Keys, store: cfg.Store})

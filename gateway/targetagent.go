@@ -8,19 +8,19 @@ import (
 
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/authz"
-	"github.com/nvmegate/nvmegate/fabric"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 	"github.com/nvmegate/nvmegate/targetagent"
 )
 
 // TargetHub connects remote target agents (targetagent.Hub).
 type TargetHub interface {
-	Subscribe(targetID string) (<-chan fabric.State, func())
+	Subscribe(targetID string, deltas bool) (<-chan targetagent.Update, func())
 	Ack(targetID string, gen uint64, errMsg string)
 }
 
 // targetAgentService streams each target agent its own target's desired
-// state. Policy has checked that the caller is a target agent; the target
+// state: whole at first, then changes (deltas to an agent that accepts
+// them, whole states to one that does not). Policy has checked that the caller is a target agent; the target
 // is always the caller's own (its SVID's name), so an agent can read
 // nothing else, whatever it asks.
 type targetAgentService struct {
@@ -40,18 +40,19 @@ func (s *targetAgentService) own(ctx context.Context) (*nvmegate.Target, error) 
 	return s.store.Target(ctx, c.Name)
 }
 
-func (s *targetAgentService) Watch(_ *pb.WatchRequest, stream grpc.ServerStreamingServer[pb.WatchResponse]) error {
+func (s *targetAgentService) Watch(r *pb.WatchRequest, stream grpc.ServerStreamingServer[pb.WatchResponse]) error {
 	ctx := stream.Context()
 	t, err := s.own(ctx)
 	if err != nil {
 		return err
 	}
-	states, cancel := s.hub.Subscribe(t.ID)
+	updates, cancel := s.hub.Subscribe(t.ID, r.AcceptDeltas)
 	defer cancel()
 	// The first state comes the way every later one does: from a
-	// programming run, which runs one at a time per target. A state built
-	// here, beside a run in flight, could reach the agent after a newer
-	// one — and allow a host revoked in between until the next run.
+	// programming run, which runs one at a time per target (a new stream
+	// gets the whole state). A state built here, beside a run in flight,
+	// could reach the agent after a newer one — and allow a host revoked
+	// in between until the next run.
 	go func() {
 		if err := s.targets.Program(ctx, t.ID); err != nil && ctx.Err() == nil {
 			s.log.WarnContext(ctx, "target agent connected, its first state not applied; the reconciler retries", "target", t.ID, "err", err)
@@ -63,8 +64,8 @@ func (s *targetAgentService) Watch(_ *pb.WatchRequest, stream grpc.ServerStreami
 			return nil
 		case <-s.stopping:
 			return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "the gateway is shutting down; reconnect")
-		case st := <-states:
-			if err := stream.Send(targetagent.StateToProto(t.ID, st)); err != nil {
+		case u := <-updates:
+			if err := stream.Send(targetagent.UpdateToProto(t.ID, u)); err != nil {
 				return err
 			}
 		}

@@ -3,14 +3,18 @@ package gateway_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/nvmegate/nvmegate/fabric"
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
@@ -21,11 +25,12 @@ import (
 // failing is a driver that refuses every state.
 type failing struct{}
 
-func (failing) Apply(context.Context, fabric.State) error { return errors.New("disk on fire") }
+func (failing) Apply(context.Context, fabric.State) error      { return errors.New("disk on fire") }
+func (failing) ApplyDelta(context.Context, fabric.Delta) error { return errors.New("disk on fire") }
 
 // startRemote runs a remote agent as target id with driver d until the test
 // ends, and reports each generation it applied.
-func startRemote(t *testing.T, g *testGateway, id string, d fabric.Driver) <-chan uint64 {
+func startRemote(t *testing.T, g *testGateway, id string, d targetagent.Driver) <-chan uint64 {
 	t.Helper()
 	applied := make(chan uint64, 100)
 	r := &targetagent.Remote{Conn: g.client(t, "/target/"+id), Driver: d, Applied: func(gen uint64, err error) {
@@ -168,5 +173,114 @@ func TestRemoteAgentRestart(t *testing.T) {
 	key, err := os.ReadFile(filepath.Join(root, "hosts", c.Grant.HostNqn, "dhchap_key"))
 	if err != nil || strings.TrimSpace(string(key)) != c.Credentials.DhchapHostSecret {
 		t.Fatalf("after the agent restarted: %v", err)
+	}
+}
+
+// countingDriver counts a driver's whole and delta applications.
+type countingDriver struct {
+	targetagent.Driver
+	whole, deltas atomic.Int32
+}
+
+func (c *countingDriver) Apply(ctx context.Context, s fabric.State) error {
+	c.whole.Add(1)
+	return c.Driver.Apply(ctx, s)
+}
+
+func (c *countingDriver) ApplyDelta(ctx context.Context, d fabric.Delta) error {
+	c.deltas.Add(1)
+	return c.Driver.ApplyDelta(ctx, d)
+}
+
+// A remote agent gets its target's whole state once, then every grant
+// change as a delta; after each (connects, renewals after a rotation,
+// releases, a job's grants revoked), its tree is exactly what a whole
+// Apply of the store's state makes on an empty one.
+func TestRemoteAgentDeltas(t *testing.T) {
+	g := startGateway(t)
+	acmeInventory(t, g)
+	ctx := ctxT(t)
+	for _, job := range []string{"job-1", "job-2"} {
+		if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest(job)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := t.TempDir() // as treeOf reads it: <base>/stor-eu-1
+	d := &countingDriver{Driver: &nvmet.Driver{Root: filepath.Join(base, "stor-eu-1")}}
+	waitApplied(t, startRemote(t, g, "stor-eu-1", d))
+	nodes := []pb.AccessClient{pb.NewAccessClient(g.client(t, node)), pb.NewAccessClient(g.client(t, "/node/acme-gpu-2"))}
+	keysc, admins := pb.NewKeysClient(g.client(t, admin)), pb.NewAccessClient(g.client(t, admin))
+	tgt, err := g.db.Target(ctx, "stor-eu-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	grants := map[int][]string{} // node → its grant IDs
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 16 {
+		n := rng.IntN(2)
+		var what string
+		switch op := rng.IntN(5); {
+		case op < 2 || len(grants[n]) == 0:
+			job := fmt.Sprint("job-", 1+rng.IntN(2))
+			c, err := nodes[n].Connect(ctx, &pb.ConnectRequest{JobId: job, SubsystemNqn: subNQN})
+			if err != nil {
+				t.Fatal(err)
+			}
+			grants[n], what = append(grants[n], c.Grant.GrantId), "connect "+job
+		case op == 2:
+			if _, err := keysc.Rotate(ctx, &pb.RotateRequest{Kind: pb.KeyKind_KEY_KIND_ACCESS_ROOT, SubsystemNqn: subNQN}); err != nil {
+				t.Fatal(err)
+			}
+			fallthrough
+		case op == 3:
+			id := grants[n][rng.IntN(len(grants[n]))]
+			_, err := nodes[n].Renew(ctx, &pb.RenewRequest{GrantId: id})
+			if code := status.Code(err); err != nil && code != codes.FailedPrecondition {
+				t.Fatal(err) // a superseded grant is no longer active: FailedPrecondition
+			}
+			what = "renew"
+		default:
+			id := grants[n][rng.IntN(len(grants[n]))]
+			if _, err := nodes[n].Release(ctx, &pb.ReleaseRequest{GrantId: id}); err != nil && status.Code(err) != codes.FailedPrecondition {
+				t.Fatal(err)
+			}
+			what = "release"
+		}
+		if i == 12 {
+			if _, err := admins.Revoke(ctx, &pb.RevokeRequest{Selector: &pb.RevokeRequest_JobId{JobId: "job-1"}, Reason: "test"}); err != nil {
+				t.Fatal(err)
+			}
+			what += ", revoke job-1"
+		}
+		st, err := g.agent.State(ctx, tgt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		whole := t.TempDir()
+		if err := (&nvmet.Driver{Root: filepath.Join(whole, "stor-eu-1")}).Apply(ctx, st); err != nil {
+			t.Fatal(err)
+		}
+		names := map[string]string{} // one naming for both: equal names, equal secrets
+		if got, want := treeOf(t, &testGateway{configfs: base}, names), treeOf(t, &testGateway{configfs: whole}, names); got != want {
+			t.Fatalf("step %d (%s): the remote tree\n%s\nthe store's state\n%s", i, what, got, want)
+		}
+	}
+	// (A change that leaves the hosts' entries as they were — a node
+	// connecting again at the same keys — sends nothing.)
+	if d.whole.Load() != 1 || d.deltas.Load() < 3 {
+		t.Fatalf("%d whole states and %d deltas; want 1 whole state, then deltas", d.whole.Load(), d.deltas.Load())
+	}
+	// An inventory change: the next programming run sends the whole state,
+	// with the new subsystem.
+	sub2 := validSubsystem()
+	sub2.Nqn = subNQN + "-2"
+	if _, err := pb.NewInventoryClient(g.client(t, admin)).AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: sub2}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nodes[0].Connect(ctx, &pb.ConnectRequest{JobId: "job-2", SubsystemNqn: subNQN}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(base, "stor-eu-1", "subsystems", sub2.Nqn)); err != nil || d.whole.Load() != 2 {
+		t.Fatalf("after an inventory change: %d whole states, the new subsystem: %v", d.whole.Load(), err)
 	}
 }

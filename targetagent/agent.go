@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nvmegate/nvmegate"
@@ -25,7 +27,12 @@ type Store interface {
 	ListTargets(ctx context.Context, f store.TargetFilter, p store.Page) ([]*nvmegate.Target, string, error)
 	ListSubsystems(ctx context.Context, f store.SubsystemFilter, p store.Page) ([]*nvmegate.Subsystem, string, error)
 	ListNamespaces(ctx context.Context, f store.NamespaceFilter, p store.Page) ([]*nvmegate.Namespace, string, error)
+	// SubsystemGrants serves the whole state: every active grant of a
+	// subsystem.
 	SubsystemGrants(ctx context.Context, subsystemNQN string) ([]*nvmegate.Grant, error)
+	// NodeActiveGrants serves a change of one host entry: the grants of
+	// the nodes holding it, without the subsystem's others.
+	NodeActiveGrants(ctx context.Context, node string) ([]*nvmegate.Grant, error)
 }
 
 // Credentials derives a grant's credentials.
@@ -33,13 +40,53 @@ type Credentials interface {
 	CredentialsAt(ctx context.Context, hostNQN, subNQN string, version uint64, p keys.CredentialParams) (keys.Credentials, error)
 }
 
-// Agent programs targets through their drivers.
+// Driver programs one target (fabric/nvmet, fabric/spdk). Both methods
+// are idempotent; the agent calls them one at a time per target.
+type Driver interface {
+	// Apply makes the target match a whole state, exactly, for the
+	// subsystems it names.
+	Apply(ctx context.Context, s fabric.State) error
+	// ApplyDelta applies a change of host entries to the state the driver
+	// last applied. A driver that does not hold it (none applied, or the
+	// last application failed) refuses with fabric.ErrNeedFull and changes
+	// nothing; the agent then applies the whole state.
+	ApplyDelta(ctx context.Context, d fabric.Delta) error
+}
+
+// HostRef names a host entry of a target whose grants changed: a host on a
+// subsystem, and the node whose grant it is (the store reads a node's
+// grants without reading the subsystem's others).
+type HostRef struct {
+	SubsystemNQN string
+	HostNQN      string
+	Node         string // "" if not known: the subsystem's grants are read
+}
+
+// HostOf is the host entry g belongs to.
+func HostOf(g *nvmegate.Grant) HostRef {
+	return HostRef{SubsystemNQN: g.SubsystemNQN, HostNQN: g.HostNQN, Node: g.Node}
+}
+
+// HostsOf are the host entries of gs.
+func HostsOf(gs ...*nvmegate.Grant) []HostRef {
+	out := make([]HostRef, len(gs))
+	for i, g := range gs {
+		out[i] = HostOf(g)
+	}
+	return out
+}
+
+// Agent programs targets through their drivers, or through their own
+// agents connected to Hub. It keeps each target's desired state and
+// changes it one host entry at a time (see Program).
 type Agent struct {
 	Store Store
 	Keys  Credentials
 	// Driver returns the driver of a target (nil: the target is not
-	// programmed by this agent, and Program fails with ErrNotManaged).
-	Driver func(t *nvmegate.Target) fabric.Driver
+	// programmed by this agent, and Program fails with ErrNotManaged). It
+	// should return the same driver for a target every time: a driver
+	// remembers what it applied, and a different one gets whole states.
+	Driver func(t *nvmegate.Target) Driver
 	Now    func() time.Time
 	Log    *slog.Logger
 	// Hub, if set, connects remote agents: a target whose agent is
@@ -47,38 +94,52 @@ type Agent struct {
 	Hub *Hub
 
 	mu      sync.Mutex
-	targets map[string]*targetRuns
-	gen     uint64
+	targets map[string]*target
+	gen     atomic.Uint64
 }
 
-// targetRuns coalesces the Program calls of one target: one run at a time,
-// and every call made while a run is going is answered by the next run,
-// which reads the store after all of them were made. Under a connect storm
-// one Apply of the target's whole state then serves every waiting connect
-// instead of one each (the state and the Apply are O(hosts)).
-type targetRuns struct {
+// target is the agent's side of one target. Program calls are coalesced:
+// one run at a time, and every call made while a run is going is answered
+// by the next run, which reads the store after all of them were made and
+// carries all their changes (or the whole state, if one asked for it).
+type target struct {
 	mu      sync.Mutex
 	running bool
 	next    *run // the run the next callers wait for; nil if none is due
+	stale   bool // the inventory changed: the next run rebuilds the state
+
+	// Owned by the run going on.
+	state  *desired // nil: the next run builds it from the store
+	sink   sink     // where state went last
+	synced bool     // sink acknowledged state at state.gen
 }
 
 type run struct {
 	done chan struct{}
 	err  error
+	full bool             // a caller asked for the whole state
+	refs map[HostRef]bool // the host entries callers changed
 }
 
-func (a *Agent) runs(id string) *targetRuns {
+func (a *Agent) target(id string) *target {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.targets == nil {
-		a.targets = map[string]*targetRuns{}
+		a.targets = map[string]*target{}
 	}
 	t := a.targets[id]
 	if t == nil {
-		t = &targetRuns{}
+		t = &target{}
 		a.targets[id] = t
 	}
 	return t
+}
+
+func (a *Agent) now() time.Time {
+	if a.Now != nil {
+		return a.Now()
+	}
+	return time.Now()
 }
 
 // GrantParams are the credential parameters a grant was issued with.
@@ -97,107 +158,46 @@ func GrantParams(g *nvmegate.Grant) (keys.CredentialParams, error) {
 	return p, nil
 }
 
-// State builds the desired state of a target from the store.
+// State builds the whole desired state of a target from the store, at a
+// new generation (what a whole programming run applies).
 func (a *Agent) State(ctx context.Context, t *nvmegate.Target) (fabric.State, error) {
-	now := time.Now()
-	if a.Now != nil {
-		now = a.Now()
-	}
-	subs, err := store.All(func(p store.Page) ([]*nvmegate.Subsystem, string, error) {
-		return a.Store.ListSubsystems(ctx, store.SubsystemFilter{TargetID: t.ID}, p)
-	})
+	d, err := a.build(ctx, t)
 	if err != nil {
 		return fabric.State{}, err
 	}
-	var st fabric.State
-	for _, sub := range subs {
-		fs := fabric.Subsystem{NQN: sub.NQN}
-		for _, pid := range sub.PortIDs {
-			for _, p := range t.Ports {
-				if p.ID == pid {
-					fs.Ports = append(fs.Ports, port(p))
-				}
-			}
-		}
-		nss, err := store.All(func(p store.Page) ([]*nvmegate.Namespace, string, error) {
-			return a.Store.ListNamespaces(ctx, store.NamespaceFilter{SubsystemNQN: sub.NQN}, p)
-		})
-		if err != nil {
-			return fabric.State{}, err
-		}
-		for _, n := range nss {
-			fs.Namespaces = append(fs.Namespaces, fabric.Namespace{NSID: n.NSID, MaxIOPS: n.QoS.MaxIOPS, MaxMBps: n.QoS.MaxMBps})
-		}
-		grants, err := a.Store.SubsystemGrants(ctx, sub.NQN)
-		if err != nil {
-			return fabric.State{}, err
-		}
-		// The newest active grant of each host decides its keys.
-		newest := map[string]*nvmegate.Grant{}
-		for _, g := range grants {
-			if !g.Active(now) {
-				continue
-			}
-			if cur := newest[g.HostNQN]; cur == nil || g.IssuedAt.After(cur.IssuedAt) {
-				newest[g.HostNQN] = g
-			}
-		}
-		for _, g := range newest {
-			p, err := GrantParams(g)
-			if err != nil {
-				return fabric.State{}, err
-			}
-			c, err := a.Keys.CredentialsAt(ctx, g.HostNQN, g.Scope(), g.KeyVersion, p)
-			if errors.Is(err, keys.ErrExpired) {
-				continue // its root is past the grace: the host is no longer allowed
-			}
-			if err != nil {
-				return fabric.State{}, err
-			}
-			h := fabric.Host{NQN: g.HostNQN, DHCHAPKey: c.HostSecret, DHCHAPCtrlKey: c.CtrlSecret, TLSPSK: c.TLSPSK}
-			if c.HostSecret != "" {
-				h.DHCHAPHash, h.DHCHAPGroup = fabric.Hash(g.DHCHAPHash), g.DHGroup
-			}
-			fs.Hosts = append(fs.Hosts, h)
-		}
-		st.Subsystems = append(st.Subsystems, fs)
-	}
-	a.mu.Lock()
-	a.gen++
-	st.Generation = a.gen
-	a.mu.Unlock()
-	st.Normalize()
-	return st, nil
-}
-
-func port(p nvmegate.Port) fabric.Port {
-	fp := fabric.Port{ID: p.ID, Trtype: p.Transport, Adrfam: p.AddressFamily, Traddr: p.Address, Trsvcid: p.ServiceID, Treq: "not required"}
-	if p.Transport == nvmegate.TransportTCP {
-		fp.Tsas = "none"
-		if p.TLS() {
-			fp.Tsas = "tls1.3"
-		}
-	}
-	if p.SecureChannel == nvmegate.SecureChannelRequired {
-		fp.Treq = "required"
-	}
-	return fp
+	return d.snapshot(a.gen.Add(1)), nil
 }
 
 // programTimeout bounds one run: the caller that starts it may go away,
 // and the others still wait for it.
 const programTimeout = time.Minute
 
-// Program applies a target's desired state with its driver, as the store
-// holds it at some moment after the call: a grant stored before the call
-// is in what is applied when Program returns nil.
-func (a *Agent) Program(ctx context.Context, targetID string) error {
-	t := a.runs(targetID)
+// Program applies a target's desired state as the store holds it at some
+// moment after the call: a grant stored before the call is in what is
+// applied when Program returns nil.
+//
+// changed names the host entries whose grants the caller changed (issued,
+// renewed, moved, ended): only those are read from the store and sent to
+// the target, as a delta, so the cost of a change does not grow with the
+// hosts on the target. Without changed, the target's state is rebuilt
+// whole from the store and sent whole (Reconcile, an agent connecting).
+// The state is also rebuilt whole after an inventory change
+// (InventoryChanged), for a change on a subsystem the state does not have,
+// and after any failure; the target gets it whole when it has not
+// acknowledged the state the delta applies to.
+func (a *Agent) Program(ctx context.Context, targetID string, changed ...HostRef) error {
+	t := a.target(targetID)
 	t.mu.Lock()
 	r := t.next
 	if r == nil {
-		r = &run{done: make(chan struct{})}
+		r = &run{done: make(chan struct{}), refs: map[HostRef]bool{}}
 		t.next = r
+	}
+	if len(changed) == 0 {
+		r.full = true
+	}
+	for _, c := range changed {
+		r.refs[c] = true
 	}
 	lead := !t.running
 	t.running = true
@@ -215,7 +215,17 @@ func (a *Agent) Program(ctx context.Context, targetID string) error {
 	}
 }
 
-func (a *Agent) drain(ctx context.Context, targetID string, t *targetRuns) {
+// InventoryChanged says that a target's subsystems, namespaces or ports
+// changed: its next programming run rebuilds its state whole from the
+// store and sends it whole.
+func (a *Agent) InventoryChanged(targetID string) {
+	t := a.target(targetID)
+	t.mu.Lock()
+	t.stale = true
+	t.mu.Unlock()
+}
+
+func (a *Agent) drain(ctx context.Context, targetID string, t *target) {
 	for {
 		t.mu.Lock()
 		r := t.next
@@ -227,39 +237,130 @@ func (a *Agent) drain(ctx context.Context, targetID string, t *targetRuns) {
 		}
 		t.mu.Unlock()
 		rctx, cancel := context.WithTimeout(ctx, programTimeout)
-		r.err = a.programOnce(rctx, targetID)
+		r.err = a.programOnce(rctx, targetID, t, r)
 		cancel()
 		close(r.done)
 	}
 }
 
-func (a *Agent) programOnce(ctx context.Context, targetID string) error {
-	t, err := a.Store.Target(ctx, targetID)
+func (a *Agent) programOnce(ctx context.Context, targetID string, t *target, r *run) (err error) {
+	t.mu.Lock()
+	stale := t.stale
+	t.stale = false
+	t.mu.Unlock()
+	defer func() {
+		if err != nil {
+			// Start over from the store: what the sink holds is unknown,
+			// and a caller may put back what it stored (a renewal the
+			// target did not take).
+			t.state, t.synced = nil, false
+		}
+	}()
+	tgt, err := a.Store.Target(ctx, targetID)
 	if err != nil {
 		return err
 	}
-	st, err := a.State(ctx, t)
-	if err != nil {
-		return fmt.Errorf("target %s: desired state: %w", targetID, err)
+	whole := r.full || stale || t.state == nil
+	var changes []fabric.HostChange
+	if !whole {
+		if changes, whole, err = a.update(ctx, t.state, r.refs); err != nil {
+			return fmt.Errorf("target %s: desired state: %w", targetID, err)
+		}
 	}
-	if a.Hub != nil && a.Hub.Connected(targetID) {
-		return a.Hub.Push(ctx, targetID, st)
+	if whole {
+		if t.state, err = a.build(ctx, tgt); err != nil {
+			return fmt.Errorf("target %s: desired state: %w", targetID, err)
+		}
 	}
-	var d fabric.Driver
+	return a.send(ctx, tgt, t, whole, changes)
+}
+
+// send brings the target's sink to t.state: the delta changes if the sink
+// holds the state they apply to, else the whole state. A sink that turns
+// out not to hold the delta's base (fabric.ErrNeedFull), or an agent that
+// reconnected meanwhile, gets the whole state at once.
+func (a *Agent) send(ctx context.Context, tgt *nvmegate.Target, t *target, whole bool, changes []fabric.HostChange) error {
+	for retried := false; ; retried = true {
+		sk, err := a.sinkOf(tgt)
+		if err != nil {
+			return err
+		}
+		whole = whole || !t.synced || !sk.same(t.sink)
+		if !whole && len(changes) == 0 {
+			return nil // nothing changed, and the sink holds the state
+		}
+		whole = whole || !sk.deltas()
+		gen := a.gen.Add(1)
+		t.synced = false
+		if whole {
+			err = sk.apply(ctx, a.Hub, Update{State: new(t.state.snapshot(gen))})
+		} else {
+			err = sk.apply(ctx, a.Hub, Update{Delta: &fabric.Delta{Base: t.state.gen, Generation: gen, Hosts: changes}})
+		}
+		if err == nil {
+			t.state.gen, t.sink, t.synced = gen, sk, true
+			return nil
+		}
+		if !retried && (errors.Is(err, fabric.ErrNeedFull) || errors.Is(err, errStreamEnded)) {
+			whole = true
+			continue
+		}
+		return fmt.Errorf("target %s: %w", tgt.ID, err)
+	}
+}
+
+// sink is where a target's state goes: its own agent's stream, or a local
+// driver.
+type sink struct {
+	remote *remote
+	driver Driver
+}
+
+func (a *Agent) sinkOf(t *nvmegate.Target) (sink, error) {
+	if a.Hub != nil {
+		if r := a.Hub.get(t.ID); r != nil {
+			return sink{remote: r}, nil
+		}
+	}
+	var d Driver
 	if a.Driver != nil {
 		d = a.Driver(t)
 	}
 	if d == nil {
-		return fmt.Errorf("target %s (driver %s): %w", targetID, t.Driver, ErrNotManaged)
+		return sink{}, fmt.Errorf("target %s (driver %s): %w", t.ID, t.Driver, ErrNotManaged)
 	}
-	if err := d.Apply(ctx, st); err != nil {
-		return fmt.Errorf("target %s: %w", targetID, err)
-	}
-	return nil
+	return sink{driver: d}, nil
 }
 
-// Reconcile programs every target (at start, and periodically: grants
-// expire and roots pass their grace without anyone calling).
+// same reports whether s is o (a driver of a type that cannot be compared
+// is never the same: it gets whole states).
+func (s sink) same(o sink) bool {
+	if s.remote != nil || o.remote != nil {
+		return s.remote == o.remote
+	}
+	if s.driver == nil || o.driver == nil || !reflect.TypeOf(s.driver).Comparable() {
+		return false
+	}
+	return s.driver == o.driver
+}
+
+// deltas reports whether the sink takes deltas (an agent from before
+// deltas does not).
+func (s sink) deltas() bool { return s.remote == nil || s.remote.deltas }
+
+func (s sink) apply(ctx context.Context, h *Hub, u Update) error {
+	switch {
+	case s.remote != nil:
+		return h.push(ctx, s.remote, u)
+	case u.Delta != nil:
+		return s.driver.ApplyDelta(ctx, *u.Delta)
+	default:
+		return s.driver.Apply(ctx, *u.State)
+	}
+}
+
+// Reconcile programs every target whole (at start, and periodically:
+// grants expire and roots pass their grace without anyone calling).
 func (a *Agent) Reconcile(ctx context.Context) error {
 	ts, err := store.All(func(p store.Page) ([]*nvmegate.Target, string, error) {
 		return a.Store.ListTargets(ctx, store.TargetFilter{}, p)

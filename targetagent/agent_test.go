@@ -25,10 +25,23 @@ const (
 	hostB = "nqn.2014-08.org.nvmexpress:uuid:00000002-aaaa-4000-8000-000000000000"
 )
 
-// recorder is a fabric.Driver that keeps what it was asked to apply.
+// recorder is a driver that keeps the state it was brought to.
 type recorder struct{ last atomic.Pointer[fabric.State] }
 
 func (r *recorder) Apply(_ context.Context, s fabric.State) error { r.last.Store(&s); return nil }
+
+func (r *recorder) ApplyDelta(_ context.Context, d fabric.Delta) error {
+	last := r.last.Load()
+	if last == nil {
+		return fabric.ErrNeedFull
+	}
+	s := *last
+	if err := s.ApplyDelta(d); err != nil {
+		return err
+	}
+	r.last.Store(&s)
+	return nil
+}
 
 type clock struct{ now time.Time }
 
@@ -83,7 +96,7 @@ func TestState(t *testing.T) {
 	grant("grant-bbbb", hostB, 1, nvmegate.GrantReleased, time.Hour)
 
 	rec := &recorder{}
-	a := &targetagent.Agent{Store: db, Keys: km, Now: clk.Now, Driver: func(x *nvmegate.Target) fabric.Driver {
+	a := &targetagent.Agent{Store: db, Keys: km, Now: clk.Now, Driver: func(x *nvmegate.Target) targetagent.Driver {
 		if x.Driver != nvmegate.DriverNVMet {
 			return nil
 		}
@@ -141,7 +154,7 @@ func TestState(t *testing.T) {
 	}
 }
 
-// gate is a fabric.Driver whose first Apply waits for release.
+// gate is a driver whose first application waits for release.
 type gate struct {
 	calls   atomic.Int32
 	release chan struct{}
@@ -154,6 +167,10 @@ func (g *gate) Apply(_ context.Context, s fabric.State) error {
 	}
 	g.last.Store(&s)
 	return nil
+}
+
+func (g *gate) ApplyDelta(context.Context, fabric.Delta) error {
+	return fabric.ErrNeedFull // whole states only
 }
 
 // Program calls made while a run is going are answered together by one
@@ -187,7 +204,7 @@ func TestProgramCoalesces(t *testing.T) {
 			t.Fatal(err)
 		}
 		g := &gate{release: make(chan struct{})}
-		a := &targetagent.Agent{Store: db, Keys: km, Driver: func(*nvmegate.Target) fabric.Driver { return g }}
+		a := &targetagent.Agent{Store: db, Keys: km, Driver: func(*nvmegate.Target) targetagent.Driver { return g }}
 		errs := make(chan error, 4)
 		go func() { errs <- a.Program(ctx, "t1") }()
 		synctest.Wait() // the first run is inside Apply

@@ -5,14 +5,43 @@ import (
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
 
-// StateToProto converts a desired state for the stream to a remote agent.
+// UpdateToProto converts an update for the stream to a remote agent.
+func UpdateToProto(id string, u Update) *pb.WatchResponse {
+	if u.Delta == nil {
+		return StateToProto(id, *u.State)
+	}
+	d := &pb.TargetDelta{BaseGeneration: u.Delta.Base}
+	for _, c := range u.Delta.Hosts {
+		h := hostToProto(c.Host)
+		if c.Remove {
+			h = &pb.TargetHost{Nqn: c.Host.NQN} // a removal carries no credentials
+		}
+		d.Hosts = append(d.Hosts, &pb.TargetHostChange{SubsystemNqn: c.Subsystem, Host: h, Remove: c.Remove})
+	}
+	return &pb.WatchResponse{TargetId: id, Generation: u.Delta.Generation, Delta: d}
+}
+
+// UpdateFromProto converts a streamed update for a driver (the remote
+// agent's side): a delta if the message has one, else the whole state.
+func UpdateFromProto(p *pb.WatchResponse) Update {
+	if p.Delta == nil {
+		return Update{State: new(StateFromProto(p))}
+	}
+	d := &fabric.Delta{Base: p.Delta.BaseGeneration, Generation: p.Generation}
+	for _, c := range p.Delta.Hosts {
+		d.Hosts = append(d.Hosts, fabric.HostChange{Subsystem: c.SubsystemNqn, Remove: c.Remove, Host: hostFromProto(c.Host)})
+	}
+	return Update{Delta: d}
+}
+
+// StateToProto converts a whole desired state for the stream to a remote
+// agent.
 func StateToProto(id string, st fabric.State) *pb.WatchResponse {
 	out := &pb.WatchResponse{TargetId: id, Generation: st.Generation}
 	for _, sub := range st.Subsystems {
 		ps := &pb.TargetSubsystem{Nqn: sub.NQN}
 		for _, h := range sub.Hosts {
-			ps.Hosts = append(ps.Hosts, &pb.TargetHost{Nqn: h.NQN, DhchapKey: h.DHCHAPKey, DhchapCtrlKey: h.DHCHAPCtrlKey,
-				DhchapHash: h.DHCHAPHash, DhchapDhgroup: h.DHCHAPGroup, TlsPsk: h.TLSPSK})
+			ps.Hosts = append(ps.Hosts, hostToProto(h))
 		}
 		for _, n := range sub.Namespaces {
 			ps.Namespaces = append(ps.Namespaces, &pb.TargetNamespace{Nsid: n.NSID, MaxIops: n.MaxIOPS, MaxMbps: n.MaxMBps})
@@ -26,15 +55,14 @@ func StateToProto(id string, st fabric.State) *pb.WatchResponse {
 	return out
 }
 
-// StateFromProto converts a streamed state for a driver (the remote
+// StateFromProto converts a streamed whole state for a driver (the remote
 // agent's side).
 func StateFromProto(p *pb.WatchResponse) fabric.State {
 	st := fabric.State{Generation: p.Generation}
 	for _, ps := range p.Subsystems {
 		sub := fabric.Subsystem{NQN: ps.Nqn}
 		for _, h := range ps.Hosts {
-			sub.Hosts = append(sub.Hosts, fabric.Host{NQN: h.Nqn, DHCHAPKey: h.DhchapKey, DHCHAPCtrlKey: h.DhchapCtrlKey,
-				DHCHAPHash: h.DhchapHash, DHCHAPGroup: h.DhchapDhgroup, TLSPSK: h.TlsPsk})
+			sub.Hosts = append(sub.Hosts, hostFromProto(h))
 		}
 		for _, n := range ps.Namespaces {
 			sub.Namespaces = append(sub.Namespaces, fabric.Namespace{NSID: n.Nsid, MaxIOPS: n.MaxIops, MaxMBps: n.MaxMbps})
@@ -46,4 +74,15 @@ func StateFromProto(p *pb.WatchResponse) fabric.State {
 		st.Subsystems = append(st.Subsystems, sub)
 	}
 	return st
+}
+
+func hostToProto(h fabric.Host) *pb.TargetHost {
+	return &pb.TargetHost{Nqn: h.NQN, DhchapKey: h.DHCHAPKey, DhchapCtrlKey: h.DHCHAPCtrlKey,
+		DhchapHash: h.DHCHAPHash, DhchapDhgroup: h.DHCHAPGroup, TlsPsk: h.TLSPSK}
+}
+
+// hostFromProto converts a host (nil: none, as in a malformed removal).
+func hostFromProto(h *pb.TargetHost) fabric.Host {
+	return fabric.Host{NQN: h.GetNqn(), DHCHAPKey: h.GetDhchapKey(), DHCHAPCtrlKey: h.GetDhchapCtrlKey(),
+		DHCHAPHash: h.GetDhchapHash(), DHCHAPGroup: h.GetDhchapDhgroup(), TLSPSK: h.GetTlsPsk()}
 }

@@ -1,11 +1,40 @@
-// Package targetagent programs storage targets: it builds a target's
-// desired state (fabric.State) from the store — every subsystem on the
-// target, with the hosts its active, unexpired grants allow and the
-// credentials derived for them — and applies it with the target's driver.
+// Package targetagent programs storage targets: it keeps each target's
+// desired state — every subsystem on the target with its ports and
+// namespaces, and per host on each subsystem the entry its newest active,
+// unexpired grant decides, with the credentials derived for it — and
+// brings the target to it with the target's driver (Driver: fabric/nvmet,
+// fabric/spdk), or through the target's own agent (Remote, in
+// cmd/nvmegate-target) connected to the gateway's Hub.
 //
 // The embedded agent runs inside the gateway (one machine, the demo): the
 // gateway calls Program after every change of a target's grants and before
 // it answers a Connect, so a grant is only handed out once the target
-// accepts its host. Program is idempotent; Reconcile programs every target,
-// as after a restart.
+// accepts its host. Program is idempotent; Reconcile programs every target
+// whole, as after a restart.
+//
+// # Whole states and deltas
+//
+// A grant change names the host entries it changed (Program's HostRefs):
+// the agent recomputes only those — from the active grants of the nodes
+// holding them, with the host's entries on the target's other subsystems
+// (one hosts/ entry on nvmet) — and sends the difference as a
+// fabric.Delta, so a change costs the same on a target of ten hosts as on
+// one of ten thousand. The state is rebuilt whole from the store, and sent
+// whole, by Program without HostRefs (Reconcile every 30 s, which also
+// drops hosts whose grants expired or whose root passed its grace; an agent
+// connecting), after InventoryChanged, for a change on a subsystem the
+// state does not have, and after any failure. A delta goes only to a sink
+// that acknowledged the generation it is based on; otherwise, or when the
+// sink refuses it with fabric.ErrNeedFull, the sink gets the whole state.
+//
+// On the stream (TargetAgent.Watch) every update has a generation: a whole
+// state first, on every (re)connection, then deltas, each based on the one
+// before, to agents that ask for them (agents from before deltas get whole
+// states). The remote agent applies them in order and acknowledges each
+// generation; a delta on top of another generation than the one it
+// applied last is refused (acknowledged as an error) and the agent
+// reconnects, which starts the stream again with the whole state. Deltas
+// applied in order leave the target exactly as the whole state would
+// (delta_test.go checks it against the store, on nvmet trees, locally and
+// over gRPC).
 package targetagent

@@ -11,13 +11,34 @@ import (
 	"github.com/nvmegate/nvmegate/fabric"
 )
 
-// ErrAckTimeout is returned by Push when the target's agent did not
+// ErrAckTimeout is returned by Program when the target's agent did not
 // acknowledge the state in time.
 var ErrAckTimeout = errors.New("targetagent: the target's agent did not acknowledge in time")
 
+// errStreamEnded: the agent's stream ended (it disconnected or reconnected)
+// before it acknowledged; the agent sends the whole state to whatever
+// programs the target now.
+var errStreamEnded = errors.New("targetagent: the target agent's stream ended")
+
+// Update is one message of the stream to a target's agent: the whole
+// state, or a delta on top of the last generation sent.
+type Update struct {
+	State *fabric.State
+	Delta *fabric.Delta
+}
+
+// Generation is the generation the update brings the target to.
+func (u Update) Generation() uint64 {
+	if u.Delta != nil {
+		return u.Delta.Generation
+	}
+	return u.State.Generation
+}
+
 // Hub connects remote target agents (cmd/nvmegate-target): while a
-// target's agent is connected, Program sends it the state and waits for
-// its acknowledgement instead of applying it locally.
+// target's agent is connected, Program sends it the target's state — whole
+// first, then deltas if it accepts them — and waits for its
+// acknowledgement instead of applying it locally.
 type Hub struct {
 	// AckTimeout bounds the wait for an acknowledgement; default 10s.
 	AckTimeout time.Duration
@@ -26,19 +47,29 @@ type Hub struct {
 	subs map[string]*remote
 }
 
-// remote is one connected agent.
+// remote is one connected agent: one stream.
 type remote struct {
-	states  chan fabric.State // capacity 1: a newer state replaces one not yet sent
+	id      string
+	deltas  bool        // it applies deltas
+	updates chan Update // to the stream, in order
 	mu      sync.Mutex
+	head    uint64 // the generation of the last update queued: a delta must start there
 	waiters map[uint64][]chan error
 	closed  error // set by fail: the agent is gone, Push must not wait
 }
 
-// Subscribe registers the agent of a target; a newer subscription of the
-// same target replaces an older one (an agent that reconnected). The
-// returned function ends the subscription.
-func (h *Hub) Subscribe(targetID string) (<-chan fabric.State, func()) {
-	r := &remote{states: make(chan fabric.State, 1), waiters: map[uint64][]chan error{}}
+// updateQueue bounds the updates queued to one stream. Program waits for
+// each acknowledgement, so there is rarely more than one; a stream that
+// falls further behind gets the whole state instead.
+const updateQueue = 4
+
+// Subscribe registers the agent of a target, which applies deltas or only
+// whole states; a newer subscription of the same target replaces an older
+// one (an agent that reconnected). The stream starts with the whole state
+// of the next programming run. The returned function ends the
+// subscription.
+func (h *Hub) Subscribe(targetID string, deltas bool) (<-chan Update, func()) {
+	r := &remote{id: targetID, deltas: deltas, updates: make(chan Update, updateQueue), waiters: map[uint64][]chan error{}}
 	h.mu.Lock()
 	if h.subs == nil {
 		h.subs = map[string]*remote{}
@@ -47,15 +78,15 @@ func (h *Hub) Subscribe(targetID string) (<-chan fabric.State, func()) {
 	h.subs[targetID] = r
 	h.mu.Unlock()
 	if old != nil {
-		old.fail(errors.New("targetagent: the agent reconnected"))
+		old.fail(fmt.Errorf("%w: the agent reconnected", errStreamEnded))
 	}
-	return r.states, func() {
+	return r.updates, func() {
 		h.mu.Lock()
 		if h.subs[targetID] == r {
 			delete(h.subs, targetID)
 		}
 		h.mu.Unlock()
-		r.fail(errors.New("targetagent: the agent disconnected"))
+		r.fail(fmt.Errorf("%w: the agent disconnected", errStreamEnded))
 	}
 }
 
@@ -69,8 +100,9 @@ func (h *Hub) get(targetID string) *remote {
 func (h *Hub) Connected(targetID string) bool { return h.get(targetID) != nil }
 
 // Ack records an agent's acknowledgement: generation gen was applied
-// (errMsg ""), or not. A state is a whole snapshot, so applying gen also
-// settles every older generation still waiting.
+// (errMsg ""), or not. The agent applies a stream's updates in order, each
+// on top of the one before, so applying gen also settles every older
+// generation still waiting.
 func (h *Hub) Ack(targetID string, gen uint64, errMsg string) {
 	r := h.get(targetID)
 	if r == nil {
@@ -119,27 +151,42 @@ func (r *remote) forget(gen uint64, done chan error) {
 	}
 }
 
-// Push sends st to the target's agent and waits for its acknowledgement.
-func (h *Hub) Push(ctx context.Context, targetID string, st fabric.State) error {
-	r := h.get(targetID)
-	if r == nil {
-		return fmt.Errorf("target %s: %w", targetID, ErrNotManaged)
-	}
+// push queues u to r's stream and waits for its acknowledgement. A delta
+// that does not start where the stream is (or to an agent that takes no
+// deltas, or one too far behind) is refused with fabric.ErrNeedFull; a
+// whole state replaces what is queued and not yet sent.
+func (h *Hub) push(ctx context.Context, r *remote, u Update) error {
+	gen := u.Generation()
 	done := make(chan error, 1)
 	r.mu.Lock()
 	if r.closed != nil {
 		r.mu.Unlock()
-		return fmt.Errorf("target %s: %w", targetID, r.closed)
+		return fmt.Errorf("target %s: %w", r.id, r.closed)
 	}
-	r.waiters[st.Generation] = append(r.waiters[st.Generation], done)
-	r.mu.Unlock()
-	defer r.forget(st.Generation, done)
-	// Replace a state the agent has not taken yet: it is older.
+	if u.Delta != nil && (!r.deltas || u.Delta.Base != r.head) {
+		r.mu.Unlock()
+		return fmt.Errorf("target %s: the stream is at generation %d, the delta from %d: %w", r.id, r.head, u.Delta.Base, fabric.ErrNeedFull)
+	}
+	if u.State != nil {
+	drain:
+		for {
+			select {
+			case <-r.updates: // older: the whole state supersedes them
+			default:
+				break drain
+			}
+		}
+	}
 	select {
-	case <-r.states:
+	case r.updates <- u:
 	default:
+		r.mu.Unlock()
+		return fmt.Errorf("target %s: its agent is %d updates behind: %w", r.id, len(r.updates), fabric.ErrNeedFull)
 	}
-	r.states <- st
+	r.head = gen
+	r.waiters[gen] = append(r.waiters[gen], done)
+	r.mu.Unlock()
+	defer r.forget(gen, done)
 	t := h.AckTimeout
 	if t == 0 {
 		t = 10 * time.Second
@@ -150,7 +197,7 @@ func (h *Hub) Push(ctx context.Context, targetID string, st fabric.State) error 
 	case err := <-done:
 		return err
 	case <-timer.C:
-		return fmt.Errorf("target %s generation %d: %w", targetID, st.Generation, ErrAckTimeout)
+		return fmt.Errorf("target %s generation %d: %w", r.id, gen, ErrAckTimeout)
 	case <-ctx.Done():
 		return ctx.Err()
 	}

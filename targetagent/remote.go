@@ -3,6 +3,7 @@ package targetagent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -12,16 +13,23 @@ import (
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
 
+// ErrStaleDelta is why a remote agent drops its stream: it received a
+// delta whose base is not the generation it applied last (or its driver
+// does not hold it). It reconnects, and the new stream starts with the
+// whole state.
+var ErrStaleDelta = errors.New("targetagent: a delta on top of a generation not applied here; reconnecting for the whole state")
+
 // Remote is the agent side of a target on its own storage server
 // (cmd/nvmegate-target): it streams the target's desired state from the
-// gateway, applies each generation with the local driver and acknowledges
-// it; it reconnects with backoff when the stream ends (a gateway restart).
+// gateway — whole, then deltas — applies each generation in order with the
+// local driver and acknowledges it; it reconnects with backoff when the
+// stream ends (a gateway restart).
 type Remote struct {
 	Conn   grpc.ClientConnInterface // to the gateway, with the target's SVID
-	Driver fabric.Driver
+	Driver Driver
 	Log    *slog.Logger
-	// Applied, if set, is told of every generation applied (for tests and
-	// status).
+	// Applied, if set, is told of every generation applied, or refused
+	// (for tests and status).
 	Applied func(gen uint64, err error)
 }
 
@@ -53,29 +61,53 @@ func (r *Remote) Run(ctx context.Context) error {
 }
 
 // once streams until the stream ends; got says whether any state came.
+// Deltas are applied only on top of the generation this stream applied
+// last: after a failed application, or a delta from another base, the
+// stream is dropped and the next one starts with the whole state.
 func (r *Remote) once(ctx context.Context, log *slog.Logger) (got bool, err error) {
+	ctx, cancel := context.WithCancel(ctx) // ends the stream when this returns
+	defer cancel()
 	c := pb.NewTargetAgentClient(r.Conn)
-	stream, err := c.Watch(ctx, &pb.WatchRequest{})
+	stream, err := c.Watch(ctx, &pb.WatchRequest{AcceptDeltas: true})
 	if err != nil {
 		return false, err
 	}
+	var (
+		applied uint64
+		have    bool // applied holds a generation applied on this stream
+	)
 	for {
-		st, err := stream.Recv()
+		m, err := stream.Recv()
 		if err != nil {
 			return got, err
 		}
 		got = true
-		aerr := r.Driver.Apply(ctx, StateFromProto(st))
+		u := UpdateFromProto(m)
+		gen := u.Generation()
+		var aerr error
+		if u.Delta != nil {
+			if !have || u.Delta.Base != applied {
+				aerr = fmt.Errorf("generation %d is a delta from %d, the last applied here is %d: %w", gen, u.Delta.Base, applied, ErrStaleDelta)
+			} else if aerr = r.Driver.ApplyDelta(ctx, *u.Delta); errors.Is(aerr, fabric.ErrNeedFull) {
+				aerr = fmt.Errorf("generation %d: %w: %w", gen, ErrStaleDelta, aerr)
+			}
+		} else {
+			aerr = r.Driver.Apply(ctx, *u.State)
+		}
+		applied, have = gen, aerr == nil
 		msg := ""
 		if aerr != nil {
 			msg = aerr.Error()
-			log.Error("target agent: generation not applied", "generation", st.Generation, "err", aerr)
+			log.Error("target agent: generation not applied", "generation", gen, "err", aerr)
 		}
 		if r.Applied != nil {
-			r.Applied(st.Generation, aerr)
+			r.Applied(gen, aerr)
 		}
-		if _, err := c.Ack(ctx, &pb.AckRequest{Generation: st.Generation, Error: msg}); err != nil {
+		if _, err := c.Ack(ctx, &pb.AckRequest{Generation: gen, Error: msg}); err != nil {
 			return got, errors.Join(errors.New("ack"), err)
+		}
+		if errors.Is(aerr, ErrStaleDelta) {
+			return got, aerr
 		}
 	}
 }

@@ -4,7 +4,10 @@
 // subsystems with their keys, and nothing of any other target — applies
 // each generation with the local driver (Linux nvmet configfs, or an SPDK
 // nvmf_tgt over JSON-RPC) and acknowledges it; the gateway answers a
-// Connect only after that. It reconnects with backoff when the gateway
+// Connect only after that. The stream starts with the whole state and then
+// carries deltas (the host entries that changed), applied in order; a
+// delta on top of a generation the agent has not applied makes it
+// reconnect for the whole state (targetagent.Remote). It reconnects with backoff when the gateway
 // restarts, and stops on SIGTERM.
 //
 //	nvmegate-target --spiffe-socket unix:///run/spire/agent.sock --addr gw:7443 \
@@ -23,7 +26,6 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/nvmegate/nvmegate/fabric"
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
 	"github.com/nvmegate/nvmegate/fabric/spdk"
 	"github.com/nvmegate/nvmegate/internal/clientconn"
@@ -62,7 +64,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	var d fabric.Driver
+	var d targetagent.Driver
 	switch {
 	case *nvmetRoot != "" && *spdkSocket == "":
 		d = &nvmet.Driver{Root: *nvmetRoot}

@@ -20,7 +20,6 @@ import (
 	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/authz"
-	"github.com/nvmegate/nvmegate/fabric"
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
 	"github.com/nvmegate/nvmegate/gateway"
 	"github.com/nvmegate/nvmegate/identity"
@@ -83,7 +82,7 @@ func startDevGatewayAs(t *testing.T, serverName string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	agent := &targetagent.Agent{Store: db, Keys: km, Driver: func(t *nvmegate.Target) fabric.Driver {
+	agent := &targetagent.Agent{Store: db, Keys: km, Driver: func(t *nvmegate.Target) targetagent.Driver {
 		return &nvmet.Driver{Root: filepath.Join(dir, "configfs", t.ID)}
 	}}
 	srv, err := gateway.New(gateway.Config{Credentials: identity.ServerCredentials(src, td), Store: db, Audit: alog, ExportDir: dir, Keys: km, Targets: agent, LineageSigner: signer,

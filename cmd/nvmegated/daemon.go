@@ -27,7 +27,6 @@ import (
 	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/authz"
-	"github.com/nvmegate/nvmegate/fabric"
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
 	"github.com/nvmegate/nvmegate/fabric/spdk"
 	"github.com/nvmegate/nvmegate/gateway"
@@ -224,7 +223,7 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		nvmetMu      sync.Mutex
 		nvmetDrivers = map[string]*nvmet.Driver{} // one per target: it remembers what it wrote
 	)
-	m.agent = &targetagent.Agent{Store: m.db, Keys: m.keys, Log: m.log, Hub: m.hub, Driver: func(t *nvmegate.Target) fabric.Driver {
+	m.agent = &targetagent.Agent{Store: m.db, Keys: m.keys, Log: m.log, Hub: m.hub, Driver: func(t *nvmegate.Target) targetagent.Driver {
 		if remote[t.ID] {
 			return nil // its own agent only: no local stand-in while it is away
 		}

@@ -1,4 +1,4 @@
-// Package nvmet is the fabric.Driver of the Linux kernel NVMe target: it
+// Package nvmet is the driver of the Linux kernel NVMe target: it
 // writes the nvmet configfs tree (normally /sys/kernel/config/nvmet) as the
 // kernel reads it (drivers/nvme/target/configfs.c):
 //
@@ -14,6 +14,24 @@
 // differs (writing a DH-HMAC-CHAP key to configfs re-keys the host), and
 // removes hosts no subsystem allows any more, unlinking them first as
 // configfs requires.
+//
+// Whole states and deltas: Apply takes a whole fabric.State (the agent
+// sends one at start, after a reconnect, after an inventory change, on its
+// periodic reconcile and after any failure) and converges the tree to it;
+// an unchanged state is not walked again within Recheck. ApplyDelta takes
+// a fabric.Delta — host entries added, re-keyed or removed on one
+// subsystem each — and touches only those hosts: their hosts/<nqn> entry
+// and their allowed_hosts links, nothing else read. The driver remembers
+// the host side of what it applied (each host's credential digest and the
+// subsystems allowing it), so a delta is checked as Apply checks a state —
+// one set of credentials per host across the target's subsystems, a
+// DH-HMAC-CHAP key on every host — before anything is written, and a host
+// whose controller key goes is made anew and linked again everywhere it
+// stays. A delta before any whole state, after a failed application, or
+// naming a subsystem the applied state lacks is refused with
+// fabric.ErrNeedFull and the caller sends the whole state: deltas applied
+// to the state they were computed from leave exactly the tree Apply of the
+// resulting state makes (delta_test.go checks this on random sequences).
 //
 // Linux nvmet has no per-namespace QoS: the state's namespace caps are not
 // enforced by this driver (fabric/spdk enforces them).

@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,6 +35,26 @@ type Driver struct {
 
 	mu   sync.Mutex
 	seen map[string]seenEntry // path → a digest of what is there, and when it was checked
+
+	// apply serializes Apply and ApplyDelta; state is the host side of
+	// the state they last applied (nil: none, or the last one failed).
+	apply sync.Mutex
+	state *applied
+}
+
+// applied is the host side of the state the driver last applied, a whole
+// state and the deltas after it: what a delta is checked against, without
+// reading the tree or the other hosts.
+type applied struct {
+	subs  map[string]bool         // the subsystems the state owns
+	hosts map[string]*appliedHost // host NQN → its entry
+}
+
+// appliedHost is one entry under hosts/: the digest of its credentials,
+// and the subsystems (of the state) allowing it, sorted.
+type appliedHost struct {
+	sum  [32]byte
+	subs []string
 }
 
 type seenEntry struct {
@@ -127,8 +148,6 @@ func hostSum(h fabric.Host) [32]byte {
 	return sha256.Sum256([]byte(strings.Join([]string{h.NQN, h.DHCHAPKey, h.DHCHAPCtrlKey, h.DHCHAPHash, h.DHCHAPGroup}, "\x00")))
 }
 
-var _ fabric.Driver = (*Driver)(nil)
-
 // stateKey is where the driver remembers the last state it applied whole.
 const stateKey = "\x00state"
 
@@ -138,18 +157,23 @@ const stateKey = "\x00state"
 // (a node reconnecting gets the host entry it had), and walking the tree
 // was most of their cost.
 func (d *Driver) Apply(ctx context.Context, s fabric.State) (err error) {
+	d.apply.Lock()
+	defer d.apply.Unlock()
 	s.Normalize()
 	sum, err := stateSum(s)
 	if err != nil {
 		return err
 	}
-	if d.fresh(stateKey, sum) {
+	if d.state != nil && d.fresh(stateKey, sum) {
 		return nil
 	}
 	d.forget(stateKey)
+	d.state = nil
+	st := &applied{subs: map[string]bool{}, hosts: map[string]*appliedHost{}}
 	defer func() {
 		if err == nil {
 			d.remember(stateKey, sum)
+			d.state = st
 		}
 	}()
 	for _, dir := range []string{"hosts", "subsystems", "ports"} {
@@ -159,34 +183,27 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) (err error) {
 	}
 	wanted := map[string]fabric.Host{} // host NQN → credentials
 	for _, sub := range s.Subsystems {
+		st.subs[sub.NQN] = true // the subsystems this state owns
 		for _, h := range sub.Hosts {
-			// Fail closed: a host entry without a DH-HMAC-CHAP key would let
-			// anyone presenting its (not secret) NQN in. This driver does
-			// not install TLS PSKs, so DH-HMAC-CHAP is the only way it can
-			// authenticate a host.
-			if h.DHCHAPKey == "" {
-				return fmt.Errorf("nvmet: host %s on %s has no DH-HMAC-CHAP key; nvmet would admit it unauthenticated", h.NQN, sub.NQN)
+			if err := checkHost(h, sub.NQN); err != nil {
+				return err
 			}
-			if h.TLSPSK != "" {
-				return fmt.Errorf("nvmet: host %s on %s needs a TLS PSK, which this driver cannot install", h.NQN, sub.NQN)
+			e := st.hosts[h.NQN]
+			if e == nil {
+				e = &appliedHost{sum: hostSum(h)}
+				st.hosts[h.NQN] = e
+			} else if prev := wanted[h.NQN]; prev != h {
+				return errConflict(h.NQN)
 			}
-			if prev, ok := wanted[h.NQN]; ok && prev != h {
-				// configfs has one hosts/<nqn> entry per target: a host's
-				// keys are the same on every subsystem of a target.
-				return fmt.Errorf("nvmet: host %s has different credentials on two subsystems", h.NQN)
-			}
+			e.subs = append(e.subs, sub.NQN) // in subsystem order: sorted
 			wanted[h.NQN] = h
 		}
-	}
-	managed := map[string]bool{} // the subsystems this state owns
-	for _, sub := range s.Subsystems {
-		managed[sub.NQN] = true
 	}
 	for _, h := range wanted {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := d.writeHost(h, managed); err != nil {
+		if err := d.writeHost(h, st.hosts[h.NQN].sum, st.subs); err != nil {
 			return err
 		}
 	}
@@ -224,9 +241,161 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) (err error) {
 	return nil
 }
 
-func (d *Driver) writeHost(h fabric.Host, managed map[string]bool) (err error) {
+// ApplyDelta applies a change of host entries to the state last applied,
+// touching only the hosts it names: each one's entry under hosts/ is
+// written (or made anew, when its controller key goes; see dropCtrlKey),
+// linked from the subsystems that now allow it, unlinked from those that
+// no longer do, and removed when none does. Nothing else is read: the
+// driver checks the delta against what it applied (a host keeps one set
+// of credentials across the subsystems of the target, as Apply checks).
+//
+// It refuses with fabric.ErrNeedFull, writing nothing, before a whole state
+// was applied, after an application failed (the tree is then between
+// states), and for a subsystem the applied state does not have (an
+// inventory change comes as a whole state). A host the delta would leave
+// with two sets of credentials is refused, also before anything is
+// written.
+func (d *Driver) ApplyDelta(ctx context.Context, dl fabric.Delta) (err error) {
+	d.apply.Lock()
+	defer d.apply.Unlock()
+	st := d.state
+	if st == nil {
+		return fmt.Errorf("nvmet: no whole state applied: %w", fabric.ErrNeedFull)
+	}
+	// Each host the delta names, as it will be: the subsystems allowing
+	// it, each with the digest of the credentials it allows it with.
+	type hostChange struct {
+		old   *appliedHost
+		subs  map[string][32]byte
+		hosts map[[32]byte]fabric.Host // the credentials set, by digest
+	}
+	var order []string
+	changes := map[string]*hostChange{}
+	for _, c := range dl.Hosts {
+		if !st.subs[c.Subsystem] {
+			return fmt.Errorf("nvmet: subsystem %s is not in the applied state: %w", c.Subsystem, fabric.ErrNeedFull)
+		}
+		ch := changes[c.Host.NQN]
+		if ch == nil {
+			ch = &hostChange{old: st.hosts[c.Host.NQN], subs: map[string][32]byte{}, hosts: map[[32]byte]fabric.Host{}}
+			if ch.old != nil {
+				for _, s := range ch.old.subs {
+					ch.subs[s] = ch.old.sum
+				}
+			}
+			changes[c.Host.NQN] = ch
+			order = append(order, c.Host.NQN)
+		}
+		if c.Remove {
+			delete(ch.subs, c.Subsystem)
+			continue
+		}
+		if err := checkHost(c.Host, c.Subsystem); err != nil {
+			return err
+		}
+		sum := hostSum(c.Host)
+		ch.subs[c.Subsystem], ch.hosts[sum] = sum, c.Host
+	}
+	final := make([][32]byte, len(order))
+	for i, nqn := range order {
+		first := true
+		for _, sum := range changes[nqn].subs {
+			if !first && sum != final[i] {
+				return errConflict(nqn)
+			}
+			final[i], first = sum, false
+		}
+	}
+	if len(order) == 0 {
+		return nil
+	}
+	// The tree changes: it no longer holds the last whole state, nor, until
+	// this delta is applied whole, any state.
+	d.forget(stateKey)
+	d.state = nil
+	defer func() {
+		if err == nil {
+			d.state = st
+		}
+	}()
+	for i, nqn := range order {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		ch := changes[nqn]
+		if ch.old != nil {
+			for _, s := range ch.old.subs {
+				if _, ok := ch.subs[s]; !ok {
+					if err := d.unlink(filepath.Join(d.Root, "subsystems", s, "allowed_hosts", nqn)); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		dir := filepath.Join(d.Root, "hosts", nqn)
+		if len(ch.subs) == 0 {
+			delete(st.hosts, nqn)
+			d.forget(dir)
+			if err := rmdir(dir); err != nil {
+				return err
+			}
+			continue
+		}
+		if ch.old == nil || ch.old.sum != final[i] {
+			if err := d.writeHost(ch.hosts[final[i]], final[i], st.subs); err != nil {
+				return err
+			}
+		}
+		e := &appliedHost{sum: final[i]}
+		for s := range ch.subs {
+			e.subs = append(e.subs, s)
+		}
+		slices.Sort(e.subs)
+		// Linked again where it stays, too: dropping a controller key
+		// unlinks the host everywhere.
+		for _, s := range e.subs {
+			if err := d.link(filepath.Join("..", "..", "..", "hosts", nqn), filepath.Join(d.Root, "subsystems", s, "allowed_hosts", nqn)); err != nil {
+				return err
+			}
+		}
+		st.hosts[nqn] = e
+	}
+	return nil
+}
+
+// unlink removes a link the driver made, if it is there.
+func (d *Driver) unlink(path string) error {
+	d.forget(path)
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("nvmet: unlink %s: %w", strings.TrimPrefix(path, d.Root+"/"), unwrapPath(err))
+	}
+	return nil
+}
+
+// checkHost refuses a host entry this driver cannot make safe. Fail
+// closed: an entry without a DH-HMAC-CHAP key would let anyone presenting
+// its (not secret) NQN in, and this driver does not install TLS PSKs, so
+// DH-HMAC-CHAP is the only way it can authenticate a host.
+func checkHost(h fabric.Host, sub string) error {
+	if h.DHCHAPKey == "" {
+		return fmt.Errorf("nvmet: host %s on %s has no DH-HMAC-CHAP key; nvmet would admit it unauthenticated", h.NQN, sub)
+	}
+	if h.TLSPSK != "" {
+		return fmt.Errorf("nvmet: host %s on %s needs a TLS PSK, which this driver cannot install", h.NQN, sub)
+	}
+	return nil
+}
+
+// errConflict: configfs has one hosts/<nqn> entry per target, so a host's
+// keys are the same on every subsystem of a target.
+func errConflict(host string) error {
+	return fmt.Errorf("nvmet: host %s has different credentials on two subsystems", host)
+}
+
+// writeHost makes the entry hosts/<nqn> hold h's credentials (sum is
+// hostSum(h)); managed are the subsystems the applied state owns.
+func (d *Driver) writeHost(h fabric.Host, sum [32]byte, managed map[string]bool) (err error) {
 	dir := filepath.Join(d.Root, "hosts", h.NQN)
-	sum := hostSum(h)
 	if d.fresh(dir, sum) {
 		return nil
 	}

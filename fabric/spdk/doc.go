@@ -1,4 +1,4 @@
-// Package spdk is the fabric.Driver of an SPDK nvmf_tgt, driven over its
+// Package spdk is the driver of an SPDK nvmf_tgt, driven over its
 // JSON-RPC 2.0 Unix socket:
 //
 //   - every secret is a file in KeyDir (0600), registered with
@@ -20,4 +20,17 @@
 // Subsystems, namespaces and listeners are the storage operator's: the
 // driver only manages hosts and keys of subsystems that exist
 // (nvmf_get_subsystems).
+//
+// Whole states and deltas: Apply takes a whole fabric.State, lists the
+// target (nvmf_get_subsystems, keyring_get_keys) and converges it, QoS
+// included. ApplyDelta takes a fabric.Delta — host entries added, re-keyed
+// or removed on one subsystem each — and issues only those hosts' RPCs
+// (their keys, then nvmf_subsystem_add_host, _set_keys or _remove_host,
+// then keyring_file_remove_key of the keys they no longer use), lists
+// nothing: it relies on the key names it gave each host, which it learnt
+// from the whole state it applied. A delta before any whole state, after a
+// failed application, or naming a subsystem that state lacks is refused
+// with fabric.ErrNeedFull and the caller sends the whole state; deltas
+// leave the target holding what Apply of the resulting state gives a
+// fresh one (delta_test.go, against the JSON-RPC peer).
 package spdk

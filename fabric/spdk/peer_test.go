@@ -241,7 +241,13 @@ func (p *peer) handle(version, method string, raw map[string]any) (any, *rpcErr)
 			if e := keyOK(params["dhchap_key"], params["dhchap_ctrlr_key"]); e != nil {
 				return nil, e
 			}
-			hosts[h]["dhchap_key"], hosts[h]["dhchap_ctrlr_key"] = params["dhchap_key"], params["dhchap_ctrlr_key"]
+			for _, k := range []string{"dhchap_key", "dhchap_ctrlr_key"} { // a key not given is cleared
+				if params[k] != "" {
+					hosts[h][k] = params[k]
+				} else {
+					delete(hosts[h], k)
+				}
+			}
 		default:
 			if hosts[h] == nil {
 				return nil, &rpcErr{-19, "No such host"}

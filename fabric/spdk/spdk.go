@@ -30,9 +30,13 @@ type Driver struct {
 	mu      sync.Mutex
 	applied map[string]hostKeys  // subsystem NQN + "\x00" + host NQN → the key names it was given
 	qos     map[string][2]uint64 // bdev → the caps last set
+	// subs are the subsystems of the whole state last applied, nil if none
+	// was or an application failed since: a delta is taken only on top of
+	// a state applied whole. keys are the keyring names of ours registered
+	// (known after a whole state).
+	subs map[string]bool
+	keys map[string]bool
 }
-
-var _ fabric.Driver = (*Driver)(nil)
 
 // hostKeys are the keyring names of one host on one subsystem.
 type hostKeys struct{ DHCHAP, Ctrl, PSK string }
@@ -170,6 +174,7 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) error {
 		registered[k.Name] = true
 	}
 
+	d.subs = nil
 	used := map[string]bool{}
 	for _, sub := range s.Subsystems {
 		hosts, ok := present[sub.NQN]
@@ -179,25 +184,15 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) error {
 		want := map[string]bool{}
 		for _, h := range sub.Hosts {
 			want[h.NQN] = true
-			if h.TLSPSK != "" && (h.DHCHAPKey != "" || h.DHCHAPCtrlKey != "") {
-				return fmt.Errorf("spdk: host %s on %s: SPDK does not combine in-band authentication with a secure channel", h.NQN, sub.NQN)
+			if err := checkHost(h, sub.NQN); err != nil {
+				return err
 			}
-			k := hostKeys{}
-			for _, sec := range []struct {
-				kind, value string
-				name        *string
-			}{{"dhchap", h.DHCHAPKey, &k.DHCHAP}, {"ctrl", h.DHCHAPCtrlKey, &k.Ctrl}, {"psk", h.TLSPSK, &k.PSK}} {
-				if sec.value == "" {
-					continue
-				}
-				*sec.name = keyName(sub.NQN, h.NQN, sec.kind, sec.value)
-				used[*sec.name] = true
-				if !registered[*sec.name] {
-					if err := d.addKey(c, *sec.name, sec.value); err != nil {
-						return err
-					}
-					registered[*sec.name] = true
-				}
+			k, err := d.registerKeys(c, sub.NQN, h, registered)
+			if err != nil {
+				return err
+			}
+			for _, n := range []string{k.DHCHAP, k.Ctrl, k.PSK} {
+				used[n] = true
 			}
 			if err := d.admit(c, sub.NQN, h.NQN, k, hosts[h.NQN]); err != nil {
 				return err
@@ -218,14 +213,136 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) error {
 		}
 	}
 	// Keys of ours nothing refers to any more.
+	d.keys = map[string]bool{}
 	for name := range registered {
-		if strings.HasPrefix(name, KeyPrefix) && !used[name] {
-			if err := c.call("keyring_file_remove_key", map[string]any{"name": name}, nil); err != nil {
+		if !strings.HasPrefix(name, KeyPrefix) {
+			continue
+		}
+		d.keys[name] = true
+		if !used[name] {
+			if err := d.removeKey(c, name); err != nil {
 				return err
 			}
-			os.Remove(filepath.Join(d.KeyDir, name))
 		}
 	}
+	d.subs = map[string]bool{}
+	for _, sub := range s.Subsystems {
+		d.subs[sub.NQN] = true
+	}
+	return nil
+}
+
+// ApplyDelta applies a change of host entries to the state last applied
+// whole, with the RPCs of those hosts only: their keys registered
+// (keyring_file_add_key), the host added, re-keyed or removed and added
+// again (see admit) or removed (nvmf_subsystem_remove_host), and the keys
+// they no longer use unregistered and deleted. Nothing is listed: the
+// driver knows the key names it gave each host.
+//
+// It refuses with fabric.ErrNeedFull, calling nothing, before a whole state
+// was applied, after an application failed, and for a subsystem the
+// applied state does not have (an inventory change comes as a whole
+// state); what SPDK cannot do is refused as Apply refuses it.
+func (d *Driver) ApplyDelta(ctx context.Context, dl fabric.Delta) (err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	subs := d.subs
+	if subs == nil {
+		return fmt.Errorf("spdk: no whole state applied: %w", fabric.ErrNeedFull)
+	}
+	for _, ch := range dl.Hosts {
+		if !subs[ch.Subsystem] {
+			return fmt.Errorf("spdk: subsystem %s is not in the applied state: %w", ch.Subsystem, fabric.ErrNeedFull)
+		}
+		if !ch.Remove {
+			if err := checkHost(ch.Host, ch.Subsystem); err != nil {
+				return err
+			}
+		}
+	}
+	if len(dl.Hosts) == 0 {
+		return nil
+	}
+	c, err := d.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.conn.Close()
+	d.subs = nil // until the delta is applied whole
+	defer func() {
+		if err == nil {
+			d.subs = subs
+		}
+	}()
+	for _, ch := range dl.Hosts {
+		id := ch.Subsystem + "\x00" + ch.Host.NQN
+		prev, known := d.applied[id]
+		var k hostKeys
+		if ch.Remove {
+			if known {
+				if err := c.call("nvmf_subsystem_remove_host", d.params("nqn", ch.Subsystem, "host", ch.Host.NQN), nil); err != nil {
+					return err
+				}
+				delete(d.applied, id)
+			}
+		} else {
+			if k, err = d.registerKeys(c, ch.Subsystem, ch.Host, d.keys); err != nil {
+				return err
+			}
+			if err := d.admit(c, ch.Subsystem, ch.Host.NQN, k, known); err != nil {
+				return err
+			}
+		}
+		// A key name is the host's on this subsystem alone (keyName):
+		// one it no longer uses is no one's.
+		for _, name := range []string{prev.DHCHAP, prev.Ctrl, prev.PSK} {
+			if name != "" && name != k.DHCHAP && name != k.Ctrl && name != k.PSK && d.keys[name] {
+				if err := d.removeKey(c, name); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// checkHost refuses what SPDK cannot do.
+func checkHost(h fabric.Host, sub string) error {
+	if h.TLSPSK != "" && (h.DHCHAPKey != "" || h.DHCHAPCtrlKey != "") {
+		return fmt.Errorf("spdk: host %s on %s: SPDK does not combine in-band authentication with a secure channel", h.NQN, sub)
+	}
+	return nil
+}
+
+// registerKeys names h's secrets on sub and registers those registered
+// does not hold (adding them to it).
+func (d *Driver) registerKeys(c *client, sub string, h fabric.Host, registered map[string]bool) (hostKeys, error) {
+	k := hostKeys{}
+	for _, sec := range []struct {
+		kind, value string
+		name        *string
+	}{{"dhchap", h.DHCHAPKey, &k.DHCHAP}, {"ctrl", h.DHCHAPCtrlKey, &k.Ctrl}, {"psk", h.TLSPSK, &k.PSK}} {
+		if sec.value == "" {
+			continue
+		}
+		*sec.name = keyName(sub, h.NQN, sec.kind, sec.value)
+		if !registered[*sec.name] {
+			if err := d.addKey(c, *sec.name, sec.value); err != nil {
+				return hostKeys{}, err
+			}
+			registered[*sec.name] = true
+		}
+	}
+	return k, nil
+}
+
+// removeKey unregisters a key of ours and deletes its file.
+func (d *Driver) removeKey(c *client, name string) error {
+	if err := c.call("keyring_file_remove_key", map[string]any{"name": name}, nil); err != nil {
+		return err
+	}
+	delete(d.keys, name)
+	os.Remove(filepath.Join(d.KeyDir, name))
 	return nil
 }
 

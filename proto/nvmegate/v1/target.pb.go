@@ -23,7 +23,11 @@ const (
 
 // WatchRequest opens the stream; the target is the caller's own.
 type WatchRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent applies deltas (WatchResponse.delta) in order, each on top
+	// of the generation it names as its base. An agent that does not set it
+	// (one from before deltas) receives every change as a whole state.
+	AcceptDeltas  bool `protobuf:"varint,1,opt,name=accept_deltas,json=acceptDeltas,proto3" json:"accept_deltas,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -58,16 +62,28 @@ func (*WatchRequest) Descriptor() ([]byte, []int) {
 	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{0}
 }
 
-// WatchResponse is a target's desired state at a generation. It carries the
-// hosts' secrets: only the target's own agent receives it.
+func (x *WatchRequest) GetAcceptDeltas() bool {
+	if x != nil {
+		return x.AcceptDeltas
+	}
+	return false
+}
+
+// WatchResponse is a target's desired state at a generation: the whole
+// state (delta unset), or a change of the state at delta.base_generation
+// (subsystems empty). The stream starts with a whole state and sends one
+// again after an inventory change, a reconcile or a failed application.
+// It carries the hosts' secrets: only the target's own agent receives it.
 type WatchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The target's ID.
 	TargetId string `protobuf:"bytes,1,opt,name=target_id,json=targetId,proto3" json:"target_id,omitempty"`
 	// Grows with every change; the agent acknowledges it.
 	Generation uint64 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
-	// Every subsystem of the target.
-	Subsystems    []*TargetSubsystem `protobuf:"bytes,3,rep,name=subsystems,proto3" json:"subsystems,omitempty"`
+	// Every subsystem of the target (a whole state).
+	Subsystems []*TargetSubsystem `protobuf:"bytes,3,rep,name=subsystems,proto3" json:"subsystems,omitempty"`
+	// Set for a delta: the host entries that changed since its base.
+	Delta         *TargetDelta `protobuf:"bytes,4,opt,name=delta,proto3" json:"delta,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -123,6 +139,135 @@ func (x *WatchResponse) GetSubsystems() []*TargetSubsystem {
 	return nil
 }
 
+func (x *WatchResponse) GetDelta() *TargetDelta {
+	if x != nil {
+		return x.Delta
+	}
+	return nil
+}
+
+// TargetDelta is a change of host entries. An agent that has not applied
+// base_generation (the last generation it applied on this stream) must not
+// apply it: it reconnects, and the stream starts with a whole state.
+type TargetDelta struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The generation the delta applies to.
+	BaseGeneration uint64 `protobuf:"varint,1,opt,name=base_generation,json=baseGeneration,proto3" json:"base_generation,omitempty"`
+	// The changes, in order: each one host on one subsystem.
+	Hosts         []*TargetHostChange `protobuf:"bytes,2,rep,name=hosts,proto3" json:"hosts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TargetDelta) Reset() {
+	*x = TargetDelta{}
+	mi := &file_nvmegate_v1_target_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TargetDelta) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TargetDelta) ProtoMessage() {}
+
+func (x *TargetDelta) ProtoReflect() protoreflect.Message {
+	mi := &file_nvmegate_v1_target_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TargetDelta.ProtoReflect.Descriptor instead.
+func (*TargetDelta) Descriptor() ([]byte, []int) {
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *TargetDelta) GetBaseGeneration() uint64 {
+	if x != nil {
+		return x.BaseGeneration
+	}
+	return 0
+}
+
+func (x *TargetDelta) GetHosts() []*TargetHostChange {
+	if x != nil {
+		return x.Hosts
+	}
+	return nil
+}
+
+// TargetHostChange is one host entry of one subsystem: allowed with the
+// given credentials (added or re-keyed), or no longer allowed.
+type TargetHostChange struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Subsystem NQN.
+	SubsystemNqn string `protobuf:"bytes,1,opt,name=subsystem_nqn,json=subsystemNqn,proto3" json:"subsystem_nqn,omitempty"`
+	// The host and its credentials (with remove: its NQN only).
+	Host *TargetHost `protobuf:"bytes,2,opt,name=host,proto3" json:"host,omitempty"`
+	// The host is no longer allowed on the subsystem.
+	Remove        bool `protobuf:"varint,3,opt,name=remove,proto3" json:"remove,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TargetHostChange) Reset() {
+	*x = TargetHostChange{}
+	mi := &file_nvmegate_v1_target_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TargetHostChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TargetHostChange) ProtoMessage() {}
+
+func (x *TargetHostChange) ProtoReflect() protoreflect.Message {
+	mi := &file_nvmegate_v1_target_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TargetHostChange.ProtoReflect.Descriptor instead.
+func (*TargetHostChange) Descriptor() ([]byte, []int) {
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *TargetHostChange) GetSubsystemNqn() string {
+	if x != nil {
+		return x.SubsystemNqn
+	}
+	return ""
+}
+
+func (x *TargetHostChange) GetHost() *TargetHost {
+	if x != nil {
+		return x.Host
+	}
+	return nil
+}
+
+func (x *TargetHostChange) GetRemove() bool {
+	if x != nil {
+		return x.Remove
+	}
+	return false
+}
+
 // TargetSubsystem is one subsystem with its allowed hosts and ports.
 type TargetSubsystem struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -140,7 +285,7 @@ type TargetSubsystem struct {
 
 func (x *TargetSubsystem) Reset() {
 	*x = TargetSubsystem{}
-	mi := &file_nvmegate_v1_target_proto_msgTypes[2]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -152,7 +297,7 @@ func (x *TargetSubsystem) String() string {
 func (*TargetSubsystem) ProtoMessage() {}
 
 func (x *TargetSubsystem) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_target_proto_msgTypes[2]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -165,7 +310,7 @@ func (x *TargetSubsystem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetSubsystem.ProtoReflect.Descriptor instead.
 func (*TargetSubsystem) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{2}
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *TargetSubsystem) GetNqn() string {
@@ -211,7 +356,7 @@ type TargetNamespace struct {
 
 func (x *TargetNamespace) Reset() {
 	*x = TargetNamespace{}
-	mi := &file_nvmegate_v1_target_proto_msgTypes[3]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -223,7 +368,7 @@ func (x *TargetNamespace) String() string {
 func (*TargetNamespace) ProtoMessage() {}
 
 func (x *TargetNamespace) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_target_proto_msgTypes[3]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -236,7 +381,7 @@ func (x *TargetNamespace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetNamespace.ProtoReflect.Descriptor instead.
 func (*TargetNamespace) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{3}
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *TargetNamespace) GetNsid() uint32 {
@@ -281,7 +426,7 @@ type TargetHost struct {
 
 func (x *TargetHost) Reset() {
 	*x = TargetHost{}
-	mi := &file_nvmegate_v1_target_proto_msgTypes[4]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -293,7 +438,7 @@ func (x *TargetHost) String() string {
 func (*TargetHost) ProtoMessage() {}
 
 func (x *TargetHost) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_target_proto_msgTypes[4]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -306,7 +451,7 @@ func (x *TargetHost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetHost.ProtoReflect.Descriptor instead.
 func (*TargetHost) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{4}
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *TargetHost) GetNqn() string {
@@ -374,7 +519,7 @@ type TargetPort struct {
 
 func (x *TargetPort) Reset() {
 	*x = TargetPort{}
-	mi := &file_nvmegate_v1_target_proto_msgTypes[5]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -386,7 +531,7 @@ func (x *TargetPort) String() string {
 func (*TargetPort) ProtoMessage() {}
 
 func (x *TargetPort) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_target_proto_msgTypes[5]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -399,7 +544,7 @@ func (x *TargetPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetPort.ProtoReflect.Descriptor instead.
 func (*TargetPort) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{5}
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TargetPort) GetId() uint32 {
@@ -464,7 +609,7 @@ type AckRequest struct {
 
 func (x *AckRequest) Reset() {
 	*x = AckRequest{}
-	mi := &file_nvmegate_v1_target_proto_msgTypes[6]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -476,7 +621,7 @@ func (x *AckRequest) String() string {
 func (*AckRequest) ProtoMessage() {}
 
 func (x *AckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_target_proto_msgTypes[6]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -489,7 +634,7 @@ func (x *AckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRequest.ProtoReflect.Descriptor instead.
 func (*AckRequest) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{6}
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AckRequest) GetGeneration() uint64 {
@@ -515,7 +660,7 @@ type AckResponse struct {
 
 func (x *AckResponse) Reset() {
 	*x = AckResponse{}
-	mi := &file_nvmegate_v1_target_proto_msgTypes[7]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -527,7 +672,7 @@ func (x *AckResponse) String() string {
 func (*AckResponse) ProtoMessage() {}
 
 func (x *AckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_target_proto_msgTypes[7]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -540,15 +685,16 @@ func (x *AckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckResponse.ProtoReflect.Descriptor instead.
 func (*AckResponse) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{7}
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{9}
 }
 
 var File_nvmegate_v1_target_proto protoreflect.FileDescriptor
 
 const file_nvmegate_v1_target_proto_rawDesc = "" +
 	"\n" +
-	"\x18nvmegate/v1/target.proto\x12\vnvmegate.v1\"\x0e\n" +
-	"\fWatchRequest\"\x8a\x01\n" +
+	"\x18nvmegate/v1/target.proto\x12\vnvmegate.v1\"3\n" +
+	"\fWatchRequest\x12#\n" +
+	"\raccept_deltas\x18\x01 \x01(\bR\facceptDeltas\"\xba\x01\n" +
 	"\rWatchResponse\x12\x1b\n" +
 	"\ttarget_id\x18\x01 \x01(\tR\btargetId\x12\x1e\n" +
 	"\n" +
@@ -556,7 +702,15 @@ const file_nvmegate_v1_target_proto_rawDesc = "" +
 	"generation\x12<\n" +
 	"\n" +
 	"subsystems\x18\x03 \x03(\v2\x1c.nvmegate.v1.TargetSubsystemR\n" +
-	"subsystems\"\xbf\x01\n" +
+	"subsystems\x12.\n" +
+	"\x05delta\x18\x04 \x01(\v2\x18.nvmegate.v1.TargetDeltaR\x05delta\"k\n" +
+	"\vTargetDelta\x12'\n" +
+	"\x0fbase_generation\x18\x01 \x01(\x04R\x0ebaseGeneration\x123\n" +
+	"\x05hosts\x18\x02 \x03(\v2\x1d.nvmegate.v1.TargetHostChangeR\x05hosts\"|\n" +
+	"\x10TargetHostChange\x12#\n" +
+	"\rsubsystem_nqn\x18\x01 \x01(\tR\fsubsystemNqn\x12+\n" +
+	"\x04host\x18\x02 \x01(\v2\x17.nvmegate.v1.TargetHostR\x04host\x12\x16\n" +
+	"\x06remove\x18\x03 \x01(\bR\x06remove\"\xbf\x01\n" +
 	"\x0fTargetSubsystem\x12\x10\n" +
 	"\x03nqn\x18\x01 \x01(\tR\x03nqn\x12-\n" +
 	"\x05hosts\x18\x02 \x03(\v2\x17.nvmegate.v1.TargetHostR\x05hosts\x12-\n" +
@@ -610,31 +764,36 @@ func file_nvmegate_v1_target_proto_rawDescGZIP() []byte {
 	return file_nvmegate_v1_target_proto_rawDescData
 }
 
-var file_nvmegate_v1_target_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_nvmegate_v1_target_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_nvmegate_v1_target_proto_goTypes = []any{
-	(*WatchRequest)(nil),    // 0: nvmegate.v1.WatchRequest
-	(*WatchResponse)(nil),   // 1: nvmegate.v1.WatchResponse
-	(*TargetSubsystem)(nil), // 2: nvmegate.v1.TargetSubsystem
-	(*TargetNamespace)(nil), // 3: nvmegate.v1.TargetNamespace
-	(*TargetHost)(nil),      // 4: nvmegate.v1.TargetHost
-	(*TargetPort)(nil),      // 5: nvmegate.v1.TargetPort
-	(*AckRequest)(nil),      // 6: nvmegate.v1.AckRequest
-	(*AckResponse)(nil),     // 7: nvmegate.v1.AckResponse
+	(*WatchRequest)(nil),     // 0: nvmegate.v1.WatchRequest
+	(*WatchResponse)(nil),    // 1: nvmegate.v1.WatchResponse
+	(*TargetDelta)(nil),      // 2: nvmegate.v1.TargetDelta
+	(*TargetHostChange)(nil), // 3: nvmegate.v1.TargetHostChange
+	(*TargetSubsystem)(nil),  // 4: nvmegate.v1.TargetSubsystem
+	(*TargetNamespace)(nil),  // 5: nvmegate.v1.TargetNamespace
+	(*TargetHost)(nil),       // 6: nvmegate.v1.TargetHost
+	(*TargetPort)(nil),       // 7: nvmegate.v1.TargetPort
+	(*AckRequest)(nil),       // 8: nvmegate.v1.AckRequest
+	(*AckResponse)(nil),      // 9: nvmegate.v1.AckResponse
 }
 var file_nvmegate_v1_target_proto_depIdxs = []int32{
-	2, // 0: nvmegate.v1.WatchResponse.subsystems:type_name -> nvmegate.v1.TargetSubsystem
-	4, // 1: nvmegate.v1.TargetSubsystem.hosts:type_name -> nvmegate.v1.TargetHost
-	5, // 2: nvmegate.v1.TargetSubsystem.ports:type_name -> nvmegate.v1.TargetPort
-	3, // 3: nvmegate.v1.TargetSubsystem.namespaces:type_name -> nvmegate.v1.TargetNamespace
-	0, // 4: nvmegate.v1.TargetAgent.Watch:input_type -> nvmegate.v1.WatchRequest
-	6, // 5: nvmegate.v1.TargetAgent.Ack:input_type -> nvmegate.v1.AckRequest
-	1, // 6: nvmegate.v1.TargetAgent.Watch:output_type -> nvmegate.v1.WatchResponse
-	7, // 7: nvmegate.v1.TargetAgent.Ack:output_type -> nvmegate.v1.AckResponse
-	6, // [6:8] is the sub-list for method output_type
-	4, // [4:6] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	4, // 0: nvmegate.v1.WatchResponse.subsystems:type_name -> nvmegate.v1.TargetSubsystem
+	2, // 1: nvmegate.v1.WatchResponse.delta:type_name -> nvmegate.v1.TargetDelta
+	3, // 2: nvmegate.v1.TargetDelta.hosts:type_name -> nvmegate.v1.TargetHostChange
+	6, // 3: nvmegate.v1.TargetHostChange.host:type_name -> nvmegate.v1.TargetHost
+	6, // 4: nvmegate.v1.TargetSubsystem.hosts:type_name -> nvmegate.v1.TargetHost
+	7, // 5: nvmegate.v1.TargetSubsystem.ports:type_name -> nvmegate.v1.TargetPort
+	5, // 6: nvmegate.v1.TargetSubsystem.namespaces:type_name -> nvmegate.v1.TargetNamespace
+	0, // 7: nvmegate.v1.TargetAgent.Watch:input_type -> nvmegate.v1.WatchRequest
+	8, // 8: nvmegate.v1.TargetAgent.Ack:input_type -> nvmegate.v1.AckRequest
+	1, // 9: nvmegate.v1.TargetAgent.Watch:output_type -> nvmegate.v1.WatchResponse
+	9, // 10: nvmegate.v1.TargetAgent.Ack:output_type -> nvmegate.v1.AckResponse
+	9, // [9:11] is the sub-list for method output_type
+	7, // [7:9] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_nvmegate_v1_target_proto_init() }
@@ -648,7 +807,7 @@ func file_nvmegate_v1_target_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nvmegate_v1_target_proto_rawDesc), len(file_nvmegate_v1_target_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

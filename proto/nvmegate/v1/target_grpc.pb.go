@@ -33,7 +33,8 @@ const (
 // acknowledges each generation. It can read nothing else.
 type TargetAgentClient interface {
 	// Watch streams the desired state of the caller's own target: the
-	// current state at once, then every change.
+	// whole current state at once, then every change — as a delta, to an
+	// agent that accepts deltas, or else as the whole new state.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
 	// Ack reports that a generation was applied, or why it was not.
 	Ack(ctx context.Context, in *AckRequest, opts ...grpc.CallOption) (*AckResponse, error)
@@ -86,7 +87,8 @@ func (c *targetAgentClient) Ack(ctx context.Context, in *AckRequest, opts ...grp
 // acknowledges each generation. It can read nothing else.
 type TargetAgentServer interface {
 	// Watch streams the desired state of the caller's own target: the
-	// current state at once, then every change.
+	// whole current state at once, then every change — as a delta, to an
+	// agent that accepts deltas, or else as the whole new state.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
 	// Ack reports that a generation was applied, or why it was not.
 	Ack(context.Context, *AckRequest) (*AckResponse, error)
