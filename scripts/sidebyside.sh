@@ -64,7 +64,17 @@ echo "-- naive: OPA server (HTTP) + Vault KV read + Vault Transit HMAC + bbolt a
 echo "   server RSS (max): opa $(hwm $opid), vault $(hwm $vpid)"
 
 echo "-- nvmegate: nvmegated (keys in the same Vault) + nvmegate bench connect, $N node identities"
-printf 'keys:\n  backend: vault\n  vault:\n    address: http://127.0.0.1:%s\n    token_file: %s\n' "$vport" "$work/token" > "$work/nvmegated.yaml"
+# The dev target's nvmet tree stands in for configfs, which lives in the
+# kernel's memory: keep it in memory too (a tmpfs), or every host a connect
+# adds costs this shared disk's file creation and journal instead.
+nvmet_root="$work/configfs"
+if [ -d /dev/shm ] && [ -w /dev/shm ]; then
+  nvmet_root="$(mktemp -d /dev/shm/nvmegate-bench.XXXXXX)"
+  trap 'cleanup; rm -rf "$nvmet_root"' EXIT
+fi
+printf 'keys:\n  backend: vault\n  vault:\n    address: http://127.0.0.1:%s\n    token_file: %s\ntargets:\n  nvmet_root: %s\n' \
+  "$vport" "$work/token" "$nvmet_root" > "$work/nvmegated.yaml"
+echo "   the target's nvmet tree: $nvmet_root"
 printf root > "$work/token"
 "$work/bin/nvmegated" dev --dir "$work/dev" --config "$work/nvmegated.yaml" --listen 127.0.0.1:0 --http-listen off 2>"$work/gateway.log" &
 pids+=($!); gpid=$!
