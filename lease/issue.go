@@ -21,11 +21,11 @@ import (
 // the entry ends the grant, puts the moved grants back and is recorded:
 // nothing is returned that the target does not hold.
 func (l *Lifecycle) Issue(ctx context.Context, r Request) (Issued, error) {
-	sc, d := r.Scope, r.Decision
-	j, sub, t, err := records(sc)
+	j, sub, t, err := records(r)
 	if err != nil {
 		return Issued{}, err
 	}
+	sc, d := r.Scope, r.Decision
 	now := l.now()
 	g := &nvmegate.Grant{ID: newGrantID(), JobID: j.ID, Tenant: j.Tenant, Node: sc.Caller,
 		HostNQN: sc.Binding.HostNQN, SubsystemNQN: sub.NQN, IssuedAt: now,
@@ -93,12 +93,11 @@ func (l *Lifecycle) Issue(ctx context.Context, r Request) (Issued, error) {
 // new keys, g keeps its old ones (and so do the grants that would have
 // moved with it).
 func (l *Lifecycle) Renew(ctx context.Context, g *nvmegate.Grant, r Request) (Issued, error) {
-	sc, d := r.Scope, r.Decision
-	j, _, t, err := records(sc)
+	j, sub, t, err := records(r)
 	if err != nil {
 		return Issued{}, err
 	}
-	sub := sc.Subsystem
+	sc, d := r.Scope, r.Decision
 	prev := *g
 	if err := g.ApplyObligations(sub, t, d.Obligations); err != nil {
 		return Issued{}, err
@@ -139,8 +138,11 @@ func (l *Lifecycle) Renew(ctx context.Context, g *nvmegate.Grant, r Request) (Is
 
 // records are the job, subsystem and target of a node's call, as its
 // scope read them.
-func records(sc *nvmegate.Scope) (*nvmegate.Job, *nvmegate.Subsystem, *nvmegate.Target, error) {
+func records(r Request) (*nvmegate.Job, *nvmegate.Subsystem, *nvmegate.Target, error) {
+	sc := r.Scope
 	switch {
+	case sc == nil || r.Decision == nil:
+		return nil, nil, nil, nvmegate.Errorf(nvmegate.EINTERNAL, "lease: a request needs its scope and decision")
 	case sc.Job == nil:
 		return nil, nil, nil, nvmegate.Errorf(nvmegate.ENOTFOUND, "job %q not found", sc.JobID)
 	case sc.Subsystem == nil:
