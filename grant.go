@@ -80,3 +80,157 @@ func ValidateGrantID(field, v string) error {
 	}
 	return nil
 }
+
+// DefaultGrantTTL is a grant's lifetime when the node asks for none.
+const DefaultGrantTTL = time.Hour
+
+// GrantExpiry is when a grant issued or renewed at now ends: now+ttl
+// (DefaultGrantTTL if ttl ≤ 0), capped by the policy's max TTL (if any)
+// and the job's expiry.
+func GrantExpiry(now time.Time, ttl, maxTTL time.Duration, jobExpiry time.Time) time.Time {
+	if ttl <= 0 {
+		ttl = DefaultGrantTTL
+	}
+	if maxTTL > 0 && ttl > maxTTL {
+		ttl = maxTTL
+	}
+	exp := now.Add(ttl)
+	if jobExpiry.Before(exp) {
+		exp = jobExpiry
+	}
+	return exp
+}
+
+// ApplyObligations sets how g's credentials are made and the target
+// programmed from a decision's obligations and what subsystem sub on
+// target t supports: hash, DH group, bidirectional authentication, TLS,
+// read-only. It refuses (ECONFLICT) what sub or t cannot enforce: TLS on a
+// subsystem without a TLS port, DH-HMAC-CHAP on one without it, and TLS on
+// an nvmet target — the nvmet driver authenticates hosts with DH-HMAC-CHAP
+// only (it installs no TLS PSK), so a grant that relies on TLS would be
+// open there.
+func (g *Grant) ApplyObligations(sub *Subsystem, t *Target, ob Obligations) error {
+	g.ReadOnly = ob.ReadOnly
+	if err := g.credentialParams(sub, ob); err != nil {
+		return err
+	}
+	if t.Driver == DriverNVMet && (g.TLS || g.DHCHAPHash == "none") {
+		return Errorf(ECONFLICT, "policy requires TLS for %s, which its nvmet target cannot enforce; not granted", sub.NQN)
+	}
+	return nil
+}
+
+// credentialParams fills g's credential settings from the obligations and
+// what the subsystem supports.
+func (g *Grant) credentialParams(sub *Subsystem, ob Obligations) error {
+	g.DHCHAPHash, g.DHGroup = ob.MinHash, ob.MinDHGroup
+	if g.DHCHAPHash == "" {
+		g.DHCHAPHash = "sha256"
+	}
+	if g.DHGroup == "" {
+		g.DHGroup = "ffdhe2048"
+	}
+	g.Bidirectional = ob.Bidirectional
+	wantTLS := ob.RequireTLS || ob.AuthMode == AuthTLS || ob.AuthMode == AuthBoth
+	if wantTLS && !sub.TLS {
+		return Errorf(ECONFLICT, "policy requires TLS but subsystem %s has no TLS port", sub.NQN)
+	}
+	if !sub.DHCHAP && ob.AuthMode != AuthTLS {
+		return Errorf(ECONFLICT, "subsystem %s does not do DH-HMAC-CHAP", sub.NQN)
+	}
+	g.TLS = wantTLS
+	if !sub.DHCHAP || ob.AuthMode == AuthTLS {
+		// TLS only: no DH-HMAC-CHAP secrets at all.
+		g.DHCHAPHash, g.DHGroup, g.Bidirectional = "none", "", false
+	}
+	return nil
+}
+
+// HostEntry is what the grants sharing one host entry on a target (one
+// host NQN, one key scope) must agree on: the target holds one set of
+// credentials for them.
+type HostEntry struct {
+	KeyVersion    uint64
+	DHCHAPHash    string
+	DHGroup       string
+	Bidirectional bool
+}
+
+// HostEntry is g's host entry.
+func (g *Grant) HostEntry() HostEntry {
+	return HostEntry{KeyVersion: g.KeyVersion, DHCHAPHash: g.DHCHAPHash, DHGroup: g.DHGroup, Bidirectional: g.Bidirectional}
+}
+
+// SharesHostEntry reports whether o is on g's host entry of a target: the
+// same host NQN in the same key scope (on nvmet one entry per host per
+// target, on SPDK per subsystem).
+func (g *Grant) SharesHostEntry(o *Grant) bool {
+	return o.HostNQN == g.HostNQN && o.Scope() == g.Scope()
+}
+
+// JoinHostEntry makes g's authentication satisfy o's too, o sharing g's
+// host entry: the target holds one set of credentials for both, and
+// obligations are minimums — a stronger hash or DH group, or
+// bidirectional authentication, satisfies a weaker one. Only a TLS or
+// DH-HMAC-CHAP mismatch cannot be merged (ECONFLICT: the node must
+// release o first).
+func (g *Grant) JoinHostEntry(o *Grant) error {
+	if o.TLS != g.TLS || (o.DHCHAPHash == "none") != (g.DHCHAPHash == "none") {
+		return Errorf(ECONFLICT,
+			"host %s holds grant %s (subsystem %s) secured by %s, this one by %s; the target keeps one set of credentials per host: release that grant first",
+			g.HostNQN, o.ID, o.SubsystemNQN, o.security(), g.security())
+	}
+	g.DHCHAPHash = stronger(hashRank, g.DHCHAPHash, o.DHCHAPHash)
+	g.DHGroup = stronger(groupRank, g.DHGroup, o.DHGroup)
+	g.Bidirectional = g.Bidirectional || o.Bidirectional
+	return nil
+}
+
+func (g *Grant) security() string {
+	switch {
+	case g.TLS && g.DHCHAPHash == "none":
+		return "TLS"
+	case g.TLS:
+		return "TLS and DH-HMAC-CHAP"
+	}
+	return "DH-HMAC-CHAP"
+}
+
+var (
+	hashRank  = map[string]int{"sha256": 1, "sha384": 2, "sha512": 3}
+	groupRank = map[string]int{"null": 0, "ffdhe2048": 1, "ffdhe3072": 2, "ffdhe4096": 3, "ffdhe6144": 4, "ffdhe8192": 5}
+)
+
+// stronger is the stronger of a and b by rank (a if either is unranked).
+func stronger(rank map[string]int, a, b string) string {
+	ra, oka := rank[a]
+	rb, okb := rank[b]
+	if oka && okb && rb > ra {
+		return b
+	}
+	return a
+}
+
+// HostRef names a host entry of a target whose grants changed: a host on a
+// subsystem, and the node whose grant it is (the store reads a node's
+// grants without reading the subsystem's others). Whoever changes grants
+// tells the target's programmer the HostRefs it changed.
+type HostRef struct {
+	SubsystemNQN string
+	HostNQN      string
+	Node         string // "" if not known: the subsystem's grants are read
+}
+
+// HostRef is the host entry g belongs to.
+func (g *Grant) HostRef() HostRef {
+	return HostRef{SubsystemNQN: g.SubsystemNQN, HostNQN: g.HostNQN, Node: g.Node}
+}
+
+// HostRefs are the host entries of gs.
+func HostRefs(gs ...*Grant) []HostRef {
+	out := make([]HostRef, len(gs))
+	for i, g := range gs {
+		out[i] = g.HostRef()
+	}
+	return out
+}

@@ -49,10 +49,12 @@ type AuditLog interface {
 // describe) and peers without a verified SVID (refused in the TLS
 // handshake, before any RPC).
 //
-// Grants, renewals and job admissions will be recorded by their handlers,
-// which know the keys and leases involved; key rotations are recorded also
-// by the key manager (version and fingerprint, before the write), policy
-// loads by the daemon.
+// Grants and renewals (and their failures), each revoked grant and each
+// expiry are recorded by the lease package, which knows the keys and
+// grants involved, from the call's typed scope (lease.ScopeEntry: the same
+// fields entryFor makes of that scope's input); key rotations are recorded
+// also by the key manager (version and fingerprint, before the write),
+// policy loads by the daemon.
 
 // changeKinds are the state-changing RPCs the audit interceptor records.
 var changeKinds = map[string]audit.EventKind{

@@ -25,6 +25,9 @@ import (
 // callers that were allowed. Any other store error fails the call closed.
 func (s *Server) describe(ctx context.Context, fullMethod string, req any) (string, map[string]any, error) {
 	d := &describer{ctx: ctx, store: s.store, jobs: s.jobs, members: &s.members}
+	if s.lease != nil {
+		d.grants = s.lease
+	}
 	if action, ok := targetAgentActions[fullMethod]; ok {
 		// A target agent's calls are about its own target (its SVID's
 		// name), whatever the request says; the stream's request is not
@@ -66,6 +69,11 @@ type describer struct {
 	ctx   context.Context
 	store InventoryStore
 	jobs  JobStore // nil: jobs are described by their ID only
+	// grants reads the grant a renewal or release names (nil: the gateway
+	// keeps no grants, and such a call is about none).
+	grants interface {
+		Grant(ctx context.Context, id string) (*nvmegate.Grant, error)
+	}
 	// members answers job membership (nil: scan the job's nodes).
 	members *memberSets
 	// Records read once per call: a connect's namespaces share their
@@ -444,14 +452,13 @@ func (d *describer) nodeBindingRec(id string) (nvmegate.HostBinding, bool, error
 	return nvmegate.HostBinding{SPIFFEID: id, HostNQN: nqn}, false, nil
 }
 
-// grant returns a stored grant, or nil if there is none (or no grant
-// store): policy then refuses the node, which learns nothing.
+// grant returns a stored grant, or nil if there is none (or the gateway
+// keeps no grants): policy then refuses the node, which learns nothing.
 func (d *describer) grant(id string) (*nvmegate.Grant, error) {
-	gs, ok := d.store.(GrantStore)
-	if !ok {
+	if d.grants == nil {
 		return nil, nil
 	}
-	g, err := gs.Grant(d.ctx, id)
+	g, err := d.grants.Grant(d.ctx, id)
 	if ok, err := found(err); err != nil || !ok {
 		return nil, err
 	}

@@ -17,12 +17,27 @@
 // interceptor, before the change: no change without a durable entry. The
 // Audit service reads the log for auditors.
 //
+// Grants are the lease package's: the Access handlers (access.go) take the
+// typed scope describe read for the call and policy's decision, hand them
+// to lease.Lifecycle (Connect → Issue, Renew, Release, Revoke), and
+// convert its grants and credentials to the answer; Jobs.Finish ends the
+// job's grants through it (EndJob), and SweepExpired delegates to it. The
+// lease records each grant, renewal, revocation and expiry itself, before
+// the store or a target changes.
+//
+// What a server serves is wired explicitly in Config: Jobs for the Jobs
+// and Access services, Lease for grants, Keys for the Keys service,
+// Targets and TargetHub for the target agents. New refuses a Lease
+// without Jobs or Targets.
+//
 // Services whose issues have not landed are registered with the generated
 // Unimplemented servers, so they answer Unimplemented after validation and
 // policy: never a fake success.
 //
 // Usage:
 //
-//	srv, err := gateway.New(gateway.Config{Credentials: creds, Store: db, Audit: log, Authorizer: engine})
+//	lc, err := lease.New(lease.Config{Grants: db, Inventory: db, Keys: km, Audit: log, Targets: agent})
+//	srv, err := gateway.New(gateway.Config{Credentials: creds, Store: db, Jobs: db, Lease: lc, Keys: km,
+//		Targets: agent, Audit: log, Authorizer: engine})
 //	go srv.Serve(ctx, listener) // returns after ctx ends and a graceful stop
 package gateway

@@ -27,6 +27,7 @@ import (
 	"github.com/nvmegate/nvmegate/identity/devca"
 	"github.com/nvmegate/nvmegate/keys"
 	"github.com/nvmegate/nvmegate/keys/localstore"
+	"github.com/nvmegate/nvmegate/lease"
 	"github.com/nvmegate/nvmegate/policy"
 	"github.com/nvmegate/nvmegate/store"
 	"github.com/nvmegate/nvmegate/targetagent"
@@ -134,6 +135,15 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 	}
 	for _, o := range opts {
 		o(&cfg)
+	}
+	// The store keeps the jobs; grants are issued where there are keys and
+	// a target agent (after the options, which may take either away).
+	cfg.Jobs = db
+	if cfg.Keys != nil && cfg.Targets != nil {
+		if cfg.Lease, err = lease.New(lease.Config{Grants: db, Inventory: db, Keys: cfg.Keys, Audit: cfg.Audit, Targets: cfg.Targets,
+			Now: cfg.Now, Logger: log}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	srv, err := gateway.New(cfg)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/authz"
+	"github.com/nvmegate/nvmegate/lease"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 	"github.com/nvmegate/nvmegate/store"
 )
@@ -24,10 +25,10 @@ type JobStore interface {
 type jobsService struct {
 	pb.UnimplementedJobsServer
 	store JobStore
-	// endGrants ends a finished job's active grants: the targets stop
-	// allowing its hosts and the roots they knew rotate. Nil without a
-	// grant store.
-	endGrants func(ctx context.Context, jobID, why string) ([]string, error)
+	// lease ends a finished job's active grants: the targets stop
+	// allowing its hosts and the roots they knew rotate. Nil: the gateway
+	// keeps no grants.
+	lease *lease.Lifecycle
 	// lineage signs the finished job's lineage attestation; nil: none.
 	lineage func(ctx context.Context, jobID string) ([]byte, error)
 	log     *slog.Logger
@@ -82,14 +83,14 @@ func (s *jobsService) Finish(ctx context.Context, r *pb.FinishRequest) (*pb.Fini
 		return nil, err
 	}
 	out := &pb.FinishResponse{Job: jobToProto(j)}
-	if s.endGrants != nil {
+	if s.lease != nil {
 		why := "job " + j.ID + " finished"
 		if r.Reason != "" {
 			why += ": " + r.Reason
 		}
 		// The job is finished whatever happens here; the reconciler and
 		// the scheduled rotation catch up, and failures are logged.
-		ids, err := s.endGrants(ctx, j.ID, why)
+		ids, err := s.lease.EndJob(ctx, j.ID, callerID(ctx), why)
 		if err != nil {
 			s.log.ErrorContext(ctx, "job finished, its grants not all ended", "job", j.ID, "err", err)
 		}

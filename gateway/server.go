@@ -18,6 +18,7 @@ import (
 
 	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/authz"
+	"github.com/nvmegate/nvmegate/lease"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
 
@@ -40,12 +41,24 @@ type Config struct {
 	// LineageSigner signs lineage attestations (the audit log's signer);
 	// nil: Audit.Lineage answers Unimplemented.
 	LineageSigner attest.Signer
-	// Keys is the key manager behind the Keys service and Connect; nil
-	// leaves Keys (and Connect) answering Unimplemented.
+	// Keys is the key manager behind the Keys service; nil leaves Keys
+	// answering Unimplemented.
 	Keys KeyManager
-	// Targets programs targets before a grant is handed out (the target
-	// agent); nil: Connect answers Unimplemented.
+	// Targets is the target agent: the Inventory service tells it of
+	// inventory changes, and the TargetAgent service has it program an
+	// agent's target. Nil: neither happens.
 	Targets TargetProgrammer
+	// Jobs keeps job scopes (*store.DB): the Jobs service, the node calls
+	// of the Access service, describing them for policy, and lineage.
+	// Nil: Jobs and Access answer Unimplemented, and Audit.Lineage too.
+	Jobs JobStore
+	// Lease is the grant lifecycle (lease.New over the store, the key
+	// manager, Targets and Audit): Connect, Renew, Release, ListGrants and
+	// Revoke, the end of a finished job's grants, and SweepExpired. Nil:
+	// the grant RPCs answer Unimplemented, Jobs.Finish ends no grants and
+	// SweepExpired none. It requires Jobs (grants are a job's) and Targets
+	// (the agent that holds the grants must hear of inventory changes).
+	Lease *lease.Lifecycle
 	// TargetHub connects remote target agents (the TargetAgent service,
 	// which has Targets program an agent's target when it connects). Nil:
 	// the service answers Unimplemented.
@@ -77,9 +90,9 @@ type Server struct {
 	health          *health.Server
 	authorizer      authz.Authorizer
 	store           InventoryStore
-	jobs            JobStore       // nil if Store keeps no jobs
-	access          *accessService // nil without a job store
-	stopping        chan struct{}  // closed when a shutdown starts: long streams end
+	jobs            JobStore         // nil: no job scopes
+	lease           *lease.Lifecycle // nil: no grants
+	stopping        chan struct{}    // closed when a shutdown starts: long streams end
 	audit           AuditLog
 	log             *slog.Logger
 	metrics         *metrics
@@ -94,10 +107,17 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Credentials == nil || cfg.Store == nil || cfg.Authorizer == nil || cfg.Audit == nil {
 		return nil, errors.New("gateway: Credentials, Store, Authorizer and Audit are required")
 	}
+	switch {
+	case cfg.Lease != nil && cfg.Jobs == nil:
+		return nil, errors.New("gateway: Lease needs Jobs: grants are issued in a job's scope")
+	case cfg.Lease != nil && cfg.Targets == nil:
+		return nil, errors.New("gateway: Lease needs Targets: the agent that programs the grants must hear of inventory changes")
+	}
 	s := &Server{
 		authorizer:      cfg.Authorizer,
 		store:           cfg.Store,
-		jobs:            jobStoreOf(cfg.Store),
+		jobs:            cfg.Jobs,
+		lease:           cfg.Lease,
 		audit:           cfg.Audit,
 		log:             cfg.Logger,
 		now:             cfg.Now,
@@ -152,24 +172,14 @@ func New(cfg Config) (*Server, error) {
 	}
 	audits := &auditService{log: cfg.Audit, exportDir: cfg.ExportDir, jobs: s.jobs, store: cfg.Store, signer: cfg.LineageSigner}
 	pb.RegisterAuditServer(s.grpc, audits)
-	// Without a job store (or keys and a target agent, for grants) these
-	// answer Unimplemented after validation and policy: never a fake
-	// success.
+	// Without a job store (or a lease, for grants) these answer
+	// Unimplemented after validation and policy: never a fake success.
 	if s.jobs != nil {
-		as := &accessService{store: cfg.Store, jobs: s.jobs, audit: cfg.Audit, now: s.now, log: s.log, targets: cfg.Targets}
-		if cfg.Keys != nil {
-			as.keys = cfg.Keys
-		}
-		js := &jobsService{store: s.jobs, log: s.log}
+		js := &jobsService{store: s.jobs, lease: s.lease, log: s.log}
 		if cfg.LineageSigner != nil {
 			js.lineage = audits.lineage
 		}
-		if gs, ok := cfg.Store.(GrantStore); ok && cfg.Targets != nil {
-			as.grants = gs
-			js.endGrants = as.endJobGrants
-		}
-		s.access = as
-		pb.RegisterAccessServer(s.grpc, as)
+		pb.RegisterAccessServer(s.grpc, &accessService{store: cfg.Store, lease: s.lease, now: s.now})
 		pb.RegisterJobsServer(s.grpc, js)
 	} else {
 		pb.RegisterAccessServer(s.grpc, pb.UnimplementedAccessServer{})
@@ -183,13 +193,6 @@ func New(cfg Config) (*Server, error) {
 	healthpb.RegisterHealthServer(s.grpc, stoppingHealth{s.health, s.stopping})
 	reflection.Register(s.grpc)
 	return s, nil
-}
-
-func jobStoreOf(s InventoryStore) JobStore {
-	if js, ok := s.(JobStore); ok {
-		return js
-	}
-	return nil
 }
 
 // DefaultHandshakeTimeout bounds a connection's TLS handshake when

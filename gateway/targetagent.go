@@ -12,6 +12,17 @@ import (
 	"github.com/nvmegate/nvmegate/targetagent"
 )
 
+// TargetProgrammer makes a target allow exactly the hosts its active
+// grants name (targetagent.Agent; the lease programs it for grants).
+// Program's changed are the host entries whose grants the caller stored a
+// change of (every one, or the target does not hear of it until the next
+// whole run); none programs the whole target. InventoryChanged says the
+// target's subsystems, namespaces or ports changed: its next run is whole.
+type TargetProgrammer interface {
+	Program(ctx context.Context, targetID string, changed ...targetagent.HostRef) error
+	InventoryChanged(targetID string)
+}
+
 // TargetHub connects remote target agents (targetagent.Hub).
 type TargetHub interface {
 	Subscribe(targetID string, deltas bool) (<-chan targetagent.Update, func())

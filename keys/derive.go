@@ -35,6 +35,27 @@ type CredentialParams struct {
 	TLSHash nvmefmt.Hash
 }
 
+// ParamsFor are the credential parameters of a grant whose DH-HMAC-CHAP
+// hash is dhchapHash ("sha256", "sha384", "sha512" or "none"), with a
+// controller secret if bidirectional and a TLS PSK if tls: the PSK's hash
+// is SHA-384 beside a SHA-384 or SHA-512 DH-HMAC-CHAP hash, else SHA-256.
+// Whoever derives a grant's credentials (the lease issuing it, the target
+// agent programming it) derives them with these.
+func ParamsFor(dhchapHash string, bidirectional, tls bool) (CredentialParams, error) {
+	h, err := nvmefmt.ParseHash(dhchapHash)
+	if err != nil {
+		return CredentialParams{}, err
+	}
+	p := CredentialParams{DHCHAPHash: h, Bidirectional: bidirectional}
+	if tls {
+		p.TLSHash = nvmefmt.SHA256
+		if h == nvmefmt.SHA384 || h == nvmefmt.SHA512 {
+			p.TLSHash = nvmefmt.SHA384
+		}
+	}
+	return p, nil
+}
+
 // Credentials are a host's secrets for one subsystem, in the NVMe
 // interchange formats, and their fingerprints for the audit log. They print
 // redacted; only the fields themselves hold the secrets.

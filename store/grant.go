@@ -131,23 +131,16 @@ func (db *DB) PutGrant(ctx context.Context, g *nvmegate.Grant) error {
 // PutGrants stores grants in one transaction (one commit): a new grant
 // and the one it supersedes change together.
 func (db *DB) PutGrants(ctx context.Context, gs ...*nvmegate.Grant) error {
-	return db.PutGrantsMoving(ctx, gs, nil, nil, HostEntry{})
+	return db.PutGrantsMoving(ctx, gs, nil, nil, nvmegate.HostEntry{})
 }
 
-// HostEntry is what the grants sharing one host entry on a target (one
-// host NQN, one key scope) must agree on: the target holds one set of
-// credentials for them.
-type HostEntry struct {
-	KeyVersion    uint64
-	DHCHAPHash    string
-	DHGroup       string
-	Bidirectional bool
-}
+// HostEntry is the root's nvmegate.HostEntry: what the grants sharing one
+// host entry on a target must agree on. The name stays for callers of
+// PutGrantsMoving.
+type HostEntry = nvmegate.HostEntry
 
-// EntryOf is g's host entry.
-func EntryOf(g *nvmegate.Grant) HostEntry {
-	return HostEntry{KeyVersion: g.KeyVersion, DHCHAPHash: g.DHCHAPHash, DHGroup: g.DHGroup, Bidirectional: g.Bidirectional}
-}
+// EntryOf is g's host entry (g.HostEntry()).
+func EntryOf(g *nvmegate.Grant) HostEntry { return g.HostEntry() }
 
 // PutGrantsMoving stores gs and, in the same commit, gives the grants
 // named in move the host entry to. Each moved grant is read as it is in
@@ -155,7 +148,7 @@ func EntryOf(g *nvmegate.Grant) HostEntry {
 // decision) stay; grants that ended meanwhile are left alone, and with
 // from set, so is a grant whose entry is no longer *from (putting a move
 // back must not undo a later one).
-func (db *DB) PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []string, from *HostEntry, to HostEntry) error {
+func (db *DB) PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []string, from *nvmegate.HostEntry, to nvmegate.HostEntry) error {
 	vals := make([][]byte, len(gs))
 	stored := make([]*nvmegate.Grant, len(gs)) // the model's copies
 	for i, g := range gs {
@@ -190,7 +183,7 @@ func (db *DB) PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []
 			if err != nil {
 				return err
 			}
-			if cur.State != nvmegate.GrantActive || (from != nil && EntryOf(cur) != *from) {
+			if cur.State != nvmegate.GrantActive || (from != nil && cur.HostEntry() != *from) {
 				continue
 			}
 			cur.KeyVersion, cur.DHCHAPHash, cur.DHGroup, cur.Bidirectional = to.KeyVersion, to.DHCHAPHash, to.DHGroup, to.Bidirectional

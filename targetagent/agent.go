@@ -13,7 +13,6 @@ import (
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/fabric"
 	"github.com/nvmegate/nvmegate/keys"
-	"github.com/nvmegate/nvmegate/keys/nvmefmt"
 	"github.com/nvmegate/nvmegate/store"
 )
 
@@ -53,28 +52,16 @@ type Driver interface {
 	ApplyDelta(ctx context.Context, d fabric.Delta) error
 }
 
-// HostRef names a host entry of a target whose grants changed: a host on a
-// subsystem, and the node whose grant it is (the store reads a node's
-// grants without reading the subsystem's others).
-type HostRef struct {
-	SubsystemNQN string
-	HostNQN      string
-	Node         string // "" if not known: the subsystem's grants are read
-}
+// HostRef names a host entry of a target whose grants changed (the root's
+// nvmegate.HostRef: those who change grants name it without importing the
+// agent).
+type HostRef = nvmegate.HostRef
 
 // HostOf is the host entry g belongs to.
-func HostOf(g *nvmegate.Grant) HostRef {
-	return HostRef{SubsystemNQN: g.SubsystemNQN, HostNQN: g.HostNQN, Node: g.Node}
-}
+func HostOf(g *nvmegate.Grant) HostRef { return g.HostRef() }
 
 // HostsOf are the host entries of gs.
-func HostsOf(gs ...*nvmegate.Grant) []HostRef {
-	out := make([]HostRef, len(gs))
-	for i, g := range gs {
-		out[i] = HostOf(g)
-	}
-	return out
-}
+func HostsOf(gs ...*nvmegate.Grant) []HostRef { return nvmegate.HostRefs(gs...) }
 
 // Agent programs targets through their drivers, or through their own
 // agents connected to Hub. It keeps each target's desired state and
@@ -144,18 +131,7 @@ func (a *Agent) now() time.Time {
 
 // GrantParams are the credential parameters a grant was issued with.
 func GrantParams(g *nvmegate.Grant) (keys.CredentialParams, error) {
-	h, err := nvmefmt.ParseHash(g.DHCHAPHash)
-	if err != nil {
-		return keys.CredentialParams{}, err
-	}
-	p := keys.CredentialParams{DHCHAPHash: h, Bidirectional: g.Bidirectional}
-	if g.TLS {
-		p.TLSHash = nvmefmt.SHA256
-		if h == nvmefmt.SHA384 || h == nvmefmt.SHA512 {
-			p.TLSHash = nvmefmt.SHA384
-		}
-	}
-	return p, nil
+	return keys.ParamsFor(g.DHCHAPHash, g.Bidirectional, g.TLS)
 }
 
 // State builds the whole desired state of a target from the store, at a

@@ -26,6 +26,7 @@ import (
 	"github.com/nvmegate/nvmegate/identity/devca"
 	"github.com/nvmegate/nvmegate/keys"
 	"github.com/nvmegate/nvmegate/keys/localstore"
+	"github.com/nvmegate/nvmegate/lease"
 	"github.com/nvmegate/nvmegate/policy"
 	"github.com/nvmegate/nvmegate/store"
 	"github.com/nvmegate/nvmegate/targetagent"
@@ -85,8 +86,12 @@ func startDevGatewayAs(t *testing.T, serverName string) string {
 	agent := &targetagent.Agent{Store: db, Keys: km, Driver: func(t *nvmegate.Target) targetagent.Driver {
 		return &nvmet.Driver{Root: filepath.Join(dir, "configfs", t.ID)}
 	}}
-	srv, err := gateway.New(gateway.Config{Credentials: identity.ServerCredentials(src, td), Store: db, Audit: alog, ExportDir: dir, Keys: km, Targets: agent, LineageSigner: signer,
-		Authorizer: engine, Policy: engine, Logger: log})
+	lc, err := lease.New(lease.Config{Grants: db, Inventory: db, Keys: km, Audit: alog, Targets: agent, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := gateway.New(gateway.Config{Credentials: identity.ServerCredentials(src, td), Store: db, Jobs: db, Lease: lc, Audit: alog,
+		ExportDir: dir, Keys: km, Targets: agent, LineageSigner: signer, Authorizer: engine, Policy: engine, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,6 +34,7 @@ import (
 	"github.com/nvmegate/nvmegate/keys"
 	"github.com/nvmegate/nvmegate/keys/localstore"
 	"github.com/nvmegate/nvmegate/keys/vaultstore"
+	"github.com/nvmegate/nvmegate/lease"
 	"github.com/nvmegate/nvmegate/store"
 	"github.com/nvmegate/nvmegate/targetagent"
 )
@@ -55,6 +56,7 @@ type Main struct {
 	keys     *keys.Manager
 	agent    *targetagent.Agent
 	hub      *targetagent.Hub // remote target agents
+	lease    *lease.Lifecycle // the grants: issued, renewed, ended, expired
 	audit    *audit.Log
 	auditKey signer // the local KeyDir, or a Vault Transit key
 	source   identity.Source
@@ -252,12 +254,20 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		m.reloader = &policyReloader{engine: m.engine, source: src, interval: c.Policy.reloadInterval(), log: m.log, audit: m.audit, self: self}
 	}
 
+	// The grants' lifecycle: recorded in the log, kept in the store, with
+	// credentials from the key manager, programmed through the agent.
+	if m.lease, err = lease.New(lease.Config{Grants: m.db, Inventory: m.db, Keys: m.keys, Audit: m.audit, Targets: m.agent, Logger: m.log}); err != nil {
+		return err
+	}
+
 	m.registry = prometheus.NewRegistry()
 	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.server, err = gateway.New(gateway.Config{
 		MaxInFlight:   c.MaxInFlight,
 		Credentials:   identity.ServerCredentials(m.source, td),
 		Store:         m.db,
+		Jobs:          m.db,
+		Lease:         m.lease,
 		Audit:         m.audit,
 		LineageSigner: m.auditKey,
 		Keys:          m.keys,
@@ -478,7 +488,7 @@ func (m *Main) Run(ctx context.Context) error {
 	g.Go(func() error {
 		d, _ := time.ParseDuration(m.Config.Targets.ReconcileInterval)
 		every(ctx, d, func() {
-			if n, err := m.server.SweepExpired(ctx); err != nil {
+			if n, err := m.lease.Expire(ctx); err != nil {
 				m.log.Warn("expired grants not swept", "err", err)
 			} else if n > 0 {
 				m.log.Info("expired grants ended", "count", n)

@@ -1,0 +1,155 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/audit"
+	"github.com/nvmegate/nvmegate/keys"
+	"github.com/nvmegate/nvmegate/store"
+)
+
+// Grants is the grant store as the lifecycle uses it (*store.DB).
+type Grants interface {
+	Grant(ctx context.Context, id string) (*nvmegate.Grant, error)
+	ListGrants(ctx context.Context, f store.GrantFilter, p store.Page) ([]*nvmegate.Grant, string, error)
+	// NodeActiveGrants are a node's active grants in any job, on any
+	// subsystem: those a new grant supersedes or shares a host entry with.
+	NodeActiveGrants(ctx context.Context, node string) ([]*nvmegate.Grant, error)
+	// ExpiredGrants are the grants still stored as active past their
+	// expiry.
+	ExpiredGrants(ctx context.Context) ([]*nvmegate.Grant, error)
+	// PutGrantsMoving stores gs and, in the same commit, gives the active
+	// grants named in move the host entry to (only those still at *from,
+	// if from is set). Ended grants never become active again.
+	PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []string, from *nvmegate.HostEntry, to nvmegate.HostEntry) error
+}
+
+// Inventory tells where a grant's subsystem is (*store.DB).
+type Inventory interface {
+	Subsystem(ctx context.Context, nqn string) (*nvmegate.Subsystem, error)
+	Target(ctx context.Context, id string) (*nvmegate.Target, error)
+}
+
+// Keys derives credentials and rotates what revoked hosts knew
+// (*keys.Manager).
+type Keys interface {
+	// Credentials derives a host's credentials from the current root of
+	// scope.
+	Credentials(ctx context.Context, hostNQN, scope string, p keys.CredentialParams) (keys.Credentials, error)
+	// Usable is nil while root version v of scope may still be used,
+	// keys.ErrExpired after its grace.
+	Usable(ctx context.Context, scope string, v uint64) error
+	// Revoked rotates the root of scope: what the revoked hosts knew stops
+	// working after the grace.
+	Revoked(ctx context.Context, scope, why string) error
+}
+
+// AuditLog is where every step is recorded before it happens (*audit.Log).
+type AuditLog interface {
+	Append(ctx context.Context, e audit.Entry) (uint64, [32]byte, error)
+}
+
+// Targets programs targets (*targetagent.Agent): Program returns once the
+// target allows exactly the hosts its active grants name, as the store
+// holds them after the call. changed are the host entries whose grants
+// the caller changed.
+type Targets interface {
+	Program(ctx context.Context, targetID string, changed ...nvmegate.HostRef) error
+}
+
+// Config wires a Lifecycle. Every interface is required.
+type Config struct {
+	Grants    Grants
+	Inventory Inventory
+	Keys      Keys
+	Audit     AuditLog
+	Targets   Targets
+	// Now is the clock of issue times, expiries and entries; time.Now if
+	// nil.
+	Now func() time.Time
+	// Logger hears of what failed where the caller is not told (a
+	// compensation, a target that did not follow an end); slog.Default()
+	// if nil.
+	Logger *slog.Logger
+}
+
+// Lifecycle issues, renews, releases, revokes and expires grants. It is
+// safe for concurrent use.
+type Lifecycle struct {
+	grants    Grants
+	inventory Inventory
+	keys      Keys
+	audit     AuditLog
+	targets   Targets
+	now       func() time.Time
+	log       *slog.Logger
+}
+
+// New returns the Lifecycle cfg wires.
+func New(cfg Config) (*Lifecycle, error) {
+	if cfg.Grants == nil || cfg.Inventory == nil || cfg.Keys == nil || cfg.Audit == nil || cfg.Targets == nil {
+		return nil, errors.New("lease: Grants, Inventory, Keys, Audit and Targets are required")
+	}
+	l := &Lifecycle{grants: cfg.Grants, inventory: cfg.Inventory, keys: cfg.Keys, audit: cfg.Audit, targets: cfg.Targets,
+		now: cfg.Now, log: cfg.Logger}
+	if l.now == nil {
+		l.now = time.Now
+	}
+	if l.log == nil {
+		l.log = slog.Default()
+	}
+	return l, nil
+}
+
+// Request is a node's connect or renewal as policy allowed it.
+type Request struct {
+	// Scope is the call's scope as it was read once for policy: the
+	// caller and its binding, the job, the subsystem and its target, the
+	// namespaces. The grant is made from it and its entries record it.
+	Scope *nvmegate.Scope
+	// Decision is policy's, with the obligations the grant must meet.
+	Decision *nvmegate.Decision
+	// TTL is the lifetime asked for; 0 means nvmegate.DefaultGrantTTL.
+	// Policy's max TTL and the job's expiry cap it.
+	TTL time.Duration
+}
+
+// Issued is a grant issued or renewed, with the credentials its node gets:
+// the only place they appear (never stored, never recorded, never logged).
+type Issued struct {
+	Grant       *nvmegate.Grant
+	Credentials keys.Credentials
+}
+
+// Selection picks the active grants a revocation ends: the one GrantID
+// names, or else those of JobID and Node (an empty field matches every
+// grant; a Selection must name something).
+type Selection struct {
+	GrantID string
+	JobID   string
+	Node    string
+}
+
+// Grant returns a grant, or ENOTFOUND; one past its expiry reads as
+// expired.
+func (l *Lifecycle) Grant(ctx context.Context, id string) (*nvmegate.Grant, error) {
+	return l.grants.Grant(ctx, id)
+}
+
+// ListGrants returns one page of grants.
+func (l *Lifecycle) ListGrants(ctx context.Context, f store.GrantFilter, p store.Page) ([]*nvmegate.Grant, string, error) {
+	return l.grants.ListGrants(ctx, f, p)
+}
+
+// targetOf is the target of a grant's subsystem.
+func (l *Lifecycle) targetOf(ctx context.Context, g *nvmegate.Grant) (*nvmegate.Target, error) {
+	sub, err := l.inventory.Subsystem(ctx, g.SubsystemNQN)
+	if err != nil {
+		return nil, err
+	}
+	return l.inventory.Target(ctx, sub.TargetID)
+}

@@ -1,0 +1,422 @@
+package lease_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/audit"
+	"github.com/nvmegate/nvmegate/lease"
+	"github.com/nvmegate/nvmegate/store"
+)
+
+// appendFunc is an AuditLog of one function: a test's look at the world
+// at the moment something is recorded.
+type appendFunc func(ctx context.Context, e audit.Entry) (uint64, [32]byte, error)
+
+func (f appendFunc) Append(ctx context.Context, e audit.Entry) (uint64, [32]byte, error) {
+	return f(ctx, e)
+}
+
+// programFunc is a Targets of one function.
+type programFunc func(ctx context.Context, id string, changed ...nvmegate.HostRef) error
+
+func (f programFunc) Program(ctx context.Context, id string, changed ...nvmegate.HostRef) error {
+	return f(ctx, id, changed...)
+}
+
+// A grant is on the record before the store or the target changes, and on
+// the target before Issue returns: the entry carries the scope, the
+// decision and the fingerprints of what was issued, never a secret.
+func TestIssue(t *testing.T) {
+	var looked atomic.Bool
+	w := newWorld(t, func(w *world, c *lease.Config) {
+		c.Audit = appendFunc(func(ctx context.Context, e audit.Entry) (uint64, [32]byte, error) {
+			if e.Kind == audit.EventGrant {
+				if _, err := w.db.Grant(ctx, e.GrantID); nvmegate.ErrorCode(err) != nvmegate.ENOTFOUND {
+					t.Errorf("grant %s stored before its entry (%v)", e.GrantID, err)
+				}
+				if w.allowed(node1, sub1) {
+					t.Error("the target allows the host before the grant's entry")
+				}
+				looked.Store(true)
+			}
+			return w.log.Append(ctx, e)
+		})
+	})
+	r := w.request(node1, sub1, nvmegate.Obligations{MinHash: "sha384", MaxTTL: 30 * time.Minute})
+	is, err := w.lc.Issue(w.ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !looked.Load() {
+		t.Fatal("no grant entry")
+	}
+	g := w.grant(is.Grant.ID)
+	now := w.clock.Now()
+	if g.State != nvmegate.GrantActive || g.Node != node1 || g.HostNQN != hostNQNs[node1] || g.SubsystemNQN != sub1 || g.JobID != jobID ||
+		g.KeyVersion != 1 || g.KeyScope != keyScope || g.DHCHAPHash != "sha384" || !g.ExpiresAt.Equal(now.Add(30*time.Minute)) ||
+		g.DecisionID != r.Decision.ID {
+		t.Fatalf("stored grant %+v", g)
+	}
+	recs := w.entries(audit.EventGrant)
+	if len(recs) != 1 || g.AuditIndex != recs[0].Index {
+		t.Fatalf("%d grant entries; the grant's audit index %d", len(recs), g.AuditIndex)
+	}
+	e := recs[0].Entry
+	if e.GrantID != g.ID || e.Caller != node1 || e.Tenant != "acme" || e.JobID != jobID || e.HostNQN != g.HostNQN ||
+		e.SubsystemNQN != sub1 || !e.ExpiresAt.Equal(g.ExpiresAt) || e.Detail != "access.connect "+sub1 ||
+		e.Decision == nil || e.Decision.ID != r.Decision.ID || !e.Decision.Allow ||
+		len(e.Namespaces) != 1 || e.Namespaces[0].DatasetDigest != digest || e.Namespaces[0].Mode != nvmegate.ModeReadOnly {
+		t.Fatalf("grant entry %+v", e)
+	}
+	if len(e.Keys) != 2 || e.Keys[0] != (audit.KeyRef{Class: "access_root", ID: keyScope, Version: 1, Fingerprint: is.Credentials.RootFingerprint}) ||
+		e.Keys[1] != (audit.KeyRef{Class: "dhchap_host", ID: g.HostNQN, Version: 1, Fingerprint: is.Credentials.HostSecretFingerprint}) {
+		t.Fatalf("grant entry keys %+v", e.Keys)
+	}
+	if strings.Contains(string(recs[0].Raw), "DHHC-1") {
+		t.Fatal("the grant entry holds a secret")
+	}
+	if !w.allowed(node1, sub1) || w.hostKey(node1) != is.Credentials.HostSecret || w.allowed(node1, sub2) {
+		t.Fatalf("target: allowed on %s %v, on %s %v; key matches %v", sub1, w.allowed(node1, sub1), sub2, w.allowed(node1, sub2),
+			w.hostKey(node1) == is.Credentials.HostSecret)
+	}
+}
+
+// A grant whose entry cannot be made durable is not made: nothing is
+// stored and the target is not told.
+func TestIssueUnrecorded(t *testing.T) {
+	w := newWorld(t)
+	w.must(w.log.Close())
+	_, err := w.lc.Issue(w.ctx, w.request(node1, sub1, nvmegate.Obligations{}))
+	if !errors.Is(err, lease.ErrUnrecorded) {
+		t.Fatalf("issue with the log closed: %v", err)
+	}
+	wantCode(t, err, nvmegate.EUNAVAILABLE, "nothing was changed")
+	gs, _, err := w.db.ListGrants(w.ctx, store.GrantFilter{}, store.Page{})
+	if err != nil || len(gs) != 0 {
+		t.Fatalf("grants stored: %v %v", gs, err)
+	}
+	if w.allowed(node1, sub1) {
+		t.Fatal("the target allows the host")
+	}
+}
+
+// The job's state is checked again once the grant is on the record: a job
+// no longer active gets no grant, and the log says why.
+func TestIssueJobNoLongerActive(t *testing.T) {
+	w := newWorld(t)
+	r := w.request(node1, sub1, nvmegate.Obligations{})
+	j := *r.Scope.Job
+	j.State = nvmegate.JobFinished
+	r.Scope.Job = &j
+	_, err := w.lc.Issue(w.ctx, r)
+	wantCode(t, err, nvmegate.ECONFLICT, "job job-1 is finished; no grant")
+	grants, denies := w.entries(audit.EventGrant), w.entries(audit.EventDeny)
+	if len(grants) != 1 || len(denies) != 1 {
+		t.Fatalf("%d grant and %d deny entries, want 1 and 1", len(grants), len(denies))
+	}
+	if d := denies[0].Entry; d.GrantID != grants[0].Entry.GrantID || d.Detail != "access.connect job-1: job job-1 is finished" ||
+		d.Decision == nil || d.Decision.ID != r.Decision.ID || d.Time.IsZero() {
+		t.Fatalf("deny entry %+v", d)
+	}
+	if gs, _ := w.db.NodeActiveGrants(w.ctx, node1); len(gs) != 0 || w.allowed(node1, sub1) {
+		t.Fatalf("grants %v; allowed %v", gs, w.allowed(node1, sub1))
+	}
+}
+
+// A new connect supersedes the node's earlier grant on the subsystem in
+// the job, in the same commit.
+func TestIssueSupersedes(t *testing.T) {
+	w := newWorld(t)
+	a := w.issue(node1, sub1)
+	b := w.issue(node1, sub1)
+	if s := w.grant(a.Grant.ID).State; s != nvmegate.GrantReleased {
+		t.Fatalf("superseded grant is %s", s)
+	}
+	gs, err := w.db.NodeActiveGrants(w.ctx, node1)
+	if err != nil || len(gs) != 1 || gs[0].ID != b.Grant.ID {
+		t.Fatalf("active grants %v %v, want only %s", gs, err, b.Grant.ID)
+	}
+	if !w.allowed(node1, sub1) || w.hostKey(node1) != b.Credentials.HostSecret {
+		t.Fatal("the target does not hold the new grant")
+	}
+}
+
+// After a rotation a renewal gets the new root's credentials, on the
+// target before it returns; the node's grant on the target's other
+// subsystem shares the host entry and moves with it, and the renewal's
+// entry says so.
+func TestRenewAfterRotation(t *testing.T) {
+	w := newWorld(t)
+	a := w.issue(node1, sub1)
+	b := w.issue(node1, sub2)
+	if a.Credentials.HostSecret != b.Credentials.HostSecret {
+		t.Fatal("two secrets for one host on one nvmet target")
+	}
+	if _, err := w.keys.Rotate(w.ctx, keyScope, "test"); err != nil {
+		t.Fatal(err)
+	}
+	w.clock.Advance(2 * time.Minute) // within the key manager's staleness bound (no refresh runs here)
+	r, err := w.lc.Renew(w.ctx, w.grant(a.Grant.ID), w.request(node1, sub1, nvmegate.Obligations{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Grant.KeyVersion != 2 || r.Credentials.HostSecret == a.Credentials.HostSecret || !r.Grant.ExpiresAt.Equal(w.clock.Now().Add(time.Hour)) {
+		t.Fatalf("renewed: v%d, expires %v", r.Grant.KeyVersion, r.Grant.ExpiresAt)
+	}
+	if w.hostKey(node1) != r.Credentials.HostSecret || !w.allowed(node1, sub1) || !w.allowed(node1, sub2) {
+		t.Fatal("the target does not hold the renewed key on both subsystems")
+	}
+	renews := w.entries(audit.EventRenew)
+	if len(renews) != 1 {
+		t.Fatalf("%d renew entries", len(renews))
+	}
+	e := renews[0].Entry
+	if g := w.grant(a.Grant.ID); g.KeyVersion != 2 || g.AuditIndex != renews[0].Index {
+		t.Fatalf("stored renewal %+v", g)
+	}
+	if g := w.grant(b.Grant.ID); g.KeyVersion != 2 || g.State != nvmegate.GrantActive {
+		t.Fatalf("the grant sharing the host entry: %+v", g)
+	}
+	if !strings.HasPrefix(e.Detail, "access.renew "+sub1+"; moves "+b.Grant.ID) || e.Keys[0].Version != 2 || e.GrantID != a.Grant.ID {
+		t.Fatalf("renew entry %+v", e)
+	}
+}
+
+// A release ends the grant and the target stops allowing the host. The
+// gateway records the release (the call's entry); the lease writes none.
+func TestRelease(t *testing.T) {
+	w := newWorld(t)
+	a := w.issue(node1, sub1)
+	b := w.issue(node2, sub1)
+	w.must(w.lc.Release(w.ctx, w.grant(a.Grant.ID)))
+	if s := w.grant(a.Grant.ID).State; s != nvmegate.GrantReleased {
+		t.Fatalf("released grant is %s", s)
+	}
+	if w.allowed(node1, sub1) || !w.allowed(node2, sub1) || w.hostKey(node2) != b.Credentials.HostSecret {
+		t.Fatal("the target did not drop only the released host")
+	}
+	if n := len(w.entries(audit.EventRelease)); n != 0 {
+		t.Fatalf("%d release entries from the lease", n)
+	}
+}
+
+// A revocation records each grant (its job, host and subsystem, the
+// caller, the reason) and ends it, the target drops the host and the root
+// rotates — all of it even when the caller hangs up once it has begun.
+func TestRevoke(t *testing.T) {
+	var hangUp atomic.Pointer[context.CancelFunc]
+	w := newWorld(t, func(w *world, c *lease.Config) {
+		c.Targets = programFunc(func(ctx context.Context, id string, changed ...nvmegate.HostRef) error {
+			if f := hangUp.Load(); f != nil {
+				(*f)()
+			}
+			return w.agent.Program(ctx, id, changed...)
+		})
+	})
+	a := w.issue(node1, sub1)
+	b := w.issue(node2, sub1)
+	ctx, cancel := context.WithCancel(w.ctx)
+	hangUp.Store(&cancel)
+	ids, err := w.lc.Revoke(ctx, lease.Selection{Node: node1}, admin, "revoked: compromised")
+	if err != nil || !slices.Equal(ids, []string{a.Grant.ID}) {
+		t.Fatalf("revoked %v (%v), want %s", ids, err, a.Grant.ID)
+	}
+	if ctx.Err() == nil {
+		t.Fatal("the caller did not hang up")
+	}
+	if w.grant(a.Grant.ID).State != nvmegate.GrantRevoked || w.grant(b.Grant.ID).State != nvmegate.GrantActive {
+		t.Fatal("revoked the wrong grants")
+	}
+	if w.allowed(node1, sub1) || !w.allowed(node2, sub1) {
+		t.Fatal("the target did not drop only the revoked host")
+	}
+	revokes := w.entries(audit.EventRevoke)
+	if len(revokes) != 1 {
+		t.Fatalf("%d revoke entries", len(revokes))
+	}
+	if e := revokes[0].Entry; e.GrantID != a.Grant.ID || e.Caller != admin || e.JobID != jobID || e.Tenant != "acme" ||
+		e.HostNQN != hostNQNs[node1] || e.SubsystemNQN != sub1 || e.Detail != "revoked: compromised" || !e.ExpiresAt.Equal(a.Grant.ExpiresAt) {
+		t.Fatalf("revoke entry %+v", e)
+	}
+	st, err := w.keys.Status(w.ctx, keyScope)
+	if err != nil || st.Current != 2 {
+		t.Fatalf("root after revocation: %+v %v", st, err)
+	}
+	_, err = w.lc.Revoke(w.ctx, lease.Selection{}, admin, "everything?")
+	wantCode(t, err, nvmegate.EINVALID)
+}
+
+// Ending access is the safe direction: a grant whose revoke entry cannot
+// be written is revoked all the same.
+func TestRevokeUnrecorded(t *testing.T) {
+	w := newWorld(t)
+	a := w.issue(node1, sub1)
+	w.must(w.log.Close())
+	ids, err := w.lc.Revoke(w.ctx, lease.Selection{GrantID: a.Grant.ID}, admin, "revoked: test")
+	if err != nil || !slices.Equal(ids, []string{a.Grant.ID}) {
+		t.Fatalf("revoked %v (%v)", ids, err)
+	}
+	if w.grant(a.Grant.ID).State != nvmegate.GrantRevoked || w.allowed(node1, sub1) {
+		t.Fatal("the grant was not ended")
+	}
+}
+
+// The end of a job revokes every active grant of it, on the caller's
+// authority.
+func TestEndJob(t *testing.T) {
+	w := newWorld(t)
+	a := w.issue(node1, sub1)
+	b := w.issue(node2, sub2)
+	const sched = "spiffe://nvmegate.test/tenant/acme/scheduler/slurm"
+	ids, err := w.lc.EndJob(w.ctx, jobID, sched, "job job-1 finished")
+	slices.Sort(ids)
+	want := []string{a.Grant.ID, b.Grant.ID}
+	slices.Sort(want)
+	if err != nil || !slices.Equal(ids, want) {
+		t.Fatalf("ended %v (%v), want %v", ids, err, want)
+	}
+	for _, id := range want {
+		if s := w.grant(id).State; s != nvmegate.GrantRevoked {
+			t.Fatalf("grant %s is %s", id, s)
+		}
+	}
+	if w.allowed(node1, sub1) || w.allowed(node2, sub2) {
+		t.Fatal("the target still allows the job's hosts")
+	}
+	revokes := w.entries(audit.EventRevoke)
+	if len(revokes) != 2 || revokes[0].Entry.Caller != sched || revokes[1].Entry.Detail != "job job-1 finished" {
+		t.Fatalf("revoke entries %+v", revokes)
+	}
+	if st, err := w.keys.Status(w.ctx, keyScope); err != nil || st.Current != 2 {
+		t.Fatalf("root after the job: %+v %v", st, err)
+	}
+}
+
+// The sweep records each expired grant before it ends it, and the target
+// drops the host.
+func TestExpire(t *testing.T) {
+	w := newWorld(t)
+	r := w.request(node1, sub1, nvmegate.Obligations{})
+	r.TTL = time.Minute
+	is, err := w.lc.Issue(w.ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := w.issue(node2, sub1)
+	if n, err := w.lc.Expire(w.ctx); err != nil || n != 0 {
+		t.Fatalf("nothing expired yet: %d %v", n, err)
+	}
+	w.clock.Advance(2 * time.Minute)
+	if n, err := w.lc.Expire(w.ctx); err != nil || n != 1 {
+		t.Fatalf("expired %d (%v), want 1", n, err)
+	}
+	if s := w.grant(is.Grant.ID).State; s != nvmegate.GrantExpired {
+		t.Fatalf("expired grant is %s", s)
+	}
+	if w.allowed(node1, sub1) || !w.allowed(node2, sub1) || w.hostKey(node2) != b.Credentials.HostSecret {
+		t.Fatal("the target did not drop only the expired host")
+	}
+	expires := w.entries(audit.EventExpire)
+	if len(expires) != 1 {
+		t.Fatalf("%d expire entries", len(expires))
+	}
+	if e := expires[0].Entry; e.GrantID != is.Grant.ID || e.Caller != "" || e.JobID != jobID || e.Detail != "grant expired" ||
+		!e.ExpiresAt.Equal(is.Grant.ExpiresAt) {
+		t.Fatalf("expire entry %+v", e)
+	}
+	if n, err := w.lc.Expire(w.ctx); err != nil || n != 0 {
+		t.Fatalf("second sweep: %d %v", n, err)
+	}
+}
+
+// An expired grant is not ended unrecorded: the next sweep retries it.
+func TestExpireUnrecorded(t *testing.T) {
+	w := newWorld(t)
+	r := w.request(node1, sub1, nvmegate.Obligations{})
+	r.TTL = time.Minute
+	if _, err := w.lc.Issue(w.ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	w.clock.Advance(2 * time.Minute)
+	w.must(w.log.Close())
+	if n, err := w.lc.Expire(w.ctx); err == nil || n != 0 {
+		t.Fatalf("expired %d (%v) with the log closed", n, err)
+	}
+	if gs, err := w.db.ExpiredGrants(w.ctx); err != nil || len(gs) != 1 {
+		t.Fatalf("still to sweep: %v %v", gs, err)
+	}
+}
+
+// A target that does not take a new grant: the grant is ended, the node's
+// grant that would have moved with it is put back at the keys the node
+// holds, the target follows the store back, and the log says why.
+func TestIssueTargetRefuses(t *testing.T) {
+	var ref *refusing
+	w := newWorld(t, func(w *world, c *lease.Config) { ref = &refusing{next: w.agent}; c.Targets = ref })
+	b := w.issue(node1, sub2) // at root version 1
+	if _, err := w.keys.Rotate(w.ctx, keyScope, "test"); err != nil {
+		t.Fatal(err)
+	}
+	ref.n.Store(1)
+	r := w.request(node1, sub1, nvmegate.Obligations{})
+	_, err := w.lc.Issue(w.ctx, r)
+	wantCode(t, err, nvmegate.EUNAVAILABLE, "target stor-eu-1 did not accept the host in time; no grant was made")
+	grants := w.entries(audit.EventGrant)
+	if len(grants) != 2 || !strings.Contains(grants[1].Entry.Detail, "moves "+b.Grant.ID) {
+		t.Fatalf("grant entries %+v", grants)
+	}
+	refused := grants[1].Entry.GrantID
+	if s := w.grant(refused).State; s != nvmegate.GrantRevoked {
+		t.Fatalf("the refused grant is %s", s)
+	}
+	if g := w.grant(b.Grant.ID); g.KeyVersion != 1 || g.State != nvmegate.GrantActive {
+		t.Fatalf("the sibling was not put back: %+v", g)
+	}
+	denies := w.entries(audit.EventDeny)
+	if len(denies) != 1 {
+		t.Fatalf("%d deny entries", len(denies))
+	}
+	if d := denies[0].Entry; d.GrantID != refused || d.Detail != "access.connect job-1: target stor-eu-1 did not accept the host" ||
+		d.Decision == nil || d.Decision.ID != r.Decision.ID || d.SubsystemNQN != sub1 {
+		t.Fatalf("deny entry %+v", d)
+	}
+	if w.allowed(node1, sub1) || !w.allowed(node1, sub2) || w.hostKey(node1) != b.Credentials.HostSecret {
+		t.Fatal("the target does not hold the node's earlier grant at its old key")
+	}
+}
+
+// A target that does not take a renewal's new keys: the grant keeps its
+// old ones (and its old expiry), and the log says why.
+func TestRenewTargetRefuses(t *testing.T) {
+	var ref *refusing
+	w := newWorld(t, func(w *world, c *lease.Config) { ref = &refusing{next: w.agent}; c.Targets = ref })
+	a := w.issue(node1, sub1)
+	if _, err := w.keys.Rotate(w.ctx, keyScope, "test"); err != nil {
+		t.Fatal(err)
+	}
+	w.clock.Advance(time.Minute)
+	ref.n.Store(1)
+	_, err := w.lc.Renew(w.ctx, w.grant(a.Grant.ID), w.request(node1, sub1, nvmegate.Obligations{}))
+	wantCode(t, err, nvmegate.EUNAVAILABLE, "did not accept the new keys; the grant keeps its old ones")
+	g := w.grant(a.Grant.ID)
+	if g.KeyVersion != 1 || g.State != nvmegate.GrantActive || !g.ExpiresAt.Equal(a.Grant.ExpiresAt) || g.AuditIndex != a.Grant.AuditIndex {
+		t.Fatalf("grant after the refused renewal %+v, want %+v", g, a.Grant)
+	}
+	if n := len(w.entries(audit.EventRenew)); n != 1 {
+		t.Fatalf("%d renew entries (the renewal is recorded before the target is asked)", n)
+	}
+	denies := w.entries(audit.EventDeny)
+	if len(denies) != 1 || denies[0].Entry.Detail != "access.renew job-1: target stor-eu-1 did not accept the new keys" {
+		t.Fatalf("deny entries %+v", denies)
+	}
+	if w.hostKey(node1) != a.Credentials.HostSecret || !w.allowed(node1, sub1) {
+		t.Fatal("the target does not hold the old key")
+	}
+}

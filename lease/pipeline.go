@@ -1,0 +1,296 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/audit"
+)
+
+// change is one step of the lifecycle as run carries it out: what is
+// recorded, what is stored, which host entries the targets are told of,
+// and what undoes it. A step either opens access — grant is set: issue,
+// renew — or ends it — ends is set: release, revoke, expire.
+type change struct {
+	op string // the step, for log lines: "connect", "renew", "release", "revoke", "expire"
+
+	// Opening access.
+	grant *nvmegate.Grant // issued or renewed
+	entry audit.Entry     // grant's entry, recorded first; its index becomes grant.AuditIndex
+	// check, if set, runs after the record: why the grant may no longer
+	// be made (recorded as its failure) and what the caller gets, or "".
+	check func() (why string, err error)
+	// also are stored in grant's commit: the grants it supersedes, ended.
+	also []*nvmegate.Grant
+	// moving are the node's grants on grant's host entry whose entry is
+	// not grant's: moved to it in the same commit, put back if the target
+	// refuses.
+	moving []*nvmegate.Grant
+	// storeFailure is the reason recorded if the commit fails; "" records
+	// none (a renewal the store refuses is a grant that ended meanwhile,
+	// and its end is on the record).
+	storeFailure string
+	// undo is grant as it is put back if the target refuses: a renewal's
+	// grant as it was. Nil for a new grant, which is ended (revoked).
+	undo *nvmegate.Grant
+	// deny is the entry of a failure after grant's entry (failed adds the
+	// time and the reason).
+	deny audit.Entry
+	// refused is the reason recorded, and refusal the caller's error, when
+	// the target does not take the change.
+	refused string
+	refusal error
+
+	// Ending access.
+	ends  []*nvmegate.Grant
+	state string // what they end as: released, revoked, expired
+	// endEntries[i] is ends[i]'s entry; none: the caller recorded the step
+	// (the gateway's audit interceptor records a release).
+	endEntries []audit.Entry
+	// endUnrecorded ends a grant whose entry could not be made durable all
+	// the same (revoke: ending access is the safe direction, and the
+	// call's own entry stands for it); otherwise it stays as it is, and
+	// the step reports why (expire: the next sweep retries).
+	endUnrecorded bool
+	// rotate, if set, rotates the roots the ended grants' hosts knew, for
+	// that reason.
+	rotate string
+
+	// Both: the target all grants are on, and for an opening the host
+	// entries it is told of (none: nothing the target holds changed). An
+	// end with no target looks each grant's up and tells it of the ended
+	// grants' host entries.
+	target string
+	hosts  []nvmegate.HostRef
+}
+
+// outcome is what run did.
+type outcome struct {
+	// done are the grants stored: the opened grant with those stored in
+	// its commit, or the grants ended.
+	done []*nvmegate.Grant
+	// err: why an opening was not made (the caller's answer), or which
+	// grants an end could not record or store.
+	err error
+	// unfollowed: a target or the key store that did not follow an end
+	// (the reconciler and the scheduled rotation retry).
+	unfollowed error
+}
+
+// run carries out a step of the lifecycle, the one way every step is
+// done:
+//
+//  1. record: the step's entries are durable before anything changes. An
+//     opening whose entry fails changes nothing; then check runs.
+//  2. store: one commit. An opening stores its grant with the grants it
+//     supersedes and moves the grants sharing its host entry; if the
+//     commit fails, nothing changed. An end that cannot commit is stored
+//     grant by grant, so that one bad grant does not keep the others.
+//  3. program: the targets are told of the host entries that changed and
+//     answer once they hold them.
+//  4. compensate: if the target does not take an opening, the grants that
+//     moved are put back, the grant is undone (a renewal's old keys) or
+//     ended (a new grant), the target follows the store back, and the
+//     failure is recorded. An end is never undone: a target that did not
+//     follow is the reconciler's to retry. An end with rotate then rotates
+//     the roots the hosts knew.
+func (l *Lifecycle) run(ctx context.Context, c *change) outcome {
+	// 1. Record.
+	put, err := l.record(ctx, c)
+	if len(put) == 0 {
+		return outcome{err: err}
+	}
+	res := outcome{err: err}
+
+	// 2. Store.
+	var storeErr error
+	if res.done, storeErr = l.store(ctx, c, put); storeErr != nil {
+		if c.grant != nil {
+			if c.storeFailure != "" {
+				l.failed(ctx, c, c.storeFailure)
+			}
+			return outcome{err: storeErr}
+		}
+		res.err = errors.Join(res.err, storeErr)
+	}
+
+	// 3. Program.
+	if err := l.program(ctx, c, res.done); err != nil {
+		if c.grant == nil {
+			res.unfollowed = err
+		} else {
+			// 4. Compensate.
+			l.log.ErrorContext(ctx, c.op+": target did not take the change; undone", "target", c.target, "grant", c.grant.ID, "err", err)
+			l.compensate(ctx, c)
+			return outcome{err: c.refusal}
+		}
+	}
+	if c.rotate != "" {
+		res.unfollowed = errors.Join(res.unfollowed, l.rotate(ctx, res.done, c.rotate))
+	}
+	return res
+}
+
+// record makes the step's entries durable and returns the grants that may
+// change.
+func (l *Lifecycle) record(ctx context.Context, c *change) ([]*nvmegate.Grant, error) {
+	if c.grant != nil {
+		idx, _, err := l.audit.Append(ctx, c.entry)
+		if err != nil {
+			l.log.ErrorContext(ctx, c.op+": not recorded; nothing changed", "grant", c.grant.ID, "err", err)
+			return nil, ErrUnrecorded
+		}
+		c.grant.AuditIndex = idx
+		if c.check != nil {
+			if why, err := c.check(); err != nil {
+				l.failed(ctx, c, why)
+				return nil, err
+			}
+		}
+		return append([]*nvmegate.Grant{c.grant}, c.also...), nil
+	}
+	// Appended together, the entries share commits.
+	unrecorded := make([]error, len(c.endEntries))
+	var wg sync.WaitGroup
+	for i, e := range c.endEntries {
+		wg.Go(func() { _, _, unrecorded[i] = l.audit.Append(ctx, e) })
+	}
+	wg.Wait()
+	var put []*nvmegate.Grant
+	var errs []error
+	for i, g := range c.ends {
+		if i < len(unrecorded) && unrecorded[i] != nil {
+			if !c.endUnrecorded {
+				errs = append(errs, fmt.Errorf("grant %s not recorded, not ended: %w", g.ID, unrecorded[i]))
+				continue
+			}
+			l.log.ErrorContext(ctx, c.op+" entry not recorded; the grant is ended all the same", "grant", g.ID, "err", unrecorded[i])
+		}
+		g.State = c.state
+		put = append(put, g)
+	}
+	return put, errors.Join(errs...)
+}
+
+// store stores put in one commit (with an opening's moves) and returns
+// what it stored.
+func (l *Lifecycle) store(ctx context.Context, c *change, put []*nvmegate.Grant) ([]*nvmegate.Grant, error) {
+	if c.grant != nil {
+		if err := l.grants.PutGrantsMoving(ctx, put, ids(c.moving), nil, c.grant.HostEntry()); err != nil {
+			return nil, err
+		}
+		return put, nil
+	}
+	if err := l.put(ctx, put...); err == nil {
+		return put, nil
+	}
+	var stored []*nvmegate.Grant
+	var errs []error
+	for _, g := range put {
+		// A conflict is a grant that cannot change that way (its job,
+		// node, host or subsystem): there is nothing to end.
+		if err := l.put(ctx, g); err != nil && nvmegate.ErrorCode(err) != nvmegate.ECONFLICT {
+			errs = append(errs, fmt.Errorf("grant %s: %w", g.ID, err))
+			continue
+		}
+		stored = append(stored, g)
+	}
+	return stored, errors.Join(errs...)
+}
+
+func (l *Lifecycle) put(ctx context.Context, gs ...*nvmegate.Grant) error {
+	return l.grants.PutGrantsMoving(ctx, gs, nil, nil, nvmegate.HostEntry{})
+}
+
+// program tells the targets of the host entries the step changed.
+func (l *Lifecycle) program(ctx context.Context, c *change, done []*nvmegate.Grant) error {
+	if c.grant != nil {
+		if len(c.hosts) == 0 {
+			return nil
+		}
+		return l.targets.Program(ctx, c.target, c.hosts...)
+	}
+	var order []string
+	byTarget := map[string][]nvmegate.HostRef{}
+	for _, g := range done {
+		id := c.target
+		if id == "" {
+			t, err := l.targetOf(ctx, g)
+			if err != nil {
+				continue // no target to tell (the reconciler has none either)
+			}
+			id = t.ID
+		}
+		if _, ok := byTarget[id]; !ok {
+			order = append(order, id)
+		}
+		byTarget[id] = append(byTarget[id], g.HostRef())
+	}
+	var errs []error
+	for _, id := range order {
+		if err := l.targets.Program(ctx, id, byTarget[id]...); err != nil {
+			errs = append(errs, fmt.Errorf("target %s: %w", id, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// compensate undoes an opening the target did not take, whatever the
+// caller does meanwhile: the node keeps its other grants at the keys it
+// holds, the grant goes back (or ends), the target follows the store back
+// (best effort: the reconciler retries), and the failure is recorded.
+func (l *Lifecycle) compensate(ctx context.Context, c *change) {
+	ctx = context.WithoutCancel(ctx)
+	// Each moved grant goes back only while it still has the grant's
+	// entry: a later move stays.
+	moved := c.grant.HostEntry()
+	for _, b := range c.moving {
+		if err := l.grants.PutGrantsMoving(ctx, nil, []string{b.ID}, &moved, b.HostEntry()); err != nil {
+			l.log.ErrorContext(ctx, c.op+": a grant sharing the host entry was not put back", "grant", b.ID, "with", c.grant.ID, "err", err)
+		}
+	}
+	undo := c.undo
+	if undo == nil {
+		c.grant.State = nvmegate.GrantRevoked
+		undo = c.grant
+	}
+	if err := l.put(ctx, undo); err != nil {
+		l.log.ErrorContext(ctx, c.op+": grant not undone in the store", "grant", c.grant.ID, "err", err)
+	}
+	if err := l.targets.Program(ctx, c.target, c.hosts...); err != nil {
+		l.log.ErrorContext(ctx, c.op+": target not reprogrammed after the undo", "target", c.target, "err", err)
+	}
+	l.failed(ctx, c, c.refused)
+}
+
+// failed records that an opening policy allowed failed on the way, and
+// why (best effort: the caller is refused anyway).
+func (l *Lifecycle) failed(ctx context.Context, c *change, why string) {
+	e := c.deny
+	e.Time, e.Detail = l.now(), e.Detail+": "+why
+	if _, _, err := l.audit.Append(context.WithoutCancel(ctx), e); err != nil {
+		l.log.ErrorContext(ctx, c.op+" failure not recorded", "grant", c.grant.ID, "err", err)
+	}
+}
+
+// rotate rotates the roots the hosts of gs knew.
+func (l *Lifecycle) rotate(ctx context.Context, gs []*nvmegate.Grant, why string) error {
+	var order []string
+	seen := map[string]bool{}
+	for _, g := range gs {
+		if !seen[g.Scope()] {
+			seen[g.Scope()] = true
+			order = append(order, g.Scope())
+		}
+	}
+	var errs []error
+	for _, sc := range order {
+		if err := l.keys.Revoked(ctx, sc, why); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
