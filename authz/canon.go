@@ -147,6 +147,110 @@ func (c *canon) object(m map[string]any, skip1, skip2 string) error {
 	return nil
 }
 
+// shape is the expected form of a record of the resource (policy/README.md):
+// its keys, sorted, and the shapes of the records under them (subs, by
+// index of keys) or, for an array, of its elements (elem). A map of a known
+// shape (no other keys) is written as tShaped and, per key, absent or its
+// value: no iteration, no sorting and no key names, which is most of the
+// cost of a key. Where a shape applies is fixed by the position in the
+// input, so the encoding stays injective; a map with other keys is written
+// as object writes it.
+type shape struct {
+	keys []string
+	subs []*shape
+	elem *shape
+}
+
+const tShaped = 'k'
+
+func newShape(keys []string, subs map[string]*shape) *shape {
+	sh := &shape{keys: keys, subs: make([]*shape, len(keys))}
+	for i, k := range keys {
+		sh.subs[i] = subs[k]
+	}
+	return sh
+}
+
+// Shapes of the records of a connect or renew.
+var (
+	shapeNamespaces = &shape{elem: newShape(
+		[]string{"data_class", "dataset", "mode", "nsid", "qos", "region", "subsystem_nqn", "target", "tenant"},
+		map[string]*shape{
+			"dataset": newShape([]string{"digest", "name"}, nil),
+			"qos":     newShape([]string{"max_iops", "max_mbps"}, nil),
+			"target":  newShape([]string{"fabric", "id", "region"}, nil),
+		})}
+	shapeSubsystem = newShape([]string{"dhchap", "nqn", "target_id", "tenant", "tls"}, nil)
+	shapeTarget    = newShape([]string{"driver", "fabric", "id", "region"}, nil)
+	// The resource of a caller input: the request's but the namespaces and
+	// the subsystem, which valueOf skips.
+	shapeCallerResource = newShape(
+		[]string{"host_binding", "job", "kind", "request", "target", "tenant"},
+		map[string]*shape{
+			"host_binding": newShape([]string{"bound", "host_nqn", "spiffe_id", "tenant"}, nil),
+			"job":          newShape([]string{"allowed_regions", "expires_at", "job_id", "nodes", "scheduler", "state", "tenant"}, nil),
+			"request":      newShape([]string{"host_nqn", "mode", "ttl"}, nil),
+			"target":       shapeTarget,
+		})
+)
+
+// valueOf writes x as value does, or by shape sh (may be nil) where x has
+// it. skip1 and skip2 are keys of x (an object) to leave out.
+func (c *canon) valueOf(x any, sh *shape, skip1, skip2 string) error {
+	if sh == nil {
+		return c.value(x)
+	}
+	switch v := x.(type) {
+	case map[string]any:
+		if sh.keys == nil {
+			break
+		}
+		n := len(v)
+		if _, ok := v[skip1]; ok && skip1 != "" {
+			n--
+		}
+		if _, ok := v[skip2]; ok && skip2 != "" {
+			n--
+		}
+		mark := len(c.b)
+		c.tag(tShaped)
+		found := 0
+		for i, k := range sh.keys {
+			e, ok := v[k]
+			if !ok {
+				c.tag(tAbsent)
+				continue
+			}
+			found++
+			c.tag(tPresent)
+			if err := c.valueOf(e, sh.subs[i], "", ""); err != nil {
+				return err
+			}
+		}
+		if found == n {
+			return nil
+		}
+		c.b = c.b[:mark] // other keys: the generic encoding
+		return c.object(v, skip1, skip2)
+	case []any:
+		if sh.elem == nil {
+			break
+		}
+		c.tag(tArray)
+		c.b = binary.AppendUvarint(c.b, uint64(len(v)))
+		for _, e := range v {
+			if err := c.valueOf(e, sh.elem, "", ""); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if m, ok := x.(map[string]any); ok {
+		return c.object(m, skip1, skip2)
+	}
+	return c.value(x)
+}
+
 // picked writes x narrowed to keys (sorted, as pick narrows it): an object
 // keeps only those keys, anything else is itself.
 func (c *canon) picked(x any, keys []string) error {

@@ -3,9 +3,14 @@ package authz_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/storage/inmem"
 
 	"github.com/nvmegate/nvmegate/authz"
 	"github.com/nvmegate/nvmegate/policy"
@@ -92,4 +97,129 @@ func bigBundle(t testing.TB, n int) *policy.Bundle {
 		t.Fatal(err)
 	}
 	return big
+}
+
+// BenchmarkConnect measures a node's 8-namespace connect decision through
+// Engine.Authorize as the gateway makes it under load, against OPA's floor
+// measured in the same run:
+//
+//	floor      a prepared query of the constant rule x := true, evaluated
+//	           with an ast.Value input (rego.EvalParsedInput): the least a
+//	           decision evaluated by OPA costs
+//	warm       the same job and subsystem, 256 node callers in turn: the
+//	           scope and caller decisions memoized, the node decision
+//	           evaluated (what every connect but a node's first costs)
+//	warm-typed the same with the scope typed (Input.Scope)
+//	cold       every call another job: every part decided (a memo miss)
+//
+// Each reports p99-ns; warm and cold also their mean and p99 as multiples
+// of the floor's (x-floor, p99-x-floor).
+//
+//	go test ./authz/ -run '^$' -bench BenchmarkConnect -benchtime 20000x
+func BenchmarkConnect(b *testing.B) {
+	ctx := context.Background()
+	q, err := rego.New(rego.Query("data.floor.x"), rego.Module("floor.rego", "package floor\nx := true\n"),
+		rego.Store(inmem.NewFromObject(map[string]any{}))).PrepareForEval(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The floor's input: the node decision's, as an OPA value.
+	floorIn, err := ast.InterfaceToValue(map[string]any{"caller": map[string]any{"id": nodeID}, "action": "access.connect", "time": epoch.Format(time.RFC3339)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var floorMean, floorP99 float64
+	measure := func(b *testing.B, f func(i int)) (mean, p99 float64) {
+		f(-1)
+		durs := make([]time.Duration, 0, b.N)
+		b.ReportAllocs()
+		b.ResetTimer()
+		i := 0
+		for b.Loop() {
+			t0 := time.Now()
+			f(i)
+			durs = append(durs, time.Since(t0))
+			i++
+		}
+		b.StopTimer()
+		var sum time.Duration
+		for _, d := range durs {
+			sum += d
+		}
+		slices.Sort(durs)
+		mean, p99 = float64(sum)/float64(len(durs)), float64(durs[len(durs)*99/100])
+		b.ReportMetric(p99, "p99-ns")
+		return mean, p99
+	}
+	b.Run("floor", func(b *testing.B) {
+		floorMean, floorP99 = measure(b, func(int) {
+			if rs, err := q.Eval(ctx, rego.EvalParsedInput(floorIn)); err != nil || len(rs) != 1 {
+				b.Fatal(rs, err)
+			}
+		})
+	})
+	ratios := func(b *testing.B, mean, p99 float64) {
+		if floorMean > 0 {
+			b.ReportMetric(mean/floorMean, "x-floor")
+			b.ReportMetric(p99/floorP99, "p99-x-floor")
+		}
+	}
+	e, _, _ := newEngine(b, nil)
+	nss := benchNamespaces(8, "ro")
+	const callers = 256
+	ins := make([]*authz.Input, callers)
+	for i := range ins {
+		id := fmt.Sprintf("spiffe://example.org/node/n%d", i)
+		in := connectInput(nss)
+		in = call(id, in.RPC.FullMethod, deepCopy(in.Resource).(map[string]any))
+		in.Resource["job"].(map[string]any)["nodes"] = []any{id} // the gateway narrows nodes to the caller
+		in.Resource["host_binding"] = bindingRec(id, fmt.Sprintf("nqn.2014-08.org.nvmexpress:uuid:%08x-0000-5000-8000-000000000000", i), "acme", true)
+		in.Resource["request"] = map[string]any{"host_nqn": "", "ttl": "2h", "mode": ""}
+		ins[i] = in
+	}
+	decide := func(b *testing.B, in *authz.Input) {
+		if d, err := e.Authorize(ctx, in); err != nil || !d.Allow {
+			b.Fatal(d, err)
+		}
+	}
+	b.Run("warm", func(b *testing.B) {
+		for _, in := range ins {
+			decide(b, in)
+		}
+		mean, p99 := measure(b, func(i int) { decide(b, ins[(i+callers)%callers]) })
+		ratios(b, mean, p99)
+	})
+	// The same with the scope typed (Input.Scope), as the gateway is to
+	// describe it: the scope's records are not walked as maps.
+	typed := make([]*authz.Input, callers)
+	for i, in := range ins {
+		s, err := authz.ScopeFromResource(in.Resource)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cp := *in
+		cp.Resource = maps.Clone(in.Resource)
+		delete(cp.Resource, "namespaces")
+		delete(cp.Resource, "subsystem")
+		cp.Scope = s
+		typed[i] = &cp
+	}
+	b.Run("warm-typed", func(b *testing.B) {
+		for _, in := range typed {
+			decide(b, in)
+		}
+		mean, p99 := measure(b, func(i int) { decide(b, typed[(i+callers)%callers]) })
+		ratios(b, mean, p99)
+	})
+	b.Run("cold", func(b *testing.B) {
+		mean, p99 := measure(b, func(i int) {
+			in := *ins[0]
+			in.Resource = maps.Clone(in.Resource)
+			job := maps.Clone(in.Resource["job"].(map[string]any))
+			job["job_id"] = fmt.Sprintf("cold-%d-%d", b.N, i)
+			in.Resource["job"] = job
+			decide(b, &in)
+		})
+		ratios(b, mean, p99)
+	})
 }

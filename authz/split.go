@@ -7,12 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/metrics"
 	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/storage"
 	"github.com/open-policy-agent/opa/v1/topdown"
@@ -70,6 +72,7 @@ var (
 	kScopeDecision  = ast.StringTerm("scope_decision")
 	kCallerDecision = ast.StringTerm("caller_decision")
 	kTimeNS         = ast.StringTerm("time_ns")
+	kGrant          = ast.StringTerm("grant")
 )
 
 // The scope input: these resource keys as they are, and the job and the
@@ -83,10 +86,20 @@ var (
 
 // split is a revision's split decisions.
 type split struct {
-	actions             map[string]bool
-	scope, caller, node rego.PreparedEvalQuery
-	nodeOpts            [2]rego.EvalOption // the revision's read transaction, a cancel never used
-	scopeTag, callerTag []byte             // key prefixes: part, revision, digest, data revision
+	actions       map[string]bool
+	scope, caller rego.PreparedEvalQuery
+	// The node decision is evaluated by topdown directly (see
+	// evalNode): its compiled query, the revision's compiler and store,
+	// a read transaction held for the revision's life (nothing writes a
+	// revision's store) and a cancel never used (a node decision takes
+	// microseconds; the call's context is checked before it starts).
+	node      ast.Body
+	comp      *ast.Compiler
+	store     storage.Store
+	txn       storage.Transaction
+	cancel    topdown.Cancel
+	scopeTag  []byte // key prefixes: part, revision, digest, data revision
+	callerTag []byte
 
 	scopes  *memo[*scopeEntry]
 	callers *memo[*callerEntry]
@@ -102,6 +115,11 @@ type scopeEntry struct {
 type callerEntry struct {
 	items [][2]*ast.Term // the caller input, to which a node input adds the time and doc
 	doc   *ast.Term      // the caller decision
+	// grant is the caller decision's grant document, if it has one, and
+	// granted its parse: a node decision that returns it (the path of
+	// every allowed call) is not parsed again.
+	grant   ast.Value
+	granted outcome
 }
 
 // prepareSplit prepares the split decisions of a revision whose policy
@@ -153,21 +171,19 @@ func prepareSplit(ctx context.Context, b *policy.Bundle, comp *ast.Compiler, sto
 	for _, p := range []struct {
 		q     *rego.PreparedEvalQuery
 		query string
-	}{{&s.scope, ScopeDecisionQuery}, {&s.caller, CallerDecisionQuery}, {&s.node, NodeDecisionQuery}} {
+	}{{&s.scope, ScopeDecisionQuery}, {&s.caller, CallerDecisionQuery}} {
 		if *p.q, err = rego.New(opts(p.query)...).PrepareForEval(ctx); err != nil {
 			return nil, fmt.Errorf("%w: revision %s: %v", ErrCompile, b.Revision, err)
 		}
 	}
-	// A node decision takes microseconds: it reads the store through one
-	// read transaction held for the revision's life (nothing writes a
-	// revision's store) and is not interrupted (the call's context is
-	// checked before it starts), which spares every call a transaction and
-	// a goroutine.
-	txn, err := store.NewTransaction(ctx)
+	s.node, err = comp.QueryCompiler().WithStrict(true).Compile(ast.MustParseBody(nodeResult.String() + " = " + NodeDecisionQuery))
 	if err != nil {
 		return nil, fmt.Errorf("%w: revision %s: %v", ErrCompile, b.Revision, err)
 	}
-	s.nodeOpts = [2]rego.EvalOption{rego.EvalTransaction(txn), rego.EvalExternalCancel(topdown.NewCancel())}
+	s.comp, s.store, s.cancel = comp, store, topdown.NewCancel()
+	if s.txn, err = store.NewTransaction(ctx); err != nil {
+		return nil, fmt.Errorf("%w: revision %s: %v", ErrCompile, b.Revision, err)
+	}
 	tag := func(part string) []byte {
 		var t []byte
 		for _, f := range []string{"nvmegate/authz/" + part + "/v1", b.Revision, b.Digest, dataRevision} {
@@ -282,7 +298,9 @@ func (e *Engine) decideSplit(ctx context.Context, l *loaded, in *Input, gw Gatew
 
 	// The scope decision.
 	c.b = append(c.b, s.scopeTag...)
-	if err := c.scopeInput(action, res); err != nil {
+	if in.Scope != nil {
+		c.typedScope(action, in.Scope)
+	} else if err := c.scopeInput(action, res); err != nil {
 		d.Reasons = []string{ReasonInputFailed}
 		return d, nil, fmt.Errorf("%w: input: %v", ErrEvaluation, err)
 	}
@@ -290,7 +308,7 @@ func (e *Engine) decideSplit(ctx context.Context, l *loaded, in *Input, gw Gatew
 	se, ok := s.scopes.get(scopeKey)
 	if !ok {
 		var problem, err error
-		if se, problem, err = s.evalScope(ctx, action, res, scopeKey); err != nil || problem != nil {
+		if se, problem, err = s.evalScope(ctx, action, in, scopeKey); err != nil || problem != nil {
 			return e.failSplit(ctx, d, in, "scope decision", problem, err)
 		}
 	}
@@ -323,12 +341,23 @@ func (e *Engine) decideSplit(ctx context.Context, l *loaded, in *Input, gw Gatew
 		items = append(items, [2]*ast.Term{kTimeNS, ast.NewTerm(ast.Number(strconv.FormatInt(ns, 10)))})
 	}
 	items = append(items, [2]*ast.Term{kCallerDecision, ce.doc})
-	opts := [4]rego.EvalOption{s.nodeOpts[0], s.nodeOpts[1], rego.EvalParsedInput(ast.NewObject(items...)), rego.EvalTime(now)}
-	rs, err := s.node.Eval(ctx, opts[:]...)
+	doc, err := s.evalNode(ctx, ast.NewTerm(ast.NewObject(items...)), now)
 	if err != nil {
 		return e.failSplit(ctx, d, in, "node decision", nil, err)
 	}
-	out, problem := parseResult(rs)
+	var problem error
+	if doc == nil {
+		problem = errors.New("decision is undefined")
+	}
+	var out outcome
+	switch {
+	case problem != nil:
+	case ce.grant != nil && doc.Value == ce.grant: // the same document, already parsed
+		out = ce.granted
+		out.reasons = slices.Clone(out.reasons)
+	default:
+		out, problem = parseDecision(doc.Value)
+	}
 	if problem != nil {
 		return e.failSplit(ctx, d, in, "node decision", problem, nil)
 	}
@@ -355,11 +384,45 @@ func (e *Engine) failSplit(ctx context.Context, d *nvmegate.Decision, in *Input,
 	return d, problem, nil
 }
 
+// noMetrics: node decisions are not timed (it would cost each an allocation).
+var noMetrics = metrics.NoOp()
+
+// nodeResult is the variable of the node decision's query.
+var nodeResult = ast.Var("node_decision")
+
+// evalNode evaluates the node decision over input: the prepared query of
+// NodeDecisionQuery as rego would evaluate it (strict builtin errors,
+// indexing, early exit, the time now), with what rego adds per evaluation
+// (an evaluation context, metrics, a result set, a cancellation goroutine)
+// left out, and with pooled caches (evalcache.go). It returns nil if the decision is undefined.
+func (s *split) evalNode(ctx context.Context, input *ast.Term, now time.Time) (*ast.Term, error) {
+	var doc *ast.Term
+	cache := getEvalCache()
+	defer cache.release()
+	err := topdown.NewQuery(s.node).WithCompiler(s.comp).WithStore(s.store).WithTransaction(s.txn).
+		WithInput(input).WithTime(now).WithCancel(s.cancel).WithIndexing(true).WithEarlyExit(true).
+		WithStrictBuiltinErrors(true).WithMetrics(noMetrics).
+		WithVirtualCache(cache).WithBaseCache((*baseCache)(cache)).
+		Iter(ctx, func(qr topdown.QueryResult) error {
+			if doc != nil {
+				return errors.New("decision query returned several results")
+			}
+			doc = qr[nodeResult]
+			return nil
+		})
+	return doc, err
+}
+
 // evalScope decides and memoizes the scope decision of key.
-func (s *split) evalScope(ctx context.Context, action string, res map[string]any, key [32]byte) (*scopeEntry, error, error) {
-	v, err := scopeInputValue(action, res)
-	if err != nil {
-		return nil, nil, err
+func (s *split) evalScope(ctx context.Context, action string, in *Input, key [32]byte) (*scopeEntry, error, error) {
+	var v ast.Value
+	if in.Scope != nil {
+		v = typedScopeValue(action, in.Scope)
+	} else {
+		var err error
+		if v, err = scopeInputValue(action, in.Resource); err != nil {
+			return nil, nil, err
+		}
 	}
 	rs, err := s.scope.Eval(ctx, rego.EvalParsedInput(v))
 	if err != nil {
@@ -390,18 +453,23 @@ func (s *split) evalCaller(ctx context.Context, in *Input, action string, gw Gat
 	}
 	s.callerEvals.Add(1)
 	t, problem := resultTerm(rs)
+	ce := &callerEntry{items: items, doc: t}
 	if problem == nil {
 		obj, ok := t.Value.(ast.Object)
 		if !ok {
 			problem = fmt.Errorf("decision is %s, not an object", ast.ValueName(t.Value))
 		} else if _, ok := value(obj, kAllow).(ast.Boolean); !ok {
 			problem = errors.New("allow is missing or not a boolean")
+		} else if g := obj.Get(kGrant); g != nil {
+			if ce.granted, problem = parseDecision(g.Value); problem != nil {
+				problem = fmt.Errorf("grant: %w", problem)
+			}
+			ce.grant = g.Value
 		}
 	}
 	if problem != nil {
 		return nil, problem, nil
 	}
-	ce := &callerEntry{items: items, doc: t}
 	s.callers.put(key, ce)
 	return ce, nil, nil
 }
@@ -450,6 +518,12 @@ func (c *canon) scopeInput(action string, res map[string]any) error {
 			err = c.picked(v, scopeJobKeys)
 		case "request":
 			err = c.picked(v, scopeReqKeys)
+		case "namespaces":
+			err = c.valueOf(v, shapeNamespaces, "", "")
+		case "subsystem":
+			err = c.valueOf(v, shapeSubsystem, "", "")
+		case "target":
+			err = c.valueOf(v, shapeTarget, "", "")
 		default:
 			err = c.value(v)
 		}
@@ -469,7 +543,7 @@ func (c *canon) callerInput(in *Input, action string, gw Gateway) error {
 		in.RPC.Service, in.RPC.Method, in.RPC.FullMethod, action, gw.TrustDomain} {
 		c.str(s)
 	}
-	if err := c.object(in.Resource, callerExcluded[0], callerExcluded[1]); err != nil {
+	if err := c.valueOf(in.Resource, shapeCallerResource, callerExcluded[0], callerExcluded[1]); err != nil {
 		return fmt.Errorf("resource: %w", err)
 	}
 	return nil

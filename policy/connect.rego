@@ -20,20 +20,21 @@ package nvmegate.authz
 #                    policy at load.
 #   caller_decision  the caller's part: the request's identity fields, the
 #                    role and its action, the caller's binding, membership
-#                    and state of the job. Its input (caller_input) is the
-#                    request without the time and without the namespaces and
-#                    subsystem; it may read input.caller but not input.time
-#                    nor call a nondeterministic builtin, and is memoized
-#                    like the scope decision.
+#                    and state of the job, and the grant these and the scope
+#                    decision make (its reason and obligations). Its input
+#                    (caller_input) is the request without the time and
+#                    without the namespaces and subsystem, with
+#                    input.scope_decision; it may read input.caller but not
+#                    input.time nor call a nondeterministic builtin, and is
+#                    memoized like the scope decision.
 #   node_decision    decided on every call: validity in time (the grant's
-#                    expiry against the request time) and the conjunction of
-#                    the two others. Its input (node_input) is the caller's
-#                    input with the time, input.time_ns (the request time in
-#                    nanoseconds, when input.time is valid) and the two
-#                    decisions (input.scope_decision, input.caller_decision).
-#                    Its document is the decision: allow, reasons
-#                    (on a deny every problem, the scope decision's
-#                    included where the caller may know them), obligations.
+#                    expiry against the request time). Its input
+#                    (node_input) is the caller's input with the time,
+#                    input.time_ns (the request time in nanoseconds, when
+#                    input.time is valid) and input.caller_decision. Its
+#                    document is the decision: allow, reasons (on a deny
+#                    every problem, the scope decision's included where the
+#                    caller may know them), obligations.
 #
 # data.nvmegate.authz.decision decides these actions by the same parts
 # (split_decision), so opa test and opa eval see what the gateway decides.
@@ -92,14 +93,26 @@ scope_decision_problems contains p if some p in subsystem_detail_problems(scope_
 
 # --- The caller decision ------------------------------------------------------------
 
-# caller_decision: {"allow": true, "reason": the reason that grants,
-# "scoped": whether the scope decision applies, "until_ns": the expiry of
-# the grant (job roles)} if the caller's part allows, else {"allow": false}.
-# The reasons of a deny are the node decision's to give.
-caller_decision := object.union({"allow": true}, g) if {
+# caller_decision: {"allow": true, "grant": the decision document of the
+# grant (its reason, the scope's obligations), "until_ns": its expiry (job
+# roles)} if the caller's part and, for a grant that needs it, the scope
+# decision allow; else {"allow": false}: the reasons of a deny are the node
+# decision's to give. It reads input.scope_decision, so that the node
+# decision, on every call, only checks the time.
+caller_decision := object.union({"allow": true, "grant": {"allow": true, "reasons": [g.reason], "obligations": ob}}, object.filter(g, ["until_ns"])) if {
 	input_ok
 	g := caller_grant
+	ob := grant_obligations(g)
 } else := {"allow": false}
+
+# grant_obligations(g): the obligations of grant g: the scope decision's if
+# the grant needs the scope (and it allows), none otherwise.
+grant_obligations(g) := input.scope_decision.obligations if {
+	g.scoped == true
+	input.scope_decision.allow == true
+} else := {} if {
+	g.scoped == false
+}
 
 # caller_grant: as grant (authz.rego), for the caller's part: open actions
 # and target agents get no obligations and need no scope; job roles are
@@ -133,26 +146,17 @@ caller_role_grant("target") := {"reason": sprintf("role %s may perform %s on tar
 # --- The node decision --------------------------------------------------------------
 
 # node_decision: the decision document. The first definition is the path
-# of every allowed connect of a node, kept to a few plain references.
-node_decision := {"allow": true, "reasons": [c.reason], "obligations": input.scope_decision.obligations} if {
-	c := input.caller_decision
-	c.allow == true
-	input.scope_decision.allow == true
-	input.time_ns < c.until_ns
-} else := {"allow": true, "reasons": [c.reason], "obligations": untimed_obligations} if {
+# of every allowed connect of a node: one comparison, and the grant's
+# document as the caller decision has it.
+node_decision := d if {
+	input.time_ns < input.caller_decision.until_ns
+	d := input.caller_decision.grant
+} else := d if {
 	c := input.caller_decision
 	c.allow == true
 	not c.until_ns
+	d := c.grant
 } else := {"allow": false, "reasons": deny_reasons, "obligations": {}}
-
-# untimed_obligations: the obligations of a grant without expiry: the
-# scope's (global and tenant roles), none (open actions, target agents).
-untimed_obligations := input.scope_decision.obligations if {
-	input.caller_decision.scoped == true
-	input.scope_decision.allow == true
-} else := {} if {
-	input.caller_decision.scoped == false
-}
 
 # The problems of a denied connect or renew (deny_reasons, authz.rego):
 # those of the request and the role's scope, decided on the node's input,
@@ -186,7 +190,7 @@ narrowed(v, keys) := object.filter(v, keys) if is_object(v)
 narrowed(v, _) := v if not is_object(v)
 
 # caller_input: the request without the time, and without the namespaces
-# and the subsystem.
+# and the subsystem (the caller decision also gets input.scope_decision).
 caller_input := object.union(object.remove(input, array.concat(node_only_keys, ["resource"])), {"resource": object.remove(input.resource, ["namespaces", "subsystem"])}) if {
 	is_object(input.resource)
 } else := object.remove(input, node_only_keys)
@@ -194,16 +198,18 @@ caller_input := object.union(object.remove(input, array.concat(node_only_keys, [
 # node_only_keys: what the node's input has that the caller's has not.
 node_only_keys := ["time", "time_ns", "scope_decision", "caller_decision"]
 
-# node_input: the caller's input with the time (and time_ns, if it is valid).
-node_input := object.union(caller_input, object.union(object.filter(input, ["time"]), {"time_ns": t | t := now_ns}))
+# node_time: what the node's input adds to the caller's: the time (and
+# time_ns, if it is valid).
+node_time := object.union(object.filter(input, ["time"]), {"time_ns": t | t := now_ns})
 
 # split_parts: the parts of a connect or renew decision, as the engine
 # decides them (Policy.Explain shows them).
 split_parts := {"scope_input": si, "scope_decision": s, "caller_decision": c, "node_decision": d} if {
 	si := scope_input
 	s := scope_decision with input as si
-	c := caller_decision with input as caller_input
-	d := node_decision with input as object.union(node_input, {"scope_decision": s, "caller_decision": c})
+	ci := object.union(caller_input, {"scope_decision": s})
+	c := caller_decision with input as ci
+	d := node_decision with input as object.union(ci, object.union(node_time, {"caller_decision": c}))
 }
 
 split_decision := split_parts.node_decision

@@ -72,13 +72,16 @@ test_caller_input_holds_no_time_and_no_scope_records if {
 
 test_caller_decision_of_a_node if {
 	caller_of(connect({})) == {
-		"allow": true, "scoped": true,
-		"reason": "role node may perform access.connect in job j1",
+		"allow": true,
+		"grant": {"allow": true, "reasons": ["role node may perform access.connect in job j1"], "obligations": {"max_ttl": "24h", "read_only": true}},
 		"until_ns": time.parse_rfc3339_ns("2026-10-02T00:00:00Z"),
 	}
 	caller_of(connect({"host_binding": {"tenant": "globex"}})) == {"allow": false}
 	caller_of(connect({"job": {"state": "finished"}})) == {"allow": false}
 	caller_of(connect({"job": {"expires_at": "tomorrow"}})) == {"allow": false}
+
+	# The scope's deny is the caller's too.
+	caller_of(connect({"subsystem": {"tenant": "globex"}})) == {"allow": false}
 }
 
 # Roles of every scope may be granted a connect by data: global and tenant
@@ -115,12 +118,14 @@ node_of(x, caller_doc, scope_doc) := d if {
 	d := authz.node_decision with input as doc
 }
 
-granted := {"allow": true, "reason": "role node may perform access.connect in job j1", "scoped": true, "until_ns": time.parse_rfc3339_ns("2026-10-02T00:00:00Z")}
+grant_doc := {"allow": true, "reasons": ["role node may perform access.connect in job j1"], "obligations": {"max_ttl": "1h"}}
+
+granted := {"allow": true, "grant": grant_doc, "until_ns": time.parse_rfc3339_ns("2026-10-02T00:00:00Z")}
 
 scope_ok := {"allow": true, "reasons": [], "obligations": {"max_ttl": "1h"}}
 
 test_node_decision_in_time if {
-	node_of(connect({}), granted, scope_ok) == {"allow": true, "reasons": [granted.reason], "obligations": {"max_ttl": "1h"}}
+	node_of(connect({}), granted, scope_ok) == grant_doc
 	late := object.union(connect({}), {"time": "2026-10-02T00:00:00Z"})
 	node_of(late, granted, scope_ok) == {"allow": false, "reasons": ["job j1 expired at 2026-10-02T00:00:00Z"], "obligations": {}}
 }
@@ -139,10 +144,14 @@ test_node_decision_gives_the_scope_reasons_to_members_only if {
 }
 
 test_node_decision_without_expiry if {
-	scoped := {"allow": true, "reason": "r", "scoped": true}
-	node_of(connect({}), scoped, scope_ok) == {"allow": true, "reasons": ["r"], "obligations": {"max_ttl": "1h"}}
-	node_of(connect({}), object.union(scoped, {"scoped": false}), scope_ok).obligations == {}
-	denied(node_of(connect({}), scoped, {"allow": false, "reasons": ["no"], "obligations": {}}))
+	untimed := {"allow": true, "grant": {"allow": true, "reasons": ["r"], "obligations": {}}}
+	node_of(connect({}), untimed, scope_ok) == {"allow": true, "reasons": ["r"], "obligations": {}}
+}
+
+test_grant_obligations if {
+	authz.grant_obligations({"scoped": true}) == {"max_ttl": "1h"} with input.scope_decision as scope_ok
+	authz.grant_obligations({"scoped": false}) == {} with input.scope_decision as scope_ok
+	not authz.grant_obligations({"scoped": true}) with input.scope_decision as {"allow": false}
 }
 
 # --- All parts ---------------------------------------------------------------------------
