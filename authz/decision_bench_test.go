@@ -103,17 +103,21 @@ func bigBundle(t testing.TB, n int) *policy.Bundle {
 // Engine.Authorize as the gateway makes it under load, against OPA's floor
 // measured in the same run:
 //
-//	floor      a prepared query of the constant rule x := true, evaluated
-//	           with an ast.Value input (rego.EvalParsedInput): the least a
-//	           decision evaluated by OPA costs
-//	warm       the same job and subsystem, 256 node callers in turn: the
-//	           scope and caller decisions memoized, the node decision
-//	           evaluated (what every connect but a node's first costs)
-//	warm-typed the same with the scope typed (Input.Scope)
-//	cold       every call another job: every part decided (a memo miss)
+//	floor       a prepared query of the constant rule x := true, evaluated
+//	            with an ast.Value input (rego.EvalParsedInput): the least a
+//	            decision evaluated by OPA costs
+//	warm        the same job and subsystem, 256 node callers in turn: the
+//	            scope and caller decisions memoized, the node decision
+//	            evaluated (what every connect but a node's first costs)
+//	warm-typed  the same with the scope typed (Input.Scope)
+//	cold        every call another job: every part decided (a memo miss)
 //
-// Each reports p99-ns; warm and cold also their mean and p99 as multiples
-// of the floor's (x-floor, p99-x-floor).
+// Each sub-benchmark but floor alternates batches of 64 decisions with 64
+// evaluations of the floor, so that both see the same machine (other work
+// on a shared machine moves either by more than the difference), and
+// reports, besides ns/op (the decision's mean), p99-ns, the floor's
+// floor-ns and floor-p99-ns, and the ratios x-floor (means) and
+// p99-x-floor.
 //
 //	go test ./authz/ -run '^$' -bench BenchmarkConnect -benchtime 20000x
 func BenchmarkConnect(b *testing.B) {
@@ -123,15 +127,32 @@ func BenchmarkConnect(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	// The floor's input: the node decision's, as an OPA value.
 	floorIn, err := ast.InterfaceToValue(map[string]any{"caller": map[string]any{"id": nodeID}, "action": "access.connect", "time": epoch.Format(time.RFC3339)})
 	if err != nil {
 		b.Fatal(err)
 	}
-	var floorMean, floorP99 float64
-	measure := func(b *testing.B, f func(i int)) (mean, p99 float64) {
+	floor := func() {
+		if rs, err := q.Eval(ctx, rego.EvalParsedInput(floorIn)); err != nil || len(rs) != 1 {
+			b.Fatal(rs, err)
+		}
+	}
+	stats := func(durs []time.Duration) (mean, p99 float64) {
+		var sum time.Duration
+		for _, d := range durs {
+			sum += d
+		}
+		slices.Sort(durs)
+		return float64(sum) / float64(len(durs)), float64(durs[len(durs)*99/100])
+	}
+	// measure times f (and, interleaved, the floor unless alone).
+	measure := func(b *testing.B, alone bool, f func(i int)) {
 		f(-1)
+		floor()
 		durs := make([]time.Duration, 0, b.N)
+		var fdurs []time.Duration
+		if !alone {
+			fdurs = make([]time.Duration, 0, b.N)
+		}
 		b.ReportAllocs()
 		b.ResetTimer()
 		i := 0
@@ -140,30 +161,29 @@ func BenchmarkConnect(b *testing.B) {
 			f(i)
 			durs = append(durs, time.Since(t0))
 			i++
+			if !alone && i%64 == 0 {
+				b.StopTimer()
+				for range 64 {
+					t0 := time.Now()
+					floor()
+					fdurs = append(fdurs, time.Since(t0))
+				}
+				b.StartTimer()
+			}
 		}
 		b.StopTimer()
-		var sum time.Duration
-		for _, d := range durs {
-			sum += d
-		}
-		slices.Sort(durs)
-		mean, p99 = float64(sum)/float64(len(durs)), float64(durs[len(durs)*99/100])
+		mean, p99 := stats(durs)
 		b.ReportMetric(p99, "p99-ns")
-		return mean, p99
-	}
-	b.Run("floor", func(b *testing.B) {
-		floorMean, floorP99 = measure(b, func(int) {
-			if rs, err := q.Eval(ctx, rego.EvalParsedInput(floorIn)); err != nil || len(rs) != 1 {
-				b.Fatal(rs, err)
-			}
-		})
-	})
-	ratios := func(b *testing.B, mean, p99 float64) {
-		if floorMean > 0 {
-			b.ReportMetric(mean/floorMean, "x-floor")
-			b.ReportMetric(p99/floorP99, "p99-x-floor")
+		if len(fdurs) > 0 {
+			fmean, fp99 := stats(fdurs)
+			b.ReportMetric(fmean, "floor-ns")
+			b.ReportMetric(fp99, "floor-p99-ns")
+			b.ReportMetric(mean/fmean, "x-floor")
+			b.ReportMetric(p99/fp99, "p99-x-floor")
 		}
 	}
+	b.Run("floor", func(b *testing.B) { measure(b, true, func(int) { floor() }) })
+
 	e, _, _ := newEngine(b, nil)
 	nss := benchNamespaces(8, "ro")
 	const callers = 256
@@ -177,18 +197,6 @@ func BenchmarkConnect(b *testing.B) {
 		in.Resource["request"] = map[string]any{"host_nqn": "", "ttl": "2h", "mode": ""}
 		ins[i] = in
 	}
-	decide := func(b *testing.B, in *authz.Input) {
-		if d, err := e.Authorize(ctx, in); err != nil || !d.Allow {
-			b.Fatal(d, err)
-		}
-	}
-	b.Run("warm", func(b *testing.B) {
-		for _, in := range ins {
-			decide(b, in)
-		}
-		mean, p99 := measure(b, func(i int) { decide(b, ins[(i+callers)%callers]) })
-		ratios(b, mean, p99)
-	})
 	// The same with the scope typed (Input.Scope), as the gateway is to
 	// describe it: the scope's records are not walked as maps.
 	typed := make([]*authz.Input, callers)
@@ -204,15 +212,21 @@ func BenchmarkConnect(b *testing.B) {
 		cp.Scope = s
 		typed[i] = &cp
 	}
-	b.Run("warm-typed", func(b *testing.B) {
-		for _, in := range typed {
-			decide(b, in)
+	decide := func(b *testing.B, in *authz.Input) {
+		if d, err := e.Authorize(ctx, in); err != nil || !d.Allow {
+			b.Fatal(d, err)
 		}
-		mean, p99 := measure(b, func(i int) { decide(b, typed[(i+callers)%callers]) })
-		ratios(b, mean, p99)
-	})
+	}
+	for name, set := range map[string][]*authz.Input{"warm": ins, "warm-typed": typed} {
+		b.Run(name, func(b *testing.B) {
+			for _, in := range set {
+				decide(b, in)
+			}
+			measure(b, false, func(i int) { decide(b, set[(i+callers)%callers]) })
+		})
+	}
 	b.Run("cold", func(b *testing.B) {
-		mean, p99 := measure(b, func(i int) {
+		measure(b, false, func(i int) {
 			in := *ins[0]
 			in.Resource = maps.Clone(in.Resource)
 			job := maps.Clone(in.Resource["job"].(map[string]any))
@@ -220,6 +234,5 @@ func BenchmarkConnect(b *testing.B) {
 			in.Resource["job"] = job
 			decide(b, &in)
 		})
-		ratios(b, mean, p99)
 	})
 }

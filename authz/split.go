@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -120,6 +121,28 @@ type callerEntry struct {
 	// every allowed call) is not parsed again.
 	grant   ast.Value
 	granted outcome
+	// inputs pools node inputs: the caller input with the caller decision,
+	// time and time_ns, which each evaluation sets before it starts (an
+	// object of ten keys costs microseconds to build). An input without
+	// time_ns (an invalid time) is built anew and not pooled.
+	inputs sync.Pool
+}
+
+// nodeInput returns a node input of e (see inputs); withNS says whether
+// the caller will set time_ns.
+func (e *callerEntry) nodeInput(withNS bool) ast.Object {
+	if withNS {
+		if o, ok := e.inputs.Get().(ast.Object); ok {
+			return o
+		}
+	}
+	items := make([][2]*ast.Term, len(e.items), len(e.items)+3)
+	copy(items, e.items)
+	items = append(items, [2]*ast.Term{kCallerDecision, e.doc}, [2]*ast.Term{kTime, ast.NullTerm()})
+	if withNS {
+		items = append(items, [2]*ast.Term{kTimeNS, ast.NullTerm()})
+	}
+	return ast.NewObject(items...)
 }
 
 // prepareSplit prepares the split decisions of a revision whose policy
@@ -292,30 +315,20 @@ func impurity(r *ast.Rule, allowed map[string]bool) string {
 // fill (ID, revision and time set); action is in's.
 func (e *Engine) decideSplit(ctx context.Context, l *loaded, in *Input, gw Gateway, now time.Time, action string, d *nvmegate.Decision) (*nvmegate.Decision, error, error) {
 	s := l.split
-	res := in.Resource
 	c := getCanon()
 	defer putCanon(c)
 
-	// The scope decision.
-	c.b = append(c.b, s.scopeTag...)
+	// One key names the caller decision: the caller's input and the scope's
+	// (on which its input.scope_decision depends). Only when it is not
+	// memoized is the scope's own key needed.
+	c.b = append(c.b, s.callerTag...)
 	if in.Scope != nil {
 		c.typedScope(action, in.Scope)
-	} else if err := c.scopeInput(action, res); err != nil {
+	} else if err := c.scopeInput(action, in.Resource); err != nil {
 		d.Reasons = []string{ReasonInputFailed}
 		return d, nil, fmt.Errorf("%w: input: %v", ErrEvaluation, err)
 	}
-	scopeKey := sha256.Sum256(c.b)
-	se, ok := s.scopes.get(scopeKey)
-	if !ok {
-		var problem, err error
-		if se, problem, err = s.evalScope(ctx, action, in, scopeKey); err != nil || problem != nil {
-			return e.failSplit(ctx, d, in, "scope decision", problem, err)
-		}
-	}
-
-	// The caller decision.
-	c.b = append(c.b[:0], s.callerTag...)
-	c.b = append(c.b, scopeKey[:]...)
+	scopeEnd := len(c.b)
 	if err := c.callerInput(in, action, gw); err != nil {
 		d.Reasons = []string{ReasonInputFailed}
 		return d, nil, fmt.Errorf("%w: input: %v", ErrEvaluation, err)
@@ -323,25 +336,41 @@ func (e *Engine) decideSplit(ctx context.Context, l *loaded, in *Input, gw Gatew
 	callerKey := sha256.Sum256(c.b)
 	ce, ok := s.callers.get(callerKey)
 	if !ok {
+		h := sha256.New()
+		h.Write(s.scopeTag)
+		h.Write(c.b[len(s.callerTag):scopeEnd])
+		var scopeKey [32]byte
+		h.Sum(scopeKey[:0])
+		se, ok := s.scopes.get(scopeKey)
+		if !ok {
+			var problem, err error
+			if se, problem, err = s.evalScope(ctx, action, in, scopeKey); err != nil || problem != nil {
+				return e.failSplit(ctx, d, in, "scope decision", problem, err)
+			}
+		}
 		var problem, err error
 		if ce, problem, err = s.evalCaller(ctx, in, action, gw, se, callerKey); err != nil || problem != nil {
 			return e.failSplit(ctx, d, in, "caller decision", problem, err)
 		}
 	}
 
-	// The node decision.
+	// The node decision, over the caller's input with the time and the
+	// caller decision: an object kept with the memo entry, of which only
+	// the time changes.
 	t := in.Time
 	if t.IsZero() {
 		t = now
 	}
-	items := make([][2]*ast.Term, len(ce.items), len(ce.items)+3)
-	copy(items, ce.items)
-	items = append(items, [2]*ast.Term{kTime, ast.StringTerm(t.UTC().Format(time.RFC3339Nano))})
-	if ns, ok := timeNS(t); ok {
-		items = append(items, [2]*ast.Term{kTimeNS, ast.NewTerm(ast.Number(strconv.FormatInt(ns, 10)))})
+	ns, valid := timeNS(t)
+	input := ce.nodeInput(valid)
+	input.Insert(kTime, ast.StringTerm(t.UTC().Format(time.RFC3339Nano)))
+	if valid {
+		input.Insert(kTimeNS, ast.NewTerm(ast.Number(strconv.FormatInt(ns, 10))))
 	}
-	items = append(items, [2]*ast.Term{kCallerDecision, ce.doc})
-	doc, err := s.evalNode(ctx, ast.NewTerm(ast.NewObject(items...)), now)
+	if valid {
+		defer ce.inputs.Put(input)
+	}
+	doc, err := s.evalNode(ctx, ast.NewTerm(input), now)
 	if err != nil {
 		return e.failSplit(ctx, d, in, "node decision", nil, err)
 	}
