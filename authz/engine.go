@@ -350,13 +350,28 @@ func (e *Engine) decide(ctx context.Context, l *loaded, in *Input, gw Gateway, n
 		d.Reasons = []string{ReasonCanceled}
 		return d, nil, fmt.Errorf("authz: %w", cerr)
 	}
-	action := in.Action
-	if action == "" {
-		action = ActionFromMethod(in.RPC.FullMethod)
-	}
-	if l.split != nil && l.split.actions[action] {
+	if action := actionOf(in); l.split != nil && l.split.actions[action] {
 		return e.decideSplit(ctx, l, in, gw, now, action, d)
 	}
+	return e.evalFull(ctx, l, in, gw, now, d)
+}
+
+// actionOf is in's action, derived from the method if empty.
+func actionOf(in *Input) string {
+	if in.Action != "" {
+		return in.Action
+	}
+	return ActionFromMethod(in.RPC.FullMethod)
+}
+
+// decideFull decides in by DecisionQuery, also for a split action.
+func (e *Engine) decideFull(ctx context.Context, l *loaded, in *Input, gw Gateway, now time.Time) (*nvmegate.Decision, error, error) {
+	d := &nvmegate.Decision{ID: newDecisionID(now), PolicyRevision: l.status.Revision, EvaluatedAt: now}
+	return e.evalFull(ctx, l, in, gw, now, d)
+}
+
+// evalFull fills d by evaluating DecisionQuery.
+func (e *Engine) evalFull(ctx context.Context, l *loaded, in *Input, gw Gateway, now time.Time, d *nvmegate.Decision) (*nvmegate.Decision, error, error) {
 	v, err := in.value(gw, now)
 	if err != nil {
 		d.Reasons = []string{ReasonInputFailed}

@@ -81,3 +81,10 @@ func scopeFromResource(res map[string]any) (s *Scope, err error) {
 	}
 	return s, nil
 }
+
+// SplitEvals is how many scope and caller decisions e's serving revision
+// has evaluated (its memo misses).
+func SplitEvals(e *Engine) (scopes, callers uint64) {
+	s := e.current.Load().split
+	return s.scopeEvals.Load(), s.callerEvals.Load()
+}

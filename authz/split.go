@@ -224,6 +224,8 @@ func prepareSplit(ctx context.Context, b *policy.Bundle, comp *ast.Compiler, sto
 func (s *split) reset() {
 	s.scopes = newMemo[*scopeEntry](maxScopeEntries)
 	s.callers = newMemo[*callerEntry](maxCallerEntries)
+	s.scopeEvals.Store(0)
+	s.callerEvals.Store(0)
 }
 
 // checkPure fails if a rule reachable from query reads an input field other
