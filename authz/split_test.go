@@ -360,3 +360,43 @@ func TestSelfTestHoldsPartsToDecisionQuery(t *testing.T) {
 		t.Errorf("NewEngine: %v, want a self-test error: the split decision differs", err)
 	}
 }
+
+// TestExplainShowsTheParts: Explain of a connect shows the scope input and
+// the three decisions; of another action, the decision document alone.
+func TestExplainShowsTheParts(t *testing.T) {
+	e, _, _ := newEngine(t, nil)
+	b, _ := policy.Load(policy.Default())
+	var input map[string]any
+	for _, s := range b.Samples {
+		if s.Name == "node may not connect where the target breaks residency" {
+			json.Unmarshal(s.Input, &input)
+		}
+	}
+	d, raw, err := e.Explain(context.Background(), input, nil)
+	if err != nil || d.Allow {
+		t.Fatalf("%+v %v", d, err)
+	}
+	var doc struct {
+		Allow   bool     `json:"allow"`
+		Reasons []string `json:"reasons"`
+		Parts   struct {
+			ScopeInput     map[string]any `json:"scope_input"`
+			ScopeDecision  map[string]any `json:"scope_decision"`
+			CallerDecision map[string]any `json:"caller_decision"`
+			NodeDecision   map[string]any `json:"node_decision"`
+		} `json:"parts"`
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	want := "namespace nqn.2026-01.org.example:acme-train/1 (region eu-west) may not be served from target t1 in region us-east"
+	p := doc.Parts
+	if !slices.Equal(doc.Reasons, []string{want}) || !slices.Equal(d.Reasons, doc.Reasons) ||
+		p.ScopeDecision["allow"] != false || p.CallerDecision["allow"] != false || p.NodeDecision["allow"] != false ||
+		p.ScopeInput["action"] != "access.connect" || p.ScopeInput["resource"].(map[string]any)["host_binding"] != nil {
+		t.Errorf("explanation:\n%s", raw)
+	}
+	if _, raw, _ := e.Explain(context.Background(), map[string]any{"action": "inventory.add_target"}, nil); strings.Contains(string(raw), "parts") {
+		t.Errorf("parts for a whole decision: %s", raw)
+	}
+}
