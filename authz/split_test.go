@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -399,4 +400,68 @@ func TestExplainShowsTheParts(t *testing.T) {
 	if _, raw, _ := e.Explain(context.Background(), map[string]any{"action": "inventory.add_target"}, nil); strings.Contains(string(raw), "parts") {
 		t.Errorf("parts for a whole decision: %s", raw)
 	}
+}
+
+// TestSplitConcurrent decides connects of many nodes at once, some
+// repeated, some changed, while revisions are swapped: every decision is
+// the one its revision makes of its input.
+func TestSplitConcurrent(t *testing.T) {
+	e, _, _ := newEngine(t, nil)
+	embedded, _ := policy.Load(policy.Default())
+	fsys := copyFS(t, embedded)
+	fsys["data.json"] = &fstest.MapFile{Data: []byte(strings.Replace(string(mustRead(t, fsys, "data.json")),
+		`"internal": {"max_ttl": "24h"}`, `"internal": {"max_ttl": "12h"}`, 1))}
+	short, err := policy.Load(fsys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ttl := map[string]time.Duration{embedded.Revision: 24 * time.Hour, short.Revision: 12 * time.Hour}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ctx.Err() == nil; i++ {
+			b := embedded
+			if i%2 == 0 {
+				b = short
+			}
+			if err := e.Reload(ctx, b, "x"); err != nil && ctx.Err() == nil {
+				t.Error(err)
+			}
+		}
+	}()
+	errs := make(chan error, 8)
+	for g := range 8 {
+		go func() {
+			for i := range 100 {
+				id := fmt.Sprintf("spiffe://example.org/node/n%d", (g*7+i)%12)
+				in := connectInput(oneNS("internal", "ro"))
+				in = call(id, in.RPC.FullMethod, in.Resource)
+				in.Resource["job"].(map[string]any)["nodes"] = []any{id}
+				in.Resource["host_binding"] = bindingRec(id, "nqn.2014-08.org.nvmexpress:uuid:x"+id, "acme", true)
+				in.Resource["request"] = map[string]any{"host_nqn": "", "mode": ""}
+				wantAllow := i%5 != 0
+				if !wantAllow {
+					ns0(in.Resource)["region"] = "us-east"
+				}
+				d, err := e.Authorize(context.Background(), in)
+				if err == nil && (d.Allow != wantAllow || d.Allow && d.Obligations.MaxTTL != ttl[d.PolicyRevision]) {
+					err = fmt.Errorf("%s: %+v", id, d)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	cancel()
+	<-done
 }
