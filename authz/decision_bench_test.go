@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -112,12 +113,13 @@ func bigBundle(t testing.TB, n int) *policy.Bundle {
 //	warm-typed  the same with the scope typed (Input.Scope)
 //	cold        every call another job: every part decided (a memo miss)
 //
-// Each sub-benchmark but floor alternates batches of 64 decisions with 64
-// evaluations of the floor, so that both see the same machine (other work
-// on a shared machine moves either by more than the difference), and
-// reports, besides ns/op (the decision's mean), p99-ns, the floor's
-// floor-ns and floor-p99-ns, and the ratios x-floor (means) and
-// p99-x-floor.
+// Each sub-benchmark but floor evaluates the floor right after each
+// decision, so that both see the same machine (other work on a shared
+// machine moves either by more than the difference), and reports the
+// decision's ns/op (its mean) and p99-ns, its decision-allocs/op and
+// decision-B/op (over a pass without the floor; allocs/op and B/op count
+// the floor's too), the floor's floor-ns and floor-p99-ns, and the ratios
+// x-floor (means) and p99-x-floor.
 //
 //	go test ./authz/ -run '^$' -bench BenchmarkConnect -benchtime 20000x
 func BenchmarkConnect(b *testing.B) {
@@ -144,38 +146,44 @@ func BenchmarkConnect(b *testing.B) {
 		slices.Sort(durs)
 		return float64(sum) / float64(len(durs)), float64(durs[len(durs)*99/100])
 	}
-	// measure times f (and, interleaved, the floor unless alone).
+	// measure times f and, unless alone, the floor right after each call of
+	// f; ns/op is then f's alone (its durations' mean).
 	measure := func(b *testing.B, alone bool, f func(i int)) {
 		f(-1)
 		floor()
-		durs := make([]time.Duration, 0, b.N)
-		var fdurs []time.Duration
 		if !alone {
-			fdurs = make([]time.Duration, 0, b.N)
+			var m0, m1 runtime.MemStats
+			const n = 2000
+			runtime.ReadMemStats(&m0)
+			for i := range n {
+				f(i)
+			}
+			runtime.ReadMemStats(&m1)
+			b.ReportMetric(float64(m1.Mallocs-m0.Mallocs)/n, "decision-allocs/op")
+			b.ReportMetric(float64(m1.TotalAlloc-m0.TotalAlloc)/n, "decision-B/op")
 		}
 		b.ReportAllocs()
+		durs := make([]time.Duration, 0, b.N)
+		fdurs := make([]time.Duration, 0, b.N)
 		b.ResetTimer()
 		i := 0
 		for b.Loop() {
 			t0 := time.Now()
 			f(i)
-			durs = append(durs, time.Since(t0))
-			i++
-			if !alone && i%64 == 0 {
-				b.StopTimer()
-				for range 64 {
-					t0 := time.Now()
-					floor()
-					fdurs = append(fdurs, time.Since(t0))
-				}
-				b.StartTimer()
+			t1 := time.Now()
+			durs = append(durs, t1.Sub(t0))
+			if !alone {
+				floor()
+				fdurs = append(fdurs, time.Since(t1))
 			}
+			i++
 		}
 		b.StopTimer()
 		mean, p99 := stats(durs)
 		b.ReportMetric(p99, "p99-ns")
-		if len(fdurs) > 0 {
+		if !alone {
 			fmean, fp99 := stats(fdurs)
+			b.ReportMetric(mean, "ns/op")
 			b.ReportMetric(fmean, "floor-ns")
 			b.ReportMetric(fp99, "floor-p99-ns")
 			b.ReportMetric(mean/fmean, "x-floor")
