@@ -151,6 +151,7 @@ func BenchmarkConnect(b *testing.B) {
 	measure := func(b *testing.B, alone bool, f func(i int)) {
 		f(-1)
 		floor()
+		var allocs, bytes float64
 		if !alone {
 			var m0, m1 runtime.MemStats
 			const n = 2000
@@ -159,8 +160,7 @@ func BenchmarkConnect(b *testing.B) {
 				f(i)
 			}
 			runtime.ReadMemStats(&m1)
-			b.ReportMetric(float64(m1.Mallocs-m0.Mallocs)/n, "decision-allocs/op")
-			b.ReportMetric(float64(m1.TotalAlloc-m0.TotalAlloc)/n, "decision-B/op")
+			allocs, bytes = float64(m1.Mallocs-m0.Mallocs)/n, float64(m1.TotalAlloc-m0.TotalAlloc)/n
 		}
 		b.ReportAllocs()
 		durs := make([]time.Duration, 0, b.N)
@@ -188,6 +188,8 @@ func BenchmarkConnect(b *testing.B) {
 			b.ReportMetric(fp99, "floor-p99-ns")
 			b.ReportMetric(mean/fmean, "x-floor")
 			b.ReportMetric(p99/fp99, "p99-x-floor")
+			b.ReportMetric(allocs, "decision-allocs/op")
+			b.ReportMetric(bytes, "decision-B/op")
 		}
 	}
 	b.Run("floor", func(b *testing.B) { measure(b, true, func(int) { floor() }) })
