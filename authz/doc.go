@@ -111,6 +111,22 @@
 // any step (ErrCompile, ErrData, ErrSelfTest), and Reload keeps the
 // previous one.
 //
+// # Connect and renew in parts
+//
+// A policy may list actions in data.nvmegate.authz.split_actions (the
+// default policy: access.connect and access.renew). The engine decides
+// those in three parts (split.go, policy/connect.rego): a scope decision
+// over the job's scope (no caller, no time) and a caller decision over the
+// request without the time, each memoized by the SHA-256 of its canonical
+// input and the policy and data revisions, and a node decision, evaluated
+// on every call, that checks the time and returns the grant. The decision
+// is the node decision's document, checked as any. A policy whose memoized
+// parts reach a rule that reads what their inputs do not hold, or calls a
+// nondeterministic builtin, does not load (ErrCompile); its self-test
+// samples of split actions must be decided alike by the parts and by
+// DecisionQuery, which composes them in Rego. Input.Scope, if set, hands
+// the scope's records typed (see Scope).
+//
 // Every Decision gets a fresh ID (a UUIDv7: time-ordered, 74 random bits),
 // the revision that decided it and the evaluation time.
 package authz

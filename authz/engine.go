@@ -91,6 +91,7 @@ type Engine struct {
 // loaded is one prepared policy revision.
 type loaded struct {
 	query  rego.PreparedEvalQuery
+	split  *split // the split decisions (split.go); nil if the policy has none
 	status Status
 	bundle *policy.Bundle // what was prepared; Explain builds candidates on it
 }
@@ -290,7 +291,8 @@ func (e *Engine) prepare(ctx context.Context, b *policy.Bundle, source string) (
 	if err != nil {
 		return nil, err
 	}
-	q, err := rego.New(regoOptions(b, DecisionQuery, store)...).PrepareForEval(ctx)
+	var comp *ast.Compiler // the compiled modules, shared by every query of the revision
+	q, err := rego.New(append(regoOptions(b, DecisionQuery, store), rego.CompilerHook(func(c *ast.Compiler) { comp = c }))...).PrepareForEval(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: revision %s: %v", ErrCompile, b.Revision, err)
 	}
@@ -298,8 +300,16 @@ func (e *Engine) prepare(ctx context.Context, b *policy.Bundle, source string) (
 	for _, m := range b.Modules {
 		l.status.Modules = append(l.status.Modules, m.Name)
 	}
+	// The data revision is the bundle's (its digest covers data.json); a
+	// store with its own revision would pass it here, into the memo keys.
+	if l.split, err = prepareSplit(ctx, b, comp, store, ""); err != nil {
+		return nil, err
+	}
 	if err := e.selfTest(ctx, l, b); err != nil {
 		return nil, err
+	}
+	if l.split != nil {
+		l.split.reset()
 	}
 	return l, nil
 }
@@ -340,6 +350,28 @@ func (e *Engine) decide(ctx context.Context, l *loaded, in *Input, gw Gateway, n
 		d.Reasons = []string{ReasonCanceled}
 		return d, nil, fmt.Errorf("authz: %w", cerr)
 	}
+	if action := actionOf(in); l.split != nil && l.split.actions[action] {
+		return e.decideSplit(ctx, l, in, gw, now, action, d)
+	}
+	return e.evalFull(ctx, l, in, gw, now, d)
+}
+
+// actionOf is in's action, derived from the method if empty.
+func actionOf(in *Input) string {
+	if in.Action != "" {
+		return in.Action
+	}
+	return ActionFromMethod(in.RPC.FullMethod)
+}
+
+// decideFull decides in by DecisionQuery, also for a split action.
+func (e *Engine) decideFull(ctx context.Context, l *loaded, in *Input, gw Gateway, now time.Time) (*nvmegate.Decision, error, error) {
+	d := &nvmegate.Decision{ID: newDecisionID(now), PolicyRevision: l.status.Revision, EvaluatedAt: now}
+	return e.evalFull(ctx, l, in, gw, now, d)
+}
+
+// evalFull fills d by evaluating DecisionQuery.
+func (e *Engine) evalFull(ctx context.Context, l *loaded, in *Input, gw Gateway, now time.Time, d *nvmegate.Decision) (*nvmegate.Decision, error, error) {
 	v, err := in.value(gw, now)
 	if err != nil {
 		d.Reasons = []string{ReasonInputFailed}

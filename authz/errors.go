@@ -13,8 +13,11 @@ var (
 	ErrConfig = errors.New("authz: invalid configuration")
 
 	// ErrCompile: the policy bundle does not compile (syntax or type error,
-	// strict-mode violation, a forbidden builtin). Returned by NewEngine and
-	// Reload; a running engine keeps its previous revision.
+	// strict-mode violation, a forbidden builtin), or a rule of a memoized
+	// part of a split decision depends on the caller, the time or a
+	// nondeterministic builtin (the message names the rule; see split.go).
+	// Returned by NewEngine and Reload; a running engine keeps its previous
+	// revision.
 	ErrCompile = errors.New("authz: policy does not compile")
 
 	// ErrData: the policy's checks of its own data (LoadCheckQuery) found

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"path"
+	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
@@ -20,6 +22,12 @@ import (
 // on together with the raw decision document the policy produced (null if
 // it produced none). The Decision applies the same fail-closed checks as
 // Authorize, so a malformed allow shows as the deny it would be.
+//
+// For an action the policy decides in parts (split.go: access.connect and
+// access.renew), the document also holds "parts": the scope decision's
+// input, the scope decision, the caller decision and the node decision,
+// as SplitPartsQuery composes them (the engine's self-test holds its own
+// parts to that composition).
 //
 // With candidate modules (file name → Rego source), the serving bundle with
 // those modules added or replaced is compiled and self-tested first, as
@@ -52,6 +60,14 @@ func (e *Engine) Explain(ctx context.Context, input map[string]any, candidate ma
 	if len(rs) > 0 && len(rs[0].Expressions) > 0 {
 		if t, ok := rs[0].Expressions[0].Value.(*ast.Term); ok {
 			if j, err := ast.JSON(t.Value); err == nil {
+				if doc, ok := j.(map[string]any); ok && l.split != nil && l.split.actions[fmt.Sprint(input["action"])] {
+					// A split action: the document shows its parts too.
+					parts, err := l.split.parts(ctx, v, now)
+					if err != nil {
+						return nil, nil, err
+					}
+					doc["parts"] = parts
+				}
 				raw, _ = json.Marshal(j)
 			}
 		}
@@ -63,6 +79,20 @@ func (e *Engine) Explain(ctx context.Context, input map[string]any, candidate ma
 	}
 	d.Allow, d.Reasons, d.Obligations = out.allow, out.reasons, out.obligations
 	return d, raw, nil
+}
+
+// parts evaluates SplitPartsQuery over input (an explanation: not memoized).
+func (s *split) parts(ctx context.Context, input ast.Value, now time.Time) (any, error) {
+	rs, err := rego.New(rego.Query(SplitPartsQuery), rego.Compiler(s.comp), rego.Store(s.store),
+		rego.SetRegoVersion(ast.RegoV1), rego.StrictBuiltinErrors(true), rego.Capabilities(capabilities),
+		rego.ParsedInput(input), rego.Time(now)).Eval(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrEvaluation, SplitPartsQuery, err)
+	}
+	if len(rs) == 0 || len(rs[0].Expressions) == 0 {
+		return nil, nil // the policy does not compose its parts
+	}
+	return rs[0].Expressions[0].Value, nil
 }
 
 // candidate prepares base with modules added or replaced.

@@ -18,6 +18,10 @@ type Input struct {
 	Resource map[string]any `json:"resource"` // records involved, from the gateway's DescribeFunc; nil means {}
 	Time     time.Time      `json:"time"`     // zero means the engine's clock at evaluation
 	Gateway  Gateway        `json:"gateway"`  // set by Engine.Authorize; see Gateway
+	// Scope, if set, is the typed scope of a connect or renew (see Scope):
+	// the engine reads the scope decision's records from it, not from
+	// Resource. It is not part of the input document as such.
+	Scope *Scope `json:"-"`
 }
 
 // RPC names the gRPC method of a request.

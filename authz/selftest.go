@@ -42,6 +42,21 @@ func (e *Engine) selfTest(ctx context.Context, l *loaded, b *policy.Bundle) erro
 		case s.Reasons != nil && !slices.Equal(d.Reasons, s.Reasons):
 			return fail(fmt.Sprintf("got other reasons, want %q", s.Reasons), d.Reasons, nil)
 		}
+		// A split action's sample is decided by the engine's parts (their
+		// inputs built in Go, split.go); DecisionQuery decides it by the
+		// same parts with the inputs built in Rego. They must agree.
+		if l.split != nil && l.split.actions[actionOf(&in)] {
+			full, problem, err := e.decideFull(ctx, l, &in, in.Gateway, e.now())
+			switch {
+			case err != nil:
+				return fail("evaluation of "+DecisionQuery+" failed", nil, err)
+			case problem != nil:
+				return fail(DecisionQuery+": "+full.Reasons[0], nil, nil)
+			case full.Allow != d.Allow || !slices.Equal(full.Reasons, d.Reasons) || full.Obligations != d.Obligations:
+				return fail(fmt.Sprintf("the split decision (allow=%t %q %+v) differs from %s (allow=%t %q %+v)",
+					d.Allow, d.Reasons, d.Obligations, DecisionQuery, full.Allow, full.Reasons, full.Obligations), nil, nil)
+			}
+		}
 	}
 	return nil
 }

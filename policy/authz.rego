@@ -31,14 +31,27 @@ package nvmegate.authz
 # decision is the one document the gateway reads. Every field is always
 # defined; the gateway fails closed on anything else (a missing field, a
 # non-boolean allow, a deny without reasons, an obligation it does not know).
+# Connect and renew (split_actions) are decided in parts, as the gateway
+# decides them (connect.rego).
 decision := {"allow": true, "reasons": [fast[0]], "obligations": fast[1]} if {
+	not input.action in split_actions
 	fast
+} else := split_decision if {
+	input.action in split_actions
 } else := {"allow": false, "reasons": deny_reasons, "obligations": {}}
 
 # allow: the decision's outcome, for tests and other rules.
 default allow := false
 
-allow if fast
+allow if {
+	not input.action in split_actions
+	fast
+}
+
+allow if {
+	input.action in split_actions
+	split_decision.allow == true
+}
 
 # --- The fast path: deciding ------------------------------------------------
 
@@ -81,8 +94,8 @@ scope_grant("target") := [sprintf("role %s may perform %s on target %s", [input.
 }
 
 # action_checks(t): the obligations of an allowed action whose checks pass,
-# for tenant t's resources: namespace actions are judged on their namespaces
-# (and connect and renew get obligations), admissions on the job. (One
+# for tenant t's resources: namespace actions are judged on their namespaces,
+# admissions on the job (connect and renew: connect.rego). (One
 # definition per kind of action, not an else chain: an else chain would
 # fall through to the next branch when a check fails.)
 action_checks(t) := {} if {
@@ -94,12 +107,6 @@ action_checks(t) := {} if {
 	input.action == "jobs.admit"
 	admit_ok
 	namespaces_ok(t)
-}
-
-action_checks(t) := merged_obligations if {
-	input.action in subsystem_actions
-	namespaces_ok(t)
-	subsystem_ok
 }
 
 action_checks(t) := {} if {
@@ -143,11 +150,6 @@ subsystem_actions := {"access.connect", "access.renew"}
 
 namespace_call if {
 	input.action in namespace_actions
-	checked_call
-}
-
-subsystem_call if {
-	input.action in subsystem_actions
 	checked_call
 }
 

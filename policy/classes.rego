@@ -176,30 +176,38 @@ class_subsets := [[class_names[i] |
 
 # --- Problems -------------------------------------------------------------------
 
-checked_classes := {ns.data_class | some ns in checked_namespaces}
+namespace_problems contains p if some p in namespace_class_problems(checked_namespaces)
 
-namespace_problems contains sprintf("namespace %s has no data class", [ns_label(ns)]) if {
-	some ns in checked_namespaces
+# namespace_class_problems(nss): the class problems of the namespaces nss
+# (the subject tenant's): no class, a class the policy does not define, rw
+# on a read-only class (the namespace's mode or request.mode).
+namespace_class_problems(nss) := {sprintf("namespace %s has no data class", [ns_label(ns)]) |
+	some ns in nss
 	has_key(ns, "data_class")
 	not non_empty(ns.data_class)
-}
-
-namespace_problems contains sprintf("namespace %s has data class %s, which the policy does not define", [ns_label(ns), ns.data_class]) if {
-	some ns in checked_namespaces
+} | {sprintf("namespace %s has data class %s, which the policy does not define", [ns_label(ns), ns.data_class]) |
+	some ns in nss
 	non_empty(ns.data_class)
 	not classes[ns.data_class]
-}
-
-namespace_problems contains sprintf("namespace %s is read-only (data class %s): mode rw is not allowed", [ns_label(ns), ns.data_class]) if {
-	some ns in checked_namespaces
+} | {sprintf("namespace %s is read-only (data class %s): mode rw is not allowed", [ns_label(ns), ns.data_class]) |
+	some ns in nss
 	classes[ns.data_class].read_only == true
 	"rw" in {ns.mode, object.get(request, "mode", "")}
 }
 
-namespace_problems contains p if {
-	subsystem_call
-	details_visible
-	some p in subsystem_problems
+# subsystem_detail_problems(nss): what keeps the subsystem of a connect or
+# renew from serving the namespaces nss (the subject tenant's): no
+# subsystem, none of them in the job's scope, one on another subsystem, a
+# garbled subsystem record, authentication their classes require and the
+# subsystem does not support.
+subsystem_detail_problems(nss) := subsystem_problems | {sprintf("namespace %s is not on subsystem %s", [ns_label(ns), show_at(subsystem, "nqn")]) |
+	some ns in nss
+	not ns.subsystem_nqn == subsystem.nqn
+} | {sprintf("subsystem %s supports no authentication option of data class %s", [show_at(subsystem, "nqn"), c]) |
+	caps := caps_of[caps_key]
+	some c in {ns.data_class | some ns in nss}
+	classes[c].auth_options
+	count([o | some o in classes[c].auth_options; supports(o, caps)]) == 0
 }
 
 subsystem_problems contains "request names no subsystem" if not non_empty(object.get(subsystem, "nqn", null))
@@ -213,19 +221,7 @@ job_namespace_on_subsystem if {
 	ns.mode in {"ro", "rw"}
 }
 
-subsystem_problems contains sprintf("namespace %s is not on subsystem %s", [ns_label(ns), show_at(subsystem, "nqn")]) if {
-	some ns in checked_namespaces
-	not ns.subsystem_nqn == subsystem.nqn
-}
-
 subsystem_problems contains p if some p in record_shape_problems("subsystem", "subsystem")
-
-subsystem_problems contains sprintf("subsystem %s supports no authentication option of data class %s", [show_at(subsystem, "nqn"), c]) if {
-	caps := caps_of[caps_key]
-	some c in checked_classes
-	classes[c].auth_options
-	count([o | some o in classes[c].auth_options; supports(o, caps)]) == 0
-}
 
 subsystem_problems contains sprintf("subsystem %s does not support the authentication its data classes require (%s)", [show_at(subsystem, "nqn"), concat(", ", needs)]) if {
 	caps := caps_of[caps_key]

@@ -138,50 +138,51 @@ required_namespace_fields := [
 	["target", "region"], ["target", "fabric"], ["qos", "max_iops"], ["qos", "max_mbps"],
 ]
 
-namespace_problems contains sprintf("namespace %s has no %s", [ns_label(ns), concat(".", path)]) if {
-	some ns in checked_namespaces
-	some path in required_namespace_fields
-	object.get(ns, path, missing) == missing
+namespace_problems contains p if some p in residency_problems(checked_namespaces)
+
+namespace_problems contains p if {
+	details_visible
+	some p in job_region_problems
 }
 
 missing := {"missing": true}
 
-namespace_problems contains sprintf("job %s names no allowed regions", [show_at(job, "job_id")]) if {
-	details_visible
-	not job_has_regions
-}
+# job_region_problems: the job's allowed regions are unusable.
+job_region_problems contains sprintf("job %s names no allowed regions", [show_at(job, "job_id")]) if not job_has_regions
 
 job_has_regions if {
 	count(job.allowed_regions) > 0
 	has_type("strings", job.allowed_regions)
 }
 
-namespace_problems contains sprintf("namespace %s is in region %s, which job %s does not allow", [ns_label(ns), ns.region, show_at(job, "job_id")]) if {
-	some ns in checked_namespaces
+# residency_problems(nss): for each namespace of nss (the subject tenant's,
+# whose details the caller may know), the fields namespace actions need
+# that it lacks, and where it breaks the job's regions or its geo-fence.
+# (A function of the records only: the scope decision uses it too.)
+residency_problems(nss) := {sprintf("namespace %s has no %s", [ns_label(ns), concat(".", path)]) |
+	some ns in nss
+	some path in required_namespace_fields
+	object.get(ns, path, missing) == missing
+} | {sprintf("namespace %s is in region %s, which job %s does not allow", [ns_label(ns), ns.region, show_at(job, "job_id")]) |
+	some ns in nss
 	non_empty(ns.region)
 	job_has_regions
 	not ns.region in job.allowed_regions
-}
-
-namespace_problems contains sprintf("namespace %s (region %s) may not be served from target %s in region %s", [
+} | {sprintf("namespace %s (region %s) may not be served from target %s in region %s", [
 	ns_label(ns), ns.region, show_at(ns.target, "id"), ns.target.region,
-]) if {
-	some ns in checked_namespaces
+]) |
+	some ns in nss
 	non_empty(ns.region)
 	non_empty(ns.target.region)
 	not target_region_allowed(ns)
-}
-
-target_region_allowed(ns) if ns.target.region in object.get(geo_fence(ns.region), "target_regions", [ns.region])
-
-namespace_problems contains sprintf("namespace %s (region %s) may not be served over fabric %s", [
-	ns_label(ns), ns.region, ns.target.fabric,
-]) if {
-	some ns in checked_namespaces
+} | {sprintf("namespace %s (region %s) may not be served over fabric %s", [ns_label(ns), ns.region, ns.target.fabric]) |
+	some ns in nss
 	non_empty(ns.region)
 	non_empty(ns.target.fabric)
 	not ns.target.fabric in object.get(geo_fence(ns.region), "fabrics", [ns.target.fabric])
 }
+
+target_region_allowed(ns) if ns.target.region in object.get(geo_fence(ns.region), "target_regions", [ns.region])
 
 geo_fence(region) := f if {
 	f := data.nvmegate.residency[region]

@@ -80,6 +80,18 @@ node_in_job if input.caller.id in job.nodes
 # job_ok(t): the caller is a node of job t's active, unexpired scope, with
 # its own binding, and the request concerns only tenant t's resources.
 job_ok(t) if {
+	job_caller_ok(t)
+	now_ns < time_ns(input.resource.job.expires_at)
+	res := input.resource
+	object.get(res, "tenant", "") in {"", t}
+	object.get(res, ["subsystem", "tenant"], t) == t
+	namespace_tenants_ok(t)
+}
+
+# job_caller_ok(t): what job_ok checks of the caller and its records, but
+# the time: the caller is a node of job t's active scope, with its own
+# binding and host NQN (the caller decision of connect and renew).
+job_caller_ok(t) if {
 	is_string(t)
 	t != ""
 	c := input.caller
@@ -87,7 +99,6 @@ job_ok(t) if {
 	j := res.job
 	c.id in j.nodes
 	j.state == "active"
-	now_ns < time_ns(j.expires_at)
 	b := res.host_binding
 	b.spiffe_id == c.id
 	nqn := b.host_nqn
@@ -98,9 +109,6 @@ job_ok(t) if {
 	is_object(object.get(res, "request", {}))
 	object.get(res, ["request", "host_nqn"], "") in {"", nqn}
 	object.get(res, ["request", "mode"], "") in {"", "ro", "rw"}
-	object.get(res, "tenant", "") in {"", t}
-	object.get(res, ["subsystem", "tenant"], t) == t
-	namespace_tenants_ok(t)
 }
 
 job_problems contains "request names no job" if not has_job_record
@@ -165,21 +173,26 @@ job_member_problems contains sprintf("node %s is bound to a tenant other than jo
 	not object.get(host_binding, "tenant", "") in {"", object.get(job, "tenant", null)}
 }
 
-job_member_problems contains sprintf("request concerns a tenant other than job %s's", [show_at(job, "job_id")]) if {
+job_member_problems contains p if some p in job_tenant_problems
+
+# job_tenant_problems: records of a tenant other than the job's. A function
+# of the records only (the scope decision of connect and renew names them
+# too).
+job_tenant_problems contains sprintf("request concerns a tenant other than job %s's", [show_at(job, "job_id")]) if {
 	not object.get(resource, "tenant", "") in {"", object.get(job, "tenant", null)}
 }
 
-job_member_problems contains sprintf("subsystem %s is not in job %s's tenant", [show_at(subsystem, "nqn"), show_at(job, "job_id")]) if {
+job_tenant_problems contains sprintf("subsystem %s is not in job %s's tenant", [show_at(subsystem, "nqn"), show_at(job, "job_id")]) if {
 	has_key(subsystem, "tenant")
 	not subsystem.tenant == job.tenant
 }
 
-job_member_problems contains sprintf("namespace %s is not in job %s's tenant", [ns_label(ns), show_at(job, "job_id")]) if {
+job_tenant_problems contains sprintf("namespace %s is not in job %s's tenant", [ns_label(ns), show_at(job, "job_id")]) if {
 	some ns in namespaces
 	not ns.tenant == job.tenant
 }
 
-job_member_problems contains p if some p in list_shape_problems("namespaces", "namespace")
+job_tenant_problems contains p if some p in list_shape_problems("namespaces", "namespace")
 
 # --- target: target agents --------------------------------------------------------
 
