@@ -2,8 +2,6 @@ package gateway
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"strconv"
 
 	"github.com/nvmegate/nvmegate"
@@ -43,19 +41,7 @@ type keysService struct {
 }
 
 // keyErr maps key-store errors to domain errors with caller-safe messages.
-func keyErr(err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, keys.ErrUnavailable):
-		return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "key store unavailable; retry later")
-	case errors.Is(err, keys.ErrConflict):
-		return nvmegate.Errorf(nvmegate.ECONFLICT, "the key was rotated concurrently by another gateway; see Keys.Status")
-	case errors.Is(err, keys.ErrNotFound):
-		return nvmegate.Errorf(nvmegate.ENOTFOUND, "no such key")
-	}
-	return fmt.Errorf("keys: %w", err)
-}
+var keyErr = keys.CallerError
 
 func (s *keysService) Rotate(ctx context.Context, r *pb.RotateRequest) (*pb.RotateResponse, error) {
 	reason := "on demand"

@@ -1,9 +1,6 @@
 package lease
 
 import (
-	"errors"
-	"fmt"
-
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/keys"
 )
@@ -13,16 +10,4 @@ import (
 var ErrUnrecorded = nvmegate.Errorf(nvmegate.EUNAVAILABLE, "audit log unavailable: nothing was changed; retry later")
 
 // keyErr maps key-store errors to domain errors with caller-safe messages.
-func keyErr(err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, keys.ErrUnavailable):
-		return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "key store unavailable; retry later")
-	case errors.Is(err, keys.ErrConflict):
-		return nvmegate.Errorf(nvmegate.ECONFLICT, "the key was rotated concurrently by another gateway; see Keys.Status")
-	case errors.Is(err, keys.ErrNotFound):
-		return nvmegate.Errorf(nvmegate.ENOTFOUND, "no such key")
-	}
-	return fmt.Errorf("keys: %w", err)
-}
+var keyErr = keys.CallerError
