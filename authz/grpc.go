@@ -104,6 +104,14 @@ type guard struct {
 	log      *slog.Logger
 	peerID   func(context.Context) (spiffeid.ID, bool)
 	record   RefusalRecorder // nil records nothing
+	scope    func(context.Context) *Scope
+}
+
+// WithScope gives the interceptors the typed scope of a call (Input.Scope)
+// after its description: f returns the scope the DescribeFunc read for the
+// call, or nil. It must describe the same records as the resource map.
+func WithScope(f func(ctx context.Context) *Scope) InterceptorOption {
+	return func(g *guard) { g.scope = f }
 }
 
 func newGuard(a Authorizer, describe DescribeFunc, log *slog.Logger, opts []InterceptorOption) *guard {
@@ -142,6 +150,9 @@ func (g *guard) check(ctx context.Context, fullMethod string, req any) (context.
 	}
 
 	in := NewInput(caller, fullMethod, action, resource)
+	if g.scope != nil {
+		in.Scope = g.scope(ctx)
+	}
 	d, err := g.a.Authorize(ctx, in)
 	switch {
 	case err != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
