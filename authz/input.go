@@ -141,18 +141,8 @@ func (in *Input) value(gw Gateway, now time.Time) (ast.Value, error) {
 	}
 	c := &in.Caller
 	return ast.NewObject(
-		ast.Item(kCaller, ast.NewTerm(ast.NewObject(
-			ast.Item(kID, ast.StringTerm(c.ID)),
-			ast.Item(kTrustDomain, ast.StringTerm(c.TrustDomain)),
-			ast.Item(kRole, ast.InternedTerm(c.Role)),
-			ast.Item(kTenant, ast.StringTerm(c.Tenant)),
-			ast.Item(kName, ast.StringTerm(c.Name)),
-		))),
-		ast.Item(kRPC, ast.NewTerm(ast.NewObject(
-			ast.Item(kService, ast.StringTerm(in.RPC.Service)),
-			ast.Item(kMethod, ast.StringTerm(in.RPC.Method)),
-			ast.Item(kFullMethod, ast.StringTerm(in.RPC.FullMethod)),
-		))),
+		ast.Item(kCaller, callerTerm(c)),
+		ast.Item(kRPC, rpcTerm(in.RPC)),
 		ast.Item(kAction, ast.StringTerm(action)),
 		ast.Item(kResource, ast.NewTerm(res)),
 		ast.Item(kTime, ast.StringTerm(t.UTC().Format(time.RFC3339Nano))),
@@ -233,4 +223,24 @@ func (c termCache) term(x any) (*ast.Term, error) {
 		return nil, err
 	}
 	return ast.NewTerm(val), nil
+}
+
+// callerTerm is input.caller.
+func callerTerm(c *Caller) *ast.Term {
+	return ast.NewTerm(ast.NewObject(
+		ast.Item(kID, ast.StringTerm(c.ID)),
+		ast.Item(kTrustDomain, ast.StringTerm(c.TrustDomain)),
+		ast.Item(kRole, ast.InternedTerm(c.Role)),
+		ast.Item(kTenant, ast.StringTerm(c.Tenant)),
+		ast.Item(kName, ast.StringTerm(c.Name)),
+	))
+}
+
+// rpcTerm is input.rpc.
+func rpcTerm(r RPC) *ast.Term {
+	return ast.NewTerm(ast.NewObject(
+		ast.Item(kService, ast.StringTerm(r.Service)),
+		ast.Item(kMethod, ast.StringTerm(r.Method)),
+		ast.Item(kFullMethod, ast.StringTerm(r.FullMethod)),
+	))
 }

@@ -624,18 +624,8 @@ func callerInputItems(in *Input, action string, gw Gateway, scope *ast.Term) ([]
 	}
 	c := &in.Caller
 	return [][2]*ast.Term{
-		ast.Item(kCaller, ast.NewTerm(ast.NewObject(
-			ast.Item(kID, ast.StringTerm(c.ID)),
-			ast.Item(kTrustDomain, ast.StringTerm(c.TrustDomain)),
-			ast.Item(kRole, ast.InternedTerm(c.Role)),
-			ast.Item(kTenant, ast.StringTerm(c.Tenant)),
-			ast.Item(kName, ast.StringTerm(c.Name)),
-		))),
-		ast.Item(kRPC, ast.NewTerm(ast.NewObject(
-			ast.Item(kService, ast.StringTerm(in.RPC.Service)),
-			ast.Item(kMethod, ast.StringTerm(in.RPC.Method)),
-			ast.Item(kFullMethod, ast.StringTerm(in.RPC.FullMethod)),
-		))),
+		ast.Item(kCaller, callerTerm(c)),
+		ast.Item(kRPC, rpcTerm(in.RPC)),
 		ast.Item(kAction, ast.StringTerm(action)),
 		ast.Item(kResource, ast.NewTerm(ast.NewObject(kvs...))),
 		ast.Item(kGateway, ast.NewTerm(ast.NewObject(ast.Item(kTrustDomain, ast.StringTerm(gw.TrustDomain))))),
