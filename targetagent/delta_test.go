@@ -3,7 +3,6 @@ package targetagent_test
 import (
 	"context"
 	"fmt"
-	"io/fs"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -22,6 +21,7 @@ import (
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/fabric"
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
+	"github.com/nvmegate/nvmegate/fabric/nvmet/nvmettest"
 	"github.com/nvmegate/nvmegate/keys"
 	"github.com/nvmegate/nvmegate/keys/localstore"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
@@ -293,37 +293,8 @@ func canonical(s fabric.State) fabric.State {
 	return s
 }
 
-// dump renders a tree: directories, files with mode and content, links.
-func dump(t testing.TB, root string) string {
-	t.Helper()
-	var b strings.Builder
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || p == root {
-			return err
-		}
-		rel, _ := filepath.Rel(root, p)
-		info, err := os.Lstat(p)
-		if err != nil {
-			return err
-		}
-		switch {
-		case info.Mode()&fs.ModeSymlink != 0:
-			target, _ := os.Readlink(p)
-			target, _ = filepath.Rel(filepath.Dir(p), target)
-			fmt.Fprintf(&b, "l %s -> %s\n", rel, target)
-		case d.IsDir():
-			fmt.Fprintf(&b, "d %s\n", rel)
-		default:
-			data, _ := os.ReadFile(p)
-			fmt.Fprintf(&b, "f %s %04o %q\n", rel, info.Mode().Perm(), string(data))
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b.String()
-}
+// dump renders a tree (nvmettest.Dump).
+func dump(t testing.TB, root string) string { t.Helper(); return nvmettest.Dump(t, root) }
 
 // hubServer is the gateway's TargetAgent service reduced to its stream:
 // one target's updates from the hub, acknowledgements to it.

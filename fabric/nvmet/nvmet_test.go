@@ -3,8 +3,6 @@ package nvmet_test
 import (
 	"context"
 	"flag"
-	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/nvmegate/nvmegate/fabric"
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
+	"github.com/nvmegate/nvmegate/fabric/nvmet/nvmettest"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden trees in testdata/")
@@ -42,39 +41,8 @@ func host(nqn, key, ctrl string) fabric.Host {
 	return fabric.Host{NQN: nqn, DHCHAPKey: key, DHCHAPCtrlKey: ctrl, DHCHAPHash: fabric.Hash("sha384"), DHCHAPGroup: "ffdhe3072"}
 }
 
-// dump renders a tree: directories, files with mode and content, links.
-func dump(t *testing.T, root string) string {
-	t.Helper()
-	var b strings.Builder
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || p == root {
-			return err
-		}
-		rel, _ := filepath.Rel(root, p)
-		info, err := os.Lstat(p)
-		if err != nil {
-			return err
-		}
-		switch {
-		case info.Mode()&fs.ModeSymlink != 0:
-			target, _ := os.Readlink(p)
-			if filepath.IsAbs(target) { // as the driver makes them (configfs needs it); shown relative
-				target, _ = filepath.Rel(filepath.Dir(p), target)
-			}
-			fmt.Fprintf(&b, "l %s -> %s\n", rel, target)
-		case d.IsDir():
-			fmt.Fprintf(&b, "d %s\n", rel)
-		default:
-			data, _ := os.ReadFile(p)
-			fmt.Fprintf(&b, "f %s %04o %q\n", rel, info.Mode().Perm(), string(data))
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b.String()
-}
+// dump renders a tree (nvmettest.Dump).
+func dump(t testing.TB, root string) string { t.Helper(); return nvmettest.Dump(t, root) }
 
 func golden(t *testing.T, name, got string) {
 	t.Helper()
