@@ -39,10 +39,14 @@ type Options struct {
 	Namespaces  int           // namespaces in the subsystem, all in every job's scope (M)
 	Concurrency int           // connects in flight (C); Storm ignores it
 	Duration    time.Duration // how long Run keeps going
-	JobSize     int           // nodes per job (the scheduler admits N/JobSize jobs)
-	Tenant      string        // the tenant the scheduler identity belongs to
-	Region      string
-	RunID       string // names the target, subsystem, jobs and nodes; unique per run
+	// Requests, if positive, ends Run after that many calls as well: a
+	// run that must not outgrow a small disk cannot depend on how fast
+	// the machine is.
+	Requests int
+	JobSize  int    // nodes per job (the scheduler admits N/JobSize jobs)
+	Tenant   string // the tenant the scheduler identity belongs to
+	Region   string
+	RunID    string // names the target, subsystem, jobs and nodes; unique per run
 	// Acks, if set, gets a line "<grant ID> <job> <audit index>" for every
 	// acknowledged grant as it arrives (crash tests check them later with
 	// ReadAcks and Verify).
@@ -392,8 +396,8 @@ func (r *recorder) result(call Call, elapsed time.Duration) *Result {
 	return &Result{Call: call, Elapsed: elapsed, Latencies: r.lat, Errors: r.errs, Acks: r.acks, FirstErrors: r.firstErr}
 }
 
-// Run keeps o.Concurrency connects in flight for o.Duration, the nodes
-// taking turns. Each connect supersedes that node's previous grant, so the
+// Run keeps o.Concurrency connects in flight for o.Duration (or until
+// o.Requests calls were made, if that is set), the nodes taking turns. Each connect supersedes that node's previous grant, so the
 // target holds at most N hosts however long the run.
 func Run(ctx context.Context, f *Fleet, o Options) *Result {
 	ctx, cancel := context.WithTimeout(ctx, o.Duration)
@@ -409,7 +413,11 @@ func Run(ctx context.Context, f *Fleet, o Options) *Result {
 		go func() {
 			defer wg.Done()
 			for !ended(ctx) {
-				n := f.Nodes[int(next.Add(1)-1)%len(f.Nodes)]
+				i := next.Add(1) - 1
+				if o.Requests > 0 && i >= uint64(o.Requests) {
+					return
+				}
+				n := f.Nodes[int(i)%len(f.Nodes)]
 				rec.connect(ctx, ctx, f, n, o.Call)
 			}
 		}()

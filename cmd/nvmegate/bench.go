@@ -91,7 +91,11 @@ Needs a dev gateway (nvmegated dev): the node SVIDs come from its CA.`,
 					fmt.Fprintf(a.stdout, "storm      all %d nodes at once: %s\n", o.Nodes, c)
 					r = loadgen.Storm(ctx, fleet, o, stormTimeout, a.timeout)
 				} else {
-					fmt.Fprintf(a.stdout, "load       %d in flight for %s: %s\n", o.Concurrency, o.Duration, c)
+					limit := ""
+					if o.Requests > 0 {
+						limit = fmt.Sprintf(" or %d calls", o.Requests)
+					}
+					fmt.Fprintf(a.stdout, "load       %d in flight for %s%s: %s\n", o.Concurrency, o.Duration, limit, c)
 					r = loadgen.Run(ctx, fleet, o)
 				}
 				fmt.Fprint(a.stdout, loadgen.Summary(r))
@@ -119,6 +123,7 @@ Needs a dev gateway (nvmegated dev): the node SVIDs come from its CA.`,
 	f.IntVar(&o.Namespaces, "namespaces", 8, "namespaces in every job's scope (M)")
 	f.IntVar(&o.Concurrency, "concurrency", 32, "connects in flight (C)")
 	f.DurationVar(&o.Duration, "duration", 10*time.Second, "how long to keep connecting (D)")
+	f.IntVar(&o.Requests, "requests", 0, "stop after this many calls, if sooner than --duration (0: no limit)")
 	f.IntVar(&o.JobSize, "job-size", 256, "nodes per job")
 	f.BoolVar(&storm, "storm", false, "connect all N nodes at once; report the time until all are granted")
 	f.StringSliceVar(&calls, "call", []string{"connect"}, `what each node does, in order on the same fleet: connect, or a floor — health (a trivial unary call over the node's connection) or handshake (a new mTLS connection and nothing else); a connect after a floor is reported as a ratio to it`)
