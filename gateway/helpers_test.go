@@ -46,6 +46,9 @@ type testGateway struct {
 	auditKey attest.PublicKey
 	keyStore *localstore.Store // the real local key store in a temp dir
 	configfs string            // the nvmet driver's trees, one per target ID
+	// remote are the targets programmed by their own agents (markRemote):
+	// the embedded driver leaves them alone.
+	remote *sync.Map
 	db       *store.DB
 	agent    *targetagent.Agent
 	srv      *gateway.Server
@@ -110,7 +113,11 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 		driversMu sync.Mutex
 		drivers   = map[string]*nvmet.Driver{} // one per target, as the daemon keeps them
 	)
+	remote := &sync.Map{}
 	agent := &targetagent.Agent{Store: db, Keys: km, Hub: hub, Driver: func(t *nvmegate.Target) targetagent.Driver {
+		if _, ok := remote.Load(t.ID); ok {
+			return nil
+		}
 		driversMu.Lock()
 		defer driversMu.Unlock()
 		if drivers[t.ID] == nil {
@@ -123,7 +130,7 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 		LineageSigner: ls,
 		Keys:          km,
 		Targets:       agent,
-		TargetHub:     hub,
+		TargetHub:     agent,
 		Audit:         alog,
 		ExportDir:     dir,
 		Credentials:   identity.ServerCredentials(identity.StaticSource(svid, ca.Bundle()), td),
@@ -169,7 +176,7 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 		alog.Close()
 		ks.Close()
 	})
-	return &testGateway{addr: lis.Addr().String(), ca: ca, registry: reg, engine: engine, audit: alog, auditKey: ls.PublicKey(), keyStore: ks, configfs: configfs, db: db, agent: agent, srv: srv, stop: stop}
+	return &testGateway{addr: lis.Addr().String(), ca: ca, registry: reg, engine: engine, audit: alog, auditKey: ls.PublicKey(), keyStore: ks, configfs: configfs, remote: remote, db: db, agent: agent, srv: srv, stop: stop}
 }
 
 // client connects as spiffe://nvmegate.test/<path> with a fresh SVID.

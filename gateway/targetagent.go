@@ -23,10 +23,12 @@ type TargetProgrammer interface {
 	InventoryChanged(targetID string)
 }
 
-// TargetHub connects remote target agents (targetagent.Hub).
+// TargetHub connects remote target agents (targetagent.Agent over its
+// Hub): one live stream per target, and none for a target the gateway
+// programs itself.
 type TargetHub interface {
-	Subscribe(targetID string, deltas bool) (<-chan targetagent.Update, func())
-	Ack(targetID string, gen uint64, errMsg string)
+	Subscribe(t *nvmegate.Target, deltas bool) (*targetagent.Subscription, error)
+	Ack(targetID, stream string, gen uint64, errMsg string) error
 }
 
 // targetAgentService streams each target agent its own target's desired
@@ -57,8 +59,14 @@ func (s *targetAgentService) Watch(r *pb.WatchRequest, stream grpc.ServerStreami
 	if err != nil {
 		return err
 	}
-	updates, cancel := s.hub.Subscribe(t.ID, r.AcceptDeltas)
-	defer cancel()
+	sub, err := s.hub.Subscribe(t, r.AcceptDeltas)
+	if err != nil {
+		// Another agent of this target is live (this one retries, and
+		// gets in once that stream ends), or the gateway programs the
+		// target itself.
+		return nvmegate.Errorf(nvmegate.ECONFLICT, "%v", err)
+	}
+	defer sub.Close()
 	// The first state comes the way every later one does: from a
 	// programming run, which runs one at a time per target (a new stream
 	// gets the whole state). A state built here, beside a run in flight,
@@ -75,8 +83,14 @@ func (s *targetAgentService) Watch(r *pb.WatchRequest, stream grpc.ServerStreami
 			return nil
 		case <-s.stopping:
 			return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "the gateway is shutting down; reconnect")
-		case u := <-updates:
-			if err := stream.Send(targetagent.UpdateToProto(t.ID, u)); err != nil {
+		case <-sub.Ended():
+			// The hub ended the stream (no acknowledgement in time, a
+			// failed application): the agent reconnects and starts over.
+			return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "target %s: stream ended: %v; reconnect", t.ID, sub.Err())
+		case u := <-sub.Updates():
+			m := targetagent.UpdateToProto(t.ID, u)
+			m.StreamId = sub.ID()
+			if err := stream.Send(m); err != nil {
 				return err
 			}
 		}
@@ -88,6 +102,8 @@ func (s *targetAgentService) Ack(ctx context.Context, r *pb.AckRequest) (*pb.Ack
 	if err != nil {
 		return nil, err
 	}
-	s.hub.Ack(t.ID, r.Generation, r.Error)
+	if err := s.hub.Ack(t.ID, r.StreamId, r.Generation, r.Error); err != nil {
+		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "%v", err)
+	}
 	return &pb.AckResponse{}, nil
 }

@@ -32,6 +32,7 @@ func (failing) ApplyDelta(context.Context, fabric.Delta) error { return errors.N
 // ends, and reports each generation it applied.
 func startRemote(t *testing.T, g *testGateway, id string, d targetagent.Driver) <-chan uint64 {
 	t.Helper()
+	g.remote.Store(id, true) // configured remote: the gateway's own driver leaves it alone
 	applied := make(chan uint64, 100)
 	r := &targetagent.Remote{Conn: g.client(t, "/target/"+id), Driver: d, Applied: func(gen uint64, err error) {
 		if err == nil {
@@ -149,6 +150,7 @@ func TestRemoteAgentRestart(t *testing.T) {
 	// The agent comes up, applies the current state, and goes down with
 	// its storage server, whose tree is lost.
 	root := t.TempDir()
+	g.remote.Store("stor-eu-1", true) // from now on programmed by its own agent
 	r := &targetagent.Remote{Conn: g.client(t, "/target/stor-eu-1"), Driver: &nvmet.Driver{Root: root}}
 	first := make(chan uint64, 10)
 	r.Applied = func(gen uint64, err error) {
@@ -283,4 +285,78 @@ func TestRemoteAgentDeltas(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(base, "stor-eu-1", "subsystems", sub2.Nqn)); err != nil || d.whole.Load() != 2 {
 		t.Fatalf("after an inventory change: %d whole states, the new subsystem: %v", d.whole.Load(), err)
 	}
+}
+
+// The attack of issue 14: with a target's agent connected, a second agent
+// with the same target SVID (a second instance, a debugging run) connects
+// and goes away. The second is refused while the first is live, its
+// acknowledgements count for nothing, and the real agent keeps receiving:
+// a release takes the host off its tree before it is answered.
+func TestSecondTargetAgentCannotCutOffTheFirst(t *testing.T) {
+	g := startGateway(t)
+	acmeInventory(t, g)
+	ctx := ctxT(t)
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	waitApplied(t, startRemote(t, g, "stor-eu-1", &nvmet.Driver{Root: root}))
+
+	// The second instance: its Watch is refused, however often it tries.
+	second := pb.NewTargetAgentClient(g.client(t, "/target/stor-eu-1"))
+	for range 3 {
+		s, err := second.Watch(ctx, &pb.WatchRequest{AcceptDeltas: true})
+		if err == nil {
+			_, err = s.Recv()
+		}
+		wantCode(t, err, codes.FailedPrecondition, "already has a connected agent")
+	}
+	// A second Remote runs beside the first for a while and goes away.
+	otherRoot := t.TempDir()
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		(&targetagent.Remote{Conn: g.client(t, "/target/stor-eu-1"), Driver: &nvmet.Driver{Root: otherRoot}}).Run(rctx)
+		close(done)
+	}()
+	time.Sleep(time.Second)
+	cancel()
+	<-done
+	// An acknowledgement that did not come on the live stream is refused.
+	for _, stream := range []string{"", "0123456789abcdef01234567"} {
+		_, err := second.Ack(ctx, &pb.AckRequest{Generation: 1 << 40, StreamId: stream})
+		wantCode(t, err, codes.FailedPrecondition, "not the target's live stream")
+	}
+
+	// The first agent still programs the target: connect, then release.
+	ac := pb.NewAccessClient(g.client(t, node))
+	c, err := ac.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := filepath.Join(root, "hosts", c.Grant.HostNqn)
+	if _, err := os.Stat(host); err != nil {
+		t.Fatalf("the first agent's tree lacks the granted host: %v", err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(otherRoot, "hosts")); len(ents) != 0 {
+		t.Fatalf("the refused agent received hosts: %v", ents)
+	}
+	if _, err := ac.Release(ctx, &pb.ReleaseRequest{GrantId: c.Grant.GrantId}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(host); !os.IsNotExist(err) {
+		t.Fatalf("released, but the host is still on the target: %v", err)
+	}
+}
+
+// A target the gateway programs with its own driver takes no remote agent:
+// a stolen or misconfigured target SVID cannot become its programmer.
+func TestLocalTargetRefusesRemoteAgent(t *testing.T) {
+	g := startGateway(t)
+	acmeInventory(t, g)
+	s, err := pb.NewTargetAgentClient(g.client(t, "/target/stor-eu-1")).Watch(ctxT(t), &pb.WatchRequest{})
+	if err == nil {
+		_, err = s.Recv()
+	}
+	wantCode(t, err, codes.FailedPrecondition, "programs this target with its own driver")
 }

@@ -335,6 +335,31 @@ func (s sink) apply(ctx context.Context, h *Hub, u Update) error {
 	}
 }
 
+// ErrLocalTarget refuses a remote agent's stream for a target this agent
+// programs with its own driver: a target has one way of being programmed,
+// chosen by configuration, not by whoever connects first.
+var ErrLocalTarget = errors.New("targetagent: the gateway programs this target with its own driver; it takes no remote agent")
+
+// Subscribe connects the remote agent of target t (Hub.Subscribe): only a
+// target without a local driver takes one, and only one stream at a time.
+func (a *Agent) Subscribe(t *nvmegate.Target, deltas bool) (*Subscription, error) {
+	if a.Hub == nil {
+		return nil, fmt.Errorf("target %s: %w", t.ID, ErrLocalTarget)
+	}
+	if a.Driver != nil && a.Driver(t) != nil {
+		return nil, fmt.Errorf("target %s: %w", t.ID, ErrLocalTarget)
+	}
+	return a.Hub.Subscribe(t.ID, deltas)
+}
+
+// Ack records a remote agent's acknowledgement (Hub.Ack).
+func (a *Agent) Ack(targetID, stream string, gen uint64, errMsg string) error {
+	if a.Hub == nil {
+		return fmt.Errorf("%w: target %s", ErrNotLiveStream, targetID)
+	}
+	return a.Hub.Ack(targetID, stream, gen, errMsg)
+}
+
 // Reconcile programs every target whole (at start, and periodically:
 // grants expire and roots pass their grace without anyone calling).
 func (a *Agent) Reconcile(ctx context.Context) error {

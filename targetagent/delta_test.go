@@ -16,7 +16,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/fabric"
@@ -306,15 +308,22 @@ type hubServer struct {
 }
 
 func (s *hubServer) Watch(r *pb.WatchRequest, stream grpc.ServerStreamingServer[pb.WatchResponse]) error {
-	updates, cancel := s.hub.Subscribe(s.id, r.AcceptDeltas)
-	defer cancel()
+	sub, err := s.hub.Subscribe(s.id, r.AcceptDeltas)
+	if err != nil {
+		return status.Error(codes.FailedPrecondition, err.Error())
+	}
+	defer sub.Close()
 	go s.agent.Program(stream.Context(), s.id)
 	for {
 		select {
 		case <-stream.Context().Done():
 			return nil
-		case u := <-updates:
-			if err := stream.Send(targetagent.UpdateToProto(s.id, u)); err != nil {
+		case <-sub.Ended():
+			return status.Error(codes.Unavailable, sub.Err().Error())
+		case u := <-sub.Updates():
+			m := targetagent.UpdateToProto(s.id, u)
+			m.StreamId = sub.ID()
+			if err := stream.Send(m); err != nil {
 				return err
 			}
 		}
@@ -322,7 +331,9 @@ func (s *hubServer) Watch(r *pb.WatchRequest, stream grpc.ServerStreamingServer[
 }
 
 func (s *hubServer) Ack(_ context.Context, r *pb.AckRequest) (*pb.AckResponse, error) {
-	s.hub.Ack(s.id, r.Generation, r.Error)
+	if err := s.hub.Ack(s.id, r.StreamId, r.Generation, r.Error); err != nil {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
 	return &pb.AckResponse{}, nil
 }
 
@@ -526,24 +537,27 @@ func TestWholeStates(t *testing.T) {
 	// subscribe plays a stream: it acknowledges every update and tells
 	// what kind each was.
 	subscribe := func(deltas bool) (<-chan string, func()) {
-		updates, cancel := hub.Subscribe("t1", deltas)
+		sb, err := hub.Subscribe("t1", deltas)
+		if err != nil {
+			t.Fatal(err)
+		}
 		kinds, stop := make(chan string, 100), make(chan struct{})
 		go func() {
 			for {
 				select {
 				case <-stop:
 					return
-				case u := <-updates:
+				case u := <-sb.Updates():
 					kind := "whole"
 					if u.Delta != nil {
 						kind = "delta"
 					}
 					kinds <- kind
-					hub.Ack("t1", u.Generation(), "")
+					hub.Ack("t1", sb.ID(), u.Generation(), "")
 				}
 			}
 		}()
-		return kinds, func() { cancel(); close(stop) }
+		return kinds, func() { sb.Close(); close(stop) }
 	}
 	expect := func(kinds <-chan string, want ...string) {
 		t.Helper()

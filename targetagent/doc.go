@@ -37,4 +37,28 @@
 // applied in order leave the target exactly as the whole state would
 // (delta_test.go checks it against the store, on nvmet trees, locally and
 // over gRPC).
+//
+// # One programmer per target
+//
+// A target is programmed one way, chosen by configuration: by a local
+// driver of this gateway, or by its own agent (the daemon's remote
+// targets). A target with a local driver takes no agent stream
+// (ErrLocalTarget), so a stolen or misconfigured target SVID cannot take
+// it over. A remote target has at most one live stream:
+//
+//   - a second Watch of the target is refused (ErrAgentConnected,
+//     FailedPrecondition) while the first is live; the second agent
+//     retries with backoff and gets in once the first stream ends;
+//   - an acknowledgement counts only if it names the live stream
+//     (WatchResponse.stream_id, random per stream); any other is refused
+//     (ErrNotLiveStream) and settles nothing;
+//   - a stream that stops taking state is ended, not left connected and
+//     deaf: one that did not acknowledge within Hub.AckTimeout, or
+//     acknowledged a failed application, is closed with Unavailable, and
+//     its agent reconnects and starts again from the whole state.
+//
+// While no stream is live a remote target is not programmed (Program
+// fails, nothing is granted), and a grant that ended meanwhile stays
+// pending removal until the target's agent acknowledges a state without
+// it (see lease: the caller is told, and the gateway retries).
 package targetagent

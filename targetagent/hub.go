@@ -2,6 +2,8 @@ package targetagent
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -35,12 +37,27 @@ func (u Update) Generation() uint64 {
 	return u.State.Generation
 }
 
+// ErrAgentConnected refuses a second stream of a target while its first
+// is live (Subscribe).
+var ErrAgentConnected = errors.New("targetagent: the target already has a connected agent")
+
+// ErrNotLiveStream refuses an acknowledgement that did not come from the
+// target's live stream (Ack): a stream the hub ended, or another agent's.
+var ErrNotLiveStream = errors.New("targetagent: not the target's live stream")
+
 // Hub connects remote target agents (cmd/nvmegate-target): while a
 // target's agent is connected, Program sends it the target's state — whole
 // first, then deltas if it accepts them — and waits for its
 // acknowledgement instead of applying it locally.
+//
+// A target has at most one live stream (see the package doc): a second
+// subscription is refused while the first is live, acknowledgements count
+// only from the live stream, and the hub ends a stream that stops taking
+// state — one that did not acknowledge in time or failed to apply — so
+// that its agent reconnects, rather than leave it connected and deaf.
 type Hub struct {
-	// AckTimeout bounds the wait for an acknowledgement; default 10s.
+	// AckTimeout bounds the wait for an acknowledgement; default 10s. A
+	// stream that misses it is ended.
 	AckTimeout time.Duration
 
 	mu   sync.Mutex
@@ -49,9 +66,12 @@ type Hub struct {
 
 // remote is one connected agent: one stream.
 type remote struct {
-	id      string
+	id      string // the target
+	stream  string // random: names this stream in acknowledgements
+	since   time.Time
 	deltas  bool        // it applies deltas
 	updates chan Update // to the stream, in order
+	ended   chan struct{}
 	mu      sync.Mutex
 	head    uint64 // the generation of the last update queued: a delta must start there
 	waiters map[uint64][]chan error
@@ -63,30 +83,67 @@ type remote struct {
 // falls further behind gets the whole state instead.
 const updateQueue = 4
 
-// Subscribe registers the agent of a target, which applies deltas or only
-// whole states; a newer subscription of the same target replaces an older
-// one (an agent that reconnected). The stream starts with the whole state
-// of the next programming run. The returned function ends the
-// subscription.
-func (h *Hub) Subscribe(targetID string, deltas bool) (<-chan Update, func()) {
-	r := &remote{id: targetID, deltas: deltas, updates: make(chan Update, updateQueue), waiters: map[uint64][]chan error{}}
+// Subscription is a target's live stream as the hub holds it.
+type Subscription struct {
+	r *remote
+	h *Hub
+}
+
+// ID names the stream; its acknowledgements carry it.
+func (s *Subscription) ID() string { return s.r.stream }
+
+// Updates are the stream's updates, in order.
+func (s *Subscription) Updates() <-chan Update { return s.r.updates }
+
+// Ended is closed when the hub ended the stream (Err says why): the
+// stream must be closed, and its agent reconnect.
+func (s *Subscription) Ended() <-chan struct{} { return s.r.ended }
+
+// Err is why the stream ended, once Ended is closed.
+func (s *Subscription) Err() error {
+	s.r.mu.Lock()
+	defer s.r.mu.Unlock()
+	return s.r.closed
+}
+
+// Close ends the subscription (the agent went away); the target is free
+// for its next stream.
+func (s *Subscription) Close() {
+	s.h.end(s.r, fmt.Errorf("%w: the agent disconnected", errStreamEnded))
+}
+
+// Subscribe registers the live stream of a target, whose agent applies
+// deltas or only whole states. It is refused with ErrAgentConnected while
+// another stream of the target is live. The stream starts with the whole
+// state of the next programming run.
+func (h *Hub) Subscribe(targetID string, deltas bool) (*Subscription, error) {
+	b := make([]byte, 12)
+	rand.Read(b)
+	r := &remote{id: targetID, stream: hex.EncodeToString(b), since: time.Now(), deltas: deltas,
+		updates: make(chan Update, updateQueue), ended: make(chan struct{}), waiters: map[uint64][]chan error{}}
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	if h.subs == nil {
 		h.subs = map[string]*remote{}
 	}
-	old := h.subs[targetID]
-	h.subs[targetID] = r
-	h.mu.Unlock()
-	if old != nil {
-		old.fail(fmt.Errorf("%w: the agent reconnected", errStreamEnded))
+	if old := h.subs[targetID]; old != nil {
+		return nil, fmt.Errorf("%w: target %s has a stream live since %s; a second agent of one target is refused while the first is live",
+			ErrAgentConnected, targetID, old.since.UTC().Format(time.RFC3339))
 	}
-	return r.updates, func() {
-		h.mu.Lock()
-		if h.subs[targetID] == r {
-			delete(h.subs, targetID)
-		}
-		h.mu.Unlock()
-		r.fail(fmt.Errorf("%w: the agent disconnected", errStreamEnded))
+	h.subs[targetID] = r
+	return &Subscription{r: r, h: h}, nil
+}
+
+// end ends r: it is no longer the target's stream, its waiters fail with
+// err, and Ended tells its Watch to close it. Idempotent.
+func (h *Hub) end(r *remote, err error) {
+	h.mu.Lock()
+	if h.subs[r.id] == r {
+		delete(h.subs, r.id)
+	}
+	h.mu.Unlock()
+	if r.fail(err) {
+		close(r.ended)
 	}
 }
 
@@ -99,21 +156,23 @@ func (h *Hub) get(targetID string) *remote {
 // Connected reports whether a target's agent is connected.
 func (h *Hub) Connected(targetID string) bool { return h.get(targetID) != nil }
 
-// Ack records an agent's acknowledgement: generation gen was applied
-// (errMsg ""), or not. The agent applies a stream's updates in order, each
-// on top of the one before, so applying gen also settles every older
-// generation still waiting.
-func (h *Hub) Ack(targetID string, gen uint64, errMsg string) {
+// Ack records an acknowledgement from stream of a target: generation gen
+// was applied (errMsg ""), or not. The agent applies a stream's updates in
+// order, each on top of the one before, so applying gen also settles every
+// older generation still waiting. A failed application ends the stream:
+// what its target holds is unknown, and the agent's next stream starts
+// with the whole state. An acknowledgement from any stream but the
+// target's live one is refused with ErrNotLiveStream.
+func (h *Hub) Ack(targetID, stream string, gen uint64, errMsg string) error {
 	r := h.get(targetID)
-	if r == nil {
-		return
+	if r == nil || stream == "" || r.stream != stream {
+		return fmt.Errorf("%w: target %s, acknowledgement of generation %d", ErrNotLiveStream, targetID, gen)
 	}
 	var err error
 	if errMsg != "" {
 		err = fmt.Errorf("target %s did not apply generation %d: %s", targetID, gen, errMsg)
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	for g, ws := range r.waiters {
 		if g <= gen {
 			for _, w := range ws {
@@ -122,11 +181,21 @@ func (h *Hub) Ack(targetID string, gen uint64, errMsg string) {
 			delete(r.waiters, g)
 		}
 	}
+	r.mu.Unlock()
+	if err != nil {
+		h.end(r, fmt.Errorf("%w: %w", errStreamEnded, err))
+	}
+	return nil
 }
 
-func (r *remote) fail(err error) {
+// fail fails r's waiters with err and every later push; it reports
+// whether r was live until now.
+func (r *remote) fail(err error) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.closed != nil {
+		return false
+	}
 	r.closed = err
 	for g, ws := range r.waiters {
 		for _, w := range ws {
@@ -134,6 +203,7 @@ func (r *remote) fail(err error) {
 		}
 		delete(r.waiters, g)
 	}
+	return true
 }
 
 // forget drops a waiter that stopped waiting (timeout, cancel).
@@ -197,7 +267,11 @@ func (h *Hub) push(ctx context.Context, r *remote, u Update) error {
 	case err := <-done:
 		return err
 	case <-timer.C:
-		return fmt.Errorf("target %s generation %d: %w", r.id, gen, ErrAckTimeout)
+		// A stream that takes no state is no use connected: end it, so
+		// that its agent reconnects and starts over with the whole state.
+		err := fmt.Errorf("target %s generation %d: %w after %s", r.id, gen, ErrAckTimeout, t)
+		h.end(r, fmt.Errorf("%w: %w", errStreamEnded, err))
+		return err
 	case <-ctx.Done():
 		return ctx.Err()
 	}

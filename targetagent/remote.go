@@ -103,10 +103,13 @@ func (r *Remote) once(ctx context.Context, log *slog.Logger) (got bool, err erro
 		if r.Applied != nil {
 			r.Applied(gen, aerr)
 		}
-		if _, err := c.Ack(ctx, &pb.AckRequest{Generation: gen, Error: msg}); err != nil {
+		// A refused acknowledgement (the gateway ended this stream: it
+		// took too long) drops the stream too; so does a failed
+		// application, which the gateway answers by ending the stream.
+		if _, err := c.Ack(ctx, &pb.AckRequest{Generation: gen, Error: msg, StreamId: m.StreamId}); err != nil {
 			return got, errors.Join(errors.New("ack"), err)
 		}
-		if errors.Is(aerr, ErrStaleDelta) {
+		if aerr != nil {
 			return got, aerr
 		}
 	}

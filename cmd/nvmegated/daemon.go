@@ -272,7 +272,7 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		LineageSigner: m.auditKey,
 		Keys:          m.keys,
 		Targets:       m.agent,
-		TargetHub:     m.hub,
+		TargetHub:     m.agent,
 		ExportDir:     c.StateDir,
 		Authorizer:    m.engine,
 		Policy:        m.engine,

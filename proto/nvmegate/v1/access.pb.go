@@ -428,9 +428,13 @@ type Grant struct {
 	// Index of the grant's durable audit log entry.
 	AuditIndex uint64 `protobuf:"varint,13,opt,name=audit_index,json=auditIndex,proto3" json:"audit_index,omitempty"`
 	// The host has read-only access.
-	ReadOnly      bool `protobuf:"varint,14,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ReadOnly bool `protobuf:"varint,14,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	// The grant ended, but its target has not yet acknowledged a state
+	// without its host: the host may still reach the subsystem. The gateway
+	// retries until the target follows.
+	RemovalPending bool `protobuf:"varint,15,opt,name=removal_pending,json=removalPending,proto3" json:"removal_pending,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Grant) Reset() {
@@ -557,6 +561,13 @@ func (x *Grant) GetAuditIndex() uint64 {
 func (x *Grant) GetReadOnly() bool {
 	if x != nil {
 		return x.ReadOnly
+	}
+	return false
+}
+
+func (x *Grant) GetRemovalPending() bool {
+	if x != nil {
+		return x.RemovalPending
 	}
 	return false
 }
@@ -950,9 +961,12 @@ type ListGrantsRequest struct {
 	// Maximum results, 1-1000; 0 means 100.
 	PageSize int32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// Token from the previous response's next_page_token; empty for the first page.
-	PageToken     string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	PageToken string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Only ended grants whose target has not yet removed the host
+	// (Grant.removal_pending), if set.
+	RemovalPending bool `protobuf:"varint,6,opt,name=removal_pending,json=removalPending,proto3" json:"removal_pending,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ListGrantsRequest) Reset() {
@@ -1018,6 +1032,13 @@ func (x *ListGrantsRequest) GetPageToken() string {
 		return x.PageToken
 	}
 	return ""
+}
+
+func (x *ListGrantsRequest) GetRemovalPending() bool {
+	if x != nil {
+		return x.RemovalPending
+	}
+	return false
 }
 
 // ListGrantsResponse is one page of grants.
@@ -1262,7 +1283,7 @@ const file_nvmegate_v1_access_proto_rawDesc = "" +
 	"keyVersion\x12\x1f\n" +
 	"\vdhchap_hash\x18\x06 \x01(\tR\n" +
 	"dhchapHash\x12%\n" +
-	"\x0edhchap_dhgroup\x18\a \x01(\tR\rdhchapDhgroup\"\xfb\x03\n" +
+	"\x0edhchap_dhgroup\x18\a \x01(\tR\rdhchapDhgroup\"\xa4\x04\n" +
 	"\x05Grant\x12\x19\n" +
 	"\bgrant_id\x18\x01 \x01(\tR\agrantId\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x16\n" +
@@ -1282,7 +1303,8 @@ const file_nvmegate_v1_access_proto_rawDesc = "" +
 	"decisionId\x12\x1f\n" +
 	"\vaudit_index\x18\r \x01(\x04R\n" +
 	"auditIndex\x12\x1b\n" +
-	"\tread_only\x18\x0e \x01(\bR\breadOnly\"\x94\x01\n" +
+	"\tread_only\x18\x0e \x01(\bR\breadOnly\x12'\n" +
+	"\x0fremoval_pending\x18\x0f \x01(\bR\x0eremovalPending\"\x94\x01\n" +
 	"\x0eConnectRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12#\n" +
 	"\rsubsystem_nqn\x18\x02 \x01(\tR\fsubsystemNqn\x12\x19\n" +
@@ -1307,14 +1329,15 @@ const file_nvmegate_v1_access_proto_rawDesc = "" +
 	"\x0eReleaseRequest\x12\x19\n" +
 	"\bgrant_id\x18\x01 \x01(\tR\agrantId\";\n" +
 	"\x0fReleaseResponse\x12(\n" +
-	"\x05grant\x18\x01 \x01(\v2\x12.nvmegate.v1.GrantR\x05grant\"\xa9\x01\n" +
+	"\x05grant\x18\x01 \x01(\v2\x12.nvmegate.v1.GrantR\x05grant\"\xd2\x01\n" +
 	"\x11ListGrantsRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12-\n" +
 	"\x05state\x18\x03 \x01(\x0e2\x17.nvmegate.v1.GrantStateR\x05state\x12\x1b\n" +
 	"\tpage_size\x18\x04 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x05 \x01(\tR\tpageToken\"h\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\x12'\n" +
+	"\x0fremoval_pending\x18\x06 \x01(\bR\x0eremovalPending\"h\n" +
 	"\x12ListGrantsResponse\x12*\n" +
 	"\x06grants\x18\x01 \x03(\v2\x12.nvmegate.v1.GrantR\x06grants\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x7f\n" +

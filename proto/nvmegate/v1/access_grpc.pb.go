@@ -45,7 +45,10 @@ type AccessClient interface {
 	// Renew extends a grant and returns the current credentials (new ones after
 	// a rotation).
 	Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*RenewResponse, error)
-	// Release ends a grant early; the host is removed from the target.
+	// Release ends a grant early; the host is removed from the target. The
+	// answer is success only once the target acknowledged the removal; a
+	// target that did not follow is UNAVAILABLE (the grant is released and
+	// its removal pending: the gateway retries, and so may the caller).
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 	// ListGrants lists grants, paginated.
 	ListGrants(ctx context.Context, in *ListGrantsRequest, opts ...grpc.CallOption) (*ListGrantsResponse, error)
@@ -140,7 +143,10 @@ type AccessServer interface {
 	// Renew extends a grant and returns the current credentials (new ones after
 	// a rotation).
 	Renew(context.Context, *RenewRequest) (*RenewResponse, error)
-	// Release ends a grant early; the host is removed from the target.
+	// Release ends a grant early; the host is removed from the target. The
+	// answer is success only once the target acknowledged the removal; a
+	// target that did not follow is UNAVAILABLE (the grant is released and
+	// its removal pending: the gateway retries, and so may the caller).
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	// ListGrants lists grants, paginated.
 	ListGrants(context.Context, *ListGrantsRequest) (*ListGrantsResponse, error)

@@ -83,7 +83,10 @@ type WatchResponse struct {
 	// Every subsystem of the target (a whole state).
 	Subsystems []*TargetSubsystem `protobuf:"bytes,3,rep,name=subsystems,proto3" json:"subsystems,omitempty"`
 	// Set for a delta: the host entries that changed since its base.
-	Delta         *TargetDelta `protobuf:"bytes,4,opt,name=delta,proto3" json:"delta,omitempty"`
+	Delta *TargetDelta `protobuf:"bytes,4,opt,name=delta,proto3" json:"delta,omitempty"`
+	// Names the stream (random, the same on all its messages); the agent
+	// sends it back in every AckRequest.
+	StreamId      string `protobuf:"bytes,5,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -144,6 +147,13 @@ func (x *WatchResponse) GetDelta() *TargetDelta {
 		return x.Delta
 	}
 	return nil
+}
+
+func (x *WatchResponse) GetStreamId() string {
+	if x != nil {
+		return x.StreamId
+	}
+	return ""
 }
 
 // TargetDelta is a change of host entries. An agent that has not applied
@@ -602,7 +612,9 @@ type AckRequest struct {
 	// The generation applied.
 	Generation uint64 `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
 	// Empty if applied; else why not (no secrets).
-	Error         string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	// WatchResponse.stream_id of the stream the generation came on.
+	StreamId      string `protobuf:"bytes,3,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -651,6 +663,13 @@ func (x *AckRequest) GetError() string {
 	return ""
 }
 
+func (x *AckRequest) GetStreamId() string {
+	if x != nil {
+		return x.StreamId
+	}
+	return ""
+}
+
 // AckResponse is empty.
 type AckResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -694,7 +713,7 @@ const file_nvmegate_v1_target_proto_rawDesc = "" +
 	"\n" +
 	"\x18nvmegate/v1/target.proto\x12\vnvmegate.v1\"3\n" +
 	"\fWatchRequest\x12#\n" +
-	"\raccept_deltas\x18\x01 \x01(\bR\facceptDeltas\"\xba\x01\n" +
+	"\raccept_deltas\x18\x01 \x01(\bR\facceptDeltas\"\xd7\x01\n" +
 	"\rWatchResponse\x12\x1b\n" +
 	"\ttarget_id\x18\x01 \x01(\tR\btargetId\x12\x1e\n" +
 	"\n" +
@@ -703,7 +722,8 @@ const file_nvmegate_v1_target_proto_rawDesc = "" +
 	"\n" +
 	"subsystems\x18\x03 \x03(\v2\x1c.nvmegate.v1.TargetSubsystemR\n" +
 	"subsystems\x12.\n" +
-	"\x05delta\x18\x04 \x01(\v2\x18.nvmegate.v1.TargetDeltaR\x05delta\"k\n" +
+	"\x05delta\x18\x04 \x01(\v2\x18.nvmegate.v1.TargetDeltaR\x05delta\x12\x1b\n" +
+	"\tstream_id\x18\x05 \x01(\tR\bstreamId\"k\n" +
 	"\vTargetDelta\x12'\n" +
 	"\x0fbase_generation\x18\x01 \x01(\x04R\x0ebaseGeneration\x123\n" +
 	"\x05hosts\x18\x02 \x03(\v2\x1d.nvmegate.v1.TargetHostChangeR\x05hosts\"|\n" +
@@ -740,13 +760,14 @@ const file_nvmegate_v1_target_proto_rawDesc = "" +
 	"\x06traddr\x18\x04 \x01(\tR\x06traddr\x12\x18\n" +
 	"\atrsvcid\x18\x05 \x01(\tR\atrsvcid\x12\x12\n" +
 	"\x04treq\x18\x06 \x01(\tR\x04treq\x12\x12\n" +
-	"\x04tsas\x18\a \x01(\tR\x04tsas\"B\n" +
+	"\x04tsas\x18\a \x01(\tR\x04tsas\"_\n" +
 	"\n" +
 	"AckRequest\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
 	"generation\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"\r\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x12\x1b\n" +
+	"\tstream_id\x18\x03 \x01(\tR\bstreamId\"\r\n" +
 	"\vAckResponse2\x89\x01\n" +
 	"\vTargetAgent\x12@\n" +
 	"\x05Watch\x12\x19.nvmegate.v1.WatchRequest\x1a\x1a.nvmegate.v1.WatchResponse0\x01\x128\n" +

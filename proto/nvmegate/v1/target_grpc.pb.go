@@ -34,9 +34,15 @@ const (
 type TargetAgentClient interface {
 	// Watch streams the desired state of the caller's own target: the
 	// whole current state at once, then every change — as a delta, to an
-	// agent that accepts deltas, or else as the whole new state.
+	// agent that accepts deltas, or else as the whole new state. A target
+	// has one live stream: a second Watch of the same target is refused
+	// (FAILED_PRECONDITION) while the first is live, and a stream that stops
+	// acknowledging (or reports a failed application) is ended
+	// (UNAVAILABLE), so that its agent reconnects.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
-	// Ack reports that a generation was applied, or why it was not.
+	// Ack reports that a generation was applied, or why it was not, on the
+	// stream it came on; an ack for a stream that is not the target's live
+	// one is refused (FAILED_PRECONDITION) and counts for nothing.
 	Ack(ctx context.Context, in *AckRequest, opts ...grpc.CallOption) (*AckResponse, error)
 }
 
@@ -88,9 +94,15 @@ func (c *targetAgentClient) Ack(ctx context.Context, in *AckRequest, opts ...grp
 type TargetAgentServer interface {
 	// Watch streams the desired state of the caller's own target: the
 	// whole current state at once, then every change — as a delta, to an
-	// agent that accepts deltas, or else as the whole new state.
+	// agent that accepts deltas, or else as the whole new state. A target
+	// has one live stream: a second Watch of the same target is refused
+	// (FAILED_PRECONDITION) while the first is live, and a stream that stops
+	// acknowledging (or reports a failed application) is ended
+	// (UNAVAILABLE), so that its agent reconnects.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
-	// Ack reports that a generation was applied, or why it was not.
+	// Ack reports that a generation was applied, or why it was not, on the
+	// stream it came on; an ack for a stream that is not the target's live
+	// one is refused (FAILED_PRECONDITION) and counts for nothing.
 	Ack(context.Context, *AckRequest) (*AckResponse, error)
 	mustEmbedUnimplementedTargetAgentServer()
 }
