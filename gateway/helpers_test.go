@@ -49,10 +49,10 @@ type testGateway struct {
 	// remote are the targets programmed by their own agents (markRemote):
 	// the embedded driver leaves them alone.
 	remote *sync.Map
-	db       *store.DB
-	agent    *targetagent.Agent
-	srv      *gateway.Server
-	stop     func() error // shuts the gateway down (once) and returns what Serve did
+	db     *store.DB
+	agent  *targetagent.Agent
+	srv    *gateway.Server
+	stop   func() error // shuts the gateway down (once) and returns what Serve did
 }
 
 type gatewayOption func(*gateway.Config)
