@@ -42,6 +42,12 @@ type Grant struct {
 	Bidirectional bool   // a controller secret too
 	TLS           bool   // a TLS PSK too
 	ReadOnly      bool   // every namespace read-only for this host
+
+	// RemovalPending: the grant ended, but its target has not yet
+	// acknowledged a state without its host, which may still reach the
+	// subsystem. Set in the commit that ends the grant, cleared once the
+	// target follows (lease retries until it does).
+	RemovalPending bool
 }
 
 // Scope is KeyScope, or the subsystem NQN for older records.

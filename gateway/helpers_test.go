@@ -46,7 +46,7 @@ type testGateway struct {
 	auditKey attest.PublicKey
 	keyStore *localstore.Store // the real local key store in a temp dir
 	configfs string            // the nvmet driver's trees, one per target ID
-	// remote are the targets programmed by their own agents (markRemote):
+	// remote are the targets programmed by their own agents (startRemote):
 	// the embedded driver leaves them alone.
 	remote *sync.Map
 	db     *store.DB

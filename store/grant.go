@@ -17,6 +17,9 @@ type GrantFilter struct {
 	JobID string
 	Node  string
 	State string
+	// RemovalPending: only ended grants whose removal from their target
+	// is not acknowledged yet.
+	RemovalPending bool
 }
 
 type grantRecord struct {
@@ -39,13 +42,15 @@ type grantRecord struct {
 	Bidirectional bool      `json:"bidirectional,omitempty"`
 	TLS           bool      `json:"tls,omitempty"`
 	ReadOnly      bool      `json:"read_only,omitempty"`
+	// RemovalPending is only ever set on an ended grant.
+	RemovalPending bool `json:"removal_pending,omitempty"`
 }
 
 func encodeGrant(g *nvmegate.Grant) ([]byte, error) {
 	return json.Marshal(grantRecord{V: recordVersion, ID: g.ID, JobID: g.JobID, Tenant: g.Tenant, Node: g.Node, HostNQN: g.HostNQN,
 		SubsystemNQN: g.SubsystemNQN, KeyVersion: g.KeyVersion, KeyScope: g.KeyScope, IssuedAt: g.IssuedAt.UTC(), ExpiresAt: g.ExpiresAt.UTC(),
 		State: g.State, DecisionID: g.DecisionID, AuditIndex: g.AuditIndex, DHCHAPHash: g.DHCHAPHash, DHGroup: g.DHGroup,
-		Bidirectional: g.Bidirectional, TLS: g.TLS, ReadOnly: g.ReadOnly})
+		Bidirectional: g.Bidirectional, TLS: g.TLS, ReadOnly: g.ReadOnly, RemovalPending: g.RemovalPending && g.State != nvmegate.GrantActive})
 }
 
 func decodeGrant(v []byte) (*nvmegate.Grant, error) {
@@ -59,7 +64,7 @@ func decodeGrant(v []byte) (*nvmegate.Grant, error) {
 	return &nvmegate.Grant{ID: r.ID, JobID: r.JobID, Tenant: r.Tenant, Node: r.Node, HostNQN: r.HostNQN, SubsystemNQN: r.SubsystemNQN,
 		KeyVersion: r.KeyVersion, KeyScope: r.KeyScope, IssuedAt: r.IssuedAt, ExpiresAt: r.ExpiresAt, State: r.State, DecisionID: r.DecisionID,
 		AuditIndex: r.AuditIndex, DHCHAPHash: r.DHCHAPHash, DHGroup: r.DHGroup, Bidirectional: r.Bidirectional, TLS: r.TLS,
-		ReadOnly: r.ReadOnly}, nil
+		ReadOnly: r.ReadOnly, RemovalPending: r.RemovalPending}, nil
 }
 
 func grantBySubsystemKey(sub, id string) []byte {
@@ -234,7 +239,55 @@ func putGrant(tx *txn, g *nvmegate.Grant, val []byte) error {
 	if err := tx.Bucket(bucketGrantsByNode).Delete(nk); err != nil {
 		return err
 	}
-	return tx.Bucket(bucketGrantsBySubsystem).Delete(k)
+	if err := tx.Bucket(bucketGrantsBySubsystem).Delete(k); err != nil {
+		return err
+	}
+	if g.RemovalPending {
+		return put(tx, bucketGrantsPending, []byte(g.ID), nil)
+	}
+	return tx.Bucket(bucketGrantsPending).Delete([]byte(g.ID))
+}
+
+// PendingRemovals returns the ended grants whose removal from their
+// target is not acknowledged yet, in grant ID order.
+func (db *DB) PendingRemovals(ctx context.Context) ([]*nvmegate.Grant, error) {
+	return db.model.pendingRemovals(ctx)
+}
+
+// PendingRemovalCount is len(PendingRemovals), without copying (a metric).
+func (db *DB) PendingRemovalCount() int { return db.model.pendingRemovalCount() }
+
+// SettleRemovals records that the targets acknowledged states without the
+// hosts of the ended grants ids: they are no longer pending removal. A
+// grant that is not pending (settled already, or active) is left alone.
+func (db *DB) SettleRemovals(ctx context.Context, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	return db.batch(ctx, func(tx *txn) error {
+		for _, id := range ids {
+			if tx.Bucket(bucketGrantsPending).Get([]byte(id)) == nil {
+				continue
+			}
+			v := tx.Bucket(bucketGrants).Get([]byte(id))
+			if v == nil {
+				return fmt.Errorf("store: index %s points to a missing grant %q", bucketGrantsPending, id)
+			}
+			g, err := decodeGrant(v)
+			if err != nil {
+				return err
+			}
+			g.RemovalPending = false
+			val, err := encodeGrant(g)
+			if err != nil {
+				return err
+			}
+			if err := putGrant(tx, g, val); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // Grant returns a grant, or ENOTFOUND. An active grant is served from the
@@ -294,7 +347,8 @@ func (db *DB) ListGrants(ctx context.Context, f GrantFilter, page Page) ([]*nvme
 				return nil, false, nil, err
 			}
 			db.expireGrant(g)
-			return g, (f.JobID == "" || g.JobID == f.JobID) && (f.Node == "" || g.Node == f.Node) && (f.State == "" || g.State == f.State), nil, nil
+			return g, (f.JobID == "" || g.JobID == f.JobID) && (f.Node == "" || g.Node == f.Node) && (f.State == "" || g.State == f.State) &&
+				(!f.RemovalPending || g.RemovalPending), nil, nil
 		})
 		return err
 	})

@@ -53,6 +53,9 @@ type records struct {
 	// grantsByNode maps a node to "job 0x00 subsystem NQN 0x00 grant ID"
 	// of its grants, ascending (the order of the grants_by_node keys).
 	grantsByNode map[string][]string
+	// pending holds the ended grants whose removal is not acknowledged
+	// (the grants_removal_pending index): few, and read by every sweep.
+	pending map[string]*nvmegate.Grant
 
 	// corrupt holds the records that did not decode at load, by bucket and
 	// key: a read that reaches one fails with its decode error, as it did
@@ -74,7 +77,7 @@ func newRecords() records {
 		nsBySub: map[string][]uint32{}, bindings: map[string]*nvmegate.HostBinding{},
 		bindingByNQN: map[string]string{}, jobs: map[string]*nvmegate.Job{},
 		grants: map[string]*nvmegate.Grant{}, grantsBySub: map[string][]string{},
-		grantsByNode: map[string][]string{}, corrupt: map[recordKey]error{},
+		grantsByNode: map[string][]string{}, pending: map[string]*nvmegate.Grant{}, corrupt: map[recordKey]error{},
 	}
 }
 
@@ -177,6 +180,11 @@ func (r *records) apply(o op) {
 			delete(r.grants, g.ID)
 			removeSorted(r.grantsBySub, g.SubsystemNQN, g.ID)
 			removeSorted(r.grantsByNode, g.Node, byNode)
+		}
+		if g.RemovalPending && g.State != nvmegate.GrantActive {
+			r.pending[g.ID] = g
+		} else {
+			delete(r.pending, g.ID)
 		}
 	}
 }
@@ -364,6 +372,22 @@ func load(tx *bolt.Tx) (records, uint64, error) {
 		}
 		r.grantsBySub[string(sub)] = append(r.grantsBySub[string(sub)], string(id))
 		loadGrant(id)
+		return nil
+	})
+	if err != nil {
+		return r, 0, err
+	}
+	err = tx.Bucket(bucketGrantsPending).ForEach(func(id, _ []byte) error {
+		v := grants.Get(id)
+		if v == nil {
+			return fmt.Errorf("store: index %s points to a missing grant %q", bucketGrantsPending, id)
+		}
+		g, err := decodeGrant(v)
+		if err != nil {
+			bad(bucketGrants, id, err)
+		} else {
+			r.pending[string(id)] = g
+		}
 		return nil
 	})
 	if err != nil {

@@ -112,7 +112,7 @@ func randomWrite(t *testing.T, db *DB, w *modelWorld, rng *rand.Rand, clock *ste
 		return HostEntry{KeyVersion: uint64(1 + rng.IntN(4)), DHCHAPHash: "sha384", DHGroup: "ffdhe3072", Bidirectional: rng.IntN(2) == 0}
 	}
 
-	switch rng.IntN(21) {
+	switch rng.IntN(22) {
 	case 0:
 		return "create target", db.CreateTarget(ctx, newTarget(pick(w.targets)))
 	case 1:
@@ -176,6 +176,7 @@ func randomWrite(t *testing.T, db *DB, w *modelWorld, rng *rand.Rand, clock *ste
 			return "end grant", nil
 		}
 		g.State = []string{nvmegate.GrantReleased, nvmegate.GrantRevoked, nvmegate.GrantExpired}[rng.IntN(3)]
+		g.RemovalPending = rng.IntN(2) == 0
 		return "end grant", db.PutGrant(ctx, g)
 	case 16:
 		g := current()
@@ -223,6 +224,17 @@ func randomWrite(t *testing.T, db *DB, w *modelWorld, rng *rand.Rand, clock *ste
 		}
 		wg.Wait()
 		return "grant storm", errors.Join(errs...)
+	case 20:
+		// The targets followed some of the pending removals.
+		pending, err := db.PendingRemovals(ctx)
+		must(t, err)
+		var ids []string
+		for _, g := range pending {
+			if rng.IntN(2) == 0 {
+				ids = append(ids, g.ID)
+			}
+		}
+		return "settle removals", db.SettleRemovals(ctx, append(ids, "grant-nope"))
 	default:
 		g := current()
 		if g == nil {
@@ -307,6 +319,7 @@ func checkModel(t *testing.T, db *DB, w *modelWorld, clock *stepClock, dir strin
 		cmpRead("Grant "+id, func(d *DB) (any, error) { return d.Grant(ctx, id) })
 	}
 	cmpRead("ExpiredGrants", func(d *DB) (any, error) { return d.ExpiredGrants(ctx) })
+	cmpRead("PendingRemovals", func(d *DB) (any, error) { return d.PendingRemovals(ctx) })
 
 	// The same reads against the records in the file, without its indexes.
 	must(t, db.bolt.View(func(tx *bolt.Tx) error {
@@ -347,12 +360,14 @@ func checkModel(t *testing.T, db *DB, w *modelWorld, clock *stepClock, dir strin
 			sameResult(t, "file: Job "+id, got, gotErr, want, wantErr)
 		}
 		// Grants: what the indexes must say, from the records alone.
-		var active []*nvmegate.Grant
+		var active, pending []*nvmegate.Grant
 		must(t, tx.Bucket(bucketGrants).ForEach(func(k, v []byte) error {
 			g, err := decodeGrant(v)
 			must(t, err)
 			if g.State == nvmegate.GrantActive {
 				active = append(active, g)
+			} else if g.RemovalPending {
+				pending = append(pending, g)
 			}
 			got, err := db.Grant(ctx, string(k))
 			shown := *g
@@ -388,6 +403,11 @@ func checkModel(t *testing.T, db *DB, w *modelWorld, clock *stepClock, dir strin
 			return cmp.Or(cmp.Compare(a.SubsystemNQN, b.SubsystemNQN), cmp.Compare(a.ID, b.ID))
 		})
 		sameResult(t, "file: ExpiredGrants", got, err, want, nil)
+		got, err = db.PendingRemovals(ctx)
+		if pending == nil {
+			pending = []*nvmegate.Grant{}
+		}
+		sameResult(t, "file: PendingRemovals", got, err, pending, nil) // ForEach is in ID order
 		return nil
 	}))
 }

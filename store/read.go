@@ -209,6 +209,25 @@ func copyGrants(gs []*nvmegate.Grant) []*nvmegate.Grant {
 
 // expiredGrants returns the grants stored as active whose expiry is not
 // after now, in the order of the grants_by_subsystem index.
+func (m *model) pendingRemovals(ctx context.Context) ([]*nvmegate.Grant, error) {
+	if err := m.rlock(ctx); err != nil {
+		return nil, err
+	}
+	defer m.mu.RUnlock()
+	out := make([]*nvmegate.Grant, 0, len(m.pending))
+	for _, id := range slices.Sorted(maps.Keys(m.pending)) {
+		c := *m.pending[id]
+		out = append(out, &c)
+	}
+	return out, nil
+}
+
+func (m *model) pendingRemovalCount() int {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return len(m.pending)
+}
+
 func (m *model) expiredGrants(ctx context.Context, now time.Time) ([]*nvmegate.Grant, error) {
 	if err := m.rlock(ctx); err != nil {
 		return nil, err

@@ -34,12 +34,15 @@ var (
 	bucketGrants             = []byte("grants")
 	bucketGrantsBySubsystem  = []byte("grants_by_subsystem")
 	bucketGrantsByNode       = []byte("grants_by_node")
+	// bucketGrantsPending indexes the ended grants whose removal from
+	// their target is not acknowledged yet (Grant.RemovalPending).
+	bucketGrantsPending = []byte("grants_removal_pending")
 
 	// allBuckets are created by Open if missing.
 	allBuckets = [][]byte{
 		bucketMeta, bucketTargets, bucketSubsystems, bucketSubsystemsByTarget,
 		bucketNamespaces, bucketHostBindings, bucketHostBindingsByNQN, bucketJobs,
-		bucketGrants, bucketGrantsBySubsystem, bucketGrantsByNode,
+		bucketGrants, bucketGrantsBySubsystem, bucketGrantsByNode, bucketGrantsPending,
 	}
 
 	metaKind     = []byte("kind")
