@@ -11,24 +11,66 @@ import (
 
 // Release ends g at its node's request: the target stops allowing the
 // host. The caller has recorded the release and checked that g is the
-// node's own; an error means g's target is unknown and nothing changed.
-// Once begun, the release runs to its end even if the caller hangs up; a
-// store or target that does not follow is logged (the reconciler and the
-// expiry catch up).
+// node's own. It returns nil only once g is ended in the store and its
+// target acknowledged a state without the host. Otherwise it says which
+// step did not happen (EUNAVAILABLE): the grant was not stored as
+// released (it is still active; nothing changed), or it was and its
+// target has not removed the host yet — the grant stays RemovalPending,
+// Settle retries, and so may the caller: a release of a released grant
+// whose removal is pending tells its target again. Once begun, a release
+// runs to its end even if the caller hangs up.
 func (l *Lifecycle) Release(ctx context.Context, g *nvmegate.Grant) error {
 	t, err := l.targetOf(ctx, g)
 	if err != nil {
 		return err
 	}
 	ctx = context.WithoutCancel(ctx)
+	if g.State != nvmegate.GrantActive {
+		if !g.RemovalPending {
+			return nil // ended, and off its target
+		}
+		if err := l.targets.Program(ctx, t.ID, g.HostRef()); err != nil {
+			return removalPending(g, t, err)
+		}
+		l.settle(ctx, []*nvmegate.Grant{g})
+		return nil
+	}
 	res := l.run(ctx, &change{op: "release", ends: []*nvmegate.Grant{g}, state: nvmegate.GrantReleased, target: t.ID})
-	if res.err != nil {
+	if len(res.done) == 0 {
 		l.log.ErrorContext(ctx, "release: grant not ended in the store", "grant", g.ID, "err", res.err)
+		return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "grant %s was not released (the store did not take it); it is still active; retry", g.ID)
 	}
 	if res.unfollowed != nil {
-		l.log.ErrorContext(ctx, "release: target not reprogrammed after a grant ended", "target", t.ID, "err", res.unfollowed)
+		l.log.ErrorContext(ctx, "release: target did not remove the host; removal pending", "target", t.ID, "grant", g.ID, "err", res.unfollowed)
+		return removalPending(g, t, res.unfollowed)
 	}
 	return nil
+}
+
+// removalPending is the caller's error for an ended grant whose target has
+// not removed its host: caller-safe (target and grant IDs, no cause).
+func removalPending(g *nvmegate.Grant, t *nvmegate.Target, _ error) error {
+	return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "grant %s is %s, but target %s has not acknowledged removing its host yet: removal pending; the gateway retries, and the release may be retried", g.ID, g.State, t.ID)
+}
+
+// Settle retries the removals still pending: it tells the target of every
+// ended grant whose removal was not acknowledged of its host entry, and
+// settles those whose target acknowledged. It returns how many remain
+// pending, and why (the daemon runs it on a timer while any are).
+func (l *Lifecycle) Settle(ctx context.Context) (int, error) {
+	gs, err := l.grants.PendingRemovals(ctx)
+	if err != nil || len(gs) == 0 {
+		return len(gs), err
+	}
+	followed, err := l.programEnds(ctx, "", gs)
+	l.settle(ctx, followed)
+	n := 0
+	for _, g := range gs {
+		if g.RemovalPending {
+			n++
+		}
+	}
+	return n, err
 }
 
 // Revoke ends the active grants sel picks, on caller's authority (its

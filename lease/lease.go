@@ -26,6 +26,11 @@ type Grants interface {
 	// grants named in move the host entry to (only those still at *from,
 	// if from is set). Ended grants never become active again.
 	PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []string, from *nvmegate.HostEntry, to nvmegate.HostEntry) error
+	// PendingRemovals are the ended grants whose targets have not
+	// acknowledged removing their hosts; SettleRemovals records that they
+	// did.
+	PendingRemovals(ctx context.Context) ([]*nvmegate.Grant, error)
+	SettleRemovals(ctx context.Context, ids []string) error
 }
 
 // Inventory tells where a grant's subsystem is (*store.DB).

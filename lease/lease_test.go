@@ -207,6 +207,88 @@ func TestRelease(t *testing.T) {
 	}
 }
 
+// A release whose target does not take it is not answered as done: the
+// grant is released in the store but pending removal, the host is still
+// on the target, and the caller is told so. A retried release, and
+// Settle, tell the target again; once it follows, the removal settles.
+func TestReleaseTargetDoesNotFollow(t *testing.T) {
+	var ref *refusing
+	w := newWorld(t, func(w *world, c *lease.Config) { ref = &refusing{next: w.agent}; c.Targets = ref })
+	a := w.issue(node1, sub1)
+	ref.n.Store(2)
+	err := w.lc.Release(w.ctx, w.grant(a.Grant.ID))
+	wantCode(t, err, nvmegate.EUNAVAILABLE, "has not acknowledged removing its host", "removal pending")
+	if strings.Contains(err.Error(), errDiskOnFire.Error()) {
+		t.Fatalf("the caller's error carries the target's: %v", err)
+	}
+	g := w.grant(a.Grant.ID)
+	if g.State != nvmegate.GrantReleased || !g.RemovalPending || !w.allowed(node1, sub1) {
+		t.Fatalf("after an unfollowed release: %s pending=%v allowed=%v", g.State, g.RemovalPending, w.allowed(node1, sub1))
+	}
+	pending, _, err := w.db.ListGrants(w.ctx, store.GrantFilter{RemovalPending: true}, store.Page{})
+	if err != nil || len(pending) != 1 || pending[0].ID != a.Grant.ID {
+		t.Fatalf("pending removals listed: %v %v", pending, err)
+	}
+	// The retry is refused again (the target still does not follow)...
+	wantCode(t, w.lc.Release(w.ctx, g), nvmegate.EUNAVAILABLE, "removal pending")
+	// ...and then Settle gets it through.
+	n, err := w.lc.Settle(w.ctx)
+	if err != nil || n != 0 {
+		t.Fatalf("Settle: %d pending, %v", n, err)
+	}
+	if g := w.grant(a.Grant.ID); g.RemovalPending || w.allowed(node1, sub1) {
+		t.Fatalf("after Settle: pending=%v allowed=%v", g.RemovalPending, w.allowed(node1, sub1))
+	}
+	// Released and off the target: a further release is answered as done.
+	w.must(w.lc.Release(w.ctx, w.grant(a.Grant.ID)))
+	if n, err := w.lc.Settle(w.ctx); n != 0 || err != nil {
+		t.Fatalf("Settle with nothing pending: %d %v", n, err)
+	}
+}
+
+// A retried release settles a pending removal once the target follows;
+// a revocation and an expiry whose target does not follow leave their
+// grants pending too, until Settle.
+func TestEndsStayPendingUntilTheTargetFollows(t *testing.T) {
+	var ref *refusing
+	w := newWorld(t, func(w *world, c *lease.Config) { ref = &refusing{next: w.agent}; c.Targets = ref })
+	a := w.issue(node1, sub1)
+	b := w.issue(node2, sub1)
+	c := w.issue(node1, sub2)
+	ref.n.Store(1)
+	wantCode(t, w.lc.Release(w.ctx, w.grant(a.Grant.ID)), nvmegate.EUNAVAILABLE, "removal pending")
+	w.must(w.lc.Release(w.ctx, w.grant(a.Grant.ID))) // the target follows now
+	if g := w.grant(a.Grant.ID); g.RemovalPending || w.allowed(node1, sub1) {
+		t.Fatal("a retried release that the target followed is still pending")
+	}
+
+	ref.n.Store(1)
+	ended, err := w.lc.Revoke(w.ctx, lease.Selection{GrantID: b.Grant.ID}, "spiffe://nvmegate.test/admin/ops", "test")
+	wantCode(t, err, nvmegate.EUNAVAILABLE)
+	if len(ended) != 1 || !w.grant(b.Grant.ID).RemovalPending || !w.allowed(node2, sub1) {
+		t.Fatalf("an unfollowed revocation: ended %v pending %v", ended, w.grant(b.Grant.ID).RemovalPending)
+	}
+	w.clock.Advance(2 * time.Hour) // c expires
+	ref.n.Store(1)
+	if n, err := w.lc.Expire(w.ctx); n != 1 || err != nil {
+		t.Fatalf("Expire: %d %v", n, err)
+	}
+	if g := w.grant(c.Grant.ID); g.State != nvmegate.GrantExpired || !g.RemovalPending {
+		t.Fatalf("an unfollowed expiry: %s pending %v", g.State, g.RemovalPending)
+	}
+	if n, err := w.lc.Settle(w.ctx); n != 0 || err != nil {
+		t.Fatalf("Settle: %d pending, %v", n, err)
+	}
+	for _, id := range []string{b.Grant.ID, c.Grant.ID} {
+		if w.grant(id).RemovalPending {
+			t.Fatalf("%s still pending after Settle", id)
+		}
+	}
+	if w.allowed(node2, sub1) || w.allowed(node1, sub2) {
+		t.Fatal("the target still allows the ended hosts after Settle")
+	}
+}
+
 // A revocation records each grant (its job, host and subsystem, the
 // caller, the reason) and ends it, the target drops the host and the root
 // rotates — all of it even when the caller hangs up once it has begun.

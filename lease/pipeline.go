@@ -76,7 +76,8 @@ type outcome struct {
 	// grants an end could not record or store.
 	err error
 	// unfollowed: a target or the key store that did not follow an end
-	// (the reconciler and the scheduled rotation retry).
+	// (Settle and the scheduled rotation retry). The ended grants whose
+	// target did not follow stay RemovalPending.
 	unfollowed error
 }
 
@@ -94,9 +95,11 @@ type outcome struct {
 //  4. compensate: if the target does not take an opening, the grants that
 //     moved are put back, the grant is undone (a renewal's old keys) or
 //     ended (a new grant), the target follows the store back, and the
-//     failure is recorded. An end is never undone: a target that did not
-//     follow is the reconciler's to retry. An end with rotate then rotates
-//     the roots the hosts knew.
+//     failure is recorded. An end is never undone: its grants are stored
+//     RemovalPending, settled once their target acknowledged the removal;
+//     those of a target that did not follow stay pending, for Settle to
+//     retry and the caller to be told. An end with rotate then rotates the
+//     roots the hosts knew.
 func (l *Lifecycle) run(ctx context.Context, c *change) outcome {
 	// 1. Record.
 	put, err := l.record(ctx, c)
@@ -118,15 +121,15 @@ func (l *Lifecycle) run(ctx context.Context, c *change) outcome {
 	}
 
 	// 3. Program.
-	if err := l.program(ctx, c, res.done); err != nil {
-		if c.grant == nil {
-			res.unfollowed = err
-		} else {
-			// 4. Compensate.
-			l.log.ErrorContext(ctx, c.op+": target did not take the change; undone", "target", c.target, "grant", c.grant.ID, "err", err)
-			l.compensate(ctx, c)
-			return outcome{err: c.refusal}
-		}
+	if c.grant == nil {
+		followed, err := l.programEnds(ctx, c.target, res.done)
+		res.unfollowed = err
+		l.settle(ctx, followed)
+	} else if err := l.program(ctx, c); err != nil {
+		// 4. Compensate.
+		l.log.ErrorContext(ctx, c.op+": target did not take the change; undone", "target", c.target, "grant", c.grant.ID, "err", err)
+		l.compensate(ctx, c)
+		return outcome{err: c.refusal}
 	}
 	if c.rotate != "" {
 		res.unfollowed = errors.Join(res.unfollowed, l.rotate(ctx, res.done, c.rotate))
@@ -169,7 +172,8 @@ func (l *Lifecycle) record(ctx context.Context, c *change) ([]*nvmegate.Grant, e
 			}
 			l.log.ErrorContext(ctx, c.op+" entry not recorded; the grant is ended all the same", "grant", g.ID, "err", unrecorded[i])
 		}
-		g.State = c.state
+		// Pending until the target acknowledges a state without the host.
+		g.State, g.RemovalPending = c.state, true
 		put = append(put, g)
 	}
 	return put, errors.Join(errs...)
@@ -205,37 +209,68 @@ func (l *Lifecycle) put(ctx context.Context, gs ...*nvmegate.Grant) error {
 	return l.grants.PutGrantsMoving(ctx, gs, nil, nil, nvmegate.HostEntry{})
 }
 
-// program tells the targets of the host entries the step changed.
-func (l *Lifecycle) program(ctx context.Context, c *change, done []*nvmegate.Grant) error {
-	if c.grant != nil {
-		if len(c.hosts) == 0 {
-			return nil
-		}
-		return l.targets.Program(ctx, c.target, c.hosts...)
+// program tells an opening's target of the host entries it changed.
+func (l *Lifecycle) program(ctx context.Context, c *change) error {
+	if len(c.hosts) == 0 {
+		return nil
 	}
-	var order []string
-	byTarget := map[string][]nvmegate.HostRef{}
-	for _, g := range done {
-		id := c.target
+	return l.targets.Program(ctx, c.target, c.hosts...)
+}
+
+// programEnds tells the targets of ended grants gs (target, if set, is
+// theirs) of their host entries, and returns the grants whose target
+// acknowledged — with those whose subsystem or target is gone from the
+// inventory, which no target is told of any more — and why the others'
+// did not.
+func (l *Lifecycle) programEnds(ctx context.Context, target string, gs []*nvmegate.Grant) ([]*nvmegate.Grant, error) {
+	var (
+		order    []string
+		byTarget = map[string][]*nvmegate.Grant{}
+		followed []*nvmegate.Grant
+	)
+	for _, g := range gs {
+		id := target
 		if id == "" {
 			t, err := l.targetOf(ctx, g)
+			if nvmegate.ErrorCode(err) == nvmegate.ENOTFOUND {
+				followed = append(followed, g)
+				continue
+			}
 			if err != nil {
-				continue // no target to tell (the reconciler has none either)
+				return followed, err
 			}
 			id = t.ID
 		}
 		if _, ok := byTarget[id]; !ok {
 			order = append(order, id)
 		}
-		byTarget[id] = append(byTarget[id], g.HostRef())
+		byTarget[id] = append(byTarget[id], g)
 	}
 	var errs []error
 	for _, id := range order {
-		if err := l.targets.Program(ctx, id, byTarget[id]...); err != nil {
+		if err := l.targets.Program(ctx, id, nvmegate.HostRefs(byTarget[id]...)...); err != nil {
 			errs = append(errs, fmt.Errorf("target %s: %w", id, err))
+			continue
 		}
+		followed = append(followed, byTarget[id]...)
 	}
-	return errors.Join(errs...)
+	return followed, errors.Join(errs...)
+}
+
+// settle records that the targets of ended grants gs removed their hosts.
+// A failure leaves them pending, which Settle retries (harmless: the
+// target is told again).
+func (l *Lifecycle) settle(ctx context.Context, gs []*nvmegate.Grant) {
+	if len(gs) == 0 {
+		return
+	}
+	if err := l.grants.SettleRemovals(ctx, ids(gs)); err != nil {
+		l.log.WarnContext(ctx, "removals acknowledged by the targets, not yet recorded; retried", "grants", len(gs), "err", err)
+		return
+	}
+	for _, g := range gs {
+		g.RemovalPending = false
+	}
 }
 
 // compensate undoes an opening the target did not take, whatever the
@@ -254,7 +289,8 @@ func (l *Lifecycle) compensate(ctx context.Context, c *change) {
 	}
 	undo := c.undo
 	if undo == nil {
-		c.grant.State = nvmegate.GrantRevoked
+		// The target may hold the host: pending until it follows back.
+		c.grant.State, c.grant.RemovalPending = nvmegate.GrantRevoked, true
 		undo = c.grant
 	}
 	if err := l.put(ctx, undo); err != nil {
@@ -262,6 +298,8 @@ func (l *Lifecycle) compensate(ctx context.Context, c *change) {
 	}
 	if err := l.targets.Program(ctx, c.target, c.hosts...); err != nil {
 		l.log.ErrorContext(ctx, c.op+": target not reprogrammed after the undo", "target", c.target, "err", err)
+	} else if undo.RemovalPending {
+		l.settle(ctx, []*nvmegate.Grant{undo})
 	}
 	l.failed(ctx, c, c.refused)
 }
