@@ -145,7 +145,7 @@ func connectResponse(g *nvmegate.Grant, sub *nvmegate.Subsystem, t *nvmegate.Tar
 func grantToProto(g *nvmegate.Grant, ports []*pb.DiscoveryEntry) *pb.Grant {
 	out := &pb.Grant{GrantId: g.ID, JobId: g.JobID, Tenant: g.Tenant, Node: g.Node, HostNqn: g.HostNQN, SubsystemNqn: g.SubsystemNQN,
 		Ports: ports, IssuedAt: ts(g.IssuedAt), ExpiresAt: ts(g.ExpiresAt), KeyVersion: g.KeyVersion, DecisionId: g.DecisionID,
-		AuditIndex: g.AuditIndex, ReadOnly: g.ReadOnly}
+		AuditIndex: g.AuditIndex, ReadOnly: g.ReadOnly, RemovalPending: g.RemovalPending}
 	switch g.State {
 	case nvmegate.GrantActive:
 		out.State = pb.GrantState_GRANT_STATE_ACTIVE
@@ -236,7 +236,7 @@ func (s *accessService) ListGrants(ctx context.Context, r *pb.ListGrantsRequest)
 	case pb.GrantState_GRANT_STATE_EXPIRED:
 		state = nvmegate.GrantExpired
 	}
-	gs, next, err := s.lease.ListGrants(ctx, store.GrantFilter{JobID: r.JobId, Node: r.Node, State: state},
+	gs, next, err := s.lease.ListGrants(ctx, store.GrantFilter{JobID: r.JobId, Node: r.Node, State: state, RemovalPending: r.RemovalPending},
 		store.Page{Size: int(r.PageSize), Token: r.PageToken})
 	if err != nil {
 		return nil, err

@@ -108,8 +108,12 @@ the "nvme connect" command line, -o json prints the whole answer.`,
 var grantHeader = []string{"GRANT", "JOB", "NODE", "HOST NQN", "SUBSYSTEM", "KEY", "STATE", "EXPIRES"}
 
 func grantRow(g *pb.Grant) []string {
-	return []string{g.GrantId, g.JobId, g.Node, g.HostNqn, g.SubsystemNqn, fmt.Sprintf("v%d", g.KeyVersion),
-		strings.ToLower(strings.TrimPrefix(g.State.String(), "GRANT_STATE_")), tsString(g.ExpiresAt)}
+	state := strings.ToLower(strings.TrimPrefix(g.State.String(), "GRANT_STATE_"))
+	if g.RemovalPending {
+		// Ended in the store, still on the target: say so where it is read.
+		state += " (removal pending)"
+	}
+	return []string{g.GrantId, g.JobId, g.Node, g.HostNqn, g.SubsystemNqn, fmt.Sprintf("v%d", g.KeyVersion), state, tsString(g.ExpiresAt)}
 }
 
 func (a *app) renewCmd() *cobra.Command {
@@ -176,7 +180,11 @@ func (a *app) grantsCmd() *cobra.Command {
 		page  pageFlags
 	)
 	list := &cobra.Command{
-		Use: "list [--job J] [--node SPIFFE_ID] [--state active|released|revoked|expired]", Short: "List grants", Args: cobra.NoArgs,
+		Use: "list [--job J] [--node SPIFFE_ID] [--state active|released|revoked|expired] [--removal-pending]", Short: "List grants", Args: cobra.NoArgs,
+		Long: `List grants. An ended grant whose target has not yet acknowledged removing
+its host shows as "(removal pending)" after its state: the host may still
+reach the subsystem, and the gateway keeps telling the target until it
+follows. --removal-pending lists only those.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch state {
 			case "":
@@ -202,6 +210,7 @@ func (a *app) grantsCmd() *cobra.Command {
 	list.Flags().StringVar(&req.JobId, "job", "", "only this job's grants")
 	list.Flags().StringVar(&req.Node, "node", "", "only this node's grants")
 	list.Flags().StringVar(&state, "state", "", "only grants in this state")
+	list.Flags().BoolVar(&req.RemovalPending, "removal-pending", false, "only ended grants whose target has not removed the host yet")
 	page.register(list)
 	cmd.AddCommand(list)
 	return cmd

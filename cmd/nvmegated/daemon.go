@@ -261,7 +261,11 @@ func (m *Main) Open(ctx context.Context) (err error) {
 	}
 
 	m.registry = prometheus.NewRegistry()
-	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "nvmegate_grants_removal_pending",
+			Help: "Ended grants whose target has not yet acknowledged removing the host (the gateway retries; nvmegate grants list --removal-pending).",
+		}, func() float64 { return float64(m.db.PendingRemovalCount()) }))
 	m.server, err = gateway.New(gateway.Config{
 		MaxInFlight:   c.MaxInFlight,
 		Credentials:   identity.ServerCredentials(m.source, td),
@@ -400,6 +404,9 @@ func (m *Main) openKeys(ctx context.Context, self string) error {
 }
 
 // every calls fn every d until ctx ends.
+// settleInterval is how often pending removals are retried.
+const settleInterval = 5 * time.Second
+
 func every(ctx context.Context, d time.Duration, fn func()) {
 	t := time.NewTicker(d)
 	defer t.Stop()
@@ -495,6 +502,27 @@ func (m *Main) Run(ctx context.Context) error {
 			}
 			if err := m.agent.Reconcile(ctx); err != nil {
 				m.log.Warn("target reconcile failed", "err", err)
+			}
+		})
+		return nil
+	})
+	g.Go(func() error {
+		// Ended grants whose target did not follow: tell it again until it
+		// does (a remote agent reconnecting, a driver back from an error).
+		last := 0
+		every(ctx, settleInterval, func() {
+			if m.db.PendingRemovalCount() == 0 {
+				last = 0
+				return
+			}
+			n, err := m.lease.Settle(ctx)
+			if n != last {
+				if n > 0 {
+					m.log.Warn("grants ended, their hosts not yet removed from the targets; retrying", "pending", n, "err", err)
+				} else {
+					m.log.Info("pending removals settled: the targets removed the ended grants' hosts")
+				}
+				last = n
 			}
 		})
 		return nil
