@@ -159,10 +159,12 @@ func grantToProto(g *nvmegate.Grant, ports []*pb.DiscoveryEntry) *pb.Grant {
 	return out
 }
 
-// ownGrant returns the caller's active grant id: a node renews and
-// releases only its own grants (policy has checked the job scope; this is
-// the grant's owner).
-func (s *accessService) ownGrant(ctx context.Context, id string) (*nvmegate.Grant, error) {
+// ownGrant returns the caller's grant id, if it is active — or, with
+// pending set, a grant the node released whose removal from the target is
+// still pending (a release retried). A node renews and releases only its
+// own grants (policy has checked the job scope; this is the grant's
+// owner).
+func (s *accessService) ownGrant(ctx context.Context, id string, pending bool) (*nvmegate.Grant, error) {
 	if s.lease == nil {
 		return nil, nvmegate.Errorf(nvmegate.EUNIMPLEMENTED, "this gateway keeps no grants")
 	}
@@ -177,16 +179,18 @@ func (s *accessService) ownGrant(ctx context.Context, id string) (*nvmegate.Gran
 	if g.Node != c.ID {
 		return nil, nvmegate.Errorf(nvmegate.EPERMISSION, "grant %s is not the caller's", id)
 	}
-	if !g.Active(s.now()) {
+	if !g.Active(s.now()) && !(pending && g.State == nvmegate.GrantReleased && g.RemovalPending) {
 		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "grant %s is no longer active", id)
 	}
 	return g, nil
 }
 
 // Release ends the caller's grant (lease.Lifecycle.Release): the target
-// stops allowing the host.
+// stops allowing the host. It answers only once the target acknowledged
+// the removal; a release whose target did not follow is Unavailable, and
+// the node may retry it (the grant is released, its removal pending).
 func (s *accessService) Release(ctx context.Context, r *pb.ReleaseRequest) (*pb.ReleaseResponse, error) {
-	g, err := s.ownGrant(ctx, r.GrantId)
+	g, err := s.ownGrant(ctx, r.GrantId, true)
 	if err != nil {
 		return nil, err
 	}
@@ -200,7 +204,7 @@ func (s *accessService) Release(ctx context.Context, r *pb.ReleaseRequest) (*pb.
 // (lease.Lifecycle.Renew): after a rotation the new root's, on the target
 // before the answer, under the renewal's own decision and obligations.
 func (s *accessService) Renew(ctx context.Context, r *pb.RenewRequest) (*pb.RenewResponse, error) {
-	g, err := s.ownGrant(ctx, r.GrantId)
+	g, err := s.ownGrant(ctx, r.GrantId, false)
 	if err != nil {
 		return nil, err
 	}

@@ -51,6 +51,7 @@ type testGateway struct {
 	remote *sync.Map
 	db     *store.DB
 	agent  *targetagent.Agent
+	lease  *lease.Lifecycle
 	srv    *gateway.Server
 	stop   func() error // shuts the gateway down (once) and returns what Serve did
 }
@@ -176,7 +177,7 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 		alog.Close()
 		ks.Close()
 	})
-	return &testGateway{addr: lis.Addr().String(), ca: ca, registry: reg, engine: engine, audit: alog, auditKey: ls.PublicKey(), keyStore: ks, configfs: configfs, remote: remote, db: db, agent: agent, srv: srv, stop: stop}
+	return &testGateway{addr: lis.Addr().String(), ca: ca, registry: reg, engine: engine, audit: alog, auditKey: ls.PublicKey(), keyStore: ks, configfs: configfs, remote: remote, db: db, agent: agent, lease: cfg.Lease, srv: srv, stop: stop}
 }
 
 // client connects as spiffe://nvmegate.test/<path> with a fresh SVID.
