@@ -15,11 +15,12 @@ import (
 // meets the decision's obligations, its credentials derive for the
 // caller's bound host NQN from the current root, its entry is durable
 // before the store or the target changes, and the target allows the host
-// with those credentials before Issue returns. It supersedes the node's
-// earlier grant on the subsystem in the job (in the same commit), and the
-// node's grants sharing its host entry move with it. Any failure after
-// the entry ends the grant, puts the moved grants back and is recorded:
-// nothing is returned that the target does not hold.
+// with those credentials before Issue returns. The node's grants sharing
+// its host entry move with it. Any failure after the entry ends the
+// grant, puts the moved grants back and is recorded: nothing is returned
+// that the target does not hold. Only then does it supersede (release)
+// the node's earlier grant on the subsystem in the job: a connect that
+// fails leaves the node the grant it had.
 func (l *Lifecycle) Issue(ctx context.Context, r Request) (Issued, error) {
 	j, sub, t, err := records(r)
 	if err != nil {
@@ -35,8 +36,8 @@ func (l *Lifecycle) Issue(ctx context.Context, r Request) (Issued, error) {
 		return Issued{}, err
 	}
 	// One grant per node, job and subsystem: a new connect supersedes the
-	// node's earlier grant (its credentials are replaced on the target),
-	// in the same commit. The node's grants that share this host entry:
+	// node's earlier grant (its credentials are replaced on the target)
+	// once it is granted. The node's grants that share this host entry:
 	// g asks for the strongest authentication among them, and they move
 	// with it.
 	superseded, sharing, err := l.nodeGrants(ctx, g)
@@ -48,9 +49,6 @@ func (l *Lifecycle) Issue(ctx context.Context, r Request) (Issued, error) {
 		return Issued{}, err
 	}
 	g.KeyVersion = creds.RootVersion
-	for _, o := range superseded {
-		o.State = nvmegate.GrantReleased
-	}
 	moving := differing(sharing, g)
 	// Every host entry the commit changes: g's, those it supersedes (on
 	// the same subsystem, or another host NQN if the node's binding
@@ -68,7 +66,6 @@ func (l *Lifecycle) Issue(ctx context.Context, r Request) (Issued, error) {
 			}
 			return "", nil
 		},
-		also:         superseded,
 		moving:       moving,
 		storeFailure: "grant not stored",
 		deny:         denyEntry(actionConnect, sc, d, g),
@@ -80,7 +77,38 @@ func (l *Lifecycle) Issue(ctx context.Context, r Request) (Issued, error) {
 	if res.err != nil {
 		return Issued{}, res.err
 	}
+	l.supersede(ctx, g, superseded)
 	return Issued{Grant: g, Credentials: creds}, nil
+}
+
+// supersede releases the node's earlier grants that g, now on its target,
+// replaces. While both were active the target held the host entry of the
+// newest, g's; one on another host entry (the node's binding changed) is
+// an end like any other: pending until its target removes that host. A
+// failure is logged, not the caller's: g stands, and an earlier grant
+// left active ends at the next connect or at its expiry.
+func (l *Lifecycle) supersede(ctx context.Context, g *nvmegate.Grant, old []*nvmegate.Grant) {
+	if len(old) == 0 {
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	var moved []*nvmegate.Grant
+	for _, o := range old {
+		o.State = nvmegate.GrantReleased
+		if o.HostRef() != g.HostRef() {
+			o.RemovalPending = true
+			moved = append(moved, o)
+		}
+	}
+	if err := l.put(ctx, old...); err != nil {
+		l.log.ErrorContext(ctx, "connect: superseded grants not released", "grant", g.ID, "err", err)
+		return
+	}
+	followed, err := l.programEnds(ctx, "", moved)
+	if err != nil {
+		l.log.WarnContext(ctx, "connect: a superseded grant's old host not yet removed; pending", "grant", g.ID, "err", err)
+	}
+	l.settle(ctx, followed)
 }
 
 // Renew extends g (within policy's caps and the job's expiry) and returns

@@ -148,6 +148,27 @@ func TestIssueSupersedes(t *testing.T) {
 	}
 }
 
+// A connect the target refuses supersedes nothing: the node keeps the
+// grant it had, active and on the target at its keys.
+func TestIssueRefusedKeepsTheEarlierGrant(t *testing.T) {
+	var ref *refusing
+	w := newWorld(t, func(w *world, c *lease.Config) { ref = &refusing{next: w.agent}; c.Targets = ref })
+	a := w.issue(node1, sub1)
+	ref.n.Store(1)
+	_, err := w.lc.Issue(w.ctx, w.request(node1, sub1, nvmegate.Obligations{}))
+	wantCode(t, err, nvmegate.EUNAVAILABLE, "no grant was made")
+	if g := w.grant(a.Grant.ID); g.State != nvmegate.GrantActive {
+		t.Fatalf("a refused connect ended the node's earlier grant: %s", g.State)
+	}
+	gs, err := w.db.NodeActiveGrants(w.ctx, node1)
+	if err != nil || len(gs) != 1 || gs[0].ID != a.Grant.ID {
+		t.Fatalf("active grants %v %v, want only %s", gs, err, a.Grant.ID)
+	}
+	if !w.allowed(node1, sub1) || w.hostKey(node1) != a.Credentials.HostSecret {
+		t.Fatal("the target does not hold the earlier grant after the refused connect")
+	}
+}
+
 // After a rotation a renewal gets the new root's credentials, on the
 // target before it returns; the node's grant on the target's other
 // subsystem shares the host entry and moves with it, and the renewal's

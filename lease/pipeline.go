@@ -23,8 +23,6 @@ type change struct {
 	// check, if set, runs after the record: why the grant may no longer
 	// be made (recorded as its failure) and what the caller gets, or "".
 	check func() (why string, err error)
-	// also are stored in grant's commit: the grants it supersedes, ended.
-	also []*nvmegate.Grant
 	// moving are the node's grants on grant's host entry whose entry is
 	// not grant's: moved to it in the same commit, put back if the target
 	// refuses.
@@ -69,8 +67,7 @@ type change struct {
 
 // outcome is what run did.
 type outcome struct {
-	// done are the grants stored: the opened grant with those stored in
-	// its commit, or the grants ended.
+	// done are the grants stored: the opened grant, or the grants ended.
 	done []*nvmegate.Grant
 	// err: why an opening was not made (the caller's answer), or which
 	// grants an end could not record or store.
@@ -86,9 +83,9 @@ type outcome struct {
 //
 //  1. record: the step's entries are durable before anything changes. An
 //     opening whose entry fails changes nothing; then check runs.
-//  2. store: one commit. An opening stores its grant with the grants it
-//     supersedes and moves the grants sharing its host entry; if the
-//     commit fails, nothing changed. An end that cannot commit is stored
+//  2. store: one commit. An opening stores its grant and moves the
+//     grants sharing its host entry; if the commit fails, nothing
+//     changed. An end that cannot commit is stored
 //     grant by grant, so that one bad grant does not keep the others.
 //  3. program: the targets are told of the host entries that changed and
 //     answer once they hold them.
@@ -153,7 +150,7 @@ func (l *Lifecycle) record(ctx context.Context, c *change) ([]*nvmegate.Grant, e
 				return nil, err
 			}
 		}
-		return append([]*nvmegate.Grant{c.grant}, c.also...), nil
+		return []*nvmegate.Grant{c.grant}, nil
 	}
 	// Appended together, the entries share commits.
 	unrecorded := make([]error, len(c.endEntries))

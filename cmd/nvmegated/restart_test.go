@@ -26,11 +26,11 @@ import (
 
 // startDaemon runs the dev daemon in dir, serving gRPC on listen, until
 // the returned stop is called.
-func startDaemon(t *testing.T, dir, listen string) (*Main, func()) {
+func startDaemon(t *testing.T, dir, listen string, flags ...string) (*Main, func()) {
 	t.Helper()
 	m := NewMain()
 	m.Stderr = io.Discard
-	if err := m.ParseFlags(context.Background(), []string{"dev", "--dir", dir, "--listen", listen, "--http-listen", "off"}); err != nil {
+	if err := m.ParseFlags(context.Background(), append([]string{"dev", "--dir", dir, "--listen", listen, "--http-listen", "off"}, flags...)); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -163,7 +163,9 @@ func TestRemoteAgentSurvivesGatewayRestart(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	start := func() (*Main, func()) { return startDaemon(t, dir, addr) }
+	// The target is programmed by its own agent (a target the gateway
+	// programs itself takes none).
+	start := func() (*Main, func()) { return startDaemon(t, dir, addr, "--remote-targets", "stor-eu-1") }
 	m, stop := start()
 	if _, err := pb.NewInventoryClient(devConn(t, m.GRPCAddr(), dir, "admin")).AddTarget(ctxT(t), &pb.AddTargetRequest{Target: &pb.Target{
 		Id: "stor-eu-1", Fabric: "fab", Region: "eu-west", Driver: "nvmet",
