@@ -16,13 +16,18 @@
 //     nothing (ErrUnrecorded). An ended grant is recorded too: an expired
 //     one is not ended unrecorded (the next sweep retries it), a revoked
 //     one is ended all the same (ending access is the safe direction).
-//  2. store: one commit. A new grant supersedes the node's earlier grant
-//     on the subsystem in the same commit, and the node's grants sharing
-//     its host entry on the target (one host NQN, one key scope: the
-//     target holds one set of credentials for them) move to its root
-//     version and authentication in it.
+//  2. store: one commit. The node's grants sharing a new grant's host
+//     entry on the target (one host NQN, one key scope: the target holds
+//     one set of credentials for them) move to its root version and
+//     authentication in it. An end stores its grants ended and pending
+//     removal (Grant.RemovalPending).
 //  3. program: the target is told of the host entries that changed and
-//     answers once it holds them; only then is a grant returned.
+//     answers once it holds them; only then is a grant returned, and only
+//     then does it supersede (release) the node's earlier grant on the
+//     subsystem in the job. An end's grants are settled (no longer
+//     pending) once their target acknowledged; those of a target that
+//     did not follow stay pending, the caller of a release or revoke is
+//     told so (EUNAVAILABLE), and Settle retries them.
 //  4. compensate: if the target does not take a grant or renewal, the
 //     grants that moved are put back, the grant is ended (or a renewal
 //     keeps its old keys), the target follows the store back, and the
@@ -42,7 +47,7 @@
 // decision, that a node renews or releases its own grant — and converts
 // proto to domain types and back; it records the calls it audits for
 // every RPC (a release, the revocation asked for, a job's finish) before
-// the lease runs.
+// the lease runs. The daemon runs Expire and Settle on timers.
 //
 // A Lifecycle needs the grant store and the inventory (*store.DB), the key
 // manager (*keys.Manager), the audit log (*audit.Log) and the target agent
