@@ -137,9 +137,9 @@
 // the keys it is given, and names each failure with its Kind and location:
 //
 //	modified_entry           entry bytes differ from the committed leaf hash
-//	missing_entry            an entry was removed (later ones moved up)
-//	reordered_entry          an entry is the one committed at another index
-//	extra_entry              entries no signed checkpoint covers (appended)
+//	missing_entry            an entry is nowhere in the log (removed; later ones moved up)
+//	reordered_entry          an entry is the one committed at another index (swapped, moved)
+//	extra_entry              entries no signed checkpoint covers (appended, inserted)
 //	malformed_entry          not a canonical entry
 //	missing_tile             a hash tile or entry bundle is missing
 //	tile_mismatch            a hash tile disagrees with what is below it
