@@ -159,9 +159,14 @@ func grantToProto(g *nvmegate.Grant, ports []*pb.DiscoveryEntry) *pb.Grant {
 	return out
 }
 
+// errGrantNotFound answers a renewal or release of a grant that is not the
+// caller's: whether it is another node's or does not exist, the caller
+// learns nothing about it — not even that (describe.go callersGrant).
+var errGrantNotFound = nvmegate.Errorf(nvmegate.ENOTFOUND, "grant not found")
+
 // ownGrant returns the caller's active grant id: a node renews and
-// releases only its own grants (policy has checked the job scope; this is
-// the grant's owner).
+// releases only its own grants (describe refused other callers before
+// policy; this checks again, with the same answer).
 func (s *accessService) ownGrant(ctx context.Context, id string) (*nvmegate.Grant, error) {
 	if s.lease == nil {
 		return nil, nvmegate.Errorf(nvmegate.EUNIMPLEMENTED, "this gateway keeps no grants")
@@ -171,11 +176,11 @@ func (s *accessService) ownGrant(ctx context.Context, id string) (*nvmegate.Gran
 		return nil, nvmegate.Errorf(nvmegate.EINTERNAL, "grant call has no authorization")
 	}
 	g, err := s.lease.Grant(ctx, id)
+	if nvmegate.ErrorCode(err) == nvmegate.ENOTFOUND || err == nil && g.Node != c.ID {
+		return nil, errGrantNotFound
+	}
 	if err != nil {
 		return nil, err
-	}
-	if g.Node != c.ID {
-		return nil, nvmegate.Errorf(nvmegate.EPERMISSION, "grant %s is not the caller's", id)
 	}
 	if !g.Active(s.now()) {
 		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "grant %s is no longer active", id)

@@ -17,6 +17,7 @@ import (
 	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/authz"
+	"github.com/nvmegate/nvmegate/identity"
 	"github.com/nvmegate/nvmegate/lineage"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
@@ -38,6 +39,9 @@ type AuditLog interface {
 //
 //   - every call authorization refuses: a "deny" entry, before the caller
 //     gets PermissionDenied (authz.WithRefusalRecorder);
+//   - every renewal or release of a grant that is not the caller's (or
+//     does not exist): a "deny" entry naming the grant, its job and host,
+//     before the caller gets NotFound without them (refuseGrant);
 //   - every allowed call that changes state: its entry BEFORE the change,
 //     so nothing changes without a durable entry. If the append fails the
 //     change is not made and the caller gets Unavailable. If the change
@@ -140,6 +144,27 @@ func (s *Server) recordRefusal(ctx context.Context, in *authz.Input, d *nvmegate
 	// The caller is refused whatever happens here; record even if it hung up.
 	_, _, aerr := s.audit.Append(context.WithoutCancel(ctx), e)
 	return aerr
+}
+
+// refuseGrant records a renewal or release of a grant that is not the
+// caller's (describe.go callersGrant) as a deny entry — with the grant's
+// job, tenant and host NQN when it exists, for the auditor — and returns
+// the caller's answer: the same NotFound for another's grant as for none.
+func (s *Server) refuseGrant(ctx context.Context, method string, ng *notCallersGrant) error {
+	e := audit.Entry{Kind: audit.EventDeny, Time: s.now(), GrantID: ng.id,
+		Detail: authz.ActionFromMethod(method) + " " + ng.id + ": no such grant"}
+	if id, ok := identity.PeerID(ctx); ok {
+		e.Caller = id.String()
+	}
+	if g := ng.grant; g != nil {
+		e.JobID, e.Tenant, e.HostNQN, e.SubsystemNQN = g.JobID, g.Tenant, g.HostNQN, g.SubsystemNQN
+		e.Detail = authz.ActionFromMethod(method) + " " + ng.id + ": the grant of another node (" + g.Node + ")"
+	}
+	// The caller is refused whatever happens here; record even if it hung up.
+	if _, _, err := s.audit.Append(context.WithoutCancel(ctx), e); err != nil {
+		s.log.ErrorContext(ctx, "audit append of a refusal failed", "method", method, "error", err)
+	}
+	return toStatus(ctx, s.log, method, errGrantNotFound)
 }
 
 // entryFor builds the entry of a call from its policy input: the records
