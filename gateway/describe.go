@@ -48,6 +48,7 @@ func (s *Server) describe(ctx context.Context, fullMethod string, req any) (stri
 		if c := nvmegate.ErrorCode(err); c != "" && c != nvmegate.EINVALID {
 			return "", nil, toStatus(ctx, s.log, fullMethod, err)
 		}
+		s.recordInvalid(ctx, fullMethod, err)
 		return "", nil, err
 	}
 	return authz.ActionFromMethod(fullMethod), res, nil
