@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -275,6 +277,42 @@ func TestVerifyExportTamper(t *testing.T) {
 		recs[3] = recs[7]
 		writeBundle(t, p, recs)
 		expectFailure(t, verifyDir(t, d, f.keys, nil), audit.KindModifiedEntry, 3)
+	})
+	// Random tampering inside a bundle names exactly what was done: a swap
+	// of two entries (adjacent or not) two reordered entries, a deletion one
+	// missing entry, each at its index.
+	t.Run("random swaps and deletions", func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(14, 3))
+		for range 20 {
+			d := f.copyExport(t)
+			p := bundle(d, 1, 256)
+			recs := readBundle(t, p)
+			want := map[uint64]audit.Kind{}
+			i := 1 + rng.IntN(200)
+			if rng.IntN(2) == 0 {
+				j := i + 1 + rng.IntN(3)
+				recs[i], recs[j] = recs[j], recs[i]
+				want[256+uint64(i)], want[256+uint64(j)] = audit.KindReorderedEntry, audit.KindReorderedEntry
+			} else {
+				recs = slices.Delete(recs, i, i+1)
+				want[256+uint64(i)] = audit.KindMissingEntry
+			}
+			writeBundle(t, p, recs)
+			r, err := audit.Verify(context.Background(), d, f.keys, nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[uint64]audit.Kind{}
+			for _, x := range r.Failures {
+				if x.Index == nil {
+					t.Fatalf("finding without an index: %v", x)
+				}
+				got[*x.Index] = x.Kind
+			}
+			if len(r.Failures) != len(want) || !maps.Equal(got, want) {
+				t.Fatalf("want %v, got %v", want, r.Failures)
+			}
+		}
 	})
 	t.Run("entry appended to last bundle", func(t *testing.T) {
 		d := f.copyExport(t)
