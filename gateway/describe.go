@@ -459,7 +459,7 @@ func (d *describer) nodeBindingRec(id string) (nvmegate.HostBinding, bool, error
 }
 
 // grant returns a stored grant, or nil if there is none (or the gateway
-// keeps no grants): policy then refuses the node, which learns nothing.
+// keeps no grants); callersGrant decides what the caller learns of it.
 func (d *describer) grant(id string) (*nvmegate.Grant, error) {
 	if d.grants == nil {
 		return nil, nil
