@@ -48,9 +48,10 @@
 //	  "keys":          [{"class": "access_root"|"dek"|"log_signing"|…,
 //	                     "fingerprint": keyed hash, "id": key name,
 //	                     "version": int}]                             (optional)
-//	  "kind":          grant | deny | renew | release | expire | revoke |
-//	                   job_admit | job_finish | key_rotation |
-//	                   inventory_change | policy_load | target_apply
+//	  "kind":          grant | deny | invalid_argument | renew | release |
+//	                   expire | revoke | job_admit | job_finish |
+//	                   key_rotation | inventory_change | policy_load |
+//	                   target_apply
 //	  "namespaces":    [{"dataset": name, "dataset_digest": digest,
 //	                     "mode": "ro"|"rw"|"", "nsid": int,
 //	                     "subsystem_nqn": NQN}]                        (optional)
@@ -59,6 +60,14 @@
 //	  "time":          when it happened
 //	  "v":             1
 //	}
+//
+// A deny entry is a refusal by policy (with its decision), by a target, or
+// of a grant that is not the caller's. An invalid_argument entry is a
+// request refused as malformed before policy saw it: the caller, and a
+// detail "<RPC>: invalid argument: <field>: <rule>" in which every value
+// the caller sent is withheld ("…"); nothing else of the request. Kinds
+// added after version 1 (invalid_argument) leave the encoding as it was: a
+// decoder accepts any lower-case kind.
 //
 // Entries carry key versions and fingerprints (keyed hashes), never key
 // material. As a last line of defence Append refuses, with ErrKeyMaterial
@@ -137,9 +146,9 @@
 // the keys it is given, and names each failure with its Kind and location:
 //
 //	modified_entry           entry bytes differ from the committed leaf hash
-//	missing_entry            an entry was removed (later ones moved up)
-//	reordered_entry          an entry is the one committed at another index
-//	extra_entry              entries no signed checkpoint covers (appended)
+//	missing_entry            an entry is nowhere in the log (removed; later ones moved up)
+//	reordered_entry          an entry is the one committed at another index (swapped, moved)
+//	extra_entry              entries no signed checkpoint covers (appended, inserted)
 //	malformed_entry          not a canonical entry
 //	missing_tile             a hash tile or entry bundle is missing
 //	tile_mismatch            a hash tile disagrees with what is below it

@@ -28,7 +28,8 @@ type EventKind string
 // identifier so that an older verifier can still check a newer log.
 const (
 	EventGrant           EventKind = "grant"            // credentials issued for a connect
-	EventDeny            EventKind = "deny"             // any request refused (policy, validation, target)
+	EventDeny            EventKind = "deny"             // a request refused (policy, a target, another's grant)
+	EventInvalid         EventKind = "invalid_argument" // a malformed request refused before policy (InvalidArgument)
 	EventRenew           EventKind = "renew"            // a grant renewed
 	EventRelease         EventKind = "release"          // a grant released by its holder
 	EventExpire          EventKind = "expire"           // a grant or job expired
@@ -45,7 +46,7 @@ var knownKinds = map[EventKind]bool{
 	EventGrant: true, EventDeny: true, EventRenew: true, EventRelease: true,
 	EventExpire: true, EventRevoke: true, EventJobAdmit: true, EventJobFinish: true,
 	EventKeyRotation: true, EventInventoryChange: true, EventPolicyLoad: true,
-	EventTargetApply: true,
+	EventTargetApply: true, EventInvalid: true,
 }
 
 // Entry is one audit record: a decision or a state change. See doc.go for

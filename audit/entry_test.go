@@ -2,6 +2,7 @@ package audit_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -57,6 +58,35 @@ func TestEntryGolden(t *testing.T) {
 	again, _ := d.Encode()
 	if !bytes.Equal(again, got) {
 		t.Fatal("decode/encode does not round-trip")
+	}
+}
+
+// TestInvalidArgumentEntryGolden pins an invalid_argument entry as the
+// gateway writes it (gateway/testdata/audit-invalid.golden has the details
+// of every RPC's): a kind added after schema version 1 without changing the
+// encoding, which Append accepts and every decoder reads.
+func TestInvalidArgumentEntryGolden(t *testing.T) {
+	e := audit.Entry{
+		Time:   time.Date(2026, 12, 1, 9, 30, 0, 5, time.UTC),
+		Kind:   audit.EventInvalid,
+		Caller: "spiffe://example.org/node/gpu-1",
+		Detail: `/nvmegate.v1.Access/Renew: invalid argument: grant_id: must be 8-64 characters of A-Z, a-z, 0-9, '_' and '-' (got "…")`,
+	}
+	got, err := e.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = `{"caller":"spiffe://example.org/node/gpu-1","detail":"/nvmegate.v1.Access/Renew: invalid argument: grant_id: must be 8-64 characters of A-Z, a-z, 0-9, '_' and '-' (got \"…\")","kind":"invalid_argument","time":"2026-12-01T09:30:00.000000005Z","v":1}`
+	if string(got) != want {
+		t.Fatalf("encoding changed:\n got %s\nwant %s", got, want)
+	}
+	d, err := audit.DecodeEntry(got)
+	if err != nil || d.Kind != audit.EventInvalid {
+		t.Fatalf("decode: %+v %v", d, err)
+	}
+	l, _ := newLog(t)
+	if _, _, err := l.Append(context.Background(), e); err != nil {
+		t.Fatalf("Append refuses the kind: %v", err)
 	}
 }
 

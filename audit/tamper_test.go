@@ -5,8 +5,11 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -203,6 +206,114 @@ func TestVerifyExportTamper(t *testing.T) {
 		expectFailure(t, r, audit.KindReorderedEntry, 3)
 		expectFailure(t, r, audit.KindReorderedEntry, 7)
 	})
+	// An adjacent swap is a reordering, not a deletion: both entries are
+	// there, each at the other's index.
+	t.Run("adjacent entries swapped", func(t *testing.T) {
+		d := f.copyExport(t)
+		p := bundle(d, 1, 256)
+		recs := readBundle(t, p)
+		recs[20], recs[21] = recs[21], recs[20]
+		writeBundle(t, p, recs)
+		r := verifyDir(t, d, f.keys, nil)
+		expectFailure(t, r, audit.KindReorderedEntry, 256+20)
+		expectFailure(t, r, audit.KindReorderedEntry, 256+21)
+	})
+	t.Run("two entries deleted", func(t *testing.T) {
+		d := f.copyExport(t)
+		p := bundle(d, 0, 256)
+		recs := readBundle(t, p)
+		recs = slices.Delete(recs, 40, 41) // entry 40
+		recs = slices.Delete(recs, 50, 51) // entry 51
+		writeBundle(t, p, recs)
+		r := verifyDir(t, d, f.keys, nil)
+		expectFailure(t, r, audit.KindMissingEntry, 40)
+		expectFailure(t, r, audit.KindMissingEntry, 51)
+		if n := len(r.Failures); n != 2 {
+			t.Fatalf("%d findings, want the 2 deletions", n)
+		}
+	})
+	t.Run("entry deleted and others swapped", func(t *testing.T) {
+		d := f.copyExport(t)
+		p := bundle(d, 0, 256)
+		recs := readBundle(t, p)
+		recs[10], recs[11] = recs[11], recs[10]
+		recs = slices.Delete(recs, 40, 41)
+		// Entries 101 and 102 moved up to 100 and 101; swapped, 101 is
+		// back in its place and 102 two places up.
+		recs[100], recs[101] = recs[101], recs[100]
+		writeBundle(t, p, recs)
+		r := verifyDir(t, d, f.keys, nil)
+		for _, want := range []struct {
+			kind  audit.Kind
+			index int64
+		}{{audit.KindReorderedEntry, 10}, {audit.KindReorderedEntry, 11}, {audit.KindMissingEntry, 40}, {audit.KindReorderedEntry, 100}} {
+			expectFailure(t, r, want.kind, want.index, audit.KindMissingEntry, audit.KindReorderedEntry)
+		}
+		if n := len(r.Failures); n != 4 {
+			t.Fatalf("%d findings, want 4", n)
+		}
+	})
+	t.Run("entry inserted", func(t *testing.T) {
+		d := f.copyExport(t)
+		p := bundle(d, 0, 256)
+		recs := readBundle(t, p)
+		e := sampleEntry(9999)
+		data, _ := e.Encode()
+		writeBundle(t, p, slices.Insert(recs, 30, data))
+		r := verifyDir(t, d, f.keys, nil)
+		expectFailure(t, r, audit.KindExtraEntry, 30)
+		for _, x := range r.Failures {
+			if x.Kind != audit.KindExtraEntry {
+				t.Errorf("finding besides the insertion: %v", x)
+			}
+		}
+	})
+	// A copy of an entry still in its place is not told from any other
+	// change of the bytes.
+	t.Run("entry replaced by a copy of another", func(t *testing.T) {
+		d := f.copyExport(t)
+		p := bundle(d, 0, 256)
+		recs := readBundle(t, p)
+		recs[3] = recs[7]
+		writeBundle(t, p, recs)
+		expectFailure(t, verifyDir(t, d, f.keys, nil), audit.KindModifiedEntry, 3)
+	})
+	// Random tampering inside a bundle names exactly what was done: a swap
+	// of two entries (adjacent or not) two reordered entries, a deletion one
+	// missing entry, each at its index.
+	t.Run("random swaps and deletions", func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(14, 3))
+		for range 20 {
+			d := f.copyExport(t)
+			p := bundle(d, 1, 256)
+			recs := readBundle(t, p)
+			want := map[uint64]audit.Kind{}
+			i := 1 + rng.IntN(200)
+			if rng.IntN(2) == 0 {
+				j := i + 1 + rng.IntN(3)
+				recs[i], recs[j] = recs[j], recs[i]
+				want[256+uint64(i)], want[256+uint64(j)] = audit.KindReorderedEntry, audit.KindReorderedEntry
+			} else {
+				recs = slices.Delete(recs, i, i+1)
+				want[256+uint64(i)] = audit.KindMissingEntry
+			}
+			writeBundle(t, p, recs)
+			r, err := audit.Verify(context.Background(), d, f.keys, nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[uint64]audit.Kind{}
+			for _, x := range r.Failures {
+				if x.Index == nil {
+					t.Fatalf("finding without an index: %v", x)
+				}
+				got[*x.Index] = x.Kind
+			}
+			if len(r.Failures) != len(want) || !maps.Equal(got, want) {
+				t.Fatalf("want %v, got %v", want, r.Failures)
+			}
+		}
+	})
 	t.Run("entry appended to last bundle", func(t *testing.T) {
 		d := f.copyExport(t)
 		p := bundle(d, 2, 88)
@@ -235,7 +346,11 @@ func TestVerifyExportTamper(t *testing.T) {
 	t.Run("missing bundle", func(t *testing.T) {
 		d := f.copyExport(t)
 		os.Remove(bundle(d, 1, 256))
-		expectFailure(t, verifyDir(t, d, f.keys, nil), audit.KindMissingTile, 256)
+		r := verifyDir(t, d, f.keys, nil)
+		expectFailure(t, r, audit.KindMissingTile, 256)
+		if len(r.Failures) != 1 {
+			t.Fatalf("%d findings, want the missing bundle once", len(r.Failures))
+		}
 	})
 	t.Run("missing hash tile", func(t *testing.T) {
 		d := f.copyExport(t)
@@ -437,6 +552,16 @@ func TestCheckFileTamper(t *testing.T) {
 		r := checkFile(t, p, f.keys, nil)
 		expectFailure(t, r, audit.KindReorderedEntry, 20)
 		expectFailure(t, r, audit.KindReorderedEntry, 22)
+	})
+	t.Run("adjacent entries swapped", func(t *testing.T) {
+		p := f.copyDB(t)
+		var a, b []byte
+		editChunk(t, p, 150, func(first uint64, recs [][]byte) [][]byte { a = recs[150-first]; return recs })
+		editChunk(t, p, 151, func(first uint64, recs [][]byte) [][]byte { b = recs[151-first]; recs[151-first] = a; return recs })
+		editChunk(t, p, 150, func(first uint64, recs [][]byte) [][]byte { recs[150-first] = b; return recs })
+		r := checkFile(t, p, f.keys, nil)
+		expectFailure(t, r, audit.KindReorderedEntry, 150)
+		expectFailure(t, r, audit.KindReorderedEntry, 151)
 	})
 	t.Run("entry appended by hand", func(t *testing.T) {
 		p := f.copyDB(t)

@@ -27,9 +27,13 @@ const (
 	// KindModifiedEntry: an entry's bytes differ from what the log
 	// committed (its hash is not the committed leaf hash).
 	KindModifiedEntry Kind = "modified_entry"
-	// KindMissingEntry: an entry is missing; later entries moved up.
+	// KindMissingEntry: the entry committed at an index is nowhere in the
+	// log (a hole, or removed with the later entries moved up). An entry
+	// found at another index is reordered instead.
 	KindMissingEntry Kind = "missing_entry"
-	// KindReorderedEntry: an entry is the one committed at another index.
+	// KindReorderedEntry: an entry is the one committed at another index,
+	// and no missing or inserted entry before it explains the move (two
+	// swapped entries, adjacent or not, are both reordered).
 	KindReorderedEntry Kind = "reordered_entry"
 	// KindExtraEntry: entries were added that no signed checkpoint covers
 	// (appended or inserted by hand).
@@ -311,8 +315,8 @@ func verify(ctx context.Context, src tlogSource, keys []attest.PublicKey, since 
 
 	var mism []uint64 // leaf indexes where E ≠ T or one is missing
 	mismSlot := map[uint64]leafSlot{}
-	bundleGone := map[uint64]bool{}
-	lastPresent := int64(-1) // last index with an entry
+	spill := map[uint64][][32]byte{} // bundle → hashes of its entries past the bundle's width
+	lastPresent := int64(-1)         // last index with an entry
 	bundles := (size + TileWidth - 1) / TileWidth
 	work := startHashers(ctx, src, size, bundles)
 	for n := uint64(0); n < bundles; n++ {
@@ -335,9 +339,6 @@ func verify(ctx context.Context, src tlogSource, keys []attest.PublicKey, since 
 		t, tloc, tfound := b.tile, b.tileLoc, b.tileFound
 		if !tfound {
 			r.add(Failure{Kind: KindMissingTile, Location: tloc, Detail: fmt.Sprintf("hash tile 0/%d (%d hashes) is missing", n, width)})
-		}
-		if !b.found {
-			bundleGone[n] = true
 		}
 		for j := 0; j < width; j++ {
 			i := base + uint64(j)
@@ -376,6 +377,9 @@ func verify(ctx context.Context, src tlogSource, keys []attest.PublicKey, since 
 			record(i + 1)
 		}
 		if len(b.hashes) > width {
+			if len(spill) < maxFailures {
+				spill[n] = b.hashes[width:]
+			}
 			r.add(Failure{Kind: KindExtraEntry, Index: idx(base + uint64(width)), Location: b.loc,
 				Detail: fmt.Sprintf("entry bundle holds %d entries, the checkpoint covers %d of them", len(b.hashes), width)})
 		}
@@ -404,7 +408,7 @@ func verify(ctx context.Context, src tlogSource, keys []attest.PublicKey, since 
 			}
 		}
 	} else {
-		classifyLeaves(r, mism, mismSlot, bundleGone, lastPresent, size, src)
+		classifyLeaves(r, mism, mismSlot, spill, lastPresent, size, src)
 	}
 
 	// Earlier checkpoints against the tree at their sizes.
@@ -431,14 +435,38 @@ func verify(ctx context.Context, src tlogSource, keys []attest.PublicKey, since 
 }
 
 // classifyLeaves names the leaves where the entry and the committed hash
-// disagree: a shift by one is a missing (or inserted) entry, a hash found
-// at another index a reordering, a hole a missing entry or truncation,
-// anything else a modification.
-func classifyLeaves(r *Report, mism []uint64, slots map[uint64]leafSlot, gone map[uint64]bool, lastPresent int64, size uint64, src tlogSource) {
-	byT := map[[32]byte]uint64{}
+// disagree, by comparing, within each stretch of such leaves (a bundle of
+// the export; the leaves up to a hole in a bbolt file), the entries present
+// with those committed:
+//
+//   - a committed entry found nowhere is missing (a hole, or the first of
+//     entries moved up by one) — or modified, where an entry that was never
+//     committed took its place;
+//   - an entry never committed, where the committed one moved on, was
+//     inserted (extra);
+//   - an entry committed at another index is reordered, unless the missing
+//     and inserted entries before it in the stretch explain the move (after
+//     a deleted entry the rest move up, after an inserted one down).
+//
+// So a deletion is one missing entry, an adjacent swap two reordered ones.
+// Only hashes of the mismatched leaves are compared (at most 4·maxFailures):
+// an entry replaced by a copy of one that is still in place is a
+// modification.
+func classifyLeaves(r *Report, mism []uint64, slots map[uint64]leafSlot, spill map[uint64][][32]byte, lastPresent int64, size uint64, src tlogSource) {
+	committedAt := map[[32]byte]uint64{} // committed hash → its index
+	present := map[[32]byte]bool{}       // hashes of the entries at the mismatched leaves
 	for _, i := range mism {
-		if s := slots[i]; s.hasT {
-			byT[s.t] = i
+		s := slots[i]
+		if s.hasT {
+			committedAt[s.t] = i
+		}
+		if s.hasE {
+			present[s.e] = true
+		}
+	}
+	for _, hs := range spill {
+		for _, h := range hs {
+			present[h] = true // pushed past its bundle's end by an insertion
 		}
 	}
 	// Truncation: every entry from some index to the end is missing.
@@ -447,13 +475,43 @@ func classifyLeaves(r *Report, mism []uint64, slots map[uint64]leafSlot, gone ma
 		r.add(Failure{Kind: KindTruncated, Index: idx(truncAt), Location: locBundle(src, truncAt/TileWidth, size),
 			Detail: fmt.Sprintf("the log ends after %d entries; the checkpoint signs %d", truncAt, size)})
 	}
-	reportedGone := map[uint64]bool{}
-	shift := 0 // >0: inside a run of entries moved up by one
-	for _, i := range mism {
-		s := slots[i]
-		if i >= truncAt {
-			break
+	// Deletions and insertions move the entries after them up to the end
+	// of their bundle file (export) or commit (bbolt, where the moved
+	// entries end at a hole): the stretch whose counts explain moves.
+	_, perBundle := src.(*dirSource)
+	reportedGone := map[uint64]bool{} // bundles reported missing
+	for len(mism) > 0 && mism[0] < truncAt {
+		n := 1
+		for n < len(mism) && mism[n] < truncAt && slots[mism[n-1]].hasE && !(perBundle && mism[n]/TileWidth != mism[n-1]/TileWidth) {
+			n++
 		}
+		classifyStretch(r, mism[:n], slots, committedAt, present, reportedGone, size, src)
+		mism = mism[n:]
+	}
+}
+
+// classifyStretch classifies one stretch of classifyLeaves.
+func classifyStretch(r *Report, stretch []uint64, slots map[uint64]leafSlot, committedAt map[[32]byte]uint64, present map[[32]byte]bool,
+	reportedGone map[uint64]bool, size uint64, src tlogSource) {
+	// gone reports whether the entry committed at i is absent: neither
+	// present elsewhere nor replaced in place by an entry never committed
+	// (a modification, which moves nothing).
+	gone := func(s leafSlot) bool {
+		if !s.hasT || present[s.t] {
+			return false
+		}
+		_, committed := committedAt[s.e]
+		return !s.hasE || committed
+	}
+	var absent []uint64 // indexes of the committed entries gone, ascending
+	for _, i := range stretch {
+		if s := slots[i]; !s.bundleGone && gone(s) {
+			absent = append(absent, i)
+		}
+	}
+	inserted := 0 // entries inserted so far in the stretch
+	for _, i := range stretch {
+		s := slots[i]
 		if s.bundleGone {
 			if n := i / TileWidth; !reportedGone[n] {
 				reportedGone[n] = true
@@ -465,35 +523,33 @@ func classifyLeaves(r *Report, mism []uint64, slots map[uint64]leafSlot, gone ma
 		if !s.hasT {
 			continue // hash tile missing (reported); the entry cannot be checked alone
 		}
+		loc := locEntry(src, i, size)
 		if !s.hasE {
-			if shift > 0 {
-				continue // the hole at the end of a shifted bundle
+			if gone(s) {
+				r.add(Failure{Kind: KindMissingEntry, Index: idx(i), Location: loc, Detail: "entry is missing"})
 			}
-			r.add(Failure{Kind: KindMissingEntry, Index: idx(i), Location: locEntry(src, i, size), Detail: "entry is missing"})
-			continue
+			continue // else the hole where entries moved up by a deletion end
 		}
-		j, found := byT[s.e]
+		j, committed := committedAt[s.e]
 		switch {
-		case found && j == i+1:
-			if shift == 0 {
-				r.add(Failure{Kind: KindMissingEntry, Index: idx(i), Location: locEntry(src, i, size),
-					Detail: "entry is missing: the entries after it moved up by one"})
-			}
-			shift++
-		case found && j+1 == i:
-			if shift == 0 {
-				r.add(Failure{Kind: KindExtraEntry, Index: idx(i - 1), Location: locEntry(src, i-1, size),
-					Detail: "an entry was inserted here: the entries after it moved down by one"})
-			}
-			shift++
-		case found:
-			shift = 0
-			r.add(Failure{Kind: KindReorderedEntry, Index: idx(i), Location: locEntry(src, i, size),
+		case !committed && !present[s.t]:
+			r.add(Failure{Kind: KindModifiedEntry, Index: idx(i), Location: loc, Detail: "entry bytes differ from the committed leaf hash"})
+			continue
+		case !committed:
+			inserted++
+			r.add(Failure{Kind: KindExtraEntry, Index: idx(i), Location: loc,
+				Detail: "an entry was inserted here: the entries after it moved down"})
+			continue
+		case gone(s):
+			r.add(Failure{Kind: KindMissingEntry, Index: idx(i), Location: loc,
+				Detail: "entry is missing: the entries after it moved up"})
+		}
+		// Where the entry committed at j would be after the deletions
+		// before it and the insertions before i.
+		deleted, _ := slices.BinarySearch(absent, j)
+		if want := uint64(int64(i) + int64(deleted) - int64(inserted)); want != j {
+			r.add(Failure{Kind: KindReorderedEntry, Index: idx(i), Location: loc,
 				Detail: fmt.Sprintf("entry is the one committed at index %d", j)})
-		default:
-			shift = 0
-			r.add(Failure{Kind: KindModifiedEntry, Index: idx(i), Location: locEntry(src, i, size),
-				Detail: "entry bytes differ from the committed leaf hash"})
 		}
 	}
 }

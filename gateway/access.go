@@ -159,11 +159,16 @@ func grantToProto(g *nvmegate.Grant, ports []*pb.DiscoveryEntry) *pb.Grant {
 	return out
 }
 
+// errGrantNotFound answers a renewal or release of a grant that is not the
+// caller's: whether it is another node's or does not exist, the caller
+// learns nothing about it — not even that (describe.go callersGrant).
+var errGrantNotFound = nvmegate.Errorf(nvmegate.ENOTFOUND, "grant not found")
+
 // ownGrant returns the caller's grant id, if it is active — or, with
 // pending set, a grant the node released whose removal from the target is
 // still pending (a release retried). A node renews and releases only its
-// own grants (policy has checked the job scope; this is the grant's
-// owner).
+// own grants (describe refused other callers before policy; this checks
+// again, with the same answer).
 func (s *accessService) ownGrant(ctx context.Context, id string, pending bool) (*nvmegate.Grant, error) {
 	if s.lease == nil {
 		return nil, nvmegate.Errorf(nvmegate.EUNIMPLEMENTED, "this gateway keeps no grants")
@@ -173,11 +178,11 @@ func (s *accessService) ownGrant(ctx context.Context, id string, pending bool) (
 		return nil, nvmegate.Errorf(nvmegate.EINTERNAL, "grant call has no authorization")
 	}
 	g, err := s.lease.Grant(ctx, id)
+	if nvmegate.ErrorCode(err) == nvmegate.ENOTFOUND || err == nil && g.Node != c.ID {
+		return nil, errGrantNotFound
+	}
 	if err != nil {
 		return nil, err
-	}
-	if g.Node != c.ID {
-		return nil, nvmegate.Errorf(nvmegate.EPERMISSION, "grant %s is not the caller's", id)
 	}
 	if !g.Active(s.now()) && !(pending && g.State == nvmegate.GrantReleased && g.RemovalPending) {
 		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "grant %s is no longer active", id)

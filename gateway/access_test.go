@@ -13,8 +13,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/fabric"
 	"github.com/nvmegate/nvmegate/keys/nvmefmt"
 	"github.com/nvmegate/nvmegate/policy"
@@ -213,11 +215,12 @@ func TestGrantLifecycle(t *testing.T) {
 	if strings.TrimSpace(string(key)) != r1.Credentials.DhchapHostSecret {
 		t.Fatal("the target does not have the renewed secret")
 	}
-	// Another node cannot renew or release someone else's grant.
+	// Another node cannot renew or release someone else's grant
+	// (TestOthersGrantRevealsNothing).
 	_, err = n2.Renew(ctx, &pb.RenewRequest{GrantId: c1.Grant.GrantId})
-	wantCode(t, err, codes.PermissionDenied)
+	wantCode(t, err, codes.NotFound)
 	_, err = n2.Release(ctx, &pb.ReleaseRequest{GrantId: c1.Grant.GrantId})
-	wantCode(t, err, codes.PermissionDenied)
+	wantCode(t, err, codes.NotFound)
 
 	// Release: the host leaves the target.
 	if _, err := n1.Release(ctx, &pb.ReleaseRequest{GrantId: c1.Grant.GrantId}); err != nil {
@@ -661,5 +664,109 @@ func TestRevokeReasonWithKeyMaterial(t *testing.T) {
 	}
 	if hs := hostsOn(t, g); len(hs) != 0 {
 		t.Fatalf("hosts after revoke: %v", hs)
+	}
+}
+
+// A node that renews or releases a grant that is not its own — another
+// node's of its job, of its tenant outside the job, of another tenant — gets
+// exactly the answer of a grant ID that does not exist: NotFound, with
+// nothing about the grant (not its host NQN, job or owner), so it learns
+// neither what the grant is nor that it exists. The auditor still sees each
+// attempt, with the grant it was about.
+func TestOthersGrantRevealsNothing(t *testing.T) {
+	g := startGateway(t)
+	acmeInventory(t, g)
+	ctx := ctxT(t)
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
+		t.Fatal(err)
+	}
+	owner := pb.NewAccessClient(g.client(t, node))
+	c, err := owner.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gr := c.Grant
+	const noSuchGrant = "g-0000000000000000000000"
+	secrets := []string{gr.HostNqn, gr.JobId, gr.Node, gr.SubsystemNqn, gr.GrantId, noSuchGrant}
+
+	type answer struct {
+		code codes.Code
+		msg  string
+	}
+	ask := func(cl pb.AccessClient, id string) (renew, release answer) {
+		_, err := cl.Renew(ctx, &pb.RenewRequest{GrantId: id})
+		st := status.Convert(err)
+		renew = answer{st.Code(), st.Message()}
+		_, err = cl.Release(ctx, &pb.ReleaseRequest{GrantId: id})
+		st = status.Convert(err)
+		release = answer{st.Code(), st.Message()}
+		return renew, release
+	}
+	wantRenew, wantRelease := ask(owner, noSuchGrant)
+	if wantRenew.code != codes.NotFound || wantRelease.code != codes.NotFound {
+		t.Fatalf("unknown grant: renew %v, release %v; want NotFound", wantRenew, wantRelease)
+	}
+	others := []string{"/node/acme-gpu-2", "/node/acme-gpu-3", "/node/globex-gpu-1", admin}
+	for _, who := range others {
+		cl := pb.NewAccessClient(g.client(t, who))
+		for _, id := range []string{gr.GrantId, noSuchGrant} {
+			renew, release := ask(cl, id)
+			if renew != wantRenew || release != wantRelease {
+				t.Errorf("%s, grant %s: renew %v, release %v; want %v, %v (a grant that does not exist)", who, id, renew, release, wantRenew, wantRelease)
+			}
+			for _, a := range []answer{renew, release} {
+				for _, s := range secrets {
+					if strings.Contains(a.msg, s) {
+						t.Errorf("%s, grant %s: answer %q names %q", who, id, a.msg, s)
+					}
+				}
+			}
+		}
+	}
+	// The grant is untouched, and still its owner's to renew and release.
+	if hs := hostsOn(t, g); len(hs) != 1 || hs[0] != gr.HostNqn {
+		t.Fatalf("hosts after the others' attempts: %v", hs)
+	}
+	if _, err := owner.Renew(ctx, &pb.RenewRequest{GrantId: gr.GrantId}); err != nil {
+		t.Fatal(err)
+	}
+	// Nodes may not list grants at all; the refusal names none.
+	for _, who := range []string{"/node/acme-gpu-2", "/node/globex-gpu-1"} {
+		_, err := pb.NewAccessClient(g.client(t, who)).ListGrants(ctx, &pb.ListGrantsRequest{JobId: "job-1"})
+		wantCode(t, err, codes.PermissionDenied)
+		for _, s := range []string{gr.HostNqn, gr.GrantId, gr.Node} {
+			if strings.Contains(status.Convert(err).Message(), s) {
+				t.Errorf("%s: list grants answer %q names %q", who, status.Convert(err).Message(), s)
+			}
+		}
+	}
+	if _, err := owner.Release(ctx, &pb.ReleaseRequest{GrantId: gr.GrantId}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Each attempt is a deny entry; those on the existing grant name it,
+	// its job and host, for the auditor.
+	var denies []audit.Entry
+	for _, e := range queryAll(t, pb.NewAuditClient(g.client(t, auditor)), &pb.QueryRequest{Kinds: []string{"deny"}}) {
+		if !strings.HasPrefix(e.Detail, "access.list_grants") {
+			denies = append(denies, e)
+		}
+	}
+	if want := 2 * (len(others)*2 + 1); len(denies) != want {
+		t.Fatalf("%d deny entries, want %d", len(denies), want)
+	}
+	onGrant := 0
+	for _, e := range denies {
+		if e.GrantID == gr.GrantId {
+			onGrant++
+			if e.JobID != "job-1" || e.HostNQN != gr.HostNqn || e.Tenant != "acme" || !strings.Contains(e.Detail, "another node") {
+				t.Errorf("deny entry %+v", e)
+			}
+		} else if e.GrantID != noSuchGrant || e.JobID != "" || !strings.HasSuffix(e.Detail, "no such grant") {
+			t.Errorf("deny entry %+v", e)
+		}
+	}
+	if onGrant != 2*len(others) {
+		t.Errorf("%d deny entries name the grant, want %d", onGrant, 2*len(others))
 	}
 }

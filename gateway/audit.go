@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -17,6 +18,7 @@ import (
 	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/authz"
+	"github.com/nvmegate/nvmegate/identity"
 	"github.com/nvmegate/nvmegate/lineage"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
@@ -38,16 +40,26 @@ type AuditLog interface {
 //
 //   - every call authorization refuses: a "deny" entry, before the caller
 //     gets PermissionDenied (authz.WithRefusalRecorder);
+//   - every renewal or release of a grant that is not the caller's (or
+//     does not exist): a "deny" entry naming the grant, its job and host,
+//     before the caller gets NotFound without them (refuseGrant);
 //   - every allowed call that changes state: its entry BEFORE the change,
 //     so nothing changes without a durable entry. If the append fails the
 //     change is not made and the caller gets Unavailable. If the change
 //     then fails, a second entry says so (the first stays: the log is
 //     append-only).
 //
-// Not recorded: reads (Get, List, Query, proofs), and calls refused before
-// policy sees them: malformed requests (InvalidArgument from validation or
-// describe) and peers without a verified SVID (refused in the TLS
-// handshake, before any RPC).
+//   - every malformed request (InvalidArgument from validation or
+//     describe, before policy sees it): an "invalid_argument" entry naming
+//     the caller, the RPC and the field and rule that failed, never a value
+//     the caller sent (recordInvalid), before the caller gets its answer.
+//     If the append fails the caller still gets InvalidArgument: nothing
+//     was changed.
+//
+// Not recorded: reads (Get, List, Query, proofs) that were allowed, even
+// when their handler then fails, and peers without a verified SVID
+// (refused in the TLS handshake, before any RPC: there is no caller to
+// name).
 //
 // Grants and renewals (and their failures), each revoked grant and each
 // expiry are recorded by the lease package, which knows the keys and
@@ -140,6 +152,109 @@ func (s *Server) recordRefusal(ctx context.Context, in *authz.Input, d *nvmegate
 	// The caller is refused whatever happens here; record even if it hung up.
 	_, _, aerr := s.audit.Append(context.WithoutCancel(ctx), e)
 	return aerr
+}
+
+// refuseGrant records a renewal or release of a grant that is not the
+// caller's (describe.go callersGrant) as a deny entry — with the grant's
+// job, tenant and host NQN when it exists, for the auditor — and returns
+// the caller's answer: the same NotFound for another's grant as for none.
+func (s *Server) refuseGrant(ctx context.Context, method string, ng *notCallersGrant) error {
+	e := audit.Entry{Kind: audit.EventDeny, Time: s.now(), GrantID: ng.id,
+		Detail: authz.ActionFromMethod(method) + " " + ng.id + ": no such grant"}
+	if id, ok := identity.PeerID(ctx); ok {
+		e.Caller = id.String()
+	}
+	if g := ng.grant; g != nil {
+		e.JobID, e.Tenant, e.HostNQN, e.SubsystemNQN = g.JobID, g.Tenant, g.HostNQN, g.SubsystemNQN
+		e.Detail = authz.ActionFromMethod(method) + " " + ng.id + ": the grant of another node (" + g.Node + ")"
+	}
+	// The caller is refused whatever happens here; record even if it hung up.
+	if _, _, err := s.audit.Append(context.WithoutCancel(ctx), e); err != nil {
+		s.log.ErrorContext(ctx, "audit append of a refusal failed", "method", method, "error", err)
+	}
+	return toStatus(ctx, s.log, method, errGrantNotFound)
+}
+
+// recordInvalid records a request refused as malformed before the caller
+// is answered: an invalid_argument entry with the caller's SPIFFE ID, the
+// RPC and the refusal's field and rule (invalidDetail), nothing else of the
+// request. One append, group-committed with the others in flight: a flood
+// of malformed calls costs a share of a commit each, and is bounded by the
+// in-flight limit (limit.go) like any other call. A call without a
+// verified SPIFFE ID is not recorded (none reaches an RPC: the handshake
+// refuses it). The refusal stands whatever happens here.
+func (s *Server) recordInvalid(ctx context.Context, method string, err error) {
+	if nvmegate.ErrorCode(err) != nvmegate.EINVALID {
+		return
+	}
+	id, ok := identity.PeerID(ctx)
+	if !ok || id.IsZero() {
+		return
+	}
+	e := audit.Entry{Kind: audit.EventInvalid, Time: s.now(), Caller: id.String(),
+		Detail: method + ": invalid argument: " + invalidDetail(err)}
+	// Record even if the caller hung up.
+	ctx = context.WithoutCancel(ctx)
+	_, _, aerr := s.audit.Append(ctx, e)
+	if errors.Is(aerr, audit.ErrKeyMaterial) || errors.Is(aerr, audit.ErrInvalidEntry) {
+		// The message still held something the log refuses (a validator
+		// that echoes a value unquoted): the field alone. Append refuses
+		// such an entry before it is queued, so this costs no commit.
+		e.Detail = method + ": invalid argument: " + invalidField(err)
+		_, _, aerr = s.audit.Append(ctx, e)
+	}
+	if aerr != nil {
+		s.log.ErrorContext(ctx, "audit append of an invalid request failed", "method", method, "error", aerr)
+	}
+}
+
+// invalidDetail is "<field>: <rule>" of a validation error with every value
+// the caller sent withheld: validators quote the values they show (Go
+// syntax, nvmegate's show), and each quoted string becomes "…". A request
+// field may hold anything, key material pasted into the wrong field
+// included, and the log keeps it forever; the caller's answer, which only
+// it sees, keeps the values.
+func invalidDetail(err error) string {
+	var e *nvmegate.Error
+	if !errors.As(err, &e) {
+		return "invalid request"
+	}
+	msg := withholdQuoted(e.Message)
+	if e.Field == "" {
+		return msg
+	}
+	return e.Field + ": " + msg
+}
+
+// invalidField is the field of a validation error (the request's field
+// path, never a value), or "invalid request".
+func invalidField(err error) string {
+	var e *nvmegate.Error
+	if !errors.As(err, &e) || e.Field == "" {
+		return "invalid request"
+	}
+	return e.Field
+}
+
+// withholdQuoted replaces each double-quoted Go string literal in msg (and
+// the "…" show appends to a cut one) with "…"; at a quote that opens no
+// literal the rest of msg is withheld.
+func withholdQuoted(msg string) string {
+	var b strings.Builder
+	for {
+		i := strings.IndexByte(msg, '"')
+		if i < 0 {
+			b.WriteString(msg)
+			return b.String()
+		}
+		b.WriteString(msg[:i])
+		b.WriteString(`"…"`)
+		q, err := strconv.QuotedPrefix(msg[i:])
+		if err != nil {
+			return b.String()
+		}
+		msg = strings.TrimPrefix(msg[i+len(q):], "…")
+	}
 }
 
 // entryFor builds the entry of a call from its policy input: the records

@@ -1,21 +1,30 @@
 package gateway_test
 
 import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
 	"errors"
 	"io"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/transparency-dev/merkle/proof"
 	"github.com/transparency-dev/merkle/rfc6962"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
 	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/audit"
+	"github.com/nvmegate/nvmegate/gateway"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
 
@@ -162,6 +171,10 @@ func TestAuditFailClosed(t *testing.T) {
 	wantCode(t, err, codes.NotFound)
 	_, err = pb.NewInventoryClient(g.client(t, node)).AddTarget(ctxT(t), &pb.AddTargetRequest{Target: validTarget()})
 	wantCode(t, err, codes.PermissionDenied)
+	// A malformed request too: its entry cannot be made, and it is still
+	// InvalidArgument (nothing was changed), not Unavailable.
+	_, err = inv.AddTarget(ctxT(t), &pb.AddTargetRequest{Target: &pb.Target{Id: "NOT A LABEL"}})
+	wantCode(t, err, codes.InvalidArgument, "target.id")
 }
 
 // The auditor's read path end to end: a signed checkpoint, inclusion and
@@ -282,5 +295,134 @@ func TestAuditCheckpointProofsExport(t *testing.T) {
 	}
 	if !rep.Has(audit.KindModifiedEntry) {
 		t.Fatalf("altered export: %+v", rep.Failures)
+	}
+}
+
+// countingAudit counts the appends a gateway makes.
+type countingAudit struct {
+	gateway.AuditLog
+	n *atomic.Int64
+}
+
+func (c countingAudit) Append(ctx context.Context, e audit.Entry) (uint64, [32]byte, error) {
+	c.n.Add(1)
+	return c.AuditLog.Append(ctx, e)
+}
+
+// A malformed request is refused with InvalidArgument and recorded before
+// the answer, with one append: an invalid_argument entry naming the
+// caller, the RPC and the field and rule that failed — never a value the
+// caller sent, which may be key material pasted into the wrong field (the
+// caller's own answer keeps it). Validation comes before policy: a caller
+// policy would refuse is recorded the same way, and no deny entry is
+// added. A flood costs one append per call; a peer without an SVID is
+// refused in the handshake and records nothing.
+func TestInvalidRequestsAreRecorded(t *testing.T) {
+	var appends atomic.Int64
+	g := startGateway(t, func(c *gateway.Config) { c.Audit = countingAudit{c.Audit, &appends} })
+	ctx := ctxT(t)
+	dhchap := "DHHC-1:01:" + base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef")) + ":"
+	psk := "NVMeTLSkey-1:01:" + base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef")) + ":"
+	rawKey := "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+	badTarget := validTarget()
+	badTarget.Driver = psk
+	cases := []struct {
+		who, method, field string
+		call               func(conn *grpc.ClientConn) error
+		value              string // what the caller sent, in its answer, never in the log
+	}{
+		{node, "/nvmegate.v1.Access/Connect", "job_id", func(conn *grpc.ClientConn) error {
+			_, err := pb.NewAccessClient(conn).Connect(ctx, &pb.ConnectRequest{JobId: dhchap, SubsystemNqn: subNQN})
+			return err
+		}, dhchap[:20]},
+		{admin, "/nvmegate.v1.Inventory/GetTarget", "id", func(conn *grpc.ClientConn) error {
+			_, err := pb.NewInventoryClient(conn).GetTarget(ctx, &pb.GetTargetRequest{Id: rawKey + "0"})
+			return err
+		}, rawKey},
+		{admin, "/nvmegate.v1.Inventory/AddTarget", "target.driver", func(conn *grpc.ClientConn) error {
+			_, err := pb.NewInventoryClient(conn).AddTarget(ctx, &pb.AddTargetRequest{Target: badTarget})
+			return err
+		}, psk[:20]},
+		{sched, "/nvmegate.v1.Jobs/Get", "job_id", func(conn *grpc.ClientConn) error {
+			_, err := pb.NewJobsClient(conn).Get(ctx, &pb.JobsGetRequest{JobId: `job "quoted" zq7f3c`})
+			return err
+		}, "zq7f3c"},
+		{admin, "/nvmegate.v1.Policy/Explain", "candidate_modules", func(conn *grpc.ClientConn) error {
+			_, err := pb.NewPolicyClient(conn).Explain(ctx, &pb.ExplainRequest{InputJson: []byte(`{}`),
+				CandidateModules: map[string]string{`x/"` + rawKey + `.rego`: ""}})
+			return err
+		}, rawKey},
+		{auditor, "/nvmegate.v1.Audit/Query", "nsid", func(conn *grpc.ClientConn) error {
+			_, err := pb.NewAuditClient(conn).Query(ctx, &pb.QueryRequest{Nsid: 1})
+			return err
+		}, ""},
+	}
+	for _, c := range cases {
+		err := c.call(g.client(t, c.who))
+		wantCode(t, err, codes.InvalidArgument, c.field)
+		if c.value != "" && !strings.Contains(status.Convert(err).Message(), c.value) {
+			t.Errorf("%s: the caller's answer %q does not show its value", c.method, status.Convert(err).Message())
+		}
+	}
+	if n := appends.Load(); n != int64(len(cases)) {
+		t.Fatalf("%d appends for %d malformed calls", n, len(cases))
+	}
+	got := queryAll(t, pb.NewAuditClient(g.client(t, auditor)), &pb.QueryRequest{})
+	if len(got) != len(cases) {
+		t.Fatalf("%d entries, want %d (no deny entries)", len(got), len(cases))
+	}
+	for i, c := range cases {
+		e := got[i]
+		raw, _ := e.Encode()
+		prefix := c.method + ": invalid argument: " + c.field + ": "
+		if e.Kind != audit.EventInvalid || e.Caller != "spiffe://nvmegate.test"+c.who || !strings.HasPrefix(e.Detail, prefix) ||
+			e.Decision != nil || e.JobID != "" || e.Tenant != "" {
+			t.Errorf("entry %d: %s", i, raw)
+		}
+		for _, v := range []string{c.value, "DHHC", "NVMeTLSkey", rawKey[:16], "quoted"} {
+			if v != "" && strings.Contains(string(raw), v) {
+				t.Errorf("entry %d holds %q: %s", i, v, raw)
+			}
+		}
+	}
+	if want := `/nvmegate.v1.Access/Connect: invalid argument: job_id: must be 1-128 characters of A-Z, a-z, 0-9 and ._:-, starting with a letter or digit (got "…")`; got[0].Detail != want {
+		t.Errorf("detail %q, want %q", got[0].Detail, want)
+	}
+
+	// A flood: one append each, group-committed.
+	before, size := appends.Load(), g.audit.Size()
+	inv := pb.NewInventoryClient(g.client(t, node))
+	var wg sync.WaitGroup
+	const flood = 200
+	for range flood {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := inv.GetTarget(ctx, &pb.GetTargetRequest{Id: "NOT A LABEL"})
+			if status.Code(err) != codes.InvalidArgument {
+				t.Errorf("flood: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if n, grown := appends.Load()-before, g.audit.Size()-size; n != flood || grown != flood {
+		t.Fatalf("%d malformed calls: %d appends, %d entries", flood, n, grown)
+	}
+
+	// No SVID: refused in the handshake, nothing recorded.
+	roots := x509.NewCertPool()
+	roots.AddCert(g.ca.Certificate())
+	noCert, err := grpc.NewClient(g.addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
+		RootCAs: roots, ServerName: "ignored", InsecureSkipVerify: true, MinVersion: tls.VersionTLS13,
+	})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer noCert.Close()
+	before = appends.Load()
+	_, err = pb.NewInventoryClient(noCert).GetTarget(ctx, &pb.GetTargetRequest{Id: "NOT A LABEL"})
+	wantCode(t, err, codes.Unavailable)
+	if n := appends.Load() - before; n != 0 {
+		t.Fatalf("%d appends for a peer without an SVID", n)
 	}
 }

@@ -46,6 +46,36 @@ func BenchmarkDenied(b *testing.B) {
 	}
 }
 
+// BenchmarkInvalid measures a malformed request: refused before policy,
+// with its invalid_argument entry appended. Serial, each call pays a whole
+// commit; in parallel (the flood case) the calls share commits.
+func BenchmarkInvalid(b *testing.B) {
+	g := startGateway(b)
+	inv := pb.NewInventoryClient(g.client(b, node))
+	ctx := b.Context()
+	req := &pb.GetTargetRequest{Id: "NOT A LABEL"}
+	b.Run("serial", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := inv.GetTarget(ctx, req); err == nil {
+				b.Fatal("accepted")
+			}
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetParallelism(16)
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := inv.GetTarget(ctx, req); err == nil {
+					b.Error("accepted")
+					return
+				}
+			}
+		})
+	})
+}
+
 // BenchmarkConnect is one node's Connect through the whole stack: mTLS,
 // validation, describe (job, binding, subsystem, namespaces from bbolt),
 // OPA, credential derivation from the cached root, two grant writes (the

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/nvmegate/nvmegate"
@@ -37,12 +38,17 @@ func (s *Server) describe(ctx context.Context, fullMethod string, req any) (stri
 	}
 	res, err := d.resource(req)
 	if err != nil {
+		var ng *notCallersGrant
+		if errors.As(err, &ng) {
+			return "", nil, s.refuseGrant(ctx, fullMethod, ng)
+		}
 		// A domain error other than invalid input (a conflict, the store
 		// unavailable) keeps its own status; authz answers the rest as
 		// InvalidArgument.
 		if c := nvmegate.ErrorCode(err); c != "" && c != nvmegate.EINVALID {
 			return "", nil, toStatus(ctx, s.log, fullMethod, err)
 		}
+		s.recordInvalid(ctx, fullMethod, err)
 		return "", nil, err
 	}
 	return authz.ActionFromMethod(fullMethod), res, nil
@@ -214,7 +220,7 @@ func (d *describer) resource(req any) (map[string]any, error) {
 	case *pb.DiscoverRequest:
 		return d.nodeCall(r.JobId)
 	case *pb.RenewRequest:
-		g, err := d.grant(r.GrantId)
+		g, err := d.callersGrant(r.GrantId)
 		if err != nil || g == nil {
 			return res("grant", ""), err
 		}
@@ -224,7 +230,7 @@ func (d *describer) resource(req any) (map[string]any, error) {
 		}
 		return d.subsystemCall(g.JobID, g.SubsystemNQN, g.HostNQN, ttl)
 	case *pb.ReleaseRequest:
-		g, err := d.grant(r.GrantId)
+		g, err := d.callersGrant(r.GrantId)
 		if err != nil || g == nil {
 			return res("grant", ""), err
 		}
@@ -453,7 +459,7 @@ func (d *describer) nodeBindingRec(id string) (nvmegate.HostBinding, bool, error
 }
 
 // grant returns a stored grant, or nil if there is none (or the gateway
-// keeps no grants): policy then refuses the node, which learns nothing.
+// keeps no grants); callersGrant decides what the caller learns of it.
 func (d *describer) grant(id string) (*nvmegate.Grant, error) {
 	if d.grants == nil {
 		return nil, nil
@@ -464,6 +470,36 @@ func (d *describer) grant(id string) (*nvmegate.Grant, error) {
 	}
 	return g, nil
 }
+
+// callersGrant returns the stored grant id if it is the caller's. Any
+// other — another node's, of this tenant or another, or none at all — is
+// a *notCallersGrant: the caller is refused before policy, which would
+// name the grant's job and host NQN in its reasons, and gets the same
+// answer whether or not the grant exists (refuseGrant). Without a grant
+// store the call is about no grant (nil, nil).
+func (d *describer) callersGrant(id string) (*nvmegate.Grant, error) {
+	if d.grants == nil {
+		return nil, nil
+	}
+	g, err := d.grant(id)
+	if err != nil {
+		return nil, err
+	}
+	caller, ok := identity.PeerID(d.ctx)
+	if g == nil || !ok || g.Node != caller.String() {
+		return nil, &notCallersGrant{id: id, grant: g}
+	}
+	return g, nil
+}
+
+// notCallersGrant is callersGrant's refusal: grant is the stored grant of
+// that ID, nil if there is none.
+type notCallersGrant struct {
+	id    string
+	grant *nvmegate.Grant
+}
+
+func (e *notCallersGrant) Error() string { return "grant " + e.id + " is not the caller's" }
 
 // subsystemCall describes a node's connect (or renew) to a subsystem in a
 // job: nodeCall's description, the stored subsystem and its target, and

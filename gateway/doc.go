@@ -12,8 +12,9 @@
 // records the request names (describe.go). Handlers therefore only see
 // valid, authorized requests.
 //
-// The audit log (audit.go) hears of every refused call from the authz
-// interceptor and of every state-changing call from the innermost
+// The audit log (audit.go) hears of every refused call — malformed ones from
+// the validate interceptor and describe, denied ones from the authz
+// interceptor — and of every state-changing call from the innermost
 // interceptor, before the change: no change without a durable entry. The
 // Audit service reads the log for auditors.
 //

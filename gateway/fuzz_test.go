@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/audit"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 	"github.com/nvmegate/nvmegate/store"
 )
@@ -20,7 +21,8 @@ import (
 // of every service (taken from the registered descriptors, so a new RPC is
 // fuzzed without editing this list): whatever decodes must be validated without a panic, and what
 // validates must be described for policy (against a real, empty store)
-// without one.
+// without one; what is refused as malformed makes an audit entry the log
+// takes, without a value of the request in it.
 func FuzzValidate(f *testing.F) {
 	seeds := []proto.Message{
 		&pb.AddTargetRequest{Target: &pb.Target{Id: "t", Ports: []*pb.Port{{Id: 70000, Address: "::1", AddressFamily: "ipv4"}}}},
@@ -30,6 +32,8 @@ func FuzzValidate(f *testing.F) {
 		&pb.RevokeRequest{Selector: &pb.RevokeRequest_Node{Node: "spiffe://x/y"}},
 		&pb.ExplainRequest{InputJson: []byte(`{"a":1}`), CandidateModules: map[string]string{"a.rego": ""}},
 		&pb.QueryRequest{Kinds: []string{"grant"}},
+		&pb.ConnectRequest{JobId: "DHHC-1:01:MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=:", SubsystemNqn: "nqn.2026-01.io.x:y"},
+		&pb.JobsGetRequest{JobId: `job "x" \"NVMeTLSkey-1:01:MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=:`},
 	}
 	for i, m := range seeds {
 		b, err := proto.Marshal(m)
@@ -51,12 +55,64 @@ func FuzzValidate(f *testing.F) {
 		if proto.Unmarshal(data, m) != nil {
 			return
 		}
-		if validate(m, now) == nil {
+		err := validate(m, now)
+		if err == nil {
 			if _, err := d.resource(m); err != nil && nvmegate.ErrorCode(err) != nvmegate.EINVALID {
 				t.Fatalf("describe(%v): %v", m, err)
 			}
+			return
+		}
+		if nvmegate.ErrorCode(err) != nvmegate.EINVALID {
+			return
+		}
+		// The refusal's audit entry is one the log takes, and holds no
+		// value of the request.
+		detail := invalidDetail(err)
+		e := audit.Entry{Kind: audit.EventInvalid, Time: now, Caller: "spiffe://nvmegate.test/node/n", Detail: detail}
+		if _, err := e.Encode(); err != nil {
+			t.Fatalf("entry of %v: %v", m, err)
+		}
+		for _, v := range stringsOf(m.ProtoReflect()) {
+			if len(v) >= 16 && strings.Contains(detail, v) {
+				t.Fatalf("detail %q holds the request's value %q", detail, v)
+			}
 		}
 	})
+}
+
+// stringsOf returns every string in a message: fields, lists, map keys and
+// values, nested messages.
+func stringsOf(m protoreflect.Message) []string {
+	var out []string
+	var value func(fd protoreflect.FieldDescriptor, v protoreflect.Value)
+	value = func(fd protoreflect.FieldDescriptor, v protoreflect.Value) {
+		switch fd.Kind() {
+		case protoreflect.StringKind:
+			out = append(out, v.String())
+		case protoreflect.MessageKind, protoreflect.GroupKind:
+			out = append(out, stringsOf(v.Message())...)
+		}
+	}
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		switch {
+		case fd.IsList():
+			for i := range v.List().Len() {
+				value(fd, v.List().Get(i))
+			}
+		case fd.IsMap():
+			v.Map().Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
+				if fd.MapKey().Kind() == protoreflect.StringKind {
+					out = append(out, k.String())
+				}
+				value(fd.MapValue(), mv)
+				return true
+			})
+		default:
+			value(fd, v)
+		}
+		return true
+	})
+	return out
 }
 
 // A message of our API without a validation case is refused, not waved

@@ -11,8 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/keys/nvmefmt"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
@@ -135,4 +137,49 @@ func TestTargetTreeGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkGolden(t, "5-revoke", treeOf(t, g, names))
+}
+
+// The invalid_argument entries of a malformed request to every RPC, as a
+// node (testdata/audit-invalid.golden): the caller, the RPC, the field and
+// the rule, and never a value the caller sent. Regenerate with
+//
+//	go test ./gateway -run TestInvalidEntriesGolden -update
+func TestInvalidEntriesGolden(t *testing.T) {
+	g := startGateway(t)
+	conn := g.client(t, node)
+	n := 0
+	for _, m := range apiMethods(t) {
+		full := "/" + string(m.Parent().FullName()) + "/" + string(m.Name())
+		tc, ok := malformed[full]
+		if !ok {
+			continue
+		}
+		err := conn.Invoke(ctxT(t), full, tc.req, dynamicResponse(t, m))
+		wantCode(t, err, codes.InvalidArgument, tc.field)
+		n++
+	}
+	entries := queryAll(t, pb.NewAuditClient(g.client(t, auditor)), &pb.QueryRequest{Kinds: []string{string(audit.EventInvalid)}})
+	if len(entries) != n {
+		t.Fatalf("%d invalid_argument entries for %d malformed calls", len(entries), n)
+	}
+	var b strings.Builder
+	for _, e := range entries {
+		if e.Caller != "spiffe://nvmegate.test"+node {
+			t.Errorf("entry of %q: caller %s", e.Detail, e.Caller)
+		}
+		fmt.Fprintf(&b, "%s\n", e.Detail)
+	}
+	path := filepath.Join("testdata", "audit-invalid.golden")
+	if *updateGolden {
+		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (go test ./gateway -run TestInvalidEntriesGolden -update)", err)
+	}
+	if b.String() != string(want) {
+		t.Fatalf("invalid_argument entries differ from %s:\n--- got\n%s--- want\n%s", path, b.String(), want)
+	}
 }

@@ -20,8 +20,9 @@ import (
 //	observe   metrics and one log line per call (never bodies: they can carry secrets)
 //	recover   a panic becomes Internal, the stack goes to the log
 //	status    domain errors become gRPC statuses (status.go)
-//	validate  malformed requests stop here with InvalidArgument; a call
-//	          gets the slot its typed scope is kept in (describe.go)
+//	validate  malformed requests stop here with InvalidArgument, recorded
+//	          in the audit log (audit.go recordInvalid); a call gets the
+//	          slot its typed scope is kept in (describe.go)
 //	authz     the caller's SPIFFE ID and the request go to policy; refusals
 //	          are recorded in the audit log (audit.go)
 //	audit     state-changing calls are recorded before they change anything
@@ -80,6 +81,7 @@ func (s *Server) unaryInterceptors() []grpc.UnaryServerInterceptor {
 		},
 		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 			if err := validate(req, s.now()); err != nil {
+				s.recordInvalid(ctx, info.FullMethod, err)
 				return nil, err
 			}
 			return h(withScopeSlot(ctx), req)
@@ -109,22 +111,28 @@ func (s *Server) streamInterceptors() []grpc.StreamServerInterceptor {
 		authz.StreamServerInterceptor(s.authorizer, s.describe, s.log,
 			authz.WithPeerID(identity.PeerID), authz.WithRefusalRecorder(s.recordRefusal)),
 		func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-			return h(srv, &validatingStream{ServerStream: ss, now: s.now})
+			return h(srv, &validatingStream{ServerStream: ss, s: s, method: info.FullMethod})
 		},
 	}
 }
 
-// validatingStream validates every message a handler receives.
+// validatingStream validates every message a handler receives, and records
+// the malformed ones as the unary interceptor does.
 type validatingStream struct {
 	grpc.ServerStream
-	now func() time.Time
+	s      *Server
+	method string
 }
 
 func (v *validatingStream) RecvMsg(m any) error {
 	if err := v.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
-	return validate(m, v.now())
+	err := validate(m, v.s.now())
+	if err != nil {
+		v.s.recordInvalid(v.Context(), v.method, err)
+	}
+	return err
 }
 
 func (s *Server) recoverTo(ctx context.Context, method string, err *error) {

@@ -89,7 +89,7 @@ func (a *app) auditQueryCmd() *cobra.Command {
 	f.Uint32Var(&req.Nsid, "nsid", 0, "only entries touching this namespace of --subsystem")
 	f.StringVar(&since, "since", "", "only entries at or after this RFC 3339 time")
 	f.StringVar(&until, "until", "", "only entries before this RFC 3339 time")
-	f.StringSliceVar(&req.Kinds, "kind", nil, "only these event kinds (grant, deny, inventory_change, policy_load, ...)")
+	f.StringSliceVar(&req.Kinds, "kind", nil, "only these event kinds (grant, deny, invalid_argument, inventory_change, policy_load, ...)")
 	f.Int32Var(&req.PageSize, "page-size", 0, "entries per page, 1-1000 (default 100)")
 	f.StringVar(&req.PageToken, "page-token", "", "token of the page to get, from a previous query")
 	f.BoolVar(&all, "all", false, "follow page tokens to the end")
