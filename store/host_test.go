@@ -2,9 +2,11 @@ package store
 
 import (
 	"context"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nvmegate/nvmegate"
 	bolt "go.etcd.io/bbolt"
@@ -142,5 +144,110 @@ func TestHostBindingByNQNTamperedIndex(t *testing.T) {
 	// Deleting node 1 must not remove node 2's index entry.
 	if err := db.DeleteHostBinding(ctx, nodeID(1)); nvmegate.ErrorCode(err) != nvmegate.EINTERNAL {
 		t.Errorf("DeleteHostBinding over a tampered index = %v, want an internal error", err)
+	}
+}
+
+// A UUID NQN in upper and in lower case, one host.
+const (
+	upperNQN = "nqn.2014-08.org.nvmexpress:uuid:00000001-BBBB-4000-8000-00000000000A"
+	lowerNQN = "nqn.2014-08.org.nvmexpress:uuid:00000001-bbbb-4000-8000-00000000000a"
+)
+
+// writeLegacyBinding writes h into the closed store at path as versions
+// before canonical host NQNs did: the record as it is (any case), indexed
+// under that exact NQN.
+func writeLegacyBinding(tb testing.TB, path string, h *nvmegate.HostBinding) {
+	tb.Helper()
+	bdb, err := bolt.Open(path, 0o600, nil)
+	must(tb, err)
+	defer bdb.Close()
+	v, err := encodeHostBinding(h)
+	must(tb, err)
+	must(tb, bdb.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketHostBindings).Put([]byte(h.SPIFFEID), v); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketHostBindingsByNQN).Put([]byte(h.HostNQN), []byte(h.SPIFFEID))
+	}))
+}
+
+// A binding stored in upper case by an older version is found by its NQN
+// in any case, and its NQN cannot be bound to another identity in another
+// case; new bindings must be written in lower case.
+func TestHostBindingCanonicalNQN(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "store.db")
+	must(t, openPath(t, path).Close())
+	writeLegacyBinding(t, path, &nvmegate.HostBinding{SPIFFEID: nodeID(1), HostNQN: upperNQN, CreatedAt: t0.UTC()})
+
+	for _, open := range []string{"migrated", "reopened"} {
+		db := openPath(t, path)
+		for _, nqn := range []string{lowerNQN, upperNQN, "nqn.2014-08.org.nvmexpress:uuid:00000001-bBbB-4000-8000-00000000000A"} {
+			h, err := db.HostBindingByNQN(ctx, nqn)
+			if err != nil || h.SPIFFEID != nodeID(1) || h.HostNQN != upperNQN {
+				t.Fatalf("%s: HostBindingByNQN(%q) = %+v, %v; want node 1's binding as stored", open, nqn, h, err)
+			}
+		}
+		steal := &nvmegate.HostBinding{SPIFFEID: nodeID(2), HostNQN: lowerNQN}
+		wantMessage(t, wantError(t, db.CreateHostBinding(ctx, steal), nvmegate.ECONFLICT, ""), "bound to another identity")
+		steal.HostNQN = upperNQN
+		wantMessage(t, wantError(t, db.CreateHostBinding(ctx, steal), nvmegate.EINVALID, "host_nqn"), "lower case", lowerNQN)
+		must(t, checkInvariants(db))
+		must(t, db.Close())
+	}
+
+	db := openPath(t, path)
+	defer db.Close()
+	must(t, db.DeleteHostBinding(ctx, nodeID(1)))
+	must(t, db.CreateHostBinding(ctx, &nvmegate.HostBinding{SPIFFEID: nodeID(2), HostNQN: lowerNQN}))
+	if h, err := db.HostBindingByNQN(ctx, upperNQN); err != nil || h.SPIFFEID != nodeID(2) {
+		t.Fatalf("after the rebinding: %+v, %v", h, err)
+	}
+	must(t, checkInvariants(db))
+}
+
+// An older version could bind one UUID NQN to two identities in two
+// letter cases. Open keeps it with the binding created first; the other is
+// no lookup's answer, and must be removed before the first can be.
+func TestHostBindingLegacySharedNQN(t *testing.T) {
+	ctx := context.Background()
+	for name, tc := range map[string]struct {
+		upperCreated time.Time
+		holder       string // keeps the NQN
+	}{
+		"lower case first": {t0.Add(24 * time.Hour).UTC(), nodeID(1)},
+		"upper case first": {t0.Add(-24 * time.Hour).UTC(), nodeID(2)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "store.db")
+			db := openPath(t, path)
+			// Node 1's binding, lower case, as an older version stored it too.
+			must(t, db.CreateHostBinding(ctx, &nvmegate.HostBinding{SPIFFEID: nodeID(1), HostNQN: lowerNQN}))
+			must(t, db.Close())
+			writeLegacyBinding(t, path, &nvmegate.HostBinding{SPIFFEID: nodeID(2), HostNQN: upperNQN, CreatedAt: tc.upperCreated})
+			sharer := nodeID(1)
+			if tc.holder == nodeID(1) {
+				sharer = nodeID(2)
+			}
+
+			db = openPath(t, path)
+			defer db.Close()
+			must(t, checkInvariants(db))
+			for _, nqn := range []string{lowerNQN, upperNQN} {
+				if h, err := db.HostBindingByNQN(ctx, nqn); err != nil || h.SPIFFEID != tc.holder {
+					t.Fatalf("HostBindingByNQN(%q) = %+v, %v; want %s's", nqn, h, err, tc.holder)
+				}
+			}
+			wantMessage(t, wantError(t, db.DeleteHostBinding(ctx, tc.holder), nvmegate.ECONFLICT, ""), sharer, "remove that binding first")
+			must(t, db.DeleteHostBinding(ctx, sharer))
+			must(t, checkInvariants(db))
+			if h, err := db.HostBindingByNQN(ctx, upperNQN); err != nil || h.SPIFFEID != tc.holder {
+				t.Fatalf("after removing the other: %+v, %v", h, err)
+			}
+			must(t, db.DeleteHostBinding(ctx, tc.holder))
+			_, err := db.HostBindingByNQN(ctx, lowerNQN)
+			wantError(t, err, nvmegate.ENOTFOUND, "")
+			must(t, checkInvariants(db))
+		})
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/nvmegate/nvmegate"
@@ -125,16 +126,33 @@ func checkInvariants(db *DB) error {
 				return
 			}
 			bindings[h.SPIFFEID] = h
-			if err := h.Validate(); err != nil {
+			// Older versions stored host NQNs in any case: canonical
+			// apart from that.
+			canon := nvmegate.CanonicalNQN(h.HostNQN)
+			valid := *h
+			valid.HostNQN = canon
+			if err := valid.Validate(); err != nil {
 				bad("host binding %q: %v", k, err)
 			}
-			if owner := byNQN.Get([]byte(h.HostNQN)); string(owner) != h.SPIFFEID {
-				bad("host binding %q: index maps its host NQN %q to %q", k, h.HostNQN, owner)
+			owner := byNQN.Get([]byte(canon))
+			sharing := byNQN.Get(indexKey(canon, h.SPIFFEID))
+			switch {
+			case string(owner) == h.SPIFFEID && sharing == nil:
+			case owner != nil && string(sharing) == h.SPIFFEID:
+				// Shares the NQN with the binding that holds it, as an
+				// older file's migration left it (canonicalizeHostIndex).
+			default:
+				bad("host binding %q: index maps its host NQN %q to %q (and to %q as sharing it)", k, canon, owner, sharing)
 			}
 		})
 		each(bucketHostBindingsByNQN, func(k, v []byte) {
-			if h := bindings[string(v)]; h == nil || h.HostNQN != string(k) {
+			canon, id, sharing := bytes.Cut(k, []byte{keySep})
+			h := bindings[string(v)]
+			switch {
+			case h == nil || nvmegate.CanonicalNQN(h.HostNQN) != string(canon) || nvmegate.CanonicalNQN(string(canon)) != string(canon):
 				bad("%s entry %q -> %q has no matching binding", bucketHostBindingsByNQN, k, v)
+			case sharing && (string(id) != string(v) || byNQN.Get(canon) == nil || string(byNQN.Get(canon)) == string(v)):
+				bad("%s entry %q -> %q shares an NQN nobody else holds", bucketHostBindingsByNQN, k, v)
 			}
 		})
 		return errors.Join(errs...)
@@ -168,6 +186,12 @@ func TestCheckInvariantsCatches(t *testing.T) {
 		},
 		"missing host NQN index entry": func(tx *bolt.Tx) error {
 			return tx.Bucket(bucketHostBindingsByNQN).Delete([]byte(hostNQN(1)))
+		},
+		"host NQN index entry not canonical": func(tx *bolt.Tx) error {
+			if err := tx.Bucket(bucketHostBindingsByNQN).Delete([]byte(hostNQN(1))); err != nil {
+				return err
+			}
+			return tx.Bucket(bucketHostBindingsByNQN).Put([]byte(strings.Replace(hostNQN(1), "org.nvmexpress", "ORG.NVMEXPRESS", 1)), []byte(nodeID(1)))
 		},
 		"dangling host NQN index entry": func(tx *bolt.Tx) error {
 			return tx.Bucket(bucketHostBindingsByNQN).Put([]byte(hostNQN(8)), []byte(nodeID(8)))

@@ -159,9 +159,11 @@ func initSchema(tx *bolt.Tx) error {
 		}
 	}
 	if indexNodes {
-		return indexActiveGrantsByNode(tx)
+		if err := indexActiveGrantsByNode(tx); err != nil {
+			return err
+		}
 	}
-	return nil
+	return canonicalizeHostIndex(tx)
 }
 
 // Revision is the revision of the data the model serves: that of the last
