@@ -58,6 +58,15 @@ func (db *DB) CreateHostBinding(ctx context.Context, h *nvmegate.HostBinding) er
 		if tx.Bucket(bucketHostBindingsByNQN).Get(nqn) != nil {
 			return nvmegate.Errorf(nvmegate.ECONFLICT, "host NQN %q is already bound to another identity", h.HostNQN)
 		}
+		// In this transaction, so that a grant committed concurrently is
+		// either seen here or sees this binding (putGrant).
+		if first, n := otherHostGrants(tx.Tx, canon, h.SPIFFEID); n > 0 {
+			more := ""
+			if n > 1 {
+				more = fmt.Sprintf(" and %d more", n-1)
+			}
+			return nvmegate.Errorf(nvmegate.ECONFLICT, "host NQN %q is in use by active grant %s%s of another identity; revoke them first", h.HostNQN, first, more)
+		}
 		tx.record(op{binding: stored})
 		if err := put(tx, bucketHostBindings, k, val); err != nil {
 			return err

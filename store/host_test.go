@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -238,6 +239,18 @@ func TestHostBindingLegacySharedNQN(t *testing.T) {
 					t.Fatalf("HostBindingByNQN(%q) = %+v, %v; want %s's", nqn, h, err, tc.holder)
 				}
 			}
+			// The other's node is granted nothing on it; the holder's is.
+			for who, want := range map[string]string{sharer: nvmegate.ECONFLICT, tc.holder: ""} {
+				g := newGrant(1, subNQN(0))
+				g.ID, g.Node, g.HostNQN = "grant-of-"+who[len(who)-4:], who, upperNQN
+				if err := db.PutGrant(ctx, g); nvmegate.ErrorCode(err) != want {
+					t.Fatalf("grant of %s: %v, want %q", who, err, want)
+				}
+				g.State = nvmegate.GrantReleased
+				if want == "" {
+					must(t, db.PutGrant(ctx, g))
+				}
+			}
 			wantMessage(t, wantError(t, db.DeleteHostBinding(ctx, tc.holder), nvmegate.ECONFLICT, ""), sharer, "remove that binding first")
 			must(t, db.DeleteHostBinding(ctx, sharer))
 			must(t, checkInvariants(db))
@@ -250,4 +263,152 @@ func TestHostBindingLegacySharedNQN(t *testing.T) {
 			must(t, checkInvariants(db))
 		})
 	}
+}
+
+// A host NQN that active grants of another identity use cannot be bound
+// (issue 14: an unbound node's derived NQN, bound to another tenant's
+// node, which the target would then take for the first): the refusal names
+// the first grant and how many more, and once they end the binding is
+// made. The grants' own node may be bound to it; ended grants do not
+// count; the comparison is canonical.
+func TestCreateHostBindingRefusedWhileGrantsUseNQN(t *testing.T) {
+	ctx := context.Background()
+	db := openTestDB(t)
+	// Node 1, unbound, on host NQN 1: two active grants, one ended.
+	g1, g2, ended := newGrant(1, subNQN(0)), newGrant(1, subNQN(1)), newGrant(1, subNQN(2))
+	g2.ID, ended.ID, ended.State = "grant-0001-b", "grant-0001-c", nvmegate.GrantReleased
+	must(t, db.PutGrants(ctx, g1, g2, ended))
+
+	steal := &nvmegate.HostBinding{SPIFFEID: nodeID(2), HostNQN: hostNQN(1), Tenant: "globex"}
+	e := wantError(t, db.CreateHostBinding(ctx, steal), nvmegate.ECONFLICT, "")
+	wantMessage(t, e, hostNQN(1), "active grant grant-0001 and 1 more", "revoke them first")
+	if strings.Contains(e.Message, nodeID(1)) {
+		t.Errorf("error names the other identity: %q", e.Message)
+	}
+	if _, err := db.HostBinding(ctx, nodeID(2)); nvmegate.ErrorCode(err) != nvmegate.ENOTFOUND {
+		t.Fatalf("refused binding was stored: %v", err)
+	}
+
+	// Revoked one by one: refused while one is left, bound after.
+	g1.State = nvmegate.GrantRevoked
+	must(t, db.PutGrant(ctx, g1))
+	wantMessage(t, wantError(t, db.CreateHostBinding(ctx, steal), nvmegate.ECONFLICT, ""), "active grant grant-0001-b of another")
+	g2.State = nvmegate.GrantRevoked
+	must(t, db.PutGrant(ctx, g2))
+	must(t, db.CreateHostBinding(ctx, steal))
+
+	// The grants' own node may be bound to the NQN they use.
+	must(t, db.PutGrant(ctx, newGrant(3, subNQN(0))))
+	must(t, db.CreateHostBinding(ctx, newBinding(3, "acme")))
+
+	// Canonically: an older version's grant in upper case holds the
+	// lower-case NQN too.
+	legacy := newGrant(4, subNQN(0))
+	legacy.HostNQN = upperNQN
+	must(t, db.PutGrant(ctx, legacy))
+	wantMessage(t, wantError(t, db.CreateHostBinding(ctx, &nvmegate.HostBinding{SPIFFEID: nodeID(5), HostNQN: lowerNQN}), nvmegate.ECONFLICT, ""),
+		"active grant grant-0004 of another")
+}
+
+// The reverse race (issue 14): a node's connect described while its NQN
+// was free commits after that NQN was bound to another identity, or after
+// another node's grant on it committed. The grant's commit checks again,
+// canonically, and refuses without naming the other identity.
+func TestPutGrantRefusedOnNQNOfAnotherIdentity(t *testing.T) {
+	ctx := context.Background()
+	db := openTestDB(t)
+
+	// Bound to node 2: node 1's grant on it is refused, node 2's is made.
+	must(t, db.CreateHostBinding(ctx, &nvmegate.HostBinding{SPIFFEID: nodeID(2), HostNQN: lowerNQN}))
+	g := newGrant(1, subNQN(0))
+	g.HostNQN = upperNQN // an older binding's case: the same host
+	e := wantError(t, db.PutGrant(ctx, g), nvmegate.ECONFLICT, "")
+	wantMessage(t, e, "bound to another identity", "not granted")
+	if strings.Contains(e.Message, nodeID(2)) {
+		t.Errorf("error names the other identity: %q", e.Message)
+	}
+	if _, err := db.Grant(ctx, g.ID); nvmegate.ErrorCode(err) != nvmegate.ENOTFOUND {
+		t.Fatalf("refused grant was stored: %v", err)
+	}
+	own := newGrant(2, subNQN(0))
+	own.HostNQN = lowerNQN
+	must(t, db.PutGrant(ctx, own))
+
+	// Unbound, but node 5 holds active grants on it: node 6 is refused
+	// (a binding removed while its grants were active leaves this), node
+	// 5 may add more, and once they end node 6 may have it.
+	held := newGrant(5, subNQN(0))
+	must(t, db.PutGrant(ctx, held))
+	other := newGrant(6, subNQN(1))
+	other.HostNQN = hostNQN(5)
+	wantMessage(t, wantError(t, db.PutGrant(ctx, other), nvmegate.ECONFLICT, ""), "in use by another identity's grant")
+	more := newGrant(5, subNQN(1))
+	more.ID = "grant-0005-b"
+	must(t, db.PutGrant(ctx, more))
+	// Nodes that sort before and after node 5 (the check looks at the
+	// first and the last of the NQN's grants).
+	for _, n := range []int{0, 9} {
+		g := newGrant(n, subNQN(2))
+		g.HostNQN = hostNQN(5)
+		wantError(t, db.PutGrant(ctx, g), nvmegate.ECONFLICT, "")
+	}
+	held.State, more.State = nvmegate.GrantReleased, nvmegate.GrantExpired
+	must(t, db.PutGrants(ctx, held, more))
+	must(t, db.PutGrant(ctx, other))
+
+	// Ending a grant is never refused, whoever holds its NQN since.
+	own.State = nvmegate.GrantRevoked
+	must(t, db.PutGrant(ctx, own))
+}
+
+// A binding and a grant on the same host NQN for two identities, racing:
+// whichever commits first wins, the other is refused, never both. So too
+// two nodes' grants on one NQN in one group commit.
+func TestHostNQNBindingGrantRace(t *testing.T) {
+	ctx := context.Background()
+	db := openTestDB(t)
+	noSync(db)
+	for i := range 40 {
+		nqn := hostNQN(100 + i)
+		g := newGrant(100+i, subNQN(0))
+		g.HostNQN = nqn
+		h := &nvmegate.HostBinding{SPIFFEID: nodeID(200 + i), HostNQN: nqn}
+		rival := newGrant(300+i, subNQN(1))
+		rival.HostNQN = nqn
+		errs := make([]error, 3)
+		var wg sync.WaitGroup
+		wg.Go(func() { errs[0] = db.PutGrant(ctx, g) })
+		wg.Go(func() { errs[1] = db.CreateHostBinding(ctx, h) })
+		wg.Go(func() { errs[2] = db.PutGrant(ctx, rival) })
+		wg.Wait()
+		ok := 0
+		for _, err := range errs {
+			switch nvmegate.ErrorCode(err) {
+			case "":
+				ok++
+			case nvmegate.ECONFLICT:
+			default:
+				t.Fatalf("round %d: %v", i, err)
+			}
+		}
+		if ok != 1 {
+			t.Fatalf("round %d: %d of grant, binding, rival grant made (%v); want exactly one", i, ok, errs)
+		}
+	}
+	must(t, checkInvariants(db))
+}
+
+// The host NQN index is filled on open for a file from before it existed.
+func TestGrantsByHostRebuilt(t *testing.T) {
+	ctx := context.Background()
+	db := openTestDB(t)
+	must(t, db.PutGrant(ctx, newGrant(1, subNQN(0))))
+	tamper(t, db, func(tx *bolt.Tx) error {
+		if err := tx.DeleteBucket(bucketGrantsByHost); err != nil {
+			return err
+		}
+		return initSchema(tx)
+	})
+	wantMessage(t, wantError(t, db.CreateHostBinding(ctx, &nvmegate.HostBinding{SPIFFEID: nodeID(2), HostNQN: hostNQN(1)}), nvmegate.ECONFLICT, ""),
+		"active grant grant-0001")
 }

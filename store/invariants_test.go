@@ -155,6 +155,40 @@ func checkInvariants(db *DB) error {
 				bad("%s entry %q -> %q shares an NQN nobody else holds", bucketHostBindingsByNQN, k, v)
 			}
 		})
+
+		// Active grants: one grants_by_host entry each, and one host NQN
+		// (canonically) is one identity's: the node it is bound to, if
+		// any, holds every active grant on it.
+		hostKeys := map[string]bool{}
+		holder := map[string]string{} // canonical host NQN -> node
+		each(bucketGrants, func(k, v []byte) {
+			g, err := decodeGrant(v)
+			if err != nil {
+				bad("grant %q: %v", k, err)
+				return
+			}
+			if g.State != nvmegate.GrantActive {
+				return
+			}
+			hk := grantByHostKey(g.HostNQN, g.Node, g.ID)
+			hostKeys[string(hk)] = true
+			if tx.Bucket(bucketGrantsByHost).Get(hk) == nil {
+				bad("grant %q: no %s entry", k, bucketGrantsByHost)
+			}
+			canon := nvmegate.CanonicalNQN(g.HostNQN)
+			if owner := byNQN.Get([]byte(canon)); owner != nil && string(owner) != g.Node {
+				bad("grant %q of %s: its host NQN %q is bound to %s", k, g.Node, g.HostNQN, owner)
+			}
+			if n, ok := holder[canon]; ok && n != g.Node {
+				bad("grant %q of %s: host NQN %q has active grants of %s too", k, g.Node, g.HostNQN, n)
+			}
+			holder[canon] = g.Node
+		})
+		each(bucketGrantsByHost, func(k, v []byte) {
+			if !hostKeys[string(k)] || len(v) != 0 {
+				bad("%s entry %q names no active grant", bucketGrantsByHost, k)
+			}
+		})
 		return errors.Join(errs...)
 	})
 }
@@ -193,6 +227,36 @@ func TestCheckInvariantsCatches(t *testing.T) {
 			}
 			return tx.Bucket(bucketHostBindingsByNQN).Put([]byte(strings.Replace(hostNQN(1), "org.nvmexpress", "ORG.NVMEXPRESS", 1)), []byte(nodeID(1)))
 		},
+		"missing grant host index entry": func(tx *bolt.Tx) error {
+			return tx.Bucket(bucketGrantsByHost).Delete(grantByHostKey(hostNQN(2), nodeID(2), "grant-0002"))
+		},
+		"stale grant host index entry": func(tx *bolt.Tx) error {
+			return tx.Bucket(bucketGrantsByHost).Put(grantByHostKey(hostNQN(3), nodeID(3), "grant-0003"), nil)
+		},
+		"grant on a host NQN bound to another identity": func(tx *bolt.Tx) error {
+			h := newBinding(3, "")
+			h.HostNQN = hostNQN(2)
+			v, err := encodeHostBinding(h)
+			if err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketHostBindings).Put([]byte(h.SPIFFEID), v); err != nil {
+				return err
+			}
+			return tx.Bucket(bucketHostBindingsByNQN).Put([]byte(h.HostNQN), []byte(h.SPIFFEID))
+		},
+		"active grants of two nodes on one host NQN": func(tx *bolt.Tx) error {
+			g := newGrant(4, subNQN(0))
+			g.HostNQN = strings.Replace(hostNQN(2), "org.nvmexpress", "ORG.nvmexpress", 1) // canonically the same
+			v, err := encodeGrant(g)
+			if err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketGrants).Put([]byte(g.ID), v); err != nil {
+				return err
+			}
+			return tx.Bucket(bucketGrantsByHost).Put(grantByHostKey(g.HostNQN, g.Node, g.ID), nil)
+		},
 		"dangling host NQN index entry": func(tx *bolt.Tx) error {
 			return tx.Bucket(bucketHostBindingsByNQN).Put([]byte(hostNQN(8)), []byte(nodeID(8)))
 		},
@@ -206,6 +270,7 @@ func TestCheckInvariantsCatches(t *testing.T) {
 			inventory(t, db, "acme")
 			must(t, db.CreateNamespace(ctx, newNamespace(subNQN(0), 1, "acme")))
 			must(t, db.CreateHostBinding(ctx, newBinding(1, "")))
+			must(t, db.PutGrant(ctx, newGrant(2, subNQN(0))))
 			must(t, checkInvariants(db))
 			must(t, db.bolt.Update(tamper))
 			if err := checkInvariants(db); err == nil {

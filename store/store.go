@@ -34,12 +34,13 @@ var (
 	bucketGrants             = []byte("grants")
 	bucketGrantsBySubsystem  = []byte("grants_by_subsystem")
 	bucketGrantsByNode       = []byte("grants_by_node")
+	bucketGrantsByHost       = []byte("grants_by_host")
 
 	// allBuckets are created by Open if missing.
 	allBuckets = [][]byte{
 		bucketMeta, bucketTargets, bucketSubsystems, bucketSubsystemsByTarget,
 		bucketNamespaces, bucketHostBindings, bucketHostBindingsByNQN, bucketJobs,
-		bucketGrants, bucketGrantsBySubsystem, bucketGrantsByNode,
+		bucketGrants, bucketGrantsBySubsystem, bucketGrantsByNode, bucketGrantsByHost,
 	}
 
 	metaKind     = []byte("kind")
@@ -152,7 +153,9 @@ func initSchema(tx *bolt.Tx) error {
 		return fmt.Errorf("corrupt schema version %d", version)
 	}
 	// Migrations from older versions go here, in this transaction.
-	indexNodes := tx.Bucket(bucketGrantsByNode) == nil // added after version 1's first files
+	// Indexes added after version 1's first files are filled when missing.
+	indexNodes := tx.Bucket(bucketGrantsByNode) == nil
+	indexHosts := tx.Bucket(bucketGrantsByHost) == nil
 	for _, name := range allBuckets {
 		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 			return fmt.Errorf("create bucket %s: %w", name, err)
@@ -160,6 +163,11 @@ func initSchema(tx *bolt.Tx) error {
 	}
 	if indexNodes {
 		if err := indexActiveGrantsByNode(tx); err != nil {
+			return err
+		}
+	}
+	if indexHosts {
+		if err := indexActiveGrantsByHost(tx); err != nil {
 			return err
 		}
 	}
