@@ -213,15 +213,25 @@ func canonicalizeHostIndex(tx *bolt.Tx) error {
 		}
 		// The first created keeps it; a binding that does not decode
 		// (reported by the reads that reach it) comes last.
-		created := func(id string) time.Time {
-			if h, err := decodeHostBinding(bindings.Get([]byte(id))); err == nil {
-				return h.CreatedAt
+		created := func(id string) (time.Time, bool) {
+			h, err := decodeHostBinding(bindings.Get([]byte(id)))
+			if err != nil {
+				return time.Time{}, false
 			}
-			return time.Unix(1<<62, 0)
+			return h.CreatedAt, true
 		}
-		slices.SortStableFunc(ids, func(a, b string) int {
-			return cmp.Or(created(a).Compare(created(b)), strings.Compare(a, b))
+		slices.SortFunc(ids, func(a, b string) int {
+			ta, oka := created(a)
+			tb, okb := created(b)
+			if oka != okb {
+				if oka {
+					return -1
+				}
+				return 1
+			}
+			return cmp.Or(ta.Compare(tb), strings.Compare(a, b))
 		})
+		ids = slices.Compact(ids) // one identity under two spellings
 		if err := idx.Put([]byte(canon), []byte(ids[0])); err != nil {
 			return err
 		}
