@@ -71,3 +71,62 @@ func FuzzValidateNQN(f *testing.F) {
 		}
 	})
 }
+
+// A UUID NQN names its UUID's host whatever the letter case: its
+// canonical form is lower case. Other NQNs are compared as they are.
+func TestCanonicalNQN(t *testing.T) {
+	const lower = "nqn.2014-08.org.nvmexpress:uuid:00000001-bbbb-4000-8000-00000000000a"
+	for in, want := range map[string]string{
+		lower: lower,
+		"nqn.2014-08.org.nvmexpress:uuid:00000001-BBBB-4000-8000-00000000000A":           lower,
+		"nqn.2014-08.org.nvmexpress:uuid:00000001-bBbB-4000-8000-00000000000a":           lower,
+		"nqn.2014-08.ORG.NVMEXPRESS:UUID:00000001-BBBB-4000-8000-00000000000A":           lower, // a date-domain NQN by syntax
+		"nqn.2014-08.org.nvmexpress:uuid:NOT-A-UUID":                                     "nqn.2014-08.org.nvmexpress:uuid:NOT-A-UUID",
+		"nqn.2026-01.io.Example:Host-1":                                                  "nqn.2026-01.io.Example:Host-1",
+		"nqn.2014-08.org.nvmexpre\u017f\u017f:uuid:00000001-bbbb-4000-8000-00000000000a": "nqn.2014-08.org.nvmexpre\u017f\u017f:uuid:00000001-bbbb-4000-8000-00000000000a",
+		"": "",
+	} {
+		if got := nvmegate.CanonicalNQN(in); got != want {
+			t.Errorf("CanonicalNQN(%q) = %q, want %q", in, got, want)
+		}
+		if got := nvmegate.CanonicalNQN(want); got != want {
+			t.Errorf("CanonicalNQN is not idempotent on %q: %q", want, got)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { nvmegate.CanonicalNQN(lower) }); n != 0 {
+		t.Errorf("CanonicalNQN of a canonical NQN allocates %v times", n)
+	}
+}
+
+// A host binding's NQN must be canonical: upper case in a UUID NQN is
+// refused, naming the form to write, not folded.
+func TestValidateHostNQN(t *testing.T) {
+	const upper = "nqn.2014-08.org.nvmexpress:uuid:00000001-BBBB-4000-8000-00000000000A"
+	if err := nvmegate.ValidateNQN("host_nqn", upper); err != nil {
+		t.Fatalf("ValidateNQN(%q) = %v: the syntax is fine", upper, err)
+	}
+	for nqn, rule := range map[string]string{
+		upper: "lower case",
+		"nqn.2014-08.ORG.nvmexpress:uuid:00000001-bbbb-4000-8000-00000000000a": "lower case",
+		"nqn.2014-08.org.nvmexpress:uuid:00000001-bbbb-4000-8000-00000000000a": "",
+		"nqn.2026-01.io.Example:Host-1":                                        "",
+		"nqn.2014-08.org.nvmexpress:uuid:not-a-uuid":                           "UUID",
+	} {
+		err := nvmegate.ValidateHostNQN("host_nqn", nqn)
+		if rule == "" {
+			if err != nil {
+				t.Errorf("ValidateHostNQN(%q) = %v", nqn, err)
+			}
+			continue
+		}
+		var e *nvmegate.Error
+		if !errors.As(err, &e) || e.Code != nvmegate.EINVALID || e.Field != "host_nqn" || !strings.Contains(e.Message, rule) {
+			t.Errorf("ValidateHostNQN(%q) = %v, want EINVALID on host_nqn mentioning %q", nqn, err, rule)
+		}
+	}
+	b := nvmegate.HostBinding{SPIFFEID: "spiffe://example.org/node/a", HostNQN: upper}
+	var e *nvmegate.Error
+	if err := b.Validate(); !errors.As(err, &e) || e.Field != "host_nqn" || !strings.Contains(e.Message, nvmegate.CanonicalNQN(upper)) {
+		t.Errorf("HostBinding.Validate with %q = %v, want a refusal naming the canonical form", upper, err)
+	}
+}

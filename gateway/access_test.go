@@ -16,8 +16,10 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/fabric"
+	"github.com/nvmegate/nvmegate/gateway"
 	"github.com/nvmegate/nvmegate/keys/nvmefmt"
 	"github.com/nvmegate/nvmegate/policy"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
@@ -768,5 +770,130 @@ func TestOthersGrantRevealsNothing(t *testing.T) {
 	}
 	if onGrant != 2*len(others) {
 		t.Errorf("%d deny entries name the grant, want %d", onGrant, 2*len(others))
+	}
+}
+
+// Issue 14, through the API: an unbound node of acme connects with its
+// derived host NQN; an admin then binds a globex node to that NQN. Were it
+// accepted, the globex node would be handed the same DH-HMAC-CHAP secret
+// on the same nvmet target while the NQN is still allowed on acme's
+// subsystem. It is refused (FailedPrecondition naming the grant) until the
+// grant is revoked; then acme's node, whose default NQN is now bound, is
+// refused in turn. An upper-case spelling of the NQN (one host, RFC 9562)
+// is no way around it.
+func TestBindNQNOfActiveGrantRefused(t *testing.T) {
+	g := startGateway(t)
+	acmeInventory(t, g)
+	ctx := ctxT(t)
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
+		t.Fatal(err)
+	}
+	derived, err := nvmefmt.HostNQNFromSPIFFEID("spiffe://nvmegate.test" + node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Grant.HostNqn != derived {
+		t.Fatalf("granted host NQN %q, want the derived %q", c.Grant.HostNqn, derived)
+	}
+
+	inv := pb.NewInventoryClient(g.client(t, admin))
+	bind := func(nqn string) error {
+		_, err := inv.AddHostBinding(ctx, &pb.AddHostBindingRequest{Binding: &pb.HostBinding{
+			SpiffeId: "spiffe://nvmegate.test/node/globex-gpu-1", HostNqn: nqn, Tenant: "globex"}})
+		return err
+	}
+	wantCode(t, bind(derived), codes.FailedPrecondition, derived, "active grant "+c.Grant.GrantId, "revoke them first")
+	upper := nvmegate.UUIDNQNPrefix + strings.ToUpper(strings.TrimPrefix(derived, nvmegate.UUIDNQNPrefix))
+	if upper == derived {
+		t.Fatalf("derived NQN %q has no letter to change the case of", derived)
+	}
+	wantCode(t, bind(upper), codes.InvalidArgument, "binding.host_nqn", "lower case", derived)
+	if _, err := inv.GetHostBinding(ctx, &pb.GetHostBindingRequest{SpiffeId: "spiffe://nvmegate.test/node/globex-gpu-1"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("a refused binding was stored: %v", err)
+	}
+	// The conflict is on the record, and so is the malformed request after
+	// it (validation refusals are recorded, their values withheld).
+	entries := queryAll(t, pb.NewAuditClient(g.client(t, auditor)), &pb.QueryRequest{})
+	if e := entries[len(entries)-1]; e.Kind != audit.EventInvalid || strings.Contains(e.Detail, upper) {
+		t.Fatalf("last entry %+v, want the invalid request, without its value", e)
+	}
+	if e := entries[len(entries)-2]; e.HostNQN != derived || !strings.Contains(e.Detail, "add_host_binding") || !strings.Contains(e.Detail, "failed (conflict)") {
+		t.Fatalf("entry %+v, want the refused binding", e)
+	}
+
+	rv, err := pb.NewAccessClient(g.client(t, admin)).Revoke(ctx, &pb.RevokeRequest{
+		Selector: &pb.RevokeRequest_Node{Node: "spiffe://nvmegate.test" + node}, Reason: "its host NQN goes to globex"})
+	if err != nil || len(rv.RevokedGrantIds) != 1 {
+		t.Fatalf("revoke: %v %v", rv, err)
+	}
+	if err := bind(derived); err != nil {
+		t.Fatalf("binding after the revocation: %v", err)
+	}
+	_, err = pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	wantCode(t, err, codes.FailedPrecondition, "bound to another identity")
+}
+
+// hookedAudit runs before (if set) ahead of each append: a test's way to
+// change the store between a call's description and its commit.
+type hookedAudit struct {
+	gateway.AuditLog
+	before func(audit.Entry)
+}
+
+func (h *hookedAudit) Append(ctx context.Context, e audit.Entry) (uint64, [32]byte, error) {
+	if h.before != nil {
+		h.before(e)
+	}
+	return h.AuditLog.Append(ctx, e)
+}
+
+// The reverse race of issue 14: an unbound node's connect is described
+// while its derived NQN is free, and an admin binds that NQN to a globex
+// node before the grant commits. The commit checks again and refuses: no
+// grant, the target never allows the host, the failure is recorded.
+func TestConnectRefusedWhenNQNBoundBeforeCommit(t *testing.T) {
+	hook := &hookedAudit{}
+	g := startGateway(t, func(cfg *gateway.Config) {
+		hook.AuditLog = cfg.Audit
+		cfg.Audit = hook
+	})
+	acmeInventory(t, g)
+	ctx := ctxT(t)
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
+		t.Fatal(err)
+	}
+	derived, err := nvmefmt.HostNQNFromSPIFFEID("spiffe://nvmegate.test" + node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	hook.before = func(e audit.Entry) {
+		if e.Kind != audit.EventGrant {
+			return
+		}
+		once.Do(func() {
+			// Described and decided already; the grant's entry is next.
+			if err := g.db.CreateHostBinding(context.Background(), &nvmegate.HostBinding{
+				SPIFFEID: "spiffe://nvmegate.test/node/globex-gpu-1", HostNQN: derived, Tenant: "globex"}); err != nil {
+				t.Errorf("binding during the connect: %v", err)
+			}
+		})
+	}
+	_, err = pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	wantCode(t, err, codes.FailedPrecondition, "bound to another identity", "not granted")
+	if _, err := os.Stat(filepath.Join(g.configfs, "stor-eu-1", "hosts", derived)); !os.IsNotExist(err) {
+		t.Fatalf("the target holds the host: %v", err)
+	}
+	active, err := pb.NewAccessClient(g.client(t, admin)).ListGrants(ctx, &pb.ListGrantsRequest{State: pb.GrantState_GRANT_STATE_ACTIVE})
+	if err != nil || len(active.Grants) != 0 {
+		t.Fatalf("active grants %v (%v)", active, err)
+	}
+	denies := queryAll(t, pb.NewAuditClient(g.client(t, auditor)), &pb.QueryRequest{Kinds: []string{"deny"}})
+	if len(denies) != 1 || !strings.Contains(denies[0].Detail, "grant not stored") || denies[0].HostNQN != derived {
+		t.Fatalf("deny entries %+v", denies)
 	}
 }

@@ -447,7 +447,9 @@ func (d *describer) nodeBindingRec(id string) (nvmegate.HostBinding, bool, error
 		return nvmegate.HostBinding{}, false, nvmegate.Invalid("nodes", "%v", err)
 	}
 	// The derived default must not be a host NQN an explicit binding gave
-	// to another identity: that node's targets would accept this one.
+	// to another identity (compared canonically): that node's targets
+	// would accept this one. A binding made after this read is caught by
+	// the grant's commit (store.PutGrants), which checks again.
 	other, err := d.store.HostBindingByNQN(d.ctx, nqn)
 	switch ok, err := found(err); {
 	case err != nil:

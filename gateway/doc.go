@@ -26,6 +26,15 @@
 // lease records each grant, renewal, revocation and expiry itself, before
 // the store or a target changes.
 //
+// A host NQN belongs to one identity at a time: a node's bound NQN, or for
+// an unbound node the NQN derived from its SPIFFE ID (describe.go refuses
+// the default if a binding gave it to another node). Inventory.AddHostBinding
+// is refused (FailedPrecondition) for an NQN another identity's active
+// grants use, until they are revoked, and a grant whose NQN was bound to
+// another identity after its call was described is refused at its commit;
+// both checks are the store's, in its write transaction. NQNs are compared
+// canonically (nvmegate.CanonicalNQN), and a binding must be written so.
+//
 // What a server serves is wired explicitly in Config: Jobs for the Jobs
 // and Access services, Lease for grants, Keys for the Keys service,
 // Targets and TargetHub for the target agents. New refuses a Lease

@@ -173,6 +173,12 @@ func (s *inventoryService) RemoveNamespace(ctx context.Context, r *pb.RemoveName
 	return &pb.RemoveNamespaceResponse{}, s.store.DeleteNamespace(ctx, r.SubsystemNqn, r.Nsid)
 }
 
+// AddHostBinding binds a node to a host NQN. Besides validation (the NQN
+// in canonical form: a UUID NQN in lower case, InvalidArgument otherwise),
+// the store refuses with FailedPrecondition an NQN bound to another
+// identity, compared canonically, and one that an active grant of another
+// identity uses (naming the grant: revoke it first), for the targets would
+// take the new node for that grant's host (issue 14).
 func (s *inventoryService) AddHostBinding(ctx context.Context, r *pb.AddHostBindingRequest) (*pb.AddHostBindingResponse, error) {
 	h, err := hostBindingFromProto(r.Binding)
 	if err != nil {

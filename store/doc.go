@@ -42,7 +42,7 @@
 // The model (model.go) holds the decoded targets, subsystems, namespaces,
 // host bindings and jobs, the active grants, and the indexes those reads
 // walk: subsystems by target, namespaces by subsystem, host bindings by
-// NQN, active grants by subsystem and by node. Open loads it from the
+// canonical host NQN, active grants by subsystem and by node. Open loads it from the
 // buckets, indexes from their own buckets, so that a damaged index is
 // reported by a read as it was when reads walked the file. A record that
 // does not decode is kept as its error, which a read reaching it returns;
@@ -86,11 +86,20 @@
 //	subsystems_by_target  target ID 0x00 subsystem NQN -> "" (index)
 //	namespaces            subsystem NQN 0x00 NSID (uint32, big-endian) -> namespace JSON
 //	host_bindings         SPIFFE ID -> host binding JSON
-//	host_bindings_by_nqn  host NQN -> SPIFFE ID (unique index)
+//	host_bindings_by_nqn  canonical host NQN -> SPIFFE ID (unique index;
+//	                      re-keyed on open if an older version wrote
+//	                      another case), and, only in a file where an
+//	                      older version bound one UUID NQN to two
+//	                      identities in two cases, canonical host NQN
+//	                      0x00 SPIFFE ID -> SPIFFE ID for each binding
+//	                      but the first created (host.go,
+//	                      canonicalizeHostIndex)
 //	jobs                  job ID -> job JSON
 //	grants                grant ID -> grant JSON
 //	grants_by_subsystem   subsystem NQN 0x00 grant ID -> "" (active grants only)
 //	grants_by_node        node 0x00 job 0x00 subsystem NQN 0x00 grant ID -> ""
+//	                      (active grants only; filled on open if missing)
+//	grants_by_host        canonical host NQN 0x00 node 0x00 grant ID -> ""
 //	                      (active grants only; filled on open if missing)
 //
 // Grant writes are group-committed: concurrent PutGrants share one
@@ -124,14 +133,27 @@
 //   - A namespace is in an existing subsystem and has that subsystem's tenant:
 //     all namespaces of one subsystem belong to one tenant, since a host
 //     connected to a subsystem sees every namespace in it.
-//   - A host NQN is bound to at most one SPIFFE ID (host_bindings_by_nqn), so
+//   - A bound host NQN is its identity's alone. Host NQNs are compared in
+//     canonical form (nvmegate.CanonicalNQN: a UUID NQN in any letter case
+//     is one host), and a new binding's must be written canonically. A
+//     host NQN is bound to at most one SPIFFE ID (host_bindings_by_nqn), so
 //     a node can never be given a host NQN bound to another identity
-//     (ECONFLICT).
+//     (ECONFLICT), and every active grant on a bound host NQN is of the
+//     identity it is bound to: CreateHostBinding refuses a host NQN that
+//     another identity's active grants use (ECONFLICT naming them: revoke
+//     them first; grants_by_host), and PutGrants refuses an active grant on
+//     a host NQN bound to another identity. Both checks run in the write
+//     transaction, so a binding and a grant racing for one NQN cannot both
+//     commit: nvmet keys a host once per NQN per target, and the second
+//     identity would hold the first's credentials there. Removing a
+//     binding leaves its node's grants active, and so its NQN unbindable
+//     by others, until they end.
 //   - Nothing dangles: a target with subsystems and a subsystem with
 //     namespaces cannot be deleted (ECONFLICT naming what is left).
 //   - The indexes match the records: subsystems_by_target holds exactly one
 //     entry per subsystem, host_bindings_by_nqn exactly one per binding,
-//     grants_by_subsystem and grants_by_node one per active grant.
+//     grants_by_subsystem, grants_by_node and grants_by_host one per
+//     active grant.
 //   - A grant's job, node, host NQN and subsystem never change, and an
 //     ended grant never becomes active again (ECONFLICT).
 //

@@ -83,6 +83,60 @@ func grantByNodePrefix(node, job, sub string) []byte {
 	return append(append(k, sub...), 0)
 }
 
+// grantByHostKey is canonical host NQN\0node\0grant ID: the active grants
+// on one host NQN are one prefix scan, ordered by node.
+func grantByHostKey(hostNQN, node, id string) []byte {
+	return indexKey(string(indexKey(nvmegate.CanonicalNQN(hostNQN), node)), id)
+}
+
+// indexActiveGrantsByHost fills the host NQN index of a store made before
+// it existed.
+func indexActiveGrantsByHost(tx *bolt.Tx) error {
+	idx := tx.Bucket(bucketGrantsByHost)
+	return forEachActiveGrant(tx, func(g *nvmegate.Grant) error {
+		return idx.Put(grantByHostKey(g.HostNQN, g.Node, g.ID), nil)
+	})
+}
+
+// otherHostGrants returns the first (in index order) of the active grants
+// on canonical host NQN canon whose node is not node, and how many there
+// are.
+func otherHostGrants(tx *bolt.Tx, canon, node string) (first string, n int) {
+	p := indexPrefix(canon)
+	c := tx.Bucket(bucketGrantsByHost).Cursor()
+	for k, _ := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, _ = c.Next() {
+		owner, id, _ := bytes.Cut(k[len(p):], []byte{keySep})
+		if string(owner) != node {
+			if n == 0 {
+				first = string(id)
+			}
+			n++
+		}
+	}
+	return first, n
+}
+
+// checkHostNQN refuses (ECONFLICT) active grant g if its host NQN,
+// compared canonically, is bound to another identity: a target would take
+// g's node for that identity's host, with the same credentials. It runs in
+// the grant's commit, so a binding made after the call was described (the
+// gateway checks the binding then too) is seen here, and CreateHostBinding,
+// in its own transaction, sees every grant committed before it. The error
+// does not name the other identity: the caller is a node.
+//
+// Another node's active grants on the same unbound NQN are not refused
+// here (the targets merge such grants into one host entry, and the target
+// agent's tests build that state on purpose); CreateHostBinding's rule
+// keeps it from arising but for a derived NQN that an admin bound to
+// another node, unbound while that node's grants were active.
+func checkHostNQN(tx *bolt.Tx, g *nvmegate.Grant) error {
+	canon := nvmegate.CanonicalNQN(g.HostNQN)
+	if owner := tx.Bucket(bucketHostBindingsByNQN).Get([]byte(canon)); owner != nil && string(owner) != g.Node {
+		return nvmegate.Errorf(nvmegate.ECONFLICT, "host NQN %q is bound to another identity; not granted", g.HostNQN)
+	}
+	return nil
+}
+
 // indexActiveGrantsByNode fills the node index of a store made before it
 // existed.
 func indexActiveGrantsByNode(tx *bolt.Tx) error {
@@ -128,7 +182,8 @@ func (db *DB) NodeActiveGrants(ctx context.Context, node string) ([]*nvmegate.Gr
 }
 
 // PutGrant stores a grant, new or changed (its job, host and subsystem
-// never change).
+// never change). An active grant whose host NQN (compared canonically) is
+// bound to another identity is refused with ECONFLICT.
 func (db *DB) PutGrant(ctx context.Context, g *nvmegate.Grant) error {
 	return db.PutGrants(ctx, g)
 }
@@ -222,6 +277,11 @@ func putGrant(tx *txn, g *nvmegate.Grant, val []byte) error {
 			return nvmegate.Errorf(nvmegate.ECONFLICT, "grant %s has ended (%s)", g.ID, prev.State)
 		}
 	}
+	if g.State == nvmegate.GrantActive {
+		if err := checkHostNQN(tx.Tx, g); err != nil {
+			return err
+		}
+	}
 	tx.record(op{grant: g})
 	if err := put(tx, bucketGrants, []byte(g.ID), val); err != nil {
 		return err
@@ -230,13 +290,20 @@ func putGrant(tx *txn, g *nvmegate.Grant, val []byte) error {
 	// read from it, and ended grants must not slow that down.
 	k := grantBySubsystemKey(g.SubsystemNQN, g.ID)
 	nk := grantByNodeKey(g.Node, g.JobID, g.SubsystemNQN, g.ID)
+	hk := grantByHostKey(g.HostNQN, g.Node, g.ID)
 	if g.State == nvmegate.GrantActive {
 		if err := put(tx, bucketGrantsByNode, nk, nil); err != nil {
+			return err
+		}
+		if err := put(tx, bucketGrantsByHost, hk, nil); err != nil {
 			return err
 		}
 		return put(tx, bucketGrantsBySubsystem, k, nil)
 	}
 	if err := tx.Bucket(bucketGrantsByNode).Delete(nk); err != nil {
+		return err
+	}
+	if err := tx.Bucket(bucketGrantsByHost).Delete(hk); err != nil {
 		return err
 	}
 	if err := tx.Bucket(bucketGrantsBySubsystem).Delete(k); err != nil {

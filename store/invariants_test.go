@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/nvmegate/nvmegate"
@@ -125,16 +126,61 @@ func checkInvariants(db *DB) error {
 				return
 			}
 			bindings[h.SPIFFEID] = h
-			if err := h.Validate(); err != nil {
+			// Older versions stored host NQNs in any case: canonical
+			// apart from that.
+			canon := nvmegate.CanonicalNQN(h.HostNQN)
+			valid := *h
+			valid.HostNQN = canon
+			if err := valid.Validate(); err != nil {
 				bad("host binding %q: %v", k, err)
 			}
-			if owner := byNQN.Get([]byte(h.HostNQN)); string(owner) != h.SPIFFEID {
-				bad("host binding %q: index maps its host NQN %q to %q", k, h.HostNQN, owner)
+			owner := byNQN.Get([]byte(canon))
+			sharing := byNQN.Get(indexKey(canon, h.SPIFFEID))
+			switch {
+			case string(owner) == h.SPIFFEID && sharing == nil:
+			case owner != nil && string(sharing) == h.SPIFFEID:
+				// Shares the NQN with the binding that holds it, as an
+				// older file's migration left it (canonicalizeHostIndex).
+			default:
+				bad("host binding %q: index maps its host NQN %q to %q (and to %q as sharing it)", k, canon, owner, sharing)
 			}
 		})
 		each(bucketHostBindingsByNQN, func(k, v []byte) {
-			if h := bindings[string(v)]; h == nil || h.HostNQN != string(k) {
+			canon, id, sharing := bytes.Cut(k, []byte{keySep})
+			h := bindings[string(v)]
+			switch {
+			case h == nil || nvmegate.CanonicalNQN(h.HostNQN) != string(canon) || nvmegate.CanonicalNQN(string(canon)) != string(canon):
 				bad("%s entry %q -> %q has no matching binding", bucketHostBindingsByNQN, k, v)
+			case sharing && (string(id) != string(v) || byNQN.Get(canon) == nil || string(byNQN.Get(canon)) == string(v)):
+				bad("%s entry %q -> %q shares an NQN nobody else holds", bucketHostBindingsByNQN, k, v)
+			}
+		})
+
+		// Active grants: one grants_by_host entry each, and a bound host
+		// NQN (canonically) is its identity's alone.
+		hostKeys := map[string]bool{}
+		each(bucketGrants, func(k, v []byte) {
+			g, err := decodeGrant(v)
+			if err != nil {
+				bad("grant %q: %v", k, err)
+				return
+			}
+			if g.State != nvmegate.GrantActive {
+				return
+			}
+			hk := grantByHostKey(g.HostNQN, g.Node, g.ID)
+			hostKeys[string(hk)] = true
+			if tx.Bucket(bucketGrantsByHost).Get(hk) == nil {
+				bad("grant %q: no %s entry", k, bucketGrantsByHost)
+			}
+			canon := nvmegate.CanonicalNQN(g.HostNQN)
+			if owner := byNQN.Get([]byte(canon)); owner != nil && string(owner) != g.Node {
+				bad("grant %q of %s: its host NQN %q is bound to %s", k, g.Node, g.HostNQN, owner)
+			}
+		})
+		each(bucketGrantsByHost, func(k, v []byte) {
+			if !hostKeys[string(k)] || len(v) != 0 {
+				bad("%s entry %q names no active grant", bucketGrantsByHost, k)
 			}
 		})
 		return errors.Join(errs...)
@@ -169,6 +215,30 @@ func TestCheckInvariantsCatches(t *testing.T) {
 		"missing host NQN index entry": func(tx *bolt.Tx) error {
 			return tx.Bucket(bucketHostBindingsByNQN).Delete([]byte(hostNQN(1)))
 		},
+		"host NQN index entry not canonical": func(tx *bolt.Tx) error {
+			if err := tx.Bucket(bucketHostBindingsByNQN).Delete([]byte(hostNQN(1))); err != nil {
+				return err
+			}
+			return tx.Bucket(bucketHostBindingsByNQN).Put([]byte(strings.Replace(hostNQN(1), "org.nvmexpress", "ORG.NVMEXPRESS", 1)), []byte(nodeID(1)))
+		},
+		"missing grant host index entry": func(tx *bolt.Tx) error {
+			return tx.Bucket(bucketGrantsByHost).Delete(grantByHostKey(hostNQN(2), nodeID(2), "grant-0002"))
+		},
+		"stale grant host index entry": func(tx *bolt.Tx) error {
+			return tx.Bucket(bucketGrantsByHost).Put(grantByHostKey(hostNQN(3), nodeID(3), "grant-0003"), nil)
+		},
+		"grant on a host NQN bound to another identity": func(tx *bolt.Tx) error {
+			h := newBinding(3, "")
+			h.HostNQN = hostNQN(2)
+			v, err := encodeHostBinding(h)
+			if err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketHostBindings).Put([]byte(h.SPIFFEID), v); err != nil {
+				return err
+			}
+			return tx.Bucket(bucketHostBindingsByNQN).Put([]byte(h.HostNQN), []byte(h.SPIFFEID))
+		},
 		"dangling host NQN index entry": func(tx *bolt.Tx) error {
 			return tx.Bucket(bucketHostBindingsByNQN).Put([]byte(hostNQN(8)), []byte(nodeID(8)))
 		},
@@ -182,6 +252,7 @@ func TestCheckInvariantsCatches(t *testing.T) {
 			inventory(t, db, "acme")
 			must(t, db.CreateNamespace(ctx, newNamespace(subNQN(0), 1, "acme")))
 			must(t, db.CreateHostBinding(ctx, newBinding(1, "")))
+			must(t, db.PutGrant(ctx, newGrant(2, subNQN(0))))
 			must(t, checkInvariants(db))
 			must(t, db.bolt.Update(tamper))
 			if err := checkInvariants(db); err == nil {

@@ -44,7 +44,7 @@ type records struct {
 	namespaces   map[nsKey]*nvmegate.Namespace
 	nsBySub      map[string][]uint32 // subsystem NQN -> NSIDs, ascending
 	bindings     map[string]*nvmegate.HostBinding
-	bindingByNQN map[string]string // host NQN -> SPIFFE ID
+	bindingByNQN map[string]string // canonical host NQN -> SPIFFE ID
 	jobs         map[string]*nvmegate.Job
 	// grants holds the active grants (those in the indexes); ended grants
 	// are read from the file.
@@ -158,12 +158,15 @@ func (r *records) apply(o op) {
 	case o.binding != nil:
 		h := o.binding
 		r.clean(bucketHostBindings, h.SPIFFEID)
+		canon := nvmegate.CanonicalNQN(h.HostNQN)
 		if o.del {
 			delete(r.bindings, h.SPIFFEID)
-			delete(r.bindingByNQN, h.HostNQN)
+			if r.bindingByNQN[canon] == h.SPIFFEID { // not one sharing it (canonicalizeHostIndex)
+				delete(r.bindingByNQN, canon)
+			}
 		} else {
 			r.bindings[h.SPIFFEID] = h
-			r.bindingByNQN[h.HostNQN] = h.SPIFFEID
+			r.bindingByNQN[canon] = h.SPIFFEID
 		}
 	case o.job != nil:
 		r.clean(bucketJobs, o.job.ID)
@@ -326,7 +329,9 @@ func load(tx *bolt.Tx) (records, uint64, error) {
 		return r, 0, err
 	}
 	err = tx.Bucket(bucketHostBindingsByNQN).ForEach(func(k, v []byte) error {
-		r.bindingByNQN[string(k)] = string(v)
+		if bytes.IndexByte(k, keySep) < 0 { // not one sharing the NQN (canonicalizeHostIndex)
+			r.bindingByNQN[string(k)] = string(v)
+		}
 		return nil
 	})
 	if err != nil {

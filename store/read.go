@@ -80,14 +80,16 @@ func (m *model) hostBinding(ctx context.Context, spiffeID string) (*nvmegate.Hos
 	return &c, nil
 }
 
-// hostBindingByNQN cross-checks the index entry and the binding: an
-// inconsistent index is an internal error, never an answer.
+// hostBindingByNQN looks hostNQN up in canonical form and cross-checks the
+// index entry and the binding: an inconsistent index is an internal error,
+// never an answer.
 func (m *model) hostBindingByNQN(ctx context.Context, hostNQN string) (*nvmegate.HostBinding, error) {
 	if err := m.rlock(ctx); err != nil {
 		return nil, err
 	}
 	defer m.mu.RUnlock()
-	id, ok := m.bindingByNQN[hostNQN]
+	canon := nvmegate.CanonicalNQN(hostNQN)
+	id, ok := m.bindingByNQN[canon]
 	if !ok {
 		return nil, nvmegate.Errorf(nvmegate.ENOTFOUND, "host NQN %q is not bound", hostNQN)
 	}
@@ -98,7 +100,7 @@ func (m *model) hostBindingByNQN(ctx context.Context, hostNQN string) (*nvmegate
 			return nil, err
 		}
 		return nil, fmt.Errorf("store: index %s: host NQN %q points to missing binding %q", bucketHostBindingsByNQN, hostNQN, id)
-	case h.HostNQN != hostNQN || h.SPIFFEID != id:
+	case nvmegate.CanonicalNQN(h.HostNQN) != canon || h.SPIFFEID != id:
 		return nil, fmt.Errorf("store: index %s: host NQN %q points to binding %q of host NQN %q", bucketHostBindingsByNQN, hostNQN, id, h.HostNQN)
 	}
 	c := *h

@@ -34,6 +34,7 @@ var (
 	bucketGrants             = []byte("grants")
 	bucketGrantsBySubsystem  = []byte("grants_by_subsystem")
 	bucketGrantsByNode       = []byte("grants_by_node")
+	bucketGrantsByHost       = []byte("grants_by_host")
 	// bucketGrantsPending indexes the ended grants whose removal from
 	// their target is not acknowledged yet (Grant.RemovalPending).
 	bucketGrantsPending = []byte("grants_removal_pending")
@@ -42,7 +43,7 @@ var (
 	allBuckets = [][]byte{
 		bucketMeta, bucketTargets, bucketSubsystems, bucketSubsystemsByTarget,
 		bucketNamespaces, bucketHostBindings, bucketHostBindingsByNQN, bucketJobs,
-		bucketGrants, bucketGrantsBySubsystem, bucketGrantsByNode, bucketGrantsPending,
+		bucketGrants, bucketGrantsBySubsystem, bucketGrantsByNode, bucketGrantsByHost, bucketGrantsPending,
 	}
 
 	metaKind     = []byte("kind")
@@ -155,16 +156,25 @@ func initSchema(tx *bolt.Tx) error {
 		return fmt.Errorf("corrupt schema version %d", version)
 	}
 	// Migrations from older versions go here, in this transaction.
-	indexNodes := tx.Bucket(bucketGrantsByNode) == nil // added after version 1's first files
+	// Indexes added after version 1's first files are filled when missing.
+	indexNodes := tx.Bucket(bucketGrantsByNode) == nil
+	indexHosts := tx.Bucket(bucketGrantsByHost) == nil
 	for _, name := range allBuckets {
 		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 			return fmt.Errorf("create bucket %s: %w", name, err)
 		}
 	}
 	if indexNodes {
-		return indexActiveGrantsByNode(tx)
+		if err := indexActiveGrantsByNode(tx); err != nil {
+			return err
+		}
 	}
-	return nil
+	if indexHosts {
+		if err := indexActiveGrantsByHost(tx); err != nil {
+			return err
+		}
+	}
+	return canonicalizeHostIndex(tx)
 }
 
 // Revision is the revision of the data the model serves: that of the last

@@ -384,8 +384,15 @@ func (a *app) hostCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "host", Short: "Bindings of node identities to host NQNs"}
 	var h pb.HostBinding
 	add := &cobra.Command{
-		Use:     "add SPIFFE_ID",
-		Short:   "Bind a node identity to a host NQN",
+		Use:   "add SPIFFE_ID",
+		Short: "Bind a node identity to a host NQN",
+		Long: `Bind a node identity to a host NQN.
+
+The NQN is written as the node uses it, a UUID NQN in lower case (upper case
+names the same host and is refused). It must be bound to no other identity,
+and no active grant of another identity may use it: a node that connected
+without a binding uses its derived NQN, and its grants must be revoked
+(nvmegate revoke --node) before another node can be bound to that NQN.`,
 		Example: `  nvmegate inventory host add spiffe://example.org/node/gpu-17 --nqn nqn.2014-08.org.nvmexpress:uuid:<uuid> --tenant acme`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
