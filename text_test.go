@@ -1,0 +1,130 @@
+package nvmegate_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/nvmegate/nvmegate"
+)
+
+// invisible are characters of the categories no caller-supplied string may
+// hold (Cc, Cf, Zl, Zp): each hides itself or reorders or breaks the text
+// around it in a terminal, a CLI table or a log line.
+var invisible = []rune{
+	0x00,    // NUL
+	0x1b,    // ESC, starts terminal escape sequences
+	0x7f,    // DEL
+	0x85,    // NEL, a line break to some terminals and log viewers
+	0x9b,    // CSI (C1)
+	0xad,    // soft hyphen
+	0x061c,  // Arabic letter mark
+	0x200b,  // zero-width space
+	0x200d,  // zero-width joiner
+	0x200e,  // left-to-right mark
+	0x202e,  // right-to-left override
+	0x2066,  // left-to-right isolate
+	0x2028,  // line separator
+	0x2029,  // paragraph separator
+	0x2060,  // word joiner
+	0xfeff,  // byte order mark / zero-width no-break space
+	0xe0041, // tag latin capital letter A
+}
+
+// validators are every Validate function of caller-supplied strings, each
+// with a valid value and the byte offset where a character is inserted.
+var validators = []struct {
+	name  string
+	check func(field, v string) error
+	valid string
+	at    int
+}{
+	{"ValidateText", func(f, v string) error { return nvmegate.ValidateText(f, v, true) }, "rebuilt after disk swap", 7},
+	{"ValidateNQN", nvmegate.ValidateNQN, "nqn.2026-01.io.example:acme-train", 25},
+	{"ValidateLabel", nvmegate.ValidateLabel, "eu-west", 2},
+	{"ValidateTenant", nvmegate.ValidateTenant, "acme", 2},
+	{"ValidateDatasetName", nvmegate.ValidateDatasetName, "common-crawl/2026-10", 6},
+	{"ValidateDigest", nvmegate.ValidateDigest, "sha256:" + strings.Repeat("ab", 32), 9},
+	{"ValidateJobID", nvmegate.ValidateJobID, "slurm:1234", 6},
+	{"ValidateGrantID", nvmegate.ValidateGrantID, "g_0123456789abcdef", 4},
+	{"ValidateSPIFFEID", nvmegate.ValidateSPIFFEID, "spiffe://example.org/node/gpu-1", 26},
+}
+
+// Every validator refuses every invisible character, wherever it is, with
+// InvalidArgument on the field; the message names the code point and
+// never echoes the character itself.
+func TestValidatorsRefuseInvisibleCharacters(t *testing.T) {
+	for _, v := range validators {
+		if err := v.check("f", v.valid); err != nil {
+			t.Fatalf("%s(%q) = %v, want nil", v.name, v.valid, err)
+		}
+		for _, r := range invisible {
+			for _, s := range []string{
+				v.valid[:v.at] + string(r) + v.valid[v.at:],
+				v.valid + string(r),
+			} {
+				err := v.check("f", s)
+				var e *nvmegate.Error
+				if !errors.As(err, &e) || e.Code != nvmegate.EINVALID || e.Field != "f" {
+					t.Errorf("%s(%q) = %v, want EINVALID on f", v.name, s, err)
+					continue
+				}
+				if strings.ContainsRune(err.Error(), r) {
+					t.Errorf("%s(%q): message echoes %U: %q", v.name, s, r, err)
+				}
+				if want := fmt.Sprintf("%U", r); !strings.Contains(err.Error(), want) {
+					t.Errorf("%s(%q) = %q, want the message to name %s", v.name, s, err, want)
+				}
+			}
+		}
+		if err := v.check("f", v.valid[:v.at]+"\xff"+v.valid[v.at:]); err == nil || !strings.Contains(err.Error(), "UTF-8") {
+			t.Errorf("%s: invalid UTF-8: %v", v.name, err)
+		}
+	}
+}
+
+// Printable non-ASCII text is free text, not a spoof: descriptions and the
+// user part of NQNs may hold it.
+func TestValidatorsAcceptPrintableUnicode(t *testing.T) {
+	for _, s := range []string{"Größe – 東京 ✓", "café ×2 (β)", "naïve\u00a0text", "𝒳 \U0001F680"} {
+		if err := nvmegate.ValidateText("description", s, true); err != nil {
+			t.Errorf("ValidateText(%q) = %v", s, err)
+		}
+	}
+	if err := nvmegate.ValidateNQN("nqn", "nqn.2026-01.io.example:größe-東京"); err != nil {
+		t.Errorf("ValidateNQN: %v", err)
+	}
+}
+
+// FuzzValidateText: no input panics, a refusal names the field, and an
+// accepted text is at most 256 bytes of valid UTF-8 without a character of
+// the refused categories (checked here independently of the validator).
+func FuzzValidateText(f *testing.F) {
+	for _, s := range []string{"", "ok", "a\nb", "\xff", strings.Repeat("x", 257), "é"} {
+		f.Add(s)
+	}
+	for _, r := range invisible {
+		f.Add("abc" + string(r) + "def")
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		err := nvmegate.ValidateText("f", s, false)
+		if err != nil {
+			var e *nvmegate.Error
+			if !errors.As(err, &e) || e.Field != "f" || e.Code != nvmegate.EINVALID {
+				t.Fatalf("refusal %v does not name the field", err)
+			}
+			return
+		}
+		if len(s) > 256 || !utf8.ValidString(s) {
+			t.Fatalf("accepted %q", s)
+		}
+		for _, r := range s {
+			if unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp) {
+				t.Fatalf("accepted %q with %U", s, r)
+			}
+		}
+	})
+}
