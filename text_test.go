@@ -100,14 +100,18 @@ func TestValidatorsAcceptPrintableUnicode(t *testing.T) {
 }
 
 // FuzzValidateText: no input panics, a refusal names the field, and an
-// accepted text is at most 256 bytes of valid UTF-8 without a character of
-// the refused categories (checked here independently of the validator).
+// accepted text is at most 256 bytes of valid UTF-8 without key material
+// or a character of the refused categories (checked here independently of
+// the validator).
 func FuzzValidateText(f *testing.F) {
 	for _, s := range []string{"", "ok", "a\nb", "\xff", strings.Repeat("x", 257), "é"} {
 		f.Add(s)
 	}
 	for _, r := range invisible {
 		f.Add("abc" + string(r) + "def")
+	}
+	for _, k := range keys {
+		f.Add("see " + k.key)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		err := nvmegate.ValidateText("f", s, false)
@@ -118,13 +122,124 @@ func FuzzValidateText(f *testing.F) {
 			}
 			return
 		}
-		if len(s) > 256 || !utf8.ValidString(s) {
+		l := asciiLower(s)
+		if len(s) > 256 || !utf8.ValidString(s) ||
+			strings.Contains(l, "dhhc-1:") || strings.Contains(l, "nvmetlskey-1:") || strings.Contains(l, "private key-----") {
 			t.Fatalf("accepted %q", s)
 		}
 		for _, r := range s {
 			if unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp) {
 				t.Fatalf("accepted %q with %U", s, r)
 			}
+		}
+	})
+}
+
+// Keys in the forms the gateway hands out, each one that the syntax of a
+// job ID or an NQN's user part would otherwise accept.
+var keys = []struct{ name, key, body string }{
+	{"DH-HMAC-CHAP secret", "DHHC-1:00:" + keyBody + ":", keyBody},
+	{"DH-HMAC-CHAP secret, lower case", "dhhc-1:01:" + keyBody + ":", keyBody},
+	{"NVMe TLS PSK", "NVMeTLSkey-1:01:" + keyBody + ":", keyBody},
+	{"NVMe TLS PSK, upper case", "NVMETLSKEY-1:02:" + keyBody + ":", keyBody},
+	{"PEM private key", "-----BEGIN PRIVATE KEY-----MC4CAQAwBQYDK2VwBCIEI" + keyBody[:20], keyBody[:20]},
+	{"PEM EC private key", "-----BEGIN EC PRIVATE KEY-----", "EC PRIVATE KEY"},
+}
+
+// keyBody is base64 of a 32-byte secret and its CRC, picked without '+',
+// '/' or '=' so that it is also a valid job ID and NQN tail.
+const keyBody = "QWxsIHRoYXQgZ2xpdHRlcnMgaXMgbm90IGdvbGQuLi4uLkAx"
+
+// Every validator refuses a value holding key material, wherever it is,
+// with InvalidArgument on the field and a message that says why without
+// repeating the key.
+func TestValidatorsRefuseKeyMaterial(t *testing.T) {
+	for _, v := range validators {
+		for _, k := range keys {
+			for _, s := range []string{
+				k.key,
+				v.valid[:v.at] + k.key + v.valid[v.at:],
+				v.valid + k.key,
+			} {
+				err := v.check("f", s)
+				var e *nvmegate.Error
+				if !errors.As(err, &e) || e.Code != nvmegate.EINVALID || e.Field != "f" {
+					t.Errorf("%s(%s in %q) = %v, want EINVALID on f", v.name, k.name, s, err)
+					continue
+				}
+				if !strings.Contains(err.Error(), "key material") {
+					t.Errorf("%s(%s) = %q, want it to say key material", v.name, k.name, err)
+				}
+				if strings.Contains(err.Error(), k.body) || strings.Contains(strings.ToLower(err.Error()), "dhhc-1:") ||
+					strings.Contains(strings.ToLower(err.Error()), "nvmetlskey-1:") {
+					t.Errorf("%s(%s): message repeats the key: %q", v.name, k.name, err)
+				}
+			}
+		}
+	}
+	// The same words without the markers are fine in free text.
+	for _, s := range []string{"rotated the DHHC key of acme", "PSK leaked via NVMeTLSkey file", "private key lost", "DHHC-1 secret"} {
+		if err := nvmegate.ValidateText("reason", s, true); err != nil {
+			t.Errorf("ValidateText(%q) = %v", s, err)
+		}
+	}
+}
+
+// A subsystem's description is free text kept in the inventory and
+// returned by GetSubsystem: a key in it is refused before it is stored.
+func TestSubsystemDescriptionKeyMaterial(t *testing.T) {
+	for _, k := range keys {
+		s := nvmegate.Subsystem{NQN: "nqn.2026-01.io.example:s", TargetID: "stor-1", Tenant: "acme", PortIDs: []uint16{1}, DHCHAP: true,
+			Description: "host secret is " + k.key}
+		err := s.Validate()
+		if field(err) != "description" || !strings.Contains(err.Error(), "key material") || strings.Contains(err.Error(), k.body) {
+			t.Errorf("%s: %v", k.name, err)
+		}
+	}
+}
+
+// LooksLikeKeyMaterial finds every marker in any letter case and at any
+// position, and nothing in text without one.
+func TestLooksLikeKeyMaterial(t *testing.T) {
+	for _, k := range keys {
+		for _, s := range []string{k.key, "x" + k.key, "\u00e9" + k.key + "\u00e9"} {
+			if !nvmegate.LooksLikeKeyMaterial(s) {
+				t.Errorf("LooksLikeKeyMaterial(%q) = false", s)
+			}
+		}
+	}
+	for _, s := range []string{"", "-", "DHHC-1", "DHHC-2:00:x:", "NVMeTLSkey-2:", "PRIVATE KEY----", "public key-----", "-1:-1:y-----"} {
+		if nvmegate.LooksLikeKeyMaterial(s) {
+			t.Errorf("LooksLikeKeyMaterial(%q) = true", s)
+		}
+	}
+}
+
+// asciiLower lower-cases A-Z only: Unicode case mapping would turn other
+// characters (the Kelvin sign) into ASCII letters that no key starts with.
+func asciiLower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
+}
+
+// FuzzLooksLikeKeyMaterial checks the allocation-free search against the
+// obvious one.
+func FuzzLooksLikeKeyMaterial(f *testing.F) {
+	for _, k := range keys {
+		f.Add(k.key)
+	}
+	f.Add("dHhC-1:")
+	f.Add("-----BEGIN RSA PRIVATE KEY-----")
+	f.Fuzz(func(t *testing.T, s string) {
+		l := asciiLower(s)
+		want := strings.Contains(l, "dhhc-1:") || strings.Contains(l, "nvmetlskey-1:") || strings.Contains(l, "private key-----")
+		if got := nvmegate.LooksLikeKeyMaterial(s); got != want {
+			t.Fatalf("LooksLikeKeyMaterial(%q) = %v, want %v", s, got, want)
 		}
 	})
 }

@@ -3,6 +3,7 @@ package nvmegate
 import (
 	"fmt"
 	"regexp"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -78,8 +79,13 @@ func ValidateJobID(field, v string) error {
 }
 
 // show quotes a caller-supplied value for an error message, cut to a length
-// that keeps messages readable. Only non-secret fields are ever shown.
+// that keeps messages readable and with unprintable characters escaped.
+// Only non-secret fields are ever shown; a value that looks like key
+// material is not shown at all.
 func show(v string) string {
+	if LooksLikeKeyMaterial(v) {
+		return "(a value that looks like key material, not shown)"
+	}
 	const max = 64
 	if len(v) > max {
 		cut := max
@@ -125,11 +131,50 @@ func unsafeRune(s string) (rune, int) {
 	return 0, -1
 }
 
+// keyMarkers start the secrets the gateway handles, lower-cased:
+// DH-HMAC-CHAP secrets ("DHHC-1:hh:<base64>:"), NVMe/TCP TLS PSKs in the
+// interchange format ("NVMeTLSkey-1:hh:<base64>:") and PEM private keys
+// ("-----BEGIN [RSA |EC |OPENSSH ]PRIVATE KEY-----").
+var keyMarkers = []string{"dhhc-1:", "nvmetlskey-1:", "private key-----"}
+
+// LooksLikeKeyMaterial reports whether s contains, in any letter case, the
+// start of a secret the gateway handles: a DH-HMAC-CHAP secret, an NVMe TLS
+// PSK in the interchange format or a PEM private key. It is the one test of
+// key material: every Validate function refuses such strings (so free text
+// cannot carry a key into the inventory, a response or a log), error
+// messages never show them, and the audit log refuses entries holding one.
+// It cannot recognise a bare secret (hex or base64 without its prefix).
+func LooksLikeKeyMaterial(s string) bool {
+	// Every marker contains "-1:" or "y-----"; look for the rarer
+	// character first, without allocating.
+	for i := 0; i+1 < len(s); i++ {
+		if s[i] != '-' {
+			continue
+		}
+		for _, m := range keyMarkers {
+			// Align the marker so that its first '-' is at i.
+			st := i - strings.IndexByte(m, '-')
+			if st < 0 || st+len(m) > len(s) {
+				continue
+			}
+			if strings.EqualFold(s[st:st+len(m)], m) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // checkString refuses what no caller-supplied string may hold, whatever its
-// field and syntax: invalid UTF-8 and the characters of unsafeRune. Every
-// Validate function of this package calls it first, so that a new field
-// cannot miss it and no later message echoes such a value.
+// field and syntax: key material (LooksLikeKeyMaterial), invalid UTF-8 and
+// the characters of unsafeRune. Every Validate function of this package
+// calls it first, so that a new field cannot miss it and no later message
+// echoes such a value. The message about key material names the kinds of
+// key, never the value.
 func checkString(field, v string) error {
+	if LooksLikeKeyMaterial(v) {
+		return Invalid(field, "looks like key material (a DH-HMAC-CHAP secret, NVMe TLS PSK or private key), which is never stored; leave the key out")
+	}
 	r, i := unsafeRune(v)
 	switch {
 	case i < 0:
@@ -142,8 +187,8 @@ func checkString(field, v string) error {
 }
 
 // ValidateText checks operator free text (descriptions, audit reasons): at
-// most 256 bytes of UTF-8 without control, format or separator characters
-// (checkString), and present when required.
+// most 256 bytes of UTF-8 without key material or control, format or
+// separator characters (checkString), and present when required.
 func ValidateText(field, v string, required bool) error {
 	if v == "" && required {
 		return Invalid(field, "is required")
