@@ -75,7 +75,7 @@ func ValidateGrantID(field, v string) error {
 	if v == "" {
 		return Invalid(field, "is required")
 	}
-	if err := checkString(field, v); err != nil {
+	if err := ValidateString(field, v); err != nil {
 		return err
 	}
 	if !grantIDRE.MatchString(v) {

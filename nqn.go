@@ -35,7 +35,7 @@ func ValidateNQN(field, v string) error {
 	if len(v) < minNQNLen || len(v) > maxNQNLen {
 		return Invalid(field, "must be %d-%d bytes long, got %d bytes", minNQNLen, maxNQNLen, len(v))
 	}
-	if err := checkString(field, v); err != nil {
+	if err := ValidateString(field, v); err != nil {
 		return err
 	}
 	if strings.ContainsAny(v, " /") {

@@ -21,7 +21,7 @@ func ValidateSPIFFEID(field, v string) error {
 	if len(v) > maxSPIFFEIDLen {
 		return Invalid(field, "must be at most %d bytes, as the SPIFFE ID spec allows (got %d)", maxSPIFFEIDLen, len(v))
 	}
-	if err := checkString(field, v); err != nil {
+	if err := ValidateString(field, v); err != nil {
 		return err
 	}
 	id, err := spiffeid.FromString(v)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -242,4 +243,31 @@ func FuzzLooksLikeKeyMaterial(f *testing.F) {
 			t.Fatalf("LooksLikeKeyMaterial(%q) = %v, want %v", s, got, want)
 		}
 	})
+}
+
+// Fields checked against a fixed set of values (a driver, a transport, an
+// address) do not run the key check, but their messages show the value:
+// a key there is refused like any other wrong value and never shown.
+func TestMessagesNeverShowKeyMaterial(t *testing.T) {
+	key := "DHHC-1:00:" + keyBody + ":"
+	for name, mut := range map[string]func(*nvmegate.Target){
+		"driver":         func(x *nvmegate.Target) { x.Driver = key },
+		"transport":      func(x *nvmegate.Target) { x.Ports[0].Transport = key },
+		"address":        func(x *nvmegate.Target) { x.Ports[0].Address = key },
+		"address_family": func(x *nvmegate.Target) { x.Ports[0].AddressFamily = key },
+		"service_id":     func(x *nvmegate.Target) { x.Ports[0].ServiceID = key },
+		"secure_channel": func(x *nvmegate.Target) { x.Ports[0].SecureChannel = key },
+	} {
+		tg := validTarget()
+		mut(&tg)
+		err := tg.Validate()
+		if err == nil || strings.Contains(err.Error(), keyBody) || !strings.Contains(err.Error(), "key material") {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	j := nvmegate.Job{ID: "j", Tenant: "acme", Nodes: []string{"spiffe://example.org/node/a"},
+		Namespaces: []nvmegate.JobNamespace{{SubsystemNQN: "nqn.2026-01.io.example:s", NSID: 1, Mode: key}}}
+	if err := j.Validate(time.Now()); err == nil || strings.Contains(err.Error(), keyBody) {
+		t.Errorf("job mode: %v", err)
+	}
 }

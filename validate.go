@@ -25,7 +25,7 @@ func ValidateLabel(field, v string) error {
 	if v == "" {
 		return Invalid(field, "is required")
 	}
-	if err := checkString(field, v); err != nil {
+	if err := ValidateString(field, v); err != nil {
 		return err
 	}
 	if !labelRE.MatchString(v) {
@@ -40,7 +40,7 @@ func ValidateDatasetName(field, v string) error {
 	if v == "" {
 		return Invalid(field, "is required")
 	}
-	if err := checkString(field, v); err != nil {
+	if err := ValidateString(field, v); err != nil {
 		return err
 	}
 	if !datasetRE.MatchString(v) {
@@ -54,7 +54,7 @@ func ValidateDigest(field, v string) error {
 	if v == "" {
 		return Invalid(field, "is required")
 	}
-	if err := checkString(field, v); err != nil {
+	if err := ValidateString(field, v); err != nil {
 		return err
 	}
 	if !digestRE.MatchString(v) {
@@ -69,7 +69,7 @@ func ValidateJobID(field, v string) error {
 	if v == "" {
 		return Invalid(field, "is required")
 	}
-	if err := checkString(field, v); err != nil {
+	if err := ValidateString(field, v); err != nil {
 		return err
 	}
 	if !jobIDRE.MatchString(v) {
@@ -165,13 +165,14 @@ func LooksLikeKeyMaterial(s string) bool {
 	return false
 }
 
-// checkString refuses what no caller-supplied string may hold, whatever its
+// ValidateString refuses what no caller-supplied string may hold, whatever its
 // field and syntax: key material (LooksLikeKeyMaterial), invalid UTF-8 and
 // the characters of unsafeRune. Every Validate function of this package
 // calls it first, so that a new field cannot miss it and no later message
-// echoes such a value. The message about key material names the kinds of
-// key, never the value.
-func checkString(field, v string) error {
+// echoes such a value; code that checks a string of its own shape (a policy
+// module's file name) calls it too. The message about key material names
+// the kinds of key, never the value.
+func ValidateString(field, v string) error {
 	if LooksLikeKeyMaterial(v) {
 		return Invalid(field, "looks like key material (a DH-HMAC-CHAP secret, NVMe TLS PSK or private key), which is never stored; leave the key out")
 	}
@@ -188,7 +189,7 @@ func checkString(field, v string) error {
 
 // ValidateText checks operator free text (descriptions, audit reasons): at
 // most 256 bytes of UTF-8 without key material or control, format or
-// separator characters (checkString), and present when required.
+// separator characters (ValidateString), and present when required.
 func ValidateText(field, v string, required bool) error {
 	if v == "" && required {
 		return Invalid(field, "is required")
@@ -196,5 +197,5 @@ func ValidateText(field, v string, required bool) error {
 	if len(v) > 256 {
 		return Invalid(field, "must be at most 256 bytes (got %d)", len(v))
 	}
-	return checkString(field, v)
+	return ValidateString(field, v)
 }

@@ -98,4 +98,9 @@ func TestInvisibleCharactersInRequests(t *testing.T) {
 
 	_, err = pb.NewJobsClient(g.client(t, sched)).Finish(ctx, &pb.FinishRequest{JobId: "job-1", Reason: "done\u0085forged: line"})
 	wantCode(t, err, codes.InvalidArgument, "reason", "U+0085")
+
+	// A candidate policy module named to read as another in a listing.
+	_, err = pb.NewPolicyClient(g.client(t, admin)).Explain(ctx, &pb.ExplainRequest{InputJson: []byte(`{}`),
+		CandidateModules: map[string]string{"allow-all\u202eoger.rego": "package x"}})
+	wantCode(t, err, codes.InvalidArgument, "candidate_modules", "U+202E")
 }

@@ -246,6 +246,9 @@ func validateExplain(r *pb.ExplainRequest) error {
 		return nvmegate.Invalid("candidate_modules", "at most %d modules (got %d)", maxModules, len(r.CandidateModules))
 	}
 	for name := range r.CandidateModules {
+		if err := nvmegate.ValidateString("candidate_modules", name); err != nil {
+			return err
+		}
 		if !strings.HasSuffix(name, ".rego") || strings.ContainsAny(name, "/\\") || len(name) > 255 {
 			return nvmegate.Invalid("candidate_modules", "module names must be plain file names ending in .rego (got %q)", name)
 		}
