@@ -328,12 +328,18 @@ func page(size int32, _ string) error {
 	return nil
 }
 
+// ttl checks the lifetime a node asks for. Unset means the default
+// (nvmegate.GrantExpiry); a zero or negative duration is refused rather than
+// read as unset, since it is not what the caller asked for.
 func ttl(field string, d *durationpb.Duration) error {
 	if d == nil {
 		return nil
 	}
-	if err := d.CheckValid(); err != nil || d.AsDuration() <= 0 {
-		return nvmegate.Invalid(field, "must be a positive duration")
+	if err := d.CheckValid(); err != nil {
+		return nvmegate.Invalid(field, "must be a valid duration: %v", err)
+	}
+	if v := d.AsDuration(); v <= 0 {
+		return nvmegate.Invalid(field, "must be positive (got %v); leave it unset for the default", v)
 	}
 	return nil
 }
