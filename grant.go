@@ -81,6 +81,9 @@ func ValidateGrantID(field, v string) error {
 	if v == "" {
 		return Invalid(field, "is required")
 	}
+	if err := ValidateString(field, v); err != nil {
+		return err
+	}
 	if !grantIDRE.MatchString(v) {
 		return Invalid(field, "must be 8-64 characters of A-Z, a-z, 0-9, '_' and '-' (got %s)", show(v))
 	}

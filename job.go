@@ -24,7 +24,7 @@ type Job struct {
 	ID             string         // the scheduler's job ID
 	Tenant         string         // the tenant the job runs for
 	Scheduler      string         // SPIFFE ID of the scheduler that admitted it
-	Nodes          []string       // SPIFFE IDs of the nodes that run it
+	Nodes          []string       // SPIFFE IDs of the nodes that run it (spiffe://<td>/node/<host>)
 	Namespaces     []JobNamespace // what the job may touch, with modes
 	AllowedRegions []string       // regions the job's data may be read in
 	ExpiresAt      time.Time      // end of the scope; grants never outlive it
@@ -56,7 +56,7 @@ func (j *Job) Validate(now time.Time) error {
 	seen := map[string]bool{}
 	for i, n := range j.Nodes {
 		f := "nodes[" + strconv.Itoa(i) + "]"
-		if err := ValidateSPIFFEID(f, n); err != nil {
+		if err := ValidateNodeID(f, n); err != nil {
 			return err
 		}
 		if seen[n] {

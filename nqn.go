@@ -101,8 +101,8 @@ func ValidateNQN(field, v string) error {
 	if len(v) < minNQNLen || len(v) > maxNQNLen {
 		return Invalid(field, "must be %d-%d bytes long, got %d bytes", minNQNLen, maxNQNLen, len(v))
 	}
-	if hasControl(v) {
-		return Invalid(field, "must be UTF-8 without control characters")
+	if err := ValidateString(field, v); err != nil {
+		return err
 	}
 	if strings.ContainsAny(v, " /") {
 		// Spaces separate fields of TLS PSK identities and '/' would break

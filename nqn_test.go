@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/nvmegate/nvmegate"
@@ -33,6 +34,11 @@ func TestValidateNQN(t *testing.T) {
 		{"nqn.2014-08.com.example:a/b", "'/'"},
 		{"nqn.2014-08.com.example:tab\there", "control"},
 		{"nqn.2014-08.com.example:\xff\xfe", "UTF-8"},
+		{"nqn.2014-08.com.example:next\u0085line", "U+0085"},
+		{"nqn.2014-08.com.example:\u202egnp.exe", "U+202E"},
+		{"nqn.2014-08.com.example:a\u2028b", "U+2028"},
+		{"nqn.2014-08.com.example:zero\u200bwidth", "U+200B"},
+		{"\ufeffnqn.2014-08.com.example:bom", "U+FEFF"},
 	} {
 		err := nvmegate.ValidateNQN("nqn", tc.nqn)
 		if tc.rule == "" {
@@ -54,6 +60,9 @@ func FuzzValidateNQN(f *testing.F) {
 	for _, s := range []string{"nqn.2014-08.org.nvmexpress:uuid:f81d4fae-7dec-11d0-a765-00a0c91e6bf6", "nqn.2016-06.io.spdk:cnode1", "", "nqn.", "\x00"} {
 		f.Add(s)
 	}
+	for _, r := range invisible {
+		f.Add("nqn.2016-06.io.spdk:cnode" + string(r) + "1")
+	}
 	f.Fuzz(func(t *testing.T, s string) {
 		err := nvmegate.ValidateNQN("f", s)
 		if err != nil {
@@ -66,8 +75,13 @@ func FuzzValidateNQN(f *testing.F) {
 			}
 			return
 		}
-		if len(s) < 11 || len(s) > 223 || !strings.HasPrefix(s, "nqn.") {
+		if len(s) < 11 || len(s) > 223 || !strings.HasPrefix(s, "nqn.") || !utf8.ValidString(s) {
 			t.Fatalf("accepted %q", s)
+		}
+		for _, r := range s {
+			if unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp) {
+				t.Fatalf("accepted %q with %U", s, r)
+			}
 		}
 	})
 }

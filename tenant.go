@@ -21,6 +21,9 @@ func ValidateSPIFFEID(field, v string) error {
 	if len(v) > maxSPIFFEIDLen {
 		return Invalid(field, "must be at most %d bytes, as the SPIFFE ID spec allows (got %d)", maxSPIFFEIDLen, len(v))
 	}
+	if err := ValidateString(field, v); err != nil {
+		return err
+	}
 	id, err := spiffeid.FromString(v)
 	if err != nil {
 		return Invalid(field, "must be a SPIFFE ID spiffe://<trust domain>/<path>: %v (got %s)", err, show(v))

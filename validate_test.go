@@ -125,6 +125,13 @@ func TestJobValidate(t *testing.T) {
 		{"valid", func(*nvmegate.Job) {}, ""},
 		{"job id", func(j *nvmegate.Job) { j.ID = "a b" }, "job_id"},
 		{"duplicate node", func(j *nvmegate.Job) { j.Nodes = append(j.Nodes, j.Nodes[0]) }, "nodes[1]"},
+		{"admin as node", func(j *nvmegate.Job) { j.Nodes = append(j.Nodes, "spiffe://example.org/admin/ops") }, "nodes[1]"},
+		{"scheduler as node", func(j *nvmegate.Job) { j.Nodes[0] = "spiffe://example.org/tenant/acme/scheduler/slurm" }, "nodes[0]"},
+		{"target as node", func(j *nvmegate.Job) { j.Nodes[0] = "spiffe://example.org/target/stor-1" }, "nodes[0]"},
+		{"trust domain as node", func(j *nvmegate.Job) { j.Nodes[0] = "spiffe://example.org" }, "nodes[0]"},
+		{"node sub-path", func(j *nvmegate.Job) { j.Nodes[0] = "spiffe://example.org/node/a/b" }, "nodes[0]"},
+		{"node prefix only", func(j *nvmegate.Job) { j.Nodes[0] = "spiffe://example.org/node" }, "nodes[0]"},
+		{"nodes path", func(j *nvmegate.Job) { j.Nodes[0] = "spiffe://example.org/nodes/a" }, "nodes[0]"},
 		{"mode", func(j *nvmegate.Job) { j.Namespaces[0].Mode = "wo" }, "namespaces[0].mode"},
 		{"no regions", func(j *nvmegate.Job) { j.AllowedRegions = nil }, "allowed_regions"},
 		{"expired", func(j *nvmegate.Job) { j.ExpiresAt = now }, "expires_at"},
@@ -134,6 +141,20 @@ func TestJobValidate(t *testing.T) {
 		if got := field(j.Validate(now)); got != tc.field {
 			t.Errorf("%s: field %q, want %q", tc.name, got, tc.field)
 		}
+	}
+}
+
+// A job's node that is another workload is refused naming it, so the
+// scheduler sees which entry is wrong.
+func TestValidateNodeID(t *testing.T) {
+	for _, ok := range []string{"spiffe://example.org/node/gpu-1", "spiffe://nvmegate.test/node/acme.gpu_17"} {
+		if err := nvmegate.ValidateNodeID("nodes[0]", ok); err != nil {
+			t.Errorf("ValidateNodeID(%q) = %v", ok, err)
+		}
+	}
+	err := nvmegate.ValidateNodeID("nodes[3]", "spiffe://example.org/admin/ops")
+	if field(err) != "nodes[3]" || !strings.Contains(err.Error(), `"spiffe://example.org/admin/ops"`) || !strings.Contains(err.Error(), "/node/<host>") {
+		t.Errorf("admin: %v", err)
 	}
 }
 

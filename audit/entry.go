@@ -4,9 +4,10 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/nvmegate/nvmegate"
 )
 
 // SchemaVersion is the version of the entry encoding, written as "v" in
@@ -323,7 +324,7 @@ func (w *encoder) str(field, s string) {
 		w.fail(fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidEntry, field))
 		return
 	}
-	if looksLikeKeyMaterial(s) {
+	if nvmegate.LooksLikeKeyMaterial(s) {
 		// Never echo the value.
 		w.fail(fmt.Errorf("%w: field %s", ErrKeyMaterial, field))
 		return
@@ -358,37 +359,4 @@ func (w *encoder) str(field, s string) {
 	}
 	w.b = append(w.b, s[start:]...)
 	w.b = append(w.b, '"')
-}
-
-// secretMarkers are the prefixes of the secret formats the gateway handles:
-// DH-HMAC-CHAP secrets, NVMe/TCP TLS PSK interchange strings, PEM private
-// keys. The check is case-insensitive and a last line of defence: entries
-// are built from versions and fingerprints, never from keys.
-var secretMarkers = []string{"dhhc-1:", "nvmetlskey-1:", "private key-----"}
-
-// LooksLikeKeyMaterial reports whether s holds what Append refuses as key
-// material, so that callers can refuse such text where it is typed (a
-// revocation's reason, say) rather than fail later.
-func LooksLikeKeyMaterial(s string) bool { return looksLikeKeyMaterial(s) }
-
-func looksLikeKeyMaterial(s string) bool {
-	// Every marker contains "-1:" or "y-----"; look for the rarer
-	// character pair first, without allocating.
-	for i := 0; i+1 < len(s); i++ {
-		if s[i] != '-' {
-			continue
-		}
-		for _, m := range secretMarkers {
-			// Align the marker so that its first '-' is at i.
-			off := strings.IndexByte(m, '-')
-			st := i - off
-			if st < 0 || st+len(m) > len(s) {
-				continue
-			}
-			if strings.EqualFold(s[st:st+len(m)], m) {
-				return true
-			}
-		}
-	}
-	return false
 }

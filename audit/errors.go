@@ -15,8 +15,8 @@ var (
 	ErrInvalidEntry = errors.New("invalid audit entry")
 
 	// ErrKeyMaterial is returned by Append and Encode when a field of the
-	// entry looks like key material (a DH-HMAC-CHAP secret, an NVMe TLS PSK,
-	// a PEM private key). Nothing is written and the error never repeats
+	// entry looks like key material (nvmegate.LooksLikeKeyMaterial: a
+	// DH-HMAC-CHAP secret, an NVMe TLS PSK, a PEM private key). Nothing is written and the error never repeats
 	// the value. It is a bug in the caller, which must deny the request and
 	// treat the secret as exposed in its own memory only.
 	ErrKeyMaterial = errors.New("audit entry contains key material")

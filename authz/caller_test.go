@@ -5,6 +5,7 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/authz"
 )
 
@@ -54,6 +55,10 @@ func TestParseCaller(t *testing.T) {
 			if got := authz.ParseCaller(id); got != want {
 				t.Errorf("ParseCaller(%s) = %+v, want %+v", tc.id, got, want)
 			}
+			// A job may name as its nodes exactly the IDs of the node role.
+			if isNode := nvmegate.ValidateNodeID("n", tc.id) == nil; isNode != (want.Role == authz.RoleNode) {
+				t.Errorf("ValidateNodeID(%s) accepts: %v, role %s", tc.id, isNode, want.Role)
+			}
 		})
 	}
 	// A trust domain alone (no workload path) is no known role.
@@ -79,6 +84,9 @@ func FuzzParseCaller(f *testing.F) {
 		c := authz.ParseCaller(id)
 		if c.ID != id.String() || c.TrustDomain != "example.org" {
 			t.Fatalf("%+v", c)
+		}
+		if isNode := nvmegate.ValidateNodeID("n", id.String()) == nil; isNode != (c.Role == authz.RoleNode) {
+			t.Fatalf("%q: ValidateNodeID accepts: %v, role %s", path, isNode, c.Role)
 		}
 		switch c.Role {
 		case authz.RoleUnknown:

@@ -897,3 +897,38 @@ func TestConnectRefusedWhenNQNBoundBeforeCommit(t *testing.T) {
 		t.Fatalf("deny entries %+v", denies)
 	}
 }
+
+// A node asking for a zero, negative or malformed lifetime is refused
+// InvalidArgument on ttl, for Connect and Renew alike, rather than given
+// the default it did not ask for; an unset ttl is the default.
+func TestNonPositiveTTL(t *testing.T) {
+	g := startGateway(t)
+	acmeInventory(t, g)
+	ctx := ctxT(t)
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
+		t.Fatal(err)
+	}
+	ac := pb.NewAccessClient(g.client(t, node))
+	for _, d := range []*durationpb.Duration{durationpb.New(0), durationpb.New(-time.Hour), durationpb.New(-time.Nanosecond)} {
+		_, err := ac.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN, Ttl: d})
+		wantCode(t, err, codes.InvalidArgument, "ttl", "must be positive", d.AsDuration().String(), "unset for the default")
+	}
+	_, err := ac.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN, Ttl: &durationpb.Duration{Seconds: 1, Nanos: -1}})
+	wantCode(t, err, codes.InvalidArgument, "ttl", "valid duration")
+
+	before := time.Now()
+	c, err := ac.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exp := c.Grant.ExpiresAt.AsTime(); exp.Before(before.Add(time.Hour-time.Minute)) || exp.After(time.Now().Add(time.Hour)) {
+		t.Fatalf("unset ttl: expires %v, want the default hour from %v", exp, before)
+	}
+	for _, d := range []*durationpb.Duration{durationpb.New(0), durationpb.New(-time.Second)} {
+		_, err := ac.Renew(ctx, &pb.RenewRequest{GrantId: c.Grant.GrantId, Ttl: d})
+		wantCode(t, err, codes.InvalidArgument, "ttl", "must be positive")
+	}
+	if _, err := ac.Renew(ctx, &pb.RenewRequest{GrantId: c.Grant.GrantId, Ttl: durationpb.New(10 * time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+}

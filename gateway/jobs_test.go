@@ -116,3 +116,29 @@ func TestJobsLifecycle(t *testing.T) {
 		t.Errorf("finish entries %q / %q", entries[5].Detail, entries[7].Detail)
 	}
 }
+
+// Only node identities may be a job's nodes: a scheduler naming an
+// admin, another scheduler, a target or its trust domain gets
+// InvalidArgument naming the entry, and no job is stored.
+func TestAdmitRefusesNonNodeIdentities(t *testing.T) {
+	g := startGateway(t)
+	acmeInventory(t, g)
+	ctx := ctxT(t)
+	jc := pb.NewJobsClient(g.client(t, sched))
+	for _, id := range []string{
+		"spiffe://nvmegate.test/admin/ops",
+		"spiffe://nvmegate.test/tenant/acme/scheduler/slurm",
+		"spiffe://nvmegate.test/target/stor-eu-1",
+		"spiffe://nvmegate.test/gateway/g1",
+		"spiffe://nvmegate.test/node/acme-gpu-9/extra",
+	} {
+		req := admitRequest("job-1")
+		req.Nodes = append(req.Nodes, id)
+		_, err := jc.Admit(ctx, req)
+		wantCode(t, err, codes.InvalidArgument, "nodes[2]", id, "/node/<host>")
+	}
+	// Nothing was stored: the same job with node identities only is new.
+	if _, err := jc.Admit(ctx, admitRequest("job-1")); err != nil {
+		t.Fatalf("the same job with node identities only: %v", err)
+	}
+}

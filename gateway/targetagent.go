@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"log/slog"
+	"strconv"
 
 	"google.golang.org/grpc"
 
@@ -102,8 +103,26 @@ func (s *targetAgentService) Ack(ctx context.Context, r *pb.AckRequest) (*pb.Ack
 	if err != nil {
 		return nil, err
 	}
-	if err := s.hub.Ack(t.ID, r.StreamId, r.Generation, r.Error); err != nil {
+	if err := s.hub.Ack(t.ID, r.StreamId, r.Generation, agentError(r.Error)); err != nil {
 		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "%v", err)
 	}
 	return &pb.AckResponse{}, nil
+}
+
+// agentError is what the gateway keeps of an agent's error text, which ends
+// up in log lines: a message that looks like key material (a driver that
+// echoed a secret it could not install) is withheld, and one with control,
+// format or separator characters is quoted, so that it cannot forge or hide
+// log lines. The ack itself is taken either way: refusing it would leave
+// the generation to time out, and the agent did report a failure.
+func agentError(msg string) string {
+	switch {
+	case msg == "":
+		return ""
+	case nvmegate.LooksLikeKeyMaterial(msg):
+		return "(the agent's message is withheld: it looks like key material)"
+	case nvmegate.ValidateString("error", msg) != nil:
+		return strconv.Quote(msg)
+	}
+	return msg
 }

@@ -12,7 +12,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nvmegate/nvmegate"
-	"github.com/nvmegate/nvmegate/audit"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 	"github.com/nvmegate/nvmegate/store"
 )
@@ -247,6 +246,9 @@ func validateExplain(r *pb.ExplainRequest) error {
 		return nvmegate.Invalid("candidate_modules", "at most %d modules (got %d)", maxModules, len(r.CandidateModules))
 	}
 	for name := range r.CandidateModules {
+		if err := nvmegate.ValidateString("candidate_modules", name); err != nil {
+			return err
+		}
 		if !strings.HasSuffix(name, ".rego") || strings.ContainsAny(name, "/\\") || len(name) > 255 {
 			return nvmegate.Invalid("candidate_modules", "module names must be plain file names ending in .rego (got %q)", name)
 		}
@@ -326,12 +328,18 @@ func page(size int32, _ string) error {
 	return nil
 }
 
+// ttl checks the lifetime a node asks for. Unset means the default
+// (nvmegate.GrantExpiry); a zero or negative duration is refused rather than
+// read as unset, since it is not what the caller asked for.
 func ttl(field string, d *durationpb.Duration) error {
 	if d == nil {
 		return nil
 	}
-	if err := d.CheckValid(); err != nil || d.AsDuration() <= 0 {
-		return nvmegate.Invalid(field, "must be a positive duration")
+	if err := d.CheckValid(); err != nil {
+		return nvmegate.Invalid(field, "must be a valid duration: %v", err)
+	}
+	if v := d.AsDuration(); v <= 0 {
+		return nvmegate.Invalid(field, "must be positive (got %v); leave it unset for the default", v)
 	}
 	return nil
 }
@@ -371,15 +379,10 @@ func first(errs ...error) error {
 	return nil
 }
 
-// reason checks the free text of a revocation, a job's end or a rotation:
-// it goes into audit entries, which refuse anything that looks like a key —
-// refused here, with the reason why, so that the action is not.
+// reason checks the free text of a revocation, a job's end or a rotation.
+// It goes into audit entries, which refuse anything that looks like a key;
+// ValidateText refuses that here, with the reason why, so that the action
+// is not refused later.
 func reason(v string, required bool) error {
-	if err := nvmegate.ValidateText("reason", v, required); err != nil {
-		return err
-	}
-	if audit.LooksLikeKeyMaterial(v) {
-		return nvmegate.Invalid("reason", "looks like key material (a DH-HMAC-CHAP secret, TLS PSK or private key); describe the problem without the key")
-	}
-	return nil
+	return nvmegate.ValidateText("reason", v, required)
 }

@@ -19,10 +19,12 @@ import (
 
 // ServerCredentials returns gRPC server credentials for mutual TLS with
 // X.509-SVIDs: the server presents src's SVID, and a client must present an
-// X.509-SVID that chains to src's bundle for its trust domain and is a member
-// of td. A client from another trust domain, with an expired or unverifiable
-// SVID, with no certificate, or offering less than TLS 1.3 fails the
-// handshake, so no handler ever runs for it. A zero td admits no client.
+// X.509-SVID that chains to src's bundle for its trust domain, is a member
+// of td and names a workload (a path after the trust domain). A client from
+// another trust domain, with an expired or unverifiable SVID, with an SVID
+// naming only the trust domain, with no certificate, or offering less than
+// TLS 1.3 fails the handshake, so no handler ever runs for it. A zero td
+// admits no client.
 //
 // The TLS configuration is go-spiffe's (tlsconfig.HookMTLSServerConfig). It
 // is not grpccredentials.MTLSServerCredentials because that builds its own
@@ -33,13 +35,14 @@ import (
 // connections are long-lived, so full handshakes cost little.
 func ServerCredentials(src Source, td spiffeid.TrustDomain) credentials.TransportCredentials {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS13, SessionTicketsDisabled: true}
-	tlsconfig.HookMTLSServerConfig(cfg, src, src, tlsconfig.AuthorizeMemberOf(td))
+	tlsconfig.HookMTLSServerConfig(cfg, src, src, authorizeWorkload(tlsconfig.AuthorizeMemberOf(td)))
 	return &spiffeCredentials{TransportCredentials: credentials.NewTLS(cfg)}
 }
 
 // ClientCredentials returns gRPC client credentials for mutual TLS with
 // X.509-SVIDs: the client presents src's SVID and accepts a server whose
-// X.509-SVID chains to src's bundle and passes authorize (for example
+// X.509-SVID chains to src's bundle, names a workload (not only a trust
+// domain) and passes authorize (for example
 // tlsconfig.AuthorizeID(gatewayID)). A nil authorize accepts no server.
 // TLS 1.3 is required, and sessions are never resumed.
 func ClientCredentials(src Source, authorize tlsconfig.Authorizer) credentials.TransportCredentials {
@@ -56,8 +59,24 @@ func ClientTLSConfig(src Source, authorize tlsconfig.Authorizer) *tls.Config {
 		}
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS13}
-	tlsconfig.HookMTLSClientConfig(cfg, src, src, authorize)
+	tlsconfig.HookMTLSClientConfig(cfg, src, src, authorizeWorkload(authorize))
 	return cfg
+}
+
+// authorizeWorkload refuses a peer whose X.509-SVID names only a trust
+// domain (spiffe://<td>, no path) before asking authorize. The X509-SVID
+// spec requires a leaf's SPIFFE ID to have a non-root path (§3.1) and a
+// validator to check it (§5.2); go-spiffe's x509svid.Verify checks the
+// chain, the CA flag and the key usage, not the path, so a trust-domain-only
+// leaf (a CA misconfigured, a registration entry without a path) would
+// otherwise pass the handshake as a caller no role convention describes.
+func authorizeWorkload(authorize tlsconfig.Authorizer) tlsconfig.Authorizer {
+	return func(id spiffeid.ID, chains [][]*x509.Certificate) error {
+		if id.Path() == "" {
+			return fmt.Errorf("identity: peer SVID %s names only a trust domain; a leaf X.509-SVID must name a workload", id)
+		}
+		return authorize(id, chains)
+	}
 }
 
 // AuthInfo is the credentials.AuthInfo of a connection made with

@@ -2,6 +2,7 @@ package identity_test
 
 import (
 	"crypto/tls"
+	"strings"
 	"testing"
 	"time"
 
@@ -175,5 +176,44 @@ func TestAuthorizeGateway(t *testing.T) {
 		if got := authorize(parsed, nil) == nil; got != ok {
 			t.Errorf("AuthorizeGateway(%s) = %v, want %v", id, got, ok)
 		}
+	}
+}
+
+// A leaf SVID whose ID is only the trust domain (spiffe://<td>, no path)
+// verifies against the bundle, but the X509-SVID spec forbids it: the
+// handshake fails on both sides, and no handler runs.
+func TestMTLS_RefusesTrustDomainOnlySVID(t *testing.T) {
+	ca := newCA(t, td)
+	bare := issueUnchecked(t, ca, "spiffe://"+td.Name())
+	// go-spiffe's verification alone accepts it: the refusal below is ours.
+	if id, _, err := x509svid.Verify(bare.Certificates, ca.Bundle()); err != nil || id.Path() != "" {
+		t.Fatalf("Verify = %v, %v; want the trust domain's ID verified", id, err)
+	}
+
+	// As a client.
+	serverSVID := issue(t, ca, "/gateway/g1")
+	addr, rec := startServer(t, identity.ServerCredentials(identity.StaticSource(serverSVID, ca.Bundle()), td))
+	_, _, err := check(t, dial(t, addr, identity.ClientCredentials(identity.StaticSource(bare, ca.Bundle()), tlsconfig.AuthorizeID(serverSVID.ID))))
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("client with a trust-domain-only SVID: %v, want Unavailable", err)
+	}
+	if rec.count() != 0 {
+		t.Fatalf("server handler reached %d times", rec.count())
+	}
+
+	// As a server, to a client that would accept any member of td.
+	bareAddr, bareRec := startServer(t, identity.ServerCredentials(identity.StaticSource(bare, ca.Bundle()), td))
+	valid := identity.StaticSource(issue(t, ca, "/node/h1"), ca.Bundle())
+	_, _, err = check(t, dial(t, bareAddr, identity.ClientCredentials(valid, tlsconfig.AuthorizeMemberOf(td))))
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "names only a trust domain") {
+		t.Fatalf("server with a trust-domain-only SVID: %v, want Unavailable naming the reason", err)
+	}
+	if bareRec.count() != 0 {
+		t.Fatalf("server handler reached %d times", bareRec.count())
+	}
+
+	// The same client with a workload SVID is admitted.
+	if st, _, err := check(t, dial(t, addr, identity.ClientCredentials(valid, tlsconfig.AuthorizeID(serverSVID.ID)))); err != nil || st != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("valid client: %v, %v", st, err)
 	}
 }

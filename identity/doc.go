@@ -14,9 +14,10 @@
 // ServerCredentials and ClientCredentials build gRPC transport credentials on
 // go-spiffe's tlsconfig: TLS 1.3 only, a verified X.509-SVID required on both
 // sides. The server admits only members of its own trust domain; a peer from
-// another trust domain, with an expired or unverifiable SVID or with no
-// certificate fails the TLS handshake, before any gRPC handler or interceptor
-// runs. Handlers read the verified caller with PeerID:
+// another trust domain, with an expired or unverifiable SVID, with an SVID
+// whose ID is only the trust domain (spiffe://<td>, which the X509-SVID
+// spec forbids on leaves) or with no certificate fails the TLS handshake,
+// before any gRPC handler or interceptor runs. Handlers read the verified caller with PeerID:
 //
 //	srv := grpc.NewServer(grpc.Creds(identity.ServerCredentials(src, td)))
 //	...

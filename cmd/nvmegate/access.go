@@ -62,8 +62,9 @@ config.json for "nvme connect-all -J FILE" (mode 0600), --print-connect prints
 the "nvme connect" command line, -o json prints the whole answer.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if ttl > 0 {
-				req.Ttl = durationpb.New(ttl)
+			var err error
+			if req.Ttl, err = ttlProto(cmd, ttl); err != nil {
+				return err
 			}
 			return a.call(cmd, func(ctx context.Context, c *grpc.ClientConn) error {
 				resp, err := pb.NewAccessClient(c).Connect(ctx, &req)
@@ -97,12 +98,26 @@ the "nvme connect" command line, -o json prints the whole answer.`,
 	f.StringVar(&req.JobId, "job", "", "the job whose scope names this node")
 	f.StringVar(&req.SubsystemNqn, "subsystem", "", "the subsystem to connect to")
 	f.StringVar(&req.HostNqn, "host-nqn", "", "the host NQN to use (default: the one bound to this node)")
-	f.DurationVar(&ttl, "ttl", 0, "how long the grant should last (capped by policy and the job)")
+	f.DurationVar(&ttl, "ttl", 0, "how long the grant should last, more than 0 (default: the gateway's; capped by policy and the job)")
 	f.StringVar(&writeConfig, "write-config", "", "write the libnvme config.json (with the secrets) to FILE")
 	f.BoolVar(&printConnect, "print-connect", false, "print the nvme connect command line (with the secrets)")
 	cmd.MarkFlagRequired("job")
 	cmd.MarkFlagRequired("subsystem")
 	return cmd
+}
+
+// ttlProto is the ttl of a Connect or Renew request: nil (the gateway's
+// default) when --ttl was not given, the duration when it is positive. A
+// zero or negative --ttl is refused: sent as nothing it would silently
+// become the default, which is not what was asked for.
+func ttlProto(cmd *cobra.Command, ttl time.Duration) (*durationpb.Duration, error) {
+	if !cmd.Flags().Changed("ttl") {
+		return nil, nil
+	}
+	if ttl <= 0 {
+		return nil, fmt.Errorf("--ttl must be positive (got %v); leave it out for the gateway's default", ttl)
+	}
+	return durationpb.New(ttl), nil
 }
 
 var grantHeader = []string{"GRANT", "JOB", "NODE", "HOST NQN", "SUBSYSTEM", "KEY", "STATE", "EXPIRES"}
@@ -128,8 +143,9 @@ func (a *app) renewCmd() *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := &pb.RenewRequest{GrantId: args[0]}
-			if ttl > 0 {
-				req.Ttl = durationpb.New(ttl)
+			var err error
+			if req.Ttl, err = ttlProto(cmd, ttl); err != nil {
+				return err
 			}
 			return a.call(cmd, func(ctx context.Context, c *grpc.ClientConn) error {
 				resp, err := pb.NewAccessClient(c).Renew(ctx, req)
@@ -151,7 +167,7 @@ func (a *app) renewCmd() *cobra.Command {
 			})
 		},
 	}
-	cmd.Flags().DurationVar(&ttl, "ttl", 0, "new lifetime from now (capped by policy and the job)")
+	cmd.Flags().DurationVar(&ttl, "ttl", 0, "new lifetime from now, more than 0 (default: the gateway's; capped by policy and the job)")
 	cmd.Flags().StringVar(&writeConfig, "write-config", "", "write the libnvme config.json with the current credentials")
 	cmd.Flags().BoolVar(&printConnect, "print-connect", false, "print the nvme connect command line (with the secrets)")
 	return cmd

@@ -2,11 +2,14 @@ package main
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/nvmegate/nvmegate"
 )
 
 var jsonOpts = protojson.MarshalOptions{Multiline: true, Indent: "  ", UseProtoNames: true}
@@ -24,9 +27,25 @@ func (a *app) print(msg proto.Message, header []string, rows [][]string) error {
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, strings.Join(header, "\t"))
 	for _, r := range rows {
-		fmt.Fprintln(tw, strings.Join(r, "\t"))
+		cells := make([]string, len(r))
+		for i, c := range r {
+			cells[i] = cell(c)
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
 	}
 	return tw.Flush()
+}
+
+// cell is a value as a table shows it: quoted, with escapes, if it holds
+// what the gateway refuses in new records (control, format or separator
+// characters, which would shift columns, start a new row or reorder the
+// text around them). The gateway refuses those, but a record stored by an
+// older version, or a misbehaving server, could still carry them.
+func cell(s string) string {
+	if nvmegate.ValidateString("", s) != nil {
+		return strconv.Quote(s)
+	}
+	return s
 }
 
 // printPage prints a listing and, in table form, how to get the next page.
