@@ -18,7 +18,7 @@ type HostBinding struct {
 
 // Validate checks the binding on its own; the store checks uniqueness.
 func (h *HostBinding) Validate() error {
-	if err := ValidateSPIFFEID("spiffe_id", h.SPIFFEID); err != nil {
+	if err := ValidateNodeID("spiffe_id", h.SPIFFEID); err != nil {
 		return err
 	}
 	if err := ValidateHostNQN("host_nqn", h.HostNQN); err != nil {

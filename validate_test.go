@@ -100,6 +100,8 @@ func TestSubsystemNamespaceBindingValidate(t *testing.T) {
 		{"namespace class", ns(func(n *nvmegate.Namespace) { n.DataClass = "Top Secret" }), "data_class"},
 		{"binding valid", hb(func(*nvmegate.HostBinding) {}), ""},
 		{"binding not spiffe", hb(func(h *nvmegate.HostBinding) { h.SPIFFEID = "https://example.org/node/x" }), "spiffe_id"},
+		{"binding of an admin", hb(func(h *nvmegate.HostBinding) { h.SPIFFEID = "spiffe://example.org/admin/ops" }), "spiffe_id"},
+		{"binding of a target agent", hb(func(h *nvmegate.HostBinding) { h.SPIFFEID = "spiffe://example.org/target/stor-1" }), "spiffe_id"},
 		{"binding trust domain only", hb(func(h *nvmegate.HostBinding) { h.SPIFFEID = "spiffe://example.org" }), "spiffe_id"},
 		{"binding nqn", hb(func(h *nvmegate.HostBinding) { h.HostNQN = "host-1" }), "host_nqn"},
 		{"binding tenant", hb(func(h *nvmegate.HostBinding) { h.Tenant = "ACME" }), "tenant"},

@@ -16,6 +16,8 @@ func TestInvalidDetailWithholdsValues(t *testing.T) {
 		want string
 	}{
 		{nvmegate.ValidateJobID("job_id", "DHHC-1:00:YWJj/ZGVm+:"),
+			`job_id: looks like key material (a DH-HMAC-CHAP secret, NVMe TLS PSK or private key), which is never stored; leave the key out`},
+		{nvmegate.ValidateJobID("job_id", "job with spaces"),
 			`job_id: must be 1-128 characters of A-Z, a-z, 0-9 and ._:-, starting with a letter or digit (got "…")`},
 		{nvmegate.ValidateLabel("id", strings.Repeat("k", 100)),
 			`id: must be 1-63 characters of a-z, 0-9 and '-', not starting or ending with '-' (got "…")`},
