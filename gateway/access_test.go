@@ -932,3 +932,47 @@ func TestNonPositiveTTL(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The NQN-reuse case that a revocation does not cover: an unbound node
+// connects with its derived NQN X and releases its grant (no revocation,
+// no rotation). An admin then binds X to another node on the same nvmet
+// target. Credentials derive from (host NQN, key scope, root version), so
+// without a rotation the new holder would be handed the very secret the
+// first node still knows. The binding rotates that root first: the new
+// holder's secret is another one, and the first node's knowledge is
+// useless after the grace.
+func TestRebindAfterReleaseRotates(t *testing.T) {
+	g := startGateway(t)
+	acmeInventory(t, g)
+	ctx := ctxT(t)
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
+		t.Fatal(err)
+	}
+	first := pb.NewAccessClient(g.client(t, node))
+	c, err := first.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.Release(ctx, &pb.ReleaseRequest{GrantId: c.Grant.GrantId}); err != nil {
+		t.Fatal(err)
+	}
+	x := c.Grant.HostNqn
+	second := "spiffe://nvmegate.test/node/acme-gpu-2"
+	if _, err := pb.NewInventoryClient(g.client(t, admin)).AddHostBinding(ctx, &pb.AddHostBindingRequest{Binding: &pb.HostBinding{
+		SpiffeId: second, HostNqn: x, Tenant: "acme"}}); err != nil {
+		t.Fatal(err)
+	}
+	c2, err := pb.NewAccessClient(g.client(t, "/node/acme-gpu-2")).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c2.Grant.HostNqn != x {
+		t.Fatalf("the new holder connected as %s, want %s", c2.Grant.HostNqn, x)
+	}
+	if c2.Credentials.DhchapHostSecret == c.Credentials.DhchapHostSecret {
+		t.Fatal("the new holder of the NQN was handed the secret its earlier holder knows")
+	}
+	if c2.Grant.KeyVersion <= c.Grant.KeyVersion {
+		t.Fatalf("root version %d after the rebinding, was %d: not rotated", c2.Grant.KeyVersion, c.Grant.KeyVersion)
+	}
+}

@@ -43,6 +43,14 @@ type inventoryService struct {
 	// or their namespaces: the target's next programming run rebuilds its
 	// state whole (a grant change only touches its host entry).
 	targets TargetProgrammer
+	// rebind, if set, rotates the roots an NQN's earlier holders knew
+	// before the NQN is bound (lease.Lifecycle.Rebind).
+	rebind Rebinder
+}
+
+// Rebinder prepares a host NQN for a new holder (lease.Lifecycle).
+type Rebinder interface {
+	Rebind(ctx context.Context, nqn, node string) error
 }
 
 // changed tells the target programmer that target id's inventory changed.
@@ -183,6 +191,14 @@ func (s *inventoryService) AddHostBinding(ctx context.Context, r *pb.AddHostBind
 	h, err := hostBindingFromProto(r.Binding)
 	if err != nil {
 		return nil, nvmegate.WithFieldPrefix("binding", err)
+	}
+	// Before the binding: another identity that held the NQN (its grants
+	// released or expired) still knows what the new holder would be
+	// given under the same root.
+	if s.rebind != nil {
+		if err := s.rebind.Rebind(ctx, h.HostNQN, h.SPIFFEID); err != nil {
+			return nil, err
+		}
 	}
 	if err := s.store.CreateHostBinding(ctx, h); err != nil {
 		return nil, nvmegate.WithFieldPrefix("binding", err)

@@ -163,7 +163,11 @@ func New(cfg Config) (*Server, error) {
 		// still get goroutines of their own.
 		grpc.NumStreamWorkers(streamWorkers),
 	)
-	pb.RegisterInventoryServer(s.grpc, &inventoryService{store: cfg.Store, targets: cfg.Targets})
+	inv := &inventoryService{store: cfg.Store, targets: cfg.Targets}
+	if cfg.Lease != nil {
+		inv.rebind = cfg.Lease
+	}
+	pb.RegisterInventoryServer(s.grpc, inv)
 	pb.RegisterPolicyServer(s.grpc, &policyService{info: cfg.Policy})
 	if cfg.Keys != nil {
 		pb.RegisterKeysServer(s.grpc, &keysService{keys: cfg.Keys, store: cfg.Store})

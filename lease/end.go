@@ -147,3 +147,51 @@ func (l *Lifecycle) Expire(ctx context.Context) (int, error) {
 	}
 	return len(res.done), res.err
 }
+
+// Rebind prepares host NQN nqn for identity node (an admin binding it):
+// credentials derive from (host NQN, key scope, root version), so an
+// identity that held grants on nqn — released or expired, not revoked —
+// still knows the secret its next holder would be given under the same
+// root. Every key scope where another identity held nqn at the current
+// root version rotates first; what that identity knew stops working after
+// the grace, and node's grants derive from the new root. An error
+// (EUNAVAILABLE: a root did not rotate) means the binding must not be
+// made. The store refuses the binding itself while another identity's
+// grant on nqn is active.
+func (l *Lifecycle) Rebind(ctx context.Context, nqn, node string) error {
+	held, err := l.grants.HostKeyScopes(ctx, nqn)
+	if err != nil {
+		return err
+	}
+	rotated := map[string]bool{}
+	for _, h := range held {
+		if h.Node == node || rotated[h.Scope] {
+			continue
+		}
+		// A holder still active refuses the binding (the store checks it
+		// again in the binding's commit): nothing rotates for a refusal.
+		active, err := l.grants.NodeActiveGrants(ctx, h.Node)
+		if err != nil {
+			return err
+		}
+		for _, g := range active {
+			if nvmegate.CanonicalNQN(g.HostNQN) == nvmegate.CanonicalNQN(nqn) {
+				return nvmegate.Errorf(nvmegate.ECONFLICT, "host NQN %q is in use by active grant %s of another identity; revoke them first", nqn, g.ID)
+			}
+		}
+		st, err := l.keys.Status(ctx, h.Scope)
+		if err != nil {
+			l.log.ErrorContext(ctx, "rebind: key scope status unavailable; not bound", "scope", h.Scope, "err", err)
+			return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "host NQN %s: the key store did not answer for %s; not bound, retry", nqn, h.Scope)
+		}
+		if h.Version < st.Current {
+			continue // rotated since: what that identity knew is another root's
+		}
+		if err := l.keys.Revoked(ctx, h.Scope, "host NQN "+nqn+" rebound to "+node); err != nil {
+			l.log.ErrorContext(ctx, "rebind: root not rotated; not bound", "scope", h.Scope, "err", err)
+			return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "host NQN %s: the root of %s, which its earlier holder knew, did not rotate; not bound, retry", nqn, h.Scope)
+		}
+		rotated[h.Scope] = true
+	}
+	return nil
+}

@@ -31,6 +31,9 @@ type Grants interface {
 	// did.
 	PendingRemovals(ctx context.Context) ([]*nvmegate.Grant, error)
 	SettleRemovals(ctx context.Context, ids []string) error
+	// HostKeyScopes are the key scopes and root versions under which
+	// identities held grants on a host NQN, ended ones included.
+	HostKeyScopes(ctx context.Context, nqn string) ([]store.HostKeyScope, error)
 }
 
 // Inventory tells where a grant's subsystem is (*store.DB).
@@ -51,6 +54,9 @@ type Keys interface {
 	// Revoked rotates the root of scope: what the revoked hosts knew stops
 	// working after the grace.
 	Revoked(ctx context.Context, scope, why string) error
+	// Status describes scope's roots (Current is the version new
+	// credentials derive from).
+	Status(ctx context.Context, scope string) (keys.RootStatus, error)
 }
 
 // AuditLog is where every step is recorded before it happens (*audit.Log).

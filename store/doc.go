@@ -101,6 +101,12 @@
 //	                      (active grants only; filled on open if missing)
 //	grants_by_host        canonical host NQN 0x00 node 0x00 grant ID -> ""
 //	                      (active grants only; filled on open if missing)
+//	grants_removal_pending grant ID -> "" (ended grants whose target has not
+//	                      acknowledged removing the host: RemovalPending)
+//	host_key_scopes       canonical host NQN 0x00 node 0x00 key scope ->
+//	                      newest root version (uint64 BE) the node held the
+//	                      NQN at, ended grants included: who could still
+//	                      derive what on an NQN (filled on open if missing)
 //
 // Grant writes are group-committed: concurrent PutGrants share one
 // transaction (batch.go).

@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -96,6 +97,62 @@ func indexActiveGrantsByHost(tx *bolt.Tx) error {
 	return forEachActiveGrant(tx, func(g *nvmegate.Grant) error {
 		return idx.Put(grantByHostKey(g.HostNQN, g.Node, g.ID), nil)
 	})
+}
+
+// hostKeyScopeKey keys host_key_scopes: canonical host NQN 0x00 node 0x00
+// key scope.
+func hostKeyScopeKey(g *nvmegate.Grant) []byte {
+	return indexKey(string(indexKey(nvmegate.CanonicalNQN(g.HostNQN), g.Node)), g.Scope())
+}
+
+// noteHostKeyScope records that g's node held g's host NQN under g's key
+// scope at g's root version (kept: the highest version). A Get on every
+// grant write, a Put only when the version is new.
+func noteHostKeyScope(tx *bolt.Tx, g *nvmegate.Grant) error {
+	b := tx.Bucket(bucketHostKeyScopes)
+	k := hostKeyScopeKey(g)
+	if v := b.Get(k); len(v) == 8 && binary.BigEndian.Uint64(v) >= g.KeyVersion {
+		return nil
+	}
+	return b.Put(k, binary.BigEndian.AppendUint64(nil, g.KeyVersion))
+}
+
+func indexHostKeyScopes(tx *bolt.Tx) error {
+	return tx.Bucket(bucketGrants).ForEach(func(_, v []byte) error {
+		g, err := decodeGrant(v)
+		if err != nil {
+			return nil // a corrupt record is reported where it is read
+		}
+		return noteHostKeyScope(tx, g)
+	})
+}
+
+// HostKeyScope is a key scope under which an identity held grants on a
+// host NQN, and the newest root version it held them at: the credentials
+// the host could derive there.
+type HostKeyScope struct {
+	Node    string
+	Scope   string
+	Version uint64
+}
+
+// HostKeyScopes returns every identity's key scopes on host NQN nqn
+// (compared canonically), ended grants included, in node and scope order.
+func (db *DB) HostKeyScopes(ctx context.Context, nqn string) ([]HostKeyScope, error) {
+	var out []HostKeyScope
+	err := db.view(ctx, func(tx *bolt.Tx) error {
+		p := indexPrefix(nvmegate.CanonicalNQN(nqn))
+		c := tx.Bucket(bucketHostKeyScopes).Cursor()
+		for k, v := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, v = c.Next() {
+			node, scope, ok := bytes.Cut(k[len(p):], []byte{keySep})
+			if !ok || len(v) != 8 {
+				return fmt.Errorf("store: malformed entry %q in %s", k, bucketHostKeyScopes)
+			}
+			out = append(out, HostKeyScope{Node: string(node), Scope: string(scope), Version: binary.BigEndian.Uint64(v)})
+		}
+		return nil
+	})
+	return out, err
 }
 
 // otherHostGrants returns the first (in index order) of the active grants
@@ -284,6 +341,9 @@ func putGrant(tx *txn, g *nvmegate.Grant, val []byte) error {
 	}
 	tx.record(op{grant: g})
 	if err := put(tx, bucketGrants, []byte(g.ID), val); err != nil {
+		return err
+	}
+	if err := noteHostKeyScope(tx.Tx, g); err != nil {
 		return err
 	}
 	// The index holds active grants only: a target's desired state is

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"reflect"
 	"testing"
 	"time"
@@ -177,5 +178,37 @@ func TestPutGrantsMoving(t *testing.T) {
 	must(t, db.PutGrantsMoving(ctx, nil, []string{b.ID}, &to, old)) // a stale put-back
 	if gb, _ = db.Grant(ctx, b.ID); EntryOf(gb) != later {
 		t.Fatalf("a stale put-back undid a later move: %+v", EntryOf(gb))
+	}
+}
+
+// HostKeyScopes remembers, per host NQN, each identity's key scopes up to
+// the newest root version it held, ended grants included; an older file
+// without the index gets it filled on open.
+func TestHostKeyScopes(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "store.db")
+	db := openPath(t, path)
+	ctx := context.Background()
+	a := newGrant(1, subNQN(0))
+	a.KeyScope = "target:t1"
+	must(t, db.PutGrant(ctx, a))
+	a.State, a.RemovalPending = nvmegate.GrantReleased, true
+	must(t, db.PutGrant(ctx, a))
+	newer := newGrant(2, subNQN(0))
+	newer.HostNQN, newer.Node, newer.KeyScope, newer.KeyVersion = a.HostNQN, a.Node, "target:t1", 3
+	must(t, db.PutGrant(ctx, newer))
+	other := newGrant(3, subNQN(1)) // another identity on another NQN
+	must(t, db.PutGrant(ctx, other))
+	want := []HostKeyScope{{Node: a.Node, Scope: "target:t1", Version: 3}}
+	got, err := db.HostKeyScopes(ctx, a.HostNQN)
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("HostKeyScopes = %v, %v; want %v", got, err, want)
+	}
+	// An older file: the index is rebuilt from the grants.
+	must(t, db.bolt.Update(func(tx *bolt.Tx) error { return tx.DeleteBucket(bucketHostKeyScopes) }))
+	must(t, db.Close())
+	db = openPath(t, path)
+	defer db.Close()
+	if got, err := db.HostKeyScopes(ctx, a.HostNQN); err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("after the index was rebuilt: %v, %v; want %v", got, err, want)
 	}
 }

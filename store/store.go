@@ -38,12 +38,16 @@ var (
 	// bucketGrantsPending indexes the ended grants whose removal from
 	// their target is not acknowledged yet (Grant.RemovalPending).
 	bucketGrantsPending = []byte("grants_removal_pending")
+	// bucketHostKeyScopes remembers, per host NQN, which identities held
+	// grants on it under which key scope, up to which root version: what
+	// a host that once had the NQN can still derive (HostKeyScopes).
+	bucketHostKeyScopes = []byte("host_key_scopes")
 
 	// allBuckets are created by Open if missing.
 	allBuckets = [][]byte{
 		bucketMeta, bucketTargets, bucketSubsystems, bucketSubsystemsByTarget,
 		bucketNamespaces, bucketHostBindings, bucketHostBindingsByNQN, bucketJobs,
-		bucketGrants, bucketGrantsBySubsystem, bucketGrantsByNode, bucketGrantsByHost, bucketGrantsPending,
+		bucketGrants, bucketGrantsBySubsystem, bucketGrantsByNode, bucketGrantsByHost, bucketGrantsPending, bucketHostKeyScopes,
 	}
 
 	metaKind     = []byte("kind")
@@ -159,6 +163,7 @@ func initSchema(tx *bolt.Tx) error {
 	// Indexes added after version 1's first files are filled when missing.
 	indexNodes := tx.Bucket(bucketGrantsByNode) == nil
 	indexHosts := tx.Bucket(bucketGrantsByHost) == nil
+	indexScopes := tx.Bucket(bucketHostKeyScopes) == nil
 	for _, name := range allBuckets {
 		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 			return fmt.Errorf("create bucket %s: %w", name, err)
@@ -171,6 +176,11 @@ func initSchema(tx *bolt.Tx) error {
 	}
 	if indexHosts {
 		if err := indexActiveGrantsByHost(tx); err != nil {
+			return err
+		}
+	}
+	if indexScopes {
+		if err := indexHostKeyScopes(tx); err != nil {
 			return err
 		}
 	}
