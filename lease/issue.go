@@ -82,33 +82,38 @@ func (l *Lifecycle) Issue(ctx context.Context, r Request) (Issued, error) {
 }
 
 // supersede releases the node's earlier grants that g, now on its target,
-// replaces. While both were active the target held the host entry of the
+// replaces — after the answer: the node has what it asked for, and the
+// commit joins the next group of writes instead of adding a round to the
+// connect. Only those still active end (a revocation that got there first
+// stands). While both were active the target held the host entry of the
 // newest, g's; one on another host entry (the node's binding changed) is
 // an end like any other: pending until its target removes that host. A
-// failure is logged, not the caller's: g stands, and an earlier grant
-// left active ends at the next connect or at its expiry.
+// failure (or a crash before the commit) leaves the earlier grant active
+// on g's host entry until the node's next connect or its expiry.
 func (l *Lifecycle) supersede(ctx context.Context, g *nvmegate.Grant, old []*nvmegate.Grant) {
 	if len(old) == 0 {
 		return
 	}
+	ref, id := g.HostRef(), g.ID
 	ctx = context.WithoutCancel(ctx)
-	var moved []*nvmegate.Grant
-	for _, o := range old {
-		o.State = nvmegate.GrantReleased
-		if o.HostRef() != g.HostRef() {
-			o.RemovalPending = true
-			moved = append(moved, o)
+	l.bg.Go(func() {
+		ended, err := l.grants.EndActiveGrants(ctx, ids(old), nvmegate.GrantReleased, func(o *nvmegate.Grant) bool { return o.HostRef() != ref })
+		if err != nil {
+			l.log.ErrorContext(ctx, "connect: superseded grants not released", "grant", id, "err", err)
+			return
 		}
-	}
-	if err := l.put(ctx, old...); err != nil {
-		l.log.ErrorContext(ctx, "connect: superseded grants not released", "grant", g.ID, "err", err)
-		return
-	}
-	followed, err := l.programEnds(ctx, "", moved)
-	if err != nil {
-		l.log.WarnContext(ctx, "connect: a superseded grant's old host not yet removed; pending", "grant", g.ID, "err", err)
-	}
-	l.settle(ctx, followed)
+		var moved []*nvmegate.Grant
+		for _, o := range ended {
+			if o.RemovalPending {
+				moved = append(moved, o)
+			}
+		}
+		followed, err := l.programEnds(ctx, "", moved)
+		if err != nil {
+			l.log.WarnContext(ctx, "connect: a superseded grant's old host not yet removed; pending", "grant", id, "err", err)
+		}
+		l.settle(ctx, followed)
+	})
 }
 
 // Renew extends g (within policy's caps and the job's expiry) and returns

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nvmegate/nvmegate"
@@ -34,6 +35,9 @@ type Grants interface {
 	// HostKeyScopes are the key scopes and root versions under which
 	// identities held grants on a host NQN, ended ones included.
 	HostKeyScopes(ctx context.Context, nqn string) ([]store.HostKeyScope, error)
+	// EndActiveGrants ends those of ids still active (as state, pending
+	// removal where pending says) in one commit and returns them.
+	EndActiveGrants(ctx context.Context, ids []string, state string, pending func(*nvmegate.Grant) bool) ([]*nvmegate.Grant, error)
 }
 
 // Inventory tells where a grant's subsystem is (*store.DB).
@@ -98,7 +102,12 @@ type Lifecycle struct {
 	targets   Targets
 	now       func() time.Time
 	log       *slog.Logger
+	bg        sync.WaitGroup // work a call leaves running after its answer
 }
+
+// Wait waits for the work earlier calls left running after their answers
+// (a connect superseding the node's earlier grant).
+func (l *Lifecycle) Wait() { l.bg.Wait() }
 
 // New returns the Lifecycle cfg wires.
 func New(cfg Config) (*Lifecycle, error) {

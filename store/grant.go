@@ -496,3 +496,47 @@ func (db *DB) SubsystemGrants(ctx context.Context, subsystemNQN string) ([]*nvme
 func (db *DB) ExpiredGrants(ctx context.Context) ([]*nvmegate.Grant, error) {
 	return db.model.expiredGrants(ctx, db.now())
 }
+
+// EndActiveGrants ends, in one commit, those of the grants ids that are
+// still active — as state, pending removal where pending says so — and
+// returns them as stored; a grant that ended meanwhile (a revocation won
+// the race) is left as it is. It is how a connect supersedes the node's
+// earlier grants once the target took the new one.
+func (db *DB) EndActiveGrants(ctx context.Context, ids []string, state string, pending func(*nvmegate.Grant) bool) ([]*nvmegate.Grant, error) {
+	if state == nvmegate.GrantActive {
+		return nil, nvmegate.Invalid("state", "must be an ended state")
+	}
+	var ended []*nvmegate.Grant
+	err := db.batch(ctx, func(tx *txn) error {
+		ended = ended[:0] // the batch may run this twice
+		for _, id := range ids {
+			v := tx.Bucket(bucketGrants).Get([]byte(id))
+			if v == nil {
+				continue
+			}
+			g, err := decodeGrant(v)
+			if err != nil {
+				return err
+			}
+			if g.State != nvmegate.GrantActive {
+				continue
+			}
+			g.State = state
+			g.RemovalPending = pending != nil && pending(g)
+			val, err := encodeGrant(g)
+			if err != nil {
+				return err
+			}
+			if err := putGrant(tx, g, val); err != nil {
+				return err
+			}
+			c := *g
+			ended = append(ended, &c)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ended, nil
+}

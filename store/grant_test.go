@@ -212,3 +212,24 @@ func TestHostKeyScopes(t *testing.T) {
 		t.Fatalf("after the index was rebuilt: %v, %v; want %v", got, err, want)
 	}
 }
+
+// EndActiveGrants ends only what is still active: a grant a revocation
+// ended first keeps its state and its pending removal.
+func TestEndActiveGrants(t *testing.T) {
+	db := openTestDB(t)
+	ctx := context.Background()
+	a, b := newGrant(1, subNQN(0)), newGrant(2, subNQN(0))
+	must(t, db.PutGrants(ctx, a, b))
+	b.State, b.RemovalPending = nvmegate.GrantRevoked, true
+	must(t, db.PutGrant(ctx, b))
+	ended, err := db.EndActiveGrants(ctx, []string{a.ID, b.ID, "grant-nope"}, nvmegate.GrantReleased, func(g *nvmegate.Grant) bool { return g.ID == a.ID })
+	must(t, err)
+	if len(ended) != 1 || ended[0].ID != a.ID || ended[0].State != nvmegate.GrantReleased || !ended[0].RemovalPending {
+		t.Fatalf("ended %+v, want only %s, released and pending", ended, a.ID)
+	}
+	if g, _ := db.Grant(ctx, b.ID); g.State != nvmegate.GrantRevoked || !g.RemovalPending {
+		t.Fatalf("the revoked grant became %s (pending %v)", g.State, g.RemovalPending)
+	}
+	_, err = db.EndActiveGrants(ctx, []string{a.ID}, nvmegate.GrantActive, nil)
+	wantError(t, err, nvmegate.EINVALID, "state")
+}
