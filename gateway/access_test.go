@@ -782,12 +782,7 @@ func TestOthersGrantRevealsNothing(t *testing.T) {
 // refused in turn. An upper-case spelling of the NQN (one host, RFC 9562)
 // is no way around it.
 func TestBindNQNOfActiveGrantRefused(t *testing.T) {
-	g := startGateway(t)
-	acmeInventory(t, g)
-	ctx := ctxT(t)
-	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
-		t.Fatal(err)
-	}
+	g, ctx := admittedGateway(t)
 	derived, err := nvmefmt.HostNQNFromSPIFFEID("spiffe://nvmegate.test" + node)
 	if err != nil {
 		t.Fatal(err)
@@ -942,12 +937,7 @@ func TestNonPositiveTTL(t *testing.T) {
 // holder's secret is another one, and the first node's knowledge is
 // useless after the grace.
 func TestRebindAfterReleaseRotates(t *testing.T) {
-	g := startGateway(t)
-	acmeInventory(t, g)
-	ctx := ctxT(t)
-	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
-		t.Fatal(err)
-	}
+	g, ctx := admittedGateway(t)
 	first := pb.NewAccessClient(g.client(t, node))
 	c, err := first.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
 	if err != nil {

@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,19 @@ func admitRequest(id string) *pb.AdmitRequest {
 		Nodes:          []string{"spiffe://nvmegate.test" + node, "spiffe://nvmegate.test/node/acme-gpu-2"},
 		Namespaces:     []*pb.JobNamespace{{SubsystemNqn: subNQN, Nsid: 1, Mode: pb.AccessMode_ACCESS_MODE_READ_ONLY}},
 		AllowedRegions: []string{"eu-west"}, ExpiresAt: timestamppb.New(time.Now().Add(2 * time.Hour))}
+}
+
+// admittedGateway is a gateway with acme's inventory and job-1 admitted
+// (admitRequest), and a context for the test's calls.
+func admittedGateway(t *testing.T, opts ...gatewayOption) (*testGateway, context.Context) {
+	t.Helper()
+	g := startGateway(t, opts...)
+	acmeInventory(t, g)
+	ctx := ctxT(t)
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
+		t.Fatal(err)
+	}
+	return g, ctx
 }
 
 // acmeInventory registers a target, acme's subsystem and namespace 1.

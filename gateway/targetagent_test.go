@@ -293,12 +293,7 @@ func TestRemoteAgentDeltas(t *testing.T) {
 // acknowledgements count for nothing, and the real agent keeps receiving:
 // a release takes the host off its tree before it is answered.
 func TestSecondTargetAgentCannotCutOffTheFirst(t *testing.T) {
-	g := startGateway(t)
-	acmeInventory(t, g)
-	ctx := ctxT(t)
-	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
-		t.Fatal(err)
-	}
+	g, ctx := admittedGateway(t)
 	root := t.TempDir()
 	waitApplied(t, startRemote(t, g, "stor-eu-1", &nvmet.Driver{Root: root}))
 
