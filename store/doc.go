@@ -139,21 +139,21 @@
 //   - A namespace is in an existing subsystem and has that subsystem's tenant:
 //     all namespaces of one subsystem belong to one tenant, since a host
 //     connected to a subsystem sees every namespace in it.
-//   - A bound host NQN is its identity's alone. Host NQNs are compared in
-//     canonical form (nvmegate.CanonicalNQN: a UUID NQN in any letter case
-//     is one host), and a new binding's must be written canonically. A
-//     host NQN is bound to at most one SPIFFE ID (host_bindings_by_nqn), so
-//     a node can never be given a host NQN bound to another identity
-//     (ECONFLICT), and every active grant on a bound host NQN is of the
-//     identity it is bound to: CreateHostBinding refuses a host NQN that
-//     another identity's active grants use (ECONFLICT naming them: revoke
-//     them first; grants_by_host), and PutGrants refuses an active grant on
-//     a host NQN bound to another identity. Both checks run in the write
-//     transaction, so a binding and a grant racing for one NQN cannot both
-//     commit: nvmet keys a host once per NQN per target, and the second
-//     identity would hold the first's credentials there. Removing a
-//     binding leaves its node's grants active, and so its NQN unbindable
-//     by others, until they end.
+//   - One host NQN, one identity. Host NQNs are compared in canonical form
+//     (nvmegate.CanonicalNQN: a UUID NQN in any letter case is one host),
+//     and a new binding's must be written canonically. A host NQN is bound
+//     to at most one SPIFFE ID (host_bindings_by_nqn), so a node can never
+//     be given a host NQN bound to another identity (ECONFLICT). Every
+//     active grant on a host NQN is of one node, the one it is bound to if
+//     it is bound: CreateHostBinding refuses a host NQN that another
+//     identity's active grants use (ECONFLICT naming them: revoke them
+//     first), and PutGrants refuses an active grant on a host NQN bound to
+//     another identity or used by another node's active grant (grants_by_host).
+//     Both checks run in the write transaction, so a binding and a grant
+//     racing for one NQN cannot both commit: nvmet keys a host once per
+//     NQN per target, and the second identity would hold the first's
+//     credentials there. Removing a binding leaves its node's grants
+//     active, and so its NQN held, until they end.
 //   - Nothing dangles: a target with subsystems and a subsystem with
 //     namespaces cannot be deleted (ECONFLICT naming what is left).
 //   - The indexes match the records: subsystems_by_target holds exactly one

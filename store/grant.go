@@ -85,7 +85,8 @@ func grantByNodePrefix(node, job, sub string) []byte {
 }
 
 // grantByHostKey is canonical host NQN\0node\0grant ID: the active grants
-// on one host NQN are one prefix scan, ordered by node.
+// on one host NQN are one prefix scan, ordered by node, so whether any of
+// them is another node's is a look at the first and the last.
 func grantByHostKey(hostNQN, node, id string) []byte {
 	return indexKey(string(indexKey(nvmegate.CanonicalNQN(hostNQN), node)), id)
 }
@@ -173,23 +174,36 @@ func otherHostGrants(tx *bolt.Tx, canon, node string) (first string, n int) {
 	return first, n
 }
 
-// checkHostNQN refuses (ECONFLICT) active grant g if its host NQN,
-// compared canonically, is bound to another identity: a target would take
-// g's node for that identity's host, with the same credentials. It runs in
-// the grant's commit, so a binding made after the call was described (the
-// gateway checks the binding then too) is seen here, and CreateHostBinding,
-// in its own transaction, sees every grant committed before it. The error
-// does not name the other identity: the caller is a node.
-//
-// Another node's active grants on the same unbound NQN are not refused
-// here (the targets merge such grants into one host entry, and the target
-// agent's tests build that state on purpose); CreateHostBinding's rule
-// keeps it from arising but for a derived NQN that an admin bound to
-// another node, unbound while that node's grants were active.
+// checkHostNQN refuses (ECONFLICT) active grant g if its host NQN, compared
+// canonically, is bound to another identity or is the host NQN of another
+// node's active grant: a target would take g's node for that identity's
+// host, with the same credentials. It runs in the grant's commit, so a
+// binding made, or a grant committed, after the call was described (the
+// gateway checks the binding then too) is seen here. The error names
+// neither the other identity nor its grant: the caller is a node.
 func checkHostNQN(tx *bolt.Tx, g *nvmegate.Grant) error {
 	canon := nvmegate.CanonicalNQN(g.HostNQN)
 	if owner := tx.Bucket(bucketHostBindingsByNQN).Get([]byte(canon)); owner != nil && string(owner) != g.Node {
 		return nvmegate.Errorf(nvmegate.ECONFLICT, "host NQN %q is bound to another identity; not granted", g.HostNQN)
+	}
+	// Keys are ordered by node: the first and the last of the NQN's range
+	// are g's node's only if all are.
+	p := indexPrefix(canon)
+	c := tx.Bucket(bucketGrantsByHost).Cursor()
+	first, _ := c.Seek(p)
+	last, _ := c.Seek(append([]byte(canon), keySep+1))
+	if last == nil {
+		last, _ = c.Last()
+	} else {
+		last, _ = c.Prev()
+	}
+	for _, k := range [][]byte{first, last} {
+		if k == nil || !bytes.HasPrefix(k, p) {
+			continue
+		}
+		if owner, _, _ := bytes.Cut(k[len(p):], []byte{keySep}); string(owner) != g.Node {
+			return nvmegate.Errorf(nvmegate.ECONFLICT, "host NQN %q is in use by another identity's grant; not granted", g.HostNQN)
+		}
 	}
 	return nil
 }
@@ -240,7 +254,8 @@ func (db *DB) NodeActiveGrants(ctx context.Context, node string) ([]*nvmegate.Gr
 
 // PutGrant stores a grant, new or changed (its job, host and subsystem
 // never change). An active grant whose host NQN (compared canonically) is
-// bound to another identity is refused with ECONFLICT.
+// bound to another identity, or used by an active grant of another node,
+// is refused with ECONFLICT: one host NQN, one identity's grants.
 func (db *DB) PutGrant(ctx context.Context, g *nvmegate.Grant) error {
 	return db.PutGrants(ctx, g)
 }

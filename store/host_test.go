@@ -311,9 +311,9 @@ func TestCreateHostBindingRefusedWhileGrantsUseNQN(t *testing.T) {
 }
 
 // The reverse race (issue 14): a node's connect described while its NQN
-// was free commits after that NQN was bound to another identity. The
-// grant's commit checks again, canonically, and refuses without naming the
-// other identity.
+// was free commits after that NQN was bound to another identity, or after
+// another node's grant on it committed. The grant's commit checks again,
+// canonically, and refuses without naming the other identity.
 func TestPutGrantRefusedOnNQNOfAnotherIdentity(t *testing.T) {
 	ctx := context.Background()
 	db := openTestDB(t)
@@ -334,56 +334,67 @@ func TestPutGrantRefusedOnNQNOfAnotherIdentity(t *testing.T) {
 	own.HostNQN = lowerNQN
 	must(t, db.PutGrant(ctx, own))
 
-	// Its binding removed, node 2's NQN stays its own while its grant is
-	// active: nobody else can be bound to it.
-	must(t, db.DeleteHostBinding(ctx, nodeID(2)))
-	wantMessage(t, wantError(t, db.CreateHostBinding(ctx, &nvmegate.HostBinding{SPIFFEID: nodeID(3), HostNQN: lowerNQN}), nvmegate.ECONFLICT, ""),
-		"active grant "+own.ID)
+	// Unbound, but node 5 holds active grants on it: node 6 is refused
+	// (a binding removed while its grants were active leaves this), node
+	// 5 may add more, and once they end node 6 may have it.
+	held := newGrant(5, subNQN(0))
+	must(t, db.PutGrant(ctx, held))
+	other := newGrant(6, subNQN(1))
+	other.HostNQN = hostNQN(5)
+	wantMessage(t, wantError(t, db.PutGrant(ctx, other), nvmegate.ECONFLICT, ""), "in use by another identity's grant")
+	more := newGrant(5, subNQN(1))
+	more.ID = "grant-0005-b"
+	must(t, db.PutGrant(ctx, more))
+	// Nodes that sort before and after node 5 (the check looks at the
+	// first and the last of the NQN's grants).
+	for _, n := range []int{0, 9} {
+		g := newGrant(n, subNQN(2))
+		g.HostNQN = hostNQN(5)
+		wantError(t, db.PutGrant(ctx, g), nvmegate.ECONFLICT, "")
+	}
+	held.State, more.State = nvmegate.GrantReleased, nvmegate.GrantExpired
+	must(t, db.PutGrants(ctx, held, more))
+	must(t, db.PutGrant(ctx, other))
 
-	// Ended, it frees the NQN; and a grant stored ended is never refused.
+	// Ending a grant is never refused, whoever holds its NQN since.
 	own.State = nvmegate.GrantRevoked
 	must(t, db.PutGrant(ctx, own))
-	must(t, db.CreateHostBinding(ctx, &nvmegate.HostBinding{SPIFFEID: nodeID(3), HostNQN: lowerNQN}))
-	g.State = nvmegate.GrantRevoked
-	must(t, db.PutGrant(ctx, g))
 }
 
 // A binding and a grant on the same host NQN for two identities, racing:
-// whichever commits first wins, the other is refused, never both.
+// whichever commits first wins, the other is refused, never both. So too
+// two nodes' grants on one NQN in one group commit.
 func TestHostNQNBindingGrantRace(t *testing.T) {
 	ctx := context.Background()
 	db := openTestDB(t)
 	noSync(db)
-	won := map[int]int{}
 	for i := range 40 {
 		nqn := hostNQN(100 + i)
 		g := newGrant(100+i, subNQN(0))
 		g.HostNQN = nqn
 		h := &nvmegate.HostBinding{SPIFFEID: nodeID(200 + i), HostNQN: nqn}
-		errs := make([]error, 2)
+		rival := newGrant(300+i, subNQN(1))
+		rival.HostNQN = nqn
+		errs := make([]error, 3)
 		var wg sync.WaitGroup
 		wg.Go(func() { errs[0] = db.PutGrant(ctx, g) })
 		wg.Go(func() { errs[1] = db.CreateHostBinding(ctx, h) })
+		wg.Go(func() { errs[2] = db.PutGrant(ctx, rival) })
 		wg.Wait()
-		ok := -1
-		for j, err := range errs {
+		ok := 0
+		for _, err := range errs {
 			switch nvmegate.ErrorCode(err) {
 			case "":
-				if ok >= 0 {
-					t.Fatalf("round %d: both the grant and the binding were made", i)
-				}
-				ok = j
+				ok++
 			case nvmegate.ECONFLICT:
 			default:
 				t.Fatalf("round %d: %v", i, err)
 			}
 		}
-		if ok < 0 {
-			t.Fatalf("round %d: neither was made: %v", i, errs)
+		if ok != 1 {
+			t.Fatalf("round %d: %d of grant, binding, rival grant made (%v); want exactly one", i, ok, errs)
 		}
-		won[ok]++
 	}
-	t.Logf("grant first %d times, binding first %d times", won[0], won[1])
 	must(t, checkInvariants(db))
 }
 

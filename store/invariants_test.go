@@ -156,9 +156,11 @@ func checkInvariants(db *DB) error {
 			}
 		})
 
-		// Active grants: one grants_by_host entry each, and a bound host
-		// NQN (canonically) is its identity's alone.
+		// Active grants: one grants_by_host entry each, and one host NQN
+		// (canonically) is one identity's: the node it is bound to, if
+		// any, holds every active grant on it.
 		hostKeys := map[string]bool{}
+		holder := map[string]string{} // canonical host NQN -> node
 		each(bucketGrants, func(k, v []byte) {
 			g, err := decodeGrant(v)
 			if err != nil {
@@ -177,6 +179,10 @@ func checkInvariants(db *DB) error {
 			if owner := byNQN.Get([]byte(canon)); owner != nil && string(owner) != g.Node {
 				bad("grant %q of %s: its host NQN %q is bound to %s", k, g.Node, g.HostNQN, owner)
 			}
+			if n, ok := holder[canon]; ok && n != g.Node {
+				bad("grant %q of %s: host NQN %q has active grants of %s too", k, g.Node, g.HostNQN, n)
+			}
+			holder[canon] = g.Node
 		})
 		each(bucketGrantsByHost, func(k, v []byte) {
 			if !hostKeys[string(k)] || len(v) != 0 {
@@ -238,6 +244,18 @@ func TestCheckInvariantsCatches(t *testing.T) {
 				return err
 			}
 			return tx.Bucket(bucketHostBindingsByNQN).Put([]byte(h.HostNQN), []byte(h.SPIFFEID))
+		},
+		"active grants of two nodes on one host NQN": func(tx *bolt.Tx) error {
+			g := newGrant(4, subNQN(0))
+			g.HostNQN = strings.Replace(hostNQN(2), "org.nvmexpress", "ORG.nvmexpress", 1) // canonically the same
+			v, err := encodeGrant(g)
+			if err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketGrants).Put([]byte(g.ID), v); err != nil {
+				return err
+			}
+			return tx.Bucket(bucketGrantsByHost).Put(grantByHostKey(g.HostNQN, g.Node, g.ID), nil)
 		},
 		"dangling host NQN index entry": func(tx *bolt.Tx) error {
 			return tx.Bucket(bucketHostBindingsByNQN).Put([]byte(hostNQN(8)), []byte(nodeID(8)))
