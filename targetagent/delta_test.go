@@ -251,7 +251,8 @@ func (c *counting) ApplyDelta(ctx context.Context, d fabric.Delta) error {
 func TestProgramDeltasEquivalence(t *testing.T) {
 	subs := []string{sub, sub + "-2", sub + "-3"}
 	nodes := []string{"spiffe://x/node/a", "spiffe://x/node/b", "spiffe://x/node/c", "spiffe://x/node/d"}
-	hostOf := map[string]string{nodes[0]: hostA, nodes[1]: hostA, nodes[2]: hostB, nodes[3]: "nqn.2014-08.org.example:host[1]*"}
+	hostOf := map[string]string{nodes[0]: hostA, nodes[1]: "nqn.2014-08.org.nvmexpress:uuid:00000003-aaaa-4000-8000-000000000000",
+		nodes[2]: hostB, nodes[3]: "nqn.2014-08.org.example:host[1]*"}
 	for seed := range uint64(6) {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			w := newWorld(t, seed, nvmegate.DriverSPDK, subs, nodes, hostOf)
