@@ -144,7 +144,7 @@ func (g *guard) check(ctx context.Context, fullMethod string, req any) (context.
 		var err error
 		if action, resource, err = g.describe(ctx, fullMethod, req); err != nil {
 			g.log.LogAttrs(ctx, slog.LevelInfo, "authz: describe failed",
-				slog.String("caller", caller.ID), slog.String("method", fullMethod), slog.Any("error", err))
+				slog.String("caller", caller.ID), slog.String("method", fullMethod), slog.String("error", nvmegate.WithholdQuoted(err.Error())))
 			return nil, describeStatus(err)
 		}
 	}

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -219,7 +218,7 @@ func invalidDetail(err error) string {
 	if !errors.As(err, &e) {
 		return "invalid request"
 	}
-	msg := withholdQuoted(e.Message)
+	msg := nvmegate.WithholdQuoted(e.Message)
 	if e.Field == "" {
 		return msg
 	}
@@ -236,26 +235,6 @@ func invalidField(err error) string {
 	return e.Field
 }
 
-// withholdQuoted replaces each double-quoted Go string literal in msg (and
-// the "…" show appends to a cut one) with "…"; at a quote that opens no
-// literal the rest of msg is withheld.
-func withholdQuoted(msg string) string {
-	var b strings.Builder
-	for {
-		i := strings.IndexByte(msg, '"')
-		if i < 0 {
-			b.WriteString(msg)
-			return b.String()
-		}
-		b.WriteString(msg[:i])
-		b.WriteString(`"…"`)
-		q, err := strconv.QuotedPrefix(msg[i:])
-		if err != nil {
-			return b.String()
-		}
-		msg = strings.TrimPrefix(msg[i+len(q):], "…")
-	}
-}
 
 // entryFor builds the entry of a call from its policy input: the records
 // the call is about, as described from the store (describe.go), and the

@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -432,5 +433,42 @@ func TestInvalidRequestsAreRecorded(t *testing.T) {
 	wantCode(t, err, codes.Unavailable)
 	if n := appends.Load() - before; n != 0 {
 		t.Fatalf("%d appends for a peer without an SVID", n)
+	}
+}
+
+// syncBuffer is a log sink safe for the gateway's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// A refused request's values stay out of the gateway's log, as out of the
+// audit log: the line says the field and the rule, not what was sent.
+func TestInvalidValuesStayOutOfTheLog(t *testing.T) {
+	var out syncBuffer
+	g := startGateway(t, func(c *gateway.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	const value = "zq7f3c-not-a-label"
+	_, err := pb.NewInventoryClient(g.client(t, admin)).GetTarget(ctxT(t), &pb.GetTargetRequest{Id: "Bad " + value})
+	wantCode(t, err, codes.InvalidArgument, "id", value) // the caller sees its value
+	log := out.String()
+	if !strings.Contains(log, "InvalidArgument") {
+		t.Fatalf("no log line for the refused call:\n%s", log)
+	}
+	if strings.Contains(log, value) {
+		t.Fatalf("the log holds the refused value:\n%s", log)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/authz"
 	"github.com/nvmegate/nvmegate/identity"
 )
@@ -160,8 +161,14 @@ func (s *Server) observe(ctx context.Context, method string, start time.Time, er
 		level = slog.LevelInfo
 	}
 	if err != nil {
-		// Status messages are built to be caller-safe, so they are log-safe.
-		attrs = append(attrs, "error", status.Convert(err).Message())
+		// Status messages are built to be caller-safe, so they hold no
+		// secret of ours; a refused request's message quotes what the
+		// caller sent, which stays out of the log.
+		msg := status.Convert(err).Message()
+		if code == codes.InvalidArgument {
+			msg = nvmegate.WithholdQuoted(msg)
+		}
+		attrs = append(attrs, "error", msg)
 	}
 	s.log.Log(ctx, level, "rpc", attrs...)
 }
