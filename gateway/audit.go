@@ -235,7 +235,6 @@ func invalidField(err error) string {
 	return e.Field
 }
 
-
 // entryFor builds the entry of a call from its policy input: the records
 // the call is about, as described from the store (describe.go), and the
 // decision. Detail is the action and the record's key.
