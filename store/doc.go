@@ -162,6 +162,10 @@
 //     active grant.
 //   - A grant's job, node, host NQN and subsystem never change, and an
 //     ended grant never becomes active again (ECONFLICT).
+//   - No grant is opened or renewed in a job that is no longer active
+//     (ECONFLICT, checked in the grant's commit against the job as
+//     committed): finishing a job revokes the grants active when it
+//     committed, and none can follow.
 //
 // Records are never updated in place; a change is a delete and a create,
 // which re-runs every rule.

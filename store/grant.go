@@ -302,6 +302,14 @@ func (db *DB) PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []
 	// group); the function is safe to run twice.
 	return db.batch(ctx, func(tx *txn) error {
 		for i := range gs {
+			// A grant opened or renewed in a job that finished meanwhile
+			// (after the call's decision) would outlive the job's end:
+			// the end revokes only what was active when it committed.
+			if g := stored[i]; g.State == nvmegate.GrantActive {
+				if st := tx.jobState(g.JobID); st != "" && st != nvmegate.JobActive {
+					return nvmegate.Errorf(nvmegate.ECONFLICT, "job %s is %s; not granted", g.JobID, st)
+				}
+			}
 			if err := putGrant(tx, stored[i], vals[i]); err != nil {
 				return err
 			}

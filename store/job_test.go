@@ -114,3 +114,28 @@ func TestListJobsFilterAndPages(t *testing.T) {
 		t.Fatal("bad token accepted")
 	}
 }
+
+// A grant opened or renewed in a job that finished meanwhile is refused in
+// its commit: the job's end revoked what was active when it committed, and
+// a later grant would outlive it. Ending a grant of a finished job stays
+// possible.
+func TestGrantRefusedOnceItsJobFinished(t *testing.T) {
+	db := openTestDB(t)
+	ctx := context.Background()
+	inventory(t, db, "acme")
+	must(t, db.CreateNamespace(ctx, newNamespace(subNQN(0), 1, "acme")))
+	must(t, db.CreateJob(ctx, newJob("job-1", "acme", nvmegate.JobNamespace{SubsystemNQN: subNQN(0), NSID: 1, Mode: nvmegate.ModeReadOnly})))
+	before := newGrant(1, subNQN(0))
+	must(t, db.PutGrant(ctx, before))
+	if _, err := db.FinishJob(ctx, "job-1"); err != nil {
+		t.Fatal(err)
+	}
+	e := wantError(t, db.PutGrant(ctx, newGrant(2, subNQN(0))), nvmegate.ECONFLICT, "")
+	wantMessage(t, e, "job job-1 is finished")
+	renewed := *before
+	renewed.ExpiresAt = renewed.ExpiresAt.Add(time.Hour)
+	wantError(t, db.PutGrant(ctx, &renewed), nvmegate.ECONFLICT, "")
+	ended := *before
+	ended.State = nvmegate.GrantRevoked
+	must(t, db.PutGrant(ctx, &ended))
+}

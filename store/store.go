@@ -230,10 +230,29 @@ func (db *DB) view(ctx context.Context, fn func(*bolt.Tx) error) error {
 // dropped with it.
 type txn struct {
 	*bolt.Tx
-	ops []op
+	ops   []op
+	model *model // as of the last commit: this transaction's writes are in ops
 }
 
 func (tx *txn) record(o op) { tx.ops = append(tx.ops, o) }
+
+// jobState is job id's state as this transaction sees it ("" if there is
+// no such job): written by it, or else as committed. The model serves it,
+// not the file: a job of 10,000 nodes is a large record to decode, and
+// every grant write asks.
+func (tx *txn) jobState(id string) string {
+	for i := len(tx.ops) - 1; i >= 0; i-- {
+		if j := tx.ops[i].job; j != nil && j.ID == id {
+			return j.State
+		}
+	}
+	tx.model.mu.RLock()
+	defer tx.model.mu.RUnlock()
+	if j := tx.model.jobs[id]; j != nil {
+		return j.State
+	}
+	return ""
+}
 
 // update runs fn in a write transaction, stamps the next revision,
 // commits (fsync) if fn succeeds, and applies the change to the model.
@@ -248,7 +267,7 @@ func (db *DB) update(ctx context.Context, fn func(*txn) error) error {
 		return beginError(err)
 	}
 	defer func() { _ = btx.Rollback() }() // no-op after a successful Commit
-	tx := &txn{Tx: btx}
+	tx := &txn{Tx: btx, model: &db.model}
 	if err := fn(tx); err != nil {
 		return err
 	}
