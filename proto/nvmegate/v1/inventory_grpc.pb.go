@@ -69,7 +69,13 @@ type InventoryClient interface {
 	ListNamespaces(ctx context.Context, in *ListNamespacesRequest, opts ...grpc.CallOption) (*ListNamespacesResponse, error)
 	// RemoveNamespace deletes a namespace.
 	RemoveNamespace(ctx context.Context, in *RemoveNamespaceRequest, opts ...grpc.CallOption) (*RemoveNamespaceResponse, error)
-	// AddHostBinding binds a node identity to its host NQN.
+	// AddHostBinding binds a node identity to its host NQN. A UUID NQN must
+	// be written in lower case (INVALID_ARGUMENT otherwise); an NQN bound to
+	// another identity, or used by another identity's active grant, is
+	// refused (FAILED_PRECONDITION, naming the grants to revoke first).
+	// Before binding, the roots under which other identities held the NQN
+	// rotate, so that what they knew is not what the new holder is given
+	// (UNAVAILABLE, and no binding, if a root does not rotate).
 	AddHostBinding(ctx context.Context, in *AddHostBindingRequest, opts ...grpc.CallOption) (*AddHostBindingResponse, error)
 	// GetHostBinding returns the binding of one node identity.
 	GetHostBinding(ctx context.Context, in *GetHostBindingRequest, opts ...grpc.CallOption) (*GetHostBindingResponse, error)
@@ -279,7 +285,13 @@ type InventoryServer interface {
 	ListNamespaces(context.Context, *ListNamespacesRequest) (*ListNamespacesResponse, error)
 	// RemoveNamespace deletes a namespace.
 	RemoveNamespace(context.Context, *RemoveNamespaceRequest) (*RemoveNamespaceResponse, error)
-	// AddHostBinding binds a node identity to its host NQN.
+	// AddHostBinding binds a node identity to its host NQN. A UUID NQN must
+	// be written in lower case (INVALID_ARGUMENT otherwise); an NQN bound to
+	// another identity, or used by another identity's active grant, is
+	// refused (FAILED_PRECONDITION, naming the grants to revoke first).
+	// Before binding, the roots under which other identities held the NQN
+	// rotate, so that what they knew is not what the new holder is given
+	// (UNAVAILABLE, and no binding, if a root does not rotate).
 	AddHostBinding(context.Context, *AddHostBindingRequest) (*AddHostBindingResponse, error)
 	// GetHostBinding returns the binding of one node identity.
 	GetHostBinding(context.Context, *GetHostBindingRequest) (*GetHostBindingResponse, error)
