@@ -220,6 +220,11 @@ type TargetsConfig struct {
 	// (nvmegate-target): while it is not connected, nothing is programmed
 	// for them and Connect fails, never falling back to a local tree.
 	Remote []string `json:"remote"`
+	// AckTimeout bounds how long a remote agent may take to acknowledge a
+	// state; a stream that misses it is ended and its agent reconnects.
+	// Raise it for targets whose whole state takes long to apply; default
+	// 10s.
+	AckTimeout string `json:"ack_timeout"`
 	// SPDK names, per target ID, the JSON-RPC socket and key directory of
 	// each target with driver spdk.
 	SPDK map[string]SPDKTarget `json:"spdk"`
@@ -326,6 +331,9 @@ func (c *Config) setDefaults() {
 	if c.Targets.NVMetRoot == "" && c.StateDir != "" {
 		c.Targets.NVMetRoot = filepath.Join(c.StateDir, "configfs")
 	}
+	if c.Targets.AckTimeout == "" {
+		c.Targets.AckTimeout = "10s"
+	}
 	if c.Targets.ReconcileInterval == "" {
 		c.Targets.ReconcileInterval = "30s"
 	}
@@ -422,6 +430,9 @@ func (c *Config) validate() error {
 		if t.Socket == "" || !filepath.IsAbs(t.KeyDir) {
 			return fmt.Errorf("targets.spdk.%s: socket and an absolute key_dir are required", id)
 		}
+	}
+	if d, err := time.ParseDuration(c.Targets.AckTimeout); err != nil || d < 100*time.Millisecond {
+		return fmt.Errorf("targets.ack_timeout must be a duration of at least 100ms, got %q", c.Targets.AckTimeout)
 	}
 	if d, err := time.ParseDuration(c.Targets.ReconcileInterval); err != nil || d < 100*time.Millisecond {
 		return fmt.Errorf("targets.reconcile_interval must be a duration of at least 100ms, got %q", c.Targets.ReconcileInterval)

@@ -216,7 +216,8 @@ func (m *Main) Open(ctx context.Context) (err error) {
 	for id, st := range c.Targets.SPDK {
 		spdkDrivers[id] = &spdk.Driver{Socket: st.Socket, KeyDir: st.KeyDir}
 	}
-	m.hub = &targetagent.Hub{}
+	ackTimeout, _ := time.ParseDuration(c.Targets.AckTimeout) // checked by Validate
+	m.hub = &targetagent.Hub{AckTimeout: ackTimeout}
 	remote := map[string]bool{}
 	for _, id := range c.Targets.Remote {
 		remote[id] = true

@@ -228,6 +228,7 @@ func TestConfigValidation(t *testing.T) {
 		"memory limit":     {func(c *Config) { c.Runtime.MemoryLimit = "1GB" }, "runtime.memory_limit"},
 		"memory limit 0":   {func(c *Config) { c.Runtime.MemoryLimit = "0MiB" }, "runtime.memory_limit"},
 		"memory overflow":  {func(c *Config) { c.Runtime.MemoryLimit = "9999999999TiB" }, "runtime.memory_limit"},
+		"ack timeout":      {func(c *Config) { c.Targets.AckTimeout = "10ms" }, "targets.ack_timeout"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := base
