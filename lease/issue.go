@@ -82,38 +82,40 @@ func (l *Lifecycle) Issue(ctx context.Context, r Request) (Issued, error) {
 }
 
 // supersede releases the node's earlier grants that g, now on its target,
-// replaces — after the answer: the node has what it asked for, and the
-// commit joins the next group of writes instead of adding a round to the
-// connect. Only those still active end (a revocation that got there first
-// stands). While both were active the target held the host entry of the
-// newest, g's; one on another host entry (the node's binding changed) is
-// an end like any other: pending until its target removes that host. A
-// failure (or a crash before the commit) leaves the earlier grant active
-// on g's host entry until the node's next connect or its expiry.
+// replaces — before the answer, so that a release or revocation of g by
+// its node, which can only follow the answer, finds them ended. Only
+// those still active end (a revocation that got there first stands).
+// While both were active the target held the host entry of the newest,
+// g's, so ending them changes nothing there — unless g ended meanwhile
+// (an admin's revocation between its programming and now), or one is on
+// another host entry (the node's binding changed): those are ends like
+// any other, pending until the target removes the host. A failure (or a
+// crash before the commit) leaves an earlier grant active on g's host
+// entry until the node's next connect or its expiry.
 func (l *Lifecycle) supersede(ctx context.Context, g *nvmegate.Grant, old []*nvmegate.Grant) {
 	if len(old) == 0 {
 		return
 	}
-	ref, id := g.HostRef(), g.ID
 	ctx = context.WithoutCancel(ctx)
-	l.bg.Go(func() {
-		ended, err := l.grants.EndActiveGrants(ctx, ids(old), nvmegate.GrantReleased, func(o *nvmegate.Grant) bool { return o.HostRef() != ref })
-		if err != nil {
-			l.log.ErrorContext(ctx, "connect: superseded grants not released", "grant", id, "err", err)
-			return
+	ref := g.HostRef()
+	cur, err := l.grants.Grant(ctx, g.ID)
+	gone := err != nil || cur.State != nvmegate.GrantActive
+	ended, err := l.grants.EndActiveGrants(ctx, ids(old), nvmegate.GrantReleased, func(o *nvmegate.Grant) bool { return gone || o.HostRef() != ref })
+	if err != nil {
+		l.log.ErrorContext(ctx, "connect: superseded grants not released", "grant", g.ID, "err", err)
+		return
+	}
+	var tell []*nvmegate.Grant
+	for _, o := range ended {
+		if o.RemovalPending {
+			tell = append(tell, o)
 		}
-		var moved []*nvmegate.Grant
-		for _, o := range ended {
-			if o.RemovalPending {
-				moved = append(moved, o)
-			}
-		}
-		followed, err := l.programEnds(ctx, "", moved)
-		if err != nil {
-			l.log.WarnContext(ctx, "connect: a superseded grant's old host not yet removed; pending", "grant", id, "err", err)
-		}
-		l.settle(ctx, followed)
-	})
+	}
+	followed, err := l.programEnds(ctx, "", tell)
+	if err != nil {
+		l.log.WarnContext(ctx, "connect: a superseded grant's host not yet removed; pending", "grant", g.ID, "err", err)
+	}
+	l.settle(ctx, followed)
 }
 
 // Renew extends g (within policy's caps and the job's expiry) and returns

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/nvmegate/nvmegate"
@@ -102,12 +101,7 @@ type Lifecycle struct {
 	targets   Targets
 	now       func() time.Time
 	log       *slog.Logger
-	bg        sync.WaitGroup // work a call leaves running after its answer
 }
-
-// Wait waits for the work earlier calls left running after their answers
-// (a connect superseding the node's earlier grant).
-func (l *Lifecycle) Wait() { l.bg.Wait() }
 
 // New returns the Lifecycle cfg wires.
 func New(cfg Config) (*Lifecycle, error) {

@@ -72,14 +72,42 @@ func (r *Remote) once(ctx context.Context, log *slog.Logger) (got bool, err erro
 	if err != nil {
 		return false, err
 	}
+	// Receive beside the application: when the gateway ends the stream
+	// (this agent took too long, or another holds the target now), the
+	// application in progress stops at its next step instead of writing
+	// on over what the target's next agent applies.
+	msgs := make(chan *pb.WatchResponse, 1)
+	ended := make(chan error, 1) // why the stream ended, before ctx is cancelled
+	go func() {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				ended <- err
+				cancel()
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
 	var (
 		applied uint64
 		have    bool // applied holds a generation applied on this stream
 	)
 	for {
-		m, err := stream.Recv()
-		if err != nil {
-			return got, err
+		var m *pb.WatchResponse
+		select {
+		case m = <-msgs:
+		case <-ctx.Done():
+			select {
+			case err := <-ended:
+				return got, err
+			default:
+				return got, ctx.Err()
+			}
 		}
 		got = true
 		u := UpdateFromProto(m)

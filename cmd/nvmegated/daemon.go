@@ -587,9 +587,6 @@ func (m *Main) Close() error {
 	if m.source != nil {
 		errs = append(errs, m.source.Close())
 	}
-	if m.lease != nil {
-		m.lease.Wait() // a connect's superseding, after its answer
-	}
 	if m.db != nil {
 		errs = append(errs, m.db.Close())
 	}
