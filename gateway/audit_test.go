@@ -27,6 +27,7 @@ import (
 	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/gateway"
+	"github.com/nvmegate/nvmegate/internal/logbuf"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
 
@@ -436,28 +437,10 @@ func TestInvalidRequestsAreRecorded(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink safe for the gateway's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // A refused request's values stay out of the gateway's log, as out of the
 // audit log: the line says the field and the rule, not what was sent.
 func TestInvalidValuesStayOutOfTheLog(t *testing.T) {
-	var out syncBuffer
+	var out logbuf.Buffer
 	g := startGateway(t, func(c *gateway.Config) {
 		c.Logger = slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})

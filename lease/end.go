@@ -29,10 +29,11 @@ func (l *Lifecycle) Release(ctx context.Context, g *nvmegate.Grant) error {
 		if !g.RemovalPending {
 			return nil // ended, and off its target
 		}
-		if err := l.targets.Program(ctx, t.ID, g.HostRef()); err != nil {
-			return removalPending(g, t, err)
+		followed, err := l.programEnds(ctx, t.ID, []*nvmegate.Grant{g})
+		l.settle(ctx, followed)
+		if err != nil {
+			return removalPending(g, t)
 		}
-		l.settle(ctx, []*nvmegate.Grant{g})
 		return nil
 	}
 	res := l.run(ctx, &change{op: "release", ends: []*nvmegate.Grant{g}, state: nvmegate.GrantReleased, target: t.ID})
@@ -42,14 +43,14 @@ func (l *Lifecycle) Release(ctx context.Context, g *nvmegate.Grant) error {
 	}
 	if res.unfollowed != nil {
 		l.log.ErrorContext(ctx, "release: target did not remove the host; removal pending", "target", t.ID, "grant", g.ID, "err", res.unfollowed)
-		return removalPending(g, t, res.unfollowed)
+		return removalPending(g, t)
 	}
 	return nil
 }
 
 // removalPending is the caller's error for an ended grant whose target has
 // not removed its host: caller-safe (target and grant IDs, no cause).
-func removalPending(g *nvmegate.Grant, t *nvmegate.Target, _ error) error {
+func removalPending(g *nvmegate.Grant, t *nvmegate.Target) error {
 	return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "grant %s is %s, but target %s has not acknowledged removing its host yet: removal pending; the gateway retries, and the release may be retried", g.ID, g.State, t.ID)
 }
 
@@ -163,13 +164,15 @@ func (l *Lifecycle) Rebind(ctx context.Context, nqn, node string) error {
 	if err != nil {
 		return err
 	}
-	rotated := map[string]bool{}
+	// A holder still active refuses the binding (the store checks it
+	// again in the binding's commit): all are checked before anything
+	// rotates, so that a refusal changes nothing.
+	checked := map[string]bool{node: true}
 	for _, h := range held {
-		if h.Node == node || rotated[h.Scope] {
+		if checked[h.Node] {
 			continue
 		}
-		// A holder still active refuses the binding (the store checks it
-		// again in the binding's commit): nothing rotates for a refusal.
+		checked[h.Node] = true
 		active, err := l.grants.NodeActiveGrants(ctx, h.Node)
 		if err != nil {
 			return err
@@ -178,6 +181,12 @@ func (l *Lifecycle) Rebind(ctx context.Context, nqn, node string) error {
 			if nvmegate.CanonicalNQN(g.HostNQN) == nvmegate.CanonicalNQN(nqn) {
 				return nvmegate.Errorf(nvmegate.ECONFLICT, "host NQN %q is in use by active grant %s of another identity; revoke them first", nqn, g.ID)
 			}
+		}
+	}
+	rotated := map[string]bool{}
+	for _, h := range held {
+		if h.Node == node || rotated[h.Scope] {
+			continue
 		}
 		st, err := l.keys.Status(ctx, h.Scope)
 		if err != nil {

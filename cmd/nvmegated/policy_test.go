@@ -1,37 +1,18 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/nvmegate/nvmegate/audit"
+	"github.com/nvmegate/nvmegate/internal/logbuf"
 	"github.com/nvmegate/nvmegate/policy"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
-
-// syncBuffer is a log sink safe for the daemon's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // copyDefaultPolicy writes the embedded policy into a directory.
 func copyDefaultPolicy(t *testing.T, dir string) {
@@ -48,7 +29,7 @@ func TestPolicyHotReload(t *testing.T) {
 	policyDir := t.TempDir()
 	copyDefaultPolicy(t, policyDir)
 	dir := t.TempDir()
-	logs := &syncBuffer{}
+	logs := &logbuf.Buffer{}
 	m := NewMain()
 	m.Stderr = logs
 	args := []string{"dev", "--dir", dir, "--listen", "127.0.0.1:0", "--http-listen", "off", "--policy-dir", policyDir, "--policy-reload-interval", "1h"}
