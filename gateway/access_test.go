@@ -947,8 +947,28 @@ func TestRebindAfterReleaseRotates(t *testing.T) {
 		t.Fatal(err)
 	}
 	x := c.Grant.HostNqn
+	inv := pb.NewInventoryClient(g.client(t, admin))
+	// A binding the store refuses (its identity is bound already) rotates
+	// nothing: the first node connects again at the same root version.
+	if _, err := inv.AddHostBinding(ctx, &pb.AddHostBindingRequest{Binding: &pb.HostBinding{
+		SpiffeId: "spiffe://nvmegate.test/node/acme-gpu-3", HostNqn: "nqn.2014-08.org.nvmexpress:uuid:00000003-aaaa-4000-8000-000000000000", Tenant: "acme"}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = inv.AddHostBinding(ctx, &pb.AddHostBindingRequest{Binding: &pb.HostBinding{
+		SpiffeId: "spiffe://nvmegate.test/node/acme-gpu-3", HostNqn: x, Tenant: "acme"}})
+	wantCode(t, err, codes.AlreadyExists)
+	again, err := first.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Grant.KeyVersion != c.Grant.KeyVersion {
+		t.Fatalf("a refused binding rotated the root: version %d, was %d", again.Grant.KeyVersion, c.Grant.KeyVersion)
+	}
+	if _, err := first.Release(ctx, &pb.ReleaseRequest{GrantId: again.Grant.GrantId}); err != nil {
+		t.Fatal(err)
+	}
 	second := "spiffe://nvmegate.test/node/acme-gpu-2"
-	if _, err := pb.NewInventoryClient(g.client(t, admin)).AddHostBinding(ctx, &pb.AddHostBindingRequest{Binding: &pb.HostBinding{
+	if _, err := inv.AddHostBinding(ctx, &pb.AddHostBindingRequest{Binding: &pb.HostBinding{
 		SpiffeId: second, HostNqn: x, Tenant: "acme"}}); err != nil {
 		t.Fatal(err)
 	}

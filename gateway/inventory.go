@@ -194,7 +194,15 @@ func (s *inventoryService) AddHostBinding(ctx context.Context, r *pb.AddHostBind
 	}
 	// Before the binding: another identity that held the NQN (its grants
 	// released or expired) still knows what the new holder would be
-	// given under the same root.
+	// given under the same root. A binding the store would refuse
+	// rotates nothing: those refusals are checked first (and again in
+	// the binding's commit).
+	if _, err := s.store.HostBinding(ctx, h.SPIFFEID); err == nil {
+		return nil, nvmegate.Errorf(nvmegate.EEXISTS, "host binding for %q already exists", h.SPIFFEID)
+	}
+	if _, err := s.store.HostBindingByNQN(ctx, h.HostNQN); err == nil {
+		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "host NQN %q is already bound to another identity", h.HostNQN)
+	}
 	if s.rebind != nil {
 		if err := s.rebind.Rebind(ctx, h.HostNQN, h.SPIFFEID); err != nil {
 			return nil, err

@@ -157,6 +157,11 @@ func New(cfg Config) (*Server, error) {
 		grpc.SharedWriteBuffer(true),
 		grpc.ReadBufferSize(8<<10),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		// Pings after a minute of silence: a peer that is gone (a target
+		// agent's server lost power) is noticed within 80 s, and its
+		// stream ends — a target takes one live agent stream, so a dead
+		// one must not keep the restarted agent out.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second}),
 		// Reused handler goroutines: a policy evaluation recurses deeply,
 		// and a fresh goroutine per call spent ~17% of the CPU growing its
 		// stack under load (pprof, bench connect). Calls beyond the pool

@@ -97,10 +97,10 @@ func (l *Lifecycle) supersede(ctx context.Context, g *nvmegate.Grant, old []*nvm
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
+	// Whether g is still active is decided in the same commit: a
+	// revocation of g that lands first kept the host for these.
 	ref := g.HostRef()
-	cur, err := l.grants.Grant(ctx, g.ID)
-	gone := err != nil || cur.State != nvmegate.GrantActive
-	ended, err := l.grants.EndActiveGrants(ctx, ids(old), nvmegate.GrantReleased, func(o *nvmegate.Grant) bool { return gone || o.HostRef() != ref })
+	ended, err := l.grants.EndActiveGrants(ctx, ids(old), nvmegate.GrantReleased, g.ID, func(o *nvmegate.Grant) bool { return o.HostRef() != ref })
 	if err != nil {
 		l.log.ErrorContext(ctx, "connect: superseded grants not released", "grant", g.ID, "err", err)
 		return

@@ -35,8 +35,9 @@ type Grants interface {
 	// identities held grants on a host NQN, ended ones included.
 	HostKeyScopes(ctx context.Context, nqn string) ([]store.HostKeyScope, error)
 	// EndActiveGrants ends those of ids still active (as state, pending
-	// removal where pending says) in one commit and returns them.
-	EndActiveGrants(ctx context.Context, ids []string, state string, pending func(*nvmegate.Grant) bool) ([]*nvmegate.Grant, error)
+	// removal where pending says, or all if successor is no longer
+	// active) in one commit and returns them.
+	EndActiveGrants(ctx context.Context, ids []string, state, successor string, pending func(*nvmegate.Grant) bool) ([]*nvmegate.Grant, error)
 }
 
 // Inventory tells where a grant's subsystem is (*store.DB).

@@ -524,14 +524,26 @@ func (db *DB) ExpiredGrants(ctx context.Context) ([]*nvmegate.Grant, error) {
 // still active — as state, pending removal where pending says so — and
 // returns them as stored; a grant that ended meanwhile (a revocation won
 // the race) is left as it is. It is how a connect supersedes the node's
-// earlier grants once the target took the new one.
-func (db *DB) EndActiveGrants(ctx context.Context, ids []string, state string, pending func(*nvmegate.Grant) bool) ([]*nvmegate.Grant, error) {
+// earlier grants once the target took the new one: successor, if set, is
+// that new grant, and if it is no longer active in this commit (revoked
+// in between: its end kept the host for the earlier ones) every grant
+// ended is pending removal, whatever pending says.
+func (db *DB) EndActiveGrants(ctx context.Context, ids []string, state, successor string, pending func(*nvmegate.Grant) bool) ([]*nvmegate.Grant, error) {
 	if state == nvmegate.GrantActive {
 		return nil, nvmegate.Invalid("state", "must be an ended state")
 	}
 	var ended []*nvmegate.Grant
 	err := db.batch(ctx, func(tx *txn) error {
 		ended = ended[:0] // the batch may run this twice
+		gone := false
+		if successor != "" {
+			v := tx.Bucket(bucketGrants).Get([]byte(successor))
+			if v == nil {
+				gone = true
+			} else if s, err := decodeGrant(v); err != nil || s.State != nvmegate.GrantActive {
+				gone = true
+			}
+		}
 		for _, id := range ids {
 			v := tx.Bucket(bucketGrants).Get([]byte(id))
 			if v == nil {
@@ -545,7 +557,7 @@ func (db *DB) EndActiveGrants(ctx context.Context, ids []string, state string, p
 				continue
 			}
 			g.State = state
-			g.RemovalPending = pending != nil && pending(g)
+			g.RemovalPending = gone || pending != nil && pending(g)
 			val, err := encodeGrant(g)
 			if err != nil {
 				return err

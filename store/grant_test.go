@@ -222,7 +222,7 @@ func TestEndActiveGrants(t *testing.T) {
 	must(t, db.PutGrants(ctx, a, b))
 	b.State, b.RemovalPending = nvmegate.GrantRevoked, true
 	must(t, db.PutGrant(ctx, b))
-	ended, err := db.EndActiveGrants(ctx, []string{a.ID, b.ID, "grant-nope"}, nvmegate.GrantReleased, func(g *nvmegate.Grant) bool { return g.ID == a.ID })
+	ended, err := db.EndActiveGrants(ctx, []string{a.ID, b.ID, "grant-nope"}, nvmegate.GrantReleased, "", func(g *nvmegate.Grant) bool { return g.ID == a.ID })
 	must(t, err)
 	if len(ended) != 1 || ended[0].ID != a.ID || ended[0].State != nvmegate.GrantReleased || !ended[0].RemovalPending {
 		t.Fatalf("ended %+v, want only %s, released and pending", ended, a.ID)
@@ -230,6 +230,23 @@ func TestEndActiveGrants(t *testing.T) {
 	if g, _ := db.Grant(ctx, b.ID); g.State != nvmegate.GrantRevoked || !g.RemovalPending {
 		t.Fatalf("the revoked grant became %s (pending %v)", g.State, g.RemovalPending)
 	}
-	_, err = db.EndActiveGrants(ctx, []string{a.ID}, nvmegate.GrantActive, nil)
+	_, err = db.EndActiveGrants(ctx, []string{a.ID}, nvmegate.GrantActive, "", nil)
 	wantError(t, err, nvmegate.EINVALID, "state")
+}
+
+// A successor that is no longer active (revoked between its programming
+// and the superseding) makes every grant ended pending removal: its end
+// kept the host for them.
+func TestEndActiveGrantsSuccessorGone(t *testing.T) {
+	db := openTestDB(t)
+	ctx := context.Background()
+	old, succ := newGrant(1, subNQN(0)), newGrant(2, subNQN(0))
+	must(t, db.PutGrants(ctx, old, succ))
+	succ.State = nvmegate.GrantRevoked
+	must(t, db.PutGrant(ctx, succ))
+	ended, err := db.EndActiveGrants(ctx, []string{old.ID}, nvmegate.GrantReleased, succ.ID, func(*nvmegate.Grant) bool { return false })
+	must(t, err)
+	if len(ended) != 1 || !ended[0].RemovalPending {
+		t.Fatalf("ended %+v, want %s pending removal", ended, old.ID)
+	}
 }

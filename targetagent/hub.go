@@ -173,6 +173,12 @@ func (h *Hub) Ack(targetID, stream string, gen uint64, errMsg string) error {
 		err = fmt.Errorf("target %s did not apply generation %d: %s", targetID, gen, errMsg)
 	}
 	r.mu.Lock()
+	if gen > r.head {
+		// Acknowledging what was never sent would settle waiters for
+		// states the agent cannot have applied.
+		r.mu.Unlock()
+		return fmt.Errorf("%w: target %s acknowledged generation %d, its stream is at %d", ErrNotLiveStream, targetID, gen, r.head)
+	}
 	for g, ws := range r.waiters {
 		if g <= gen {
 			for _, w := range ws {

@@ -96,6 +96,10 @@ func TestHubAckOnlyFromTheLiveStream(t *testing.T) {
 		t.Fatalf("a foreign acknowledgement settled the push: %v", err)
 	case <-time.After(50 * time.Millisecond):
 	}
+	// Nor may the live stream acknowledge a generation never sent to it.
+	if err := h.Ack("t1", s.ID(), u.Generation()+1, ""); !errors.Is(err, ErrNotLiveStream) {
+		t.Fatalf("ack of an unsent generation: %v, want ErrNotLiveStream", err)
+	}
 	if err := h.Ack("t1", s.ID(), u.Generation(), ""); err != nil {
 		t.Fatal(err)
 	}
