@@ -235,6 +235,21 @@ func BenchmarkConnect(b *testing.B) {
 			measure(b, false, func(i int) { decide(b, set[(i+callers)%callers]) })
 		})
 	}
+	// A storm: every call a node not seen before in a job already decided
+	// (the scope memo warm, the caller's part decided anew).
+	b.Run("new-caller", func(b *testing.B) {
+		measure(b, false, func(i int) {
+			in := *typed[0]
+			in.Resource = maps.Clone(in.Resource)
+			id := fmt.Sprintf("spiffe://example.org/node/storm-%d-%d", b.N, i)
+			in.Caller.ID = id
+			job := maps.Clone(in.Resource["job"].(map[string]any))
+			job["nodes"] = []any{id}
+			in.Resource["job"] = job
+			in.Resource["host_binding"] = bindingRec(id, fmt.Sprintf("nqn.2014-08.org.nvmexpress:uuid:%08x-0000-5000-8000-%012x", i, b.N), "acme", true)
+			decide(b, &in)
+		})
+	})
 	b.Run("cold", func(b *testing.B) {
 		measure(b, false, func(i int) {
 			in := *ins[0]

@@ -86,6 +86,7 @@ type Engine struct {
 
 	mu      sync.Mutex             // serializes Reload
 	current atomic.Pointer[loaded] // never nil after NewEngine
+	workers workers                // deep evaluations (workers.go)
 }
 
 // loaded is one prepared policy revision.
@@ -377,7 +378,10 @@ func (e *Engine) evalFull(ctx context.Context, l *loaded, in *Input, gw Gateway,
 		d.Reasons = []string{ReasonInputFailed}
 		return d, nil, fmt.Errorf("%w: input: %v", ErrEvaluation, err)
 	}
-	rs, err := l.query.Eval(ctx, rego.EvalParsedInput(v), rego.EvalTime(now))
+	var rs rego.ResultSet
+	if werr := e.workers.do(ctx, func() { rs, err = l.query.Eval(ctx, rego.EvalParsedInput(v), rego.EvalTime(now)) }); werr != nil {
+		err = werr
+	}
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
 			d.Reasons = []string{ReasonCanceled}

@@ -338,21 +338,17 @@ func (e *Engine) decideSplit(ctx context.Context, l *loaded, in *Input, gw Gatew
 	callerKey := sha256.Sum256(c.b)
 	ce, ok := s.callers.get(callerKey)
 	if !ok {
-		h := sha256.New()
-		h.Write(s.scopeTag)
-		h.Write(c.b[len(s.callerTag):scopeEnd])
-		var scopeKey [32]byte
-		h.Sum(scopeKey[:0])
-		se, ok := s.scopes.get(scopeKey)
-		if !ok {
-			var problem, err error
-			if se, problem, err = s.evalScope(ctx, action, in, scopeKey); err != nil || problem != nil {
-				return e.failSplit(ctx, d, in, "scope decision", problem, err)
-			}
+		var (
+			part         string
+			problem, err error
+		)
+		if werr := e.workers.do(ctx, func() {
+			ce, part, problem, err = s.decideCaller(ctx, in, action, gw, c.b[len(s.callerTag):scopeEnd], callerKey)
+		}); werr != nil {
+			part, err = "caller decision", werr
 		}
-		var problem, err error
-		if ce, problem, err = s.evalCaller(ctx, in, action, gw, se, callerKey); err != nil || problem != nil {
-			return e.failSplit(ctx, d, in, "caller decision", problem, err)
+		if err != nil || problem != nil {
+			return e.failSplit(ctx, d, in, part, problem, err)
 		}
 	}
 
@@ -442,6 +438,26 @@ func (s *split) evalNode(ctx context.Context, input *ast.Term, now time.Time) (*
 			return nil
 		})
 	return doc, err
+}
+
+// decideCaller decides the caller decision of callerKey, and the scope
+// decision of the scope's canonical input (scopeIn) unless it is memoized;
+// part names the part that failed.
+func (s *split) decideCaller(ctx context.Context, in *Input, action string, gw Gateway, scopeIn []byte, callerKey [32]byte) (*callerEntry, string, error, error) {
+	h := sha256.New()
+	h.Write(s.scopeTag)
+	h.Write(scopeIn)
+	var scopeKey [32]byte
+	h.Sum(scopeKey[:0])
+	se, ok := s.scopes.get(scopeKey)
+	if !ok {
+		var problem, err error
+		if se, problem, err = s.evalScope(ctx, action, in, scopeKey); err != nil || problem != nil {
+			return nil, "scope decision", problem, err
+		}
+	}
+	ce, problem, err := s.evalCaller(ctx, in, action, gw, se, callerKey)
+	return ce, "caller decision", problem, err
 }
 
 // evalScope decides and memoizes the scope decision of key.

@@ -151,11 +151,13 @@ func New(cfg Config) (*Server, error) {
 		// cut off the last of them, which then start again from scratch.
 		grpc.ConnectionTimeout(cmp.Or(cfg.HandshakeTimeout, DefaultHandshakeTimeout)),
 		// Tens of thousands of mostly idle node connections: a write
-		// buffer only while a connection writes, and a small read buffer
-		// (requests are a few hundred bytes; a larger frame is read past
-		// it). gRPC's defaults are 32 KiB each per connection.
+		// buffer only while a connection writes, and no read buffer of
+		// gRPC's own — the TLS connection under the framer already holds
+		// each decrypted record, so a second buffer only copied it, and
+		// cost 8 KiB per connection (80 MiB of live heap in a 10,000-node
+		// storm). gRPC's defaults are 32 KiB each per connection.
 		grpc.SharedWriteBuffer(true),
-		grpc.ReadBufferSize(8<<10),
+		grpc.ReadBufferSize(0),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		// Pings after a minute of silence: a peer that is gone (a target
 		// agent's server lost power) is noticed within 80 s, and its

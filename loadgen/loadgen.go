@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"crypto/tls"
@@ -143,6 +144,10 @@ type Result struct {
 	Acks      []Ack
 	// FirstErrors holds the first error of each code, with its message.
 	FirstErrors []string
+	// ClientCPU is the CPU time (user and system) this process spent during
+	// the run: the client's share of the machine, when client and gateway
+	// share it.
+	ClientCPU time.Duration
 }
 
 // Rate is successful connects per second.
@@ -388,12 +393,12 @@ func ReadAcks(rd io.Reader) ([]Ack, error) {
 	return out, sc.Err()
 }
 
-func (r *recorder) result(call Call, elapsed time.Duration) *Result {
+func (r *recorder) result(call Call, elapsed, cpu time.Duration) *Result {
 	sort.Slice(r.lat, func(i, j int) bool { return r.lat[i] < r.lat[j] })
 	if call == "" {
 		call = CallConnect
 	}
-	return &Result{Call: call, Elapsed: elapsed, Latencies: r.lat, Errors: r.errs, Acks: r.acks, FirstErrors: r.firstErr}
+	return &Result{Call: call, Elapsed: elapsed, Latencies: r.lat, Errors: r.errs, Acks: r.acks, FirstErrors: r.firstErr, ClientCPU: cpu}
 }
 
 // Run keeps o.Concurrency connects in flight for o.Duration (or until
@@ -407,7 +412,7 @@ func Run(ctx context.Context, f *Fleet, o Options) *Result {
 		next atomic.Uint64
 		wg   sync.WaitGroup
 	)
-	start := time.Now()
+	start, cpu0 := time.Now(), processCPU()
 	for range max(1, o.Concurrency) {
 		wg.Add(1)
 		go func() {
@@ -423,7 +428,7 @@ func Run(ctx context.Context, f *Fleet, o Options) *Result {
 		}()
 	}
 	wg.Wait()
-	return rec.result(o.Call, time.Since(start))
+	return rec.result(o.Call, time.Since(start), processCPU()-cpu0)
 }
 
 // Storm connects every node at once and reports when the last one was
@@ -440,7 +445,7 @@ func Storm(ctx context.Context, f *Fleet, o Options, timeout, attempt time.Durat
 		rec = recorder{sink: o.Acks, secrets: o.Secrets}
 		wg  sync.WaitGroup
 	)
-	start := time.Now()
+	start, cpu0 := time.Now(), processCPU()
 	for i, n := range f.Nodes {
 		wg.Add(1)
 		go func() {
@@ -468,7 +473,16 @@ func Storm(ctx context.Context, f *Fleet, o Options, timeout, attempt time.Durat
 		}()
 	}
 	wg.Wait()
-	return rec.result(o.Call, time.Since(start))
+	return rec.result(o.Call, time.Since(start), processCPU()-cpu0)
+}
+
+// processCPU is this process's CPU time so far (0 where unavailable).
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // Verify checks that every acknowledged grant has its grant entry in the
@@ -547,5 +561,8 @@ func Summary(r *Result) string {
 		}
 	}
 	b.WriteString("\n")
+	if r.ClientCPU > 0 && len(r.Latencies) > 0 {
+		fmt.Fprintf(&b, "client cpu %s (%s per success)\n", r.ClientCPU.Round(time.Millisecond), (r.ClientCPU / time.Duration(len(r.Latencies))).Round(time.Microsecond))
+	}
 	return b.String()
 }
