@@ -48,6 +48,12 @@ type Grant struct {
 	// subsystem. Set in the commit that ends the grant, cleared once the
 	// target follows (lease retries until it does).
 	RemovalPending bool
+
+	// SupersededBy is, for a grant a connect of its node replaced (ended
+	// as released in the new grant's commit), the new grant's ID: if the
+	// target then refuses the new grant, this one is put back, and only
+	// then (lease.Lifecycle.Issue).
+	SupersededBy string
 }
 
 // Scope is KeyScope, or the subsystem NQN for older records.

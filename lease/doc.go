@@ -19,20 +19,23 @@
 //  2. store: one commit. The node's grants sharing a new grant's host
 //     entry on the target (one host NQN, one key scope: the target holds
 //     one set of credentials for them) move to its root version and
-//     authentication in it. An end stores its grants ended and pending
-//     removal (Grant.RemovalPending).
+//     authentication in it, and the node's earlier grant on the subsystem
+//     in the job ends, released and superseded by the new one
+//     (Grant.SupersededBy): no answer can find both active. An end stores
+//     its grants ended and pending removal (Grant.RemovalPending).
 //  3. program: the target is told of the host entries that changed and
-//     answers once it holds them; only then is a grant returned, and only
-//     then does it supersede (release) the node's earlier grant on the
-//     subsystem in the job. An end's grants are settled (no longer
-//     pending) once their target acknowledged; those of a target that
-//     did not follow stay pending, the caller of a release or revoke is
-//     told so (EUNAVAILABLE), and Settle retries them.
+//     answers once it holds them; only then is a grant returned. An end's
+//     grants are settled (no longer pending) once their target
+//     acknowledged; those of a target that did not follow stay pending,
+//     the caller of a release or revoke is told so (EUNAVAILABLE), and
+//     Settle retries them.
 //  4. compensate: if the target does not take a grant or renewal, the
 //     grants that moved are put back, the grant is ended (or a renewal
-//     keeps its old keys), the target follows the store back, and the
-//     failure is recorded (a deny entry). An end is never undone; a
-//     revocation then rotates the roots its hosts knew.
+//     keeps its old keys) and the grant it superseded is put back in the
+//     same commit — unless another's revocation or the job's end came in
+//     between — the target follows the store back, and the failure is
+//     recorded (a deny entry). An end is never undone; a revocation then
+//     rotates the roots its hosts knew.
 //
 // The entries are built from typed values in one place (entry.go): the
 // call's nvmegate.Scope and nvmegate.Decision, the grant, the versions and

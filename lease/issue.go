@@ -18,9 +18,11 @@ import (
 // with those credentials before Issue returns. The node's grants sharing
 // its host entry move with it. Any failure after the entry ends the
 // grant, puts the moved grants back and is recorded: nothing is returned
-// that the target does not hold. Only then does it supersede (release)
-// the node's earlier grant on the subsystem in the job: a connect that
-// fails leaves the node the grant it had.
+// that the target does not hold. The node's earlier grant on the
+// subsystem in the job ends (released, superseded) in the new grant's
+// commit — no answer finds both active — and comes back if the target
+// refuses the new one: a connect that fails leaves the node the grant it
+// had.
 func (l *Lifecycle) Issue(ctx context.Context, r Request) (Issued, error) {
 	j, sub, t, err := records(r)
 	if err != nil {
@@ -67,6 +69,7 @@ func (l *Lifecycle) Issue(ctx context.Context, r Request) (Issued, error) {
 			return "", nil
 		},
 		moving:       moving,
+		supersede:    superseded,
 		storeFailure: "grant not stored",
 		deny:         denyEntry(actionConnect, sc, d, g),
 		refused:      "target " + t.ID + " did not accept the host",
@@ -77,45 +80,7 @@ func (l *Lifecycle) Issue(ctx context.Context, r Request) (Issued, error) {
 	if res.err != nil {
 		return Issued{}, res.err
 	}
-	l.supersede(ctx, g, superseded)
 	return Issued{Grant: g, Credentials: creds}, nil
-}
-
-// supersede releases the node's earlier grants that g, now on its target,
-// replaces — before the answer, so that a release or revocation of g by
-// its node, which can only follow the answer, finds them ended. Only
-// those still active end (a revocation that got there first stands).
-// While both were active the target held the host entry of the newest,
-// g's, so ending them changes nothing there — unless g ended meanwhile
-// (an admin's revocation between its programming and now), or one is on
-// another host entry (the node's binding changed): those are ends like
-// any other, pending until the target removes the host. A failure (or a
-// crash before the commit) leaves an earlier grant active on g's host
-// entry until the node's next connect or its expiry.
-func (l *Lifecycle) supersede(ctx context.Context, g *nvmegate.Grant, old []*nvmegate.Grant) {
-	if len(old) == 0 {
-		return
-	}
-	ctx = context.WithoutCancel(ctx)
-	// Whether g is still active is decided in the same commit: a
-	// revocation of g that lands first kept the host for these.
-	ref := g.HostRef()
-	ended, err := l.grants.EndActiveGrants(ctx, ids(old), nvmegate.GrantReleased, g.ID, func(o *nvmegate.Grant) bool { return o.HostRef() != ref })
-	if err != nil {
-		l.log.ErrorContext(ctx, "connect: superseded grants not released", "grant", g.ID, "err", err)
-		return
-	}
-	var tell []*nvmegate.Grant
-	for _, o := range ended {
-		if o.RemovalPending {
-			tell = append(tell, o)
-		}
-	}
-	followed, err := l.programEnds(ctx, "", tell)
-	if err != nil {
-		l.log.WarnContext(ctx, "connect: a superseded grant's host not yet removed; pending", "grant", g.ID, "err", err)
-	}
-	l.settle(ctx, followed)
 }
 
 // Renew extends g (within policy's caps and the job's expiry) and returns

@@ -34,10 +34,14 @@ type Grants interface {
 	// HostKeyScopes are the key scopes and root versions under which
 	// identities held grants on a host NQN, ended ones included.
 	HostKeyScopes(ctx context.Context, nqn string) ([]store.HostKeyScope, error)
-	// EndActiveGrants ends those of ids still active (as state, pending
-	// removal where pending says, or all if successor is no longer
-	// active) in one commit and returns them.
-	EndActiveGrants(ctx context.Context, ids []string, state, successor string, pending func(*nvmegate.Grant) bool) ([]*nvmegate.Grant, error)
+	// OpenGrant stores an opening g with its moves and, in the same
+	// commit, ends (released, superseded by g) those of supersede still
+	// active, pending removal where their host is not g's; it returns
+	// them. UndoOpening revokes g (pending removal) and puts back the
+	// grants it superseded, unless g was ended meanwhile by another or
+	// they can no longer be active; it returns those put back.
+	OpenGrant(ctx context.Context, g *nvmegate.Grant, move, supersede []string) ([]*nvmegate.Grant, error)
+	UndoOpening(ctx context.Context, g *nvmegate.Grant, supersede []string) ([]*nvmegate.Grant, error)
 }
 
 // Inventory tells where a grant's subsystem is (*store.DB).

@@ -136,8 +136,8 @@ func TestIssueSupersedes(t *testing.T) {
 	w := newWorld(t)
 	a := w.issue(node1, sub1)
 	b := w.issue(node1, sub1)
-	if s := w.grant(a.Grant.ID).State; s != nvmegate.GrantReleased {
-		t.Fatalf("superseded grant is %s", s)
+	if g := w.grant(a.Grant.ID); g.State != nvmegate.GrantReleased || g.SupersededBy != b.Grant.ID || g.RemovalPending {
+		t.Fatalf("superseded grant is %s, superseded by %q, pending %v; want released by %s", g.State, g.SupersededBy, g.RemovalPending, b.Grant.ID)
 	}
 	gs, err := w.db.NodeActiveGrants(w.ctx, node1)
 	if err != nil || len(gs) != 1 || gs[0].ID != b.Grant.ID {
@@ -166,6 +166,13 @@ func TestIssueRefusedKeepsTheEarlierGrant(t *testing.T) {
 	}
 	if !w.allowed(node1, sub1) || w.hostKey(node1) != a.Credentials.HostSecret {
 		t.Fatal("the target does not hold the earlier grant after the refused connect")
+	}
+	denies := w.entries(audit.EventDeny)
+	if len(denies) != 1 || !strings.HasSuffix(denies[0].Entry.Detail, "did not accept the host; the node keeps grant "+a.Grant.ID) {
+		t.Fatalf("deny entries %+v: want the refusal, naming the grant kept", denies)
+	}
+	if p, _ := w.db.PendingRemovals(w.ctx); len(p) != 0 {
+		t.Fatalf("pending removals %v after the target followed back", p)
 	}
 }
 

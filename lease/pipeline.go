@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/nvmegate/nvmegate"
@@ -27,6 +29,10 @@ type change struct {
 	// not grant's: moved to it in the same commit, put back if the target
 	// refuses.
 	moving []*nvmegate.Grant
+	// supersede are the node's earlier grants a new grant replaces: ended
+	// (released) in its commit, put back if the target refuses it;
+	// superseded are those the commit ended, as stored.
+	supersede, superseded []*nvmegate.Grant
 	// storeFailure is the reason recorded if the commit fails; "" records
 	// none (a renewal the store refuses is a grant that ended meanwhile,
 	// and its end is on the record).
@@ -127,6 +133,10 @@ func (l *Lifecycle) run(ctx context.Context, c *change) outcome {
 		l.log.ErrorContext(ctx, c.op+": target did not take the change; undone", "target", c.target, "grant", c.grant.ID, "err", err)
 		l.compensate(ctx, c)
 		return outcome{err: c.refusal}
+	} else {
+		// The target's state left the hosts of superseded grants on
+		// another host entry (c.hosts names them).
+		l.settle(ctx, pendingOf(c.superseded))
 	}
 	if c.rotate != "" {
 		res.unfollowed = errors.Join(res.unfollowed, l.rotate(ctx, res.done, c.rotate))
@@ -180,7 +190,8 @@ func (l *Lifecycle) record(ctx context.Context, c *change) ([]*nvmegate.Grant, e
 // what it stored.
 func (l *Lifecycle) store(ctx context.Context, c *change, put []*nvmegate.Grant) ([]*nvmegate.Grant, error) {
 	if c.grant != nil {
-		if err := l.grants.PutGrantsMoving(ctx, put, ids(c.moving), nil, c.grant.HostEntry()); err != nil {
+		var err error
+		if c.superseded, err = l.grants.OpenGrant(ctx, c.grant, ids(c.moving), ids(c.supersede)); err != nil {
 			return nil, err
 		}
 		return put, nil
@@ -284,21 +295,55 @@ func (l *Lifecycle) compensate(ctx context.Context, c *change) {
 			l.log.ErrorContext(ctx, c.op+": a grant sharing the host entry was not put back", "grant", b.ID, "with", c.grant.ID, "err", err)
 		}
 	}
-	undo := c.undo
-	if undo == nil {
-		// The target may hold the host: pending until it follows back.
-		c.grant.State, c.grant.RemovalPending = nvmegate.GrantRevoked, true
-		undo = c.grant
-	}
-	if err := l.put(ctx, undo); err != nil {
-		l.log.ErrorContext(ctx, c.op+": grant not undone in the store", "grant", c.grant.ID, "err", err)
+	why := c.refused
+	pending := pendingOf(c.superseded) // ended on another host entry, unless put back
+	if undo := c.undo; undo != nil {
+		if err := l.put(ctx, undo); err != nil {
+			l.log.ErrorContext(ctx, c.op+": grant not undone in the store", "grant", c.grant.ID, "err", err)
+		}
+	} else {
+		// A new grant: revoked, pending until the target follows back
+		// (it may hold the host), and the grants it superseded are the
+		// node's again.
+		back, err := l.grants.UndoOpening(ctx, c.grant, ids(c.supersede))
+		if err != nil {
+			l.log.ErrorContext(ctx, c.op+": grant not undone in the store", "grant", c.grant.ID, "err", err)
+		} else {
+			c.grant.State, c.grant.RemovalPending = nvmegate.GrantRevoked, true
+			pending = append(withoutIDs(pending, back), c.grant)
+			if len(back) > 0 {
+				why += "; the node keeps grant " + strings.Join(ids(back), ", ")
+			}
+		}
 	}
 	if err := l.targets.Program(ctx, c.target, c.hosts...); err != nil {
 		l.log.ErrorContext(ctx, c.op+": target not reprogrammed after the undo", "target", c.target, "err", err)
-	} else if undo.RemovalPending {
-		l.settle(ctx, []*nvmegate.Grant{undo})
+	} else {
+		l.settle(ctx, pending)
 	}
-	l.failed(ctx, c, c.refused)
+	l.failed(ctx, c, why)
+}
+
+// pendingOf are those of gs pending removal.
+func pendingOf(gs []*nvmegate.Grant) []*nvmegate.Grant {
+	var out []*nvmegate.Grant
+	for _, g := range gs {
+		if g.RemovalPending {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// withoutIDs is gs without the grants of drop.
+func withoutIDs(gs, drop []*nvmegate.Grant) []*nvmegate.Grant {
+	out := gs[:0:0]
+	for _, g := range gs {
+		if !slices.ContainsFunc(drop, func(d *nvmegate.Grant) bool { return d.ID == g.ID }) {
+			out = append(out, g)
+		}
+	}
+	return out
 }
 
 // failed records that an opening policy allowed failed on the way, and

@@ -45,13 +45,16 @@ type grantRecord struct {
 	ReadOnly      bool      `json:"read_only,omitempty"`
 	// RemovalPending is only ever set on an ended grant.
 	RemovalPending bool `json:"removal_pending,omitempty"`
+	// SupersededBy only on a released grant.
+	SupersededBy string `json:"superseded_by,omitempty"`
 }
 
 func encodeGrant(g *nvmegate.Grant) ([]byte, error) {
 	return json.Marshal(grantRecord{V: recordVersion, ID: g.ID, JobID: g.JobID, Tenant: g.Tenant, Node: g.Node, HostNQN: g.HostNQN,
 		SubsystemNQN: g.SubsystemNQN, KeyVersion: g.KeyVersion, KeyScope: g.KeyScope, IssuedAt: g.IssuedAt.UTC(), ExpiresAt: g.ExpiresAt.UTC(),
 		State: g.State, DecisionID: g.DecisionID, AuditIndex: g.AuditIndex, DHCHAPHash: g.DHCHAPHash, DHGroup: g.DHGroup,
-		Bidirectional: g.Bidirectional, TLS: g.TLS, ReadOnly: g.ReadOnly, RemovalPending: g.RemovalPending && g.State != nvmegate.GrantActive})
+		Bidirectional: g.Bidirectional, TLS: g.TLS, ReadOnly: g.ReadOnly, RemovalPending: g.RemovalPending && g.State != nvmegate.GrantActive,
+		SupersededBy: supersededBy(g)})
 }
 
 func decodeGrant(v []byte) (*nvmegate.Grant, error) {
@@ -65,7 +68,15 @@ func decodeGrant(v []byte) (*nvmegate.Grant, error) {
 	return &nvmegate.Grant{ID: r.ID, JobID: r.JobID, Tenant: r.Tenant, Node: r.Node, HostNQN: r.HostNQN, SubsystemNQN: r.SubsystemNQN,
 		KeyVersion: r.KeyVersion, KeyScope: r.KeyScope, IssuedAt: r.IssuedAt, ExpiresAt: r.ExpiresAt, State: r.State, DecisionID: r.DecisionID,
 		AuditIndex: r.AuditIndex, DHCHAPHash: r.DHCHAPHash, DHGroup: r.DHGroup, Bidirectional: r.Bidirectional, TLS: r.TLS,
-		ReadOnly: r.ReadOnly, RemovalPending: r.RemovalPending}, nil
+		ReadOnly: r.ReadOnly, RemovalPending: r.RemovalPending, SupersededBy: r.SupersededBy}, nil
+}
+
+// supersededBy is g's successor as stored: only a released grant has one.
+func supersededBy(g *nvmegate.Grant) string {
+	if g.State != nvmegate.GrantReleased {
+		return ""
+	}
+	return g.SupersededBy
 }
 
 func grantBySubsystemKey(sub, id string) []byte {
@@ -281,26 +292,49 @@ func EntryOf(g *nvmegate.Grant) HostEntry { return g.HostEntry() }
 // from set, so is a grant whose entry is no longer *from (putting a move
 // back must not undo a later one).
 func (db *DB) PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []string, from *nvmegate.HostEntry, to nvmegate.HostEntry) error {
+	_, err := db.putGrants(ctx, gs, move, from, to, nil)
+	return err
+}
+
+// OpenGrant stores g, a grant being opened (issued or renewed), in one
+// commit with what it changes for its node: the grants named in move take
+// g's host entry (as PutGrantsMoving), and those named in supersede — the
+// node's earlier grants g replaces — end as released with SupersededBy
+// g.ID if still active, pending removal where their host is not g's (the
+// node's binding changed: the target must remove it). It returns the
+// superseded grants as stored. One commit, so no answer can find both g
+// and a grant it replaced active; UndoOpening puts them back if the
+// target refuses g.
+func (db *DB) OpenGrant(ctx context.Context, g *nvmegate.Grant, move, supersede []string) ([]*nvmegate.Grant, error) {
+	if g == nil || g.State != nvmegate.GrantActive {
+		return nil, nvmegate.Invalid("", "an active grant is required")
+	}
+	return db.putGrants(ctx, []*nvmegate.Grant{g}, move, nil, g.HostEntry(), supersede)
+}
+
+func (db *DB) putGrants(ctx context.Context, gs []*nvmegate.Grant, move []string, from *nvmegate.HostEntry, to nvmegate.HostEntry, supersede []string) ([]*nvmegate.Grant, error) {
 	vals := make([][]byte, len(gs))
 	stored := make([]*nvmegate.Grant, len(gs)) // the model's copies
 	for i, g := range gs {
 		if g == nil {
-			return nvmegate.Invalid("", "a grant is required")
+			return nil, nvmegate.Invalid("", "a grant is required")
 		}
 		if err := nvmegate.ValidateGrantID("grant_id", g.ID); err != nil {
-			return err
+			return nil, err
 		}
 		var err error
 		if vals[i], err = encodeGrant(g); err != nil {
-			return err
+			return nil, err
 		}
 		if stored[i], err = decodeGrant(vals[i]); err != nil {
-			return err
+			return nil, err
 		}
 	}
+	var ended []*nvmegate.Grant
 	// Batched with concurrent grant writes (one commit for a storm's
 	// group); the function is safe to run twice.
-	return db.batch(ctx, func(tx *txn) error {
+	err := db.batch(ctx, func(tx *txn) error {
+		ended = ended[:0]
 		for i := range gs {
 			// A grant opened or renewed in a job that finished meanwhile
 			// (after the call's decision) would outlive the job's end:
@@ -315,33 +349,141 @@ func (db *DB) PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []
 			}
 		}
 		for _, id := range move {
-			v := tx.Bucket(bucketGrants).Get([]byte(id))
-			if v == nil {
-				continue
-			}
-			cur, err := decodeGrant(v)
-			if err != nil {
+			cur, err := txGrant(tx, id)
+			if err != nil || cur == nil {
 				return err
 			}
 			if cur.State != nvmegate.GrantActive || (from != nil && cur.HostEntry() != *from) {
 				continue
 			}
 			cur.KeyVersion, cur.DHCHAPHash, cur.DHGroup, cur.Bidirectional = to.KeyVersion, to.DHCHAPHash, to.DHGroup, to.Bidirectional
-			val, err := encodeGrant(cur)
-			if err != nil {
-				return err
-			}
-			if err := putGrant(tx, cur, val); err != nil {
+			if err := encodeAndPut(tx, cur); err != nil {
 				return err
 			}
 		}
+		for _, id := range supersede {
+			cur, err := txGrant(tx, id)
+			if err != nil || cur == nil {
+				return err
+			}
+			if cur.State != nvmegate.GrantActive || cur.ID == gs[0].ID {
+				continue // a revocation got there first: it stands
+			}
+			cur.State, cur.SupersededBy = nvmegate.GrantReleased, gs[0].ID
+			cur.RemovalPending = cur.HostRef() != gs[0].HostRef()
+			if err := encodeAndPut(tx, cur); err != nil {
+				return err
+			}
+			c := *cur
+			ended = append(ended, &c)
+		}
 		return nil
 	})
+	if err != nil {
+		return nil, err
+	}
+	return ended, nil
+}
+
+// UndoOpening ends g, an issued grant its target did not take, as revoked
+// pending removal (the target may hold its host until it follows the
+// store back), and in the same commit puts back the grants g superseded
+// (named in supersede): each that is still released with SupersededBy
+// g.ID becomes active again, unless g ended meanwhile by another's hand
+// (a revocation, the job's end: they meant the node's access to end),
+// the grant's job is no longer active, it expired, or its host NQN is now
+// another identity's. It returns the grants put back.
+func (db *DB) UndoOpening(ctx context.Context, g *nvmegate.Grant, supersede []string) ([]*nvmegate.Grant, error) {
+	if g == nil {
+		return nil, nvmegate.Invalid("", "a grant is required")
+	}
+	now := db.now()
+	var back []*nvmegate.Grant
+	err := db.batch(ctx, func(tx *txn) error {
+		back = back[:0]
+		cur, err := txGrant(tx, g.ID)
+		if err != nil {
+			return err
+		}
+		keep := cur != nil && cur.State == nvmegate.GrantActive
+		undone := *g
+		if cur != nil {
+			undone = *cur
+		}
+		if keep || undone.State == nvmegate.GrantActive {
+			undone.State = nvmegate.GrantRevoked
+		}
+		undone.RemovalPending = true
+		if err := encodeAndPut(tx, &undone); err != nil {
+			return err
+		}
+		if !keep {
+			return nil
+		}
+		for _, id := range supersede {
+			o, err := txGrant(tx, id)
+			if err != nil {
+				return err
+			}
+			if o == nil || o.State != nvmegate.GrantReleased || o.SupersededBy != g.ID || !o.ExpiresAt.After(now) {
+				continue
+			}
+			if st := tx.jobState(o.JobID); st != "" && st != nvmegate.JobActive {
+				continue
+			}
+			o.State, o.SupersededBy, o.RemovalPending = nvmegate.GrantActive, "", false
+			if checkHostNQN(tx.Tx, o) != nil {
+				continue
+			}
+			val, err := encodeGrant(o)
+			if err != nil {
+				return err
+			}
+			if err := putGrantReinstating(tx, o, val); err != nil {
+				return err
+			}
+			c := *o
+			back = append(back, &c)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return back, nil
+}
+
+// txGrant reads grant id in tx (nil if there is none).
+func txGrant(tx *txn, id string) (*nvmegate.Grant, error) {
+	v := tx.Bucket(bucketGrants).Get([]byte(id))
+	if v == nil {
+		return nil, nil
+	}
+	return decodeGrant(v)
+}
+
+// encodeAndPut stores g, the transaction's own copy.
+func encodeAndPut(tx *txn, g *nvmegate.Grant) error {
+	val, err := encodeGrant(g)
+	if err != nil {
+		return err
+	}
+	return putGrant(tx, g, val)
 }
 
 // putGrant stores g (encoded as val) and records it for the model, which
 // keeps g: it must be the transaction's own copy.
 func putGrant(tx *txn, g *nvmegate.Grant, val []byte) error {
+	return putGrantAs(tx, g, val, false)
+}
+
+// putGrantReinstating is putGrant for UndoOpening, the one write that may
+// make an ended (superseded) grant active again.
+func putGrantReinstating(tx *txn, g *nvmegate.Grant, val []byte) error {
+	return putGrantAs(tx, g, val, true)
+}
+
+func putGrantAs(tx *txn, g *nvmegate.Grant, val []byte, reinstate bool) error {
 	if old := tx.Bucket(bucketGrants).Get([]byte(g.ID)); old != nil {
 		prev, err := decodeGrant(old)
 		if err != nil {
@@ -353,7 +495,7 @@ func putGrant(tx *txn, g *nvmegate.Grant, val []byte) error {
 		}
 		// Ended is final: a renewal racing a revocation must not bring
 		// the grant back.
-		if prev.State != nvmegate.GrantActive && g.State == nvmegate.GrantActive {
+		if prev.State != nvmegate.GrantActive && g.State == nvmegate.GrantActive && !(reinstate && prev.State == nvmegate.GrantReleased) {
 			return nvmegate.Errorf(nvmegate.ECONFLICT, "grant %s has ended (%s)", g.ID, prev.State)
 		}
 	}
@@ -520,58 +662,3 @@ func (db *DB) ExpiredGrants(ctx context.Context) ([]*nvmegate.Grant, error) {
 	return db.model.expiredGrants(ctx, db.now())
 }
 
-// EndActiveGrants ends, in one commit, those of the grants ids that are
-// still active — as state, pending removal where pending says so — and
-// returns them as stored; a grant that ended meanwhile (a revocation won
-// the race) is left as it is. It is how a connect supersedes the node's
-// earlier grants once the target took the new one: successor, if set, is
-// that new grant, and if it is no longer active in this commit (revoked
-// in between: its end kept the host for the earlier ones) every grant
-// ended is pending removal, whatever pending says.
-func (db *DB) EndActiveGrants(ctx context.Context, ids []string, state, successor string, pending func(*nvmegate.Grant) bool) ([]*nvmegate.Grant, error) {
-	if state == nvmegate.GrantActive {
-		return nil, nvmegate.Invalid("state", "must be an ended state")
-	}
-	var ended []*nvmegate.Grant
-	err := db.batch(ctx, func(tx *txn) error {
-		ended = ended[:0] // the batch may run this twice
-		gone := false
-		if successor != "" {
-			v := tx.Bucket(bucketGrants).Get([]byte(successor))
-			if v == nil {
-				gone = true
-			} else if s, err := decodeGrant(v); err != nil || s.State != nvmegate.GrantActive {
-				gone = true
-			}
-		}
-		for _, id := range ids {
-			v := tx.Bucket(bucketGrants).Get([]byte(id))
-			if v == nil {
-				continue
-			}
-			g, err := decodeGrant(v)
-			if err != nil {
-				return err
-			}
-			if g.State != nvmegate.GrantActive {
-				continue
-			}
-			g.State = state
-			g.RemovalPending = gone || pending != nil && pending(g)
-			val, err := encodeGrant(g)
-			if err != nil {
-				return err
-			}
-			if err := putGrant(tx, g, val); err != nil {
-				return err
-			}
-			c := *g
-			ended = append(ended, &c)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return ended, nil
-}

@@ -213,40 +213,122 @@ func TestHostKeyScopes(t *testing.T) {
 	}
 }
 
-// EndActiveGrants ends only what is still active: a grant a revocation
-// ended first keeps its state and its pending removal.
-func TestEndActiveGrants(t *testing.T) {
+// A node's new grant ends the grants it replaces in its own commit: they
+// are released, superseded by it, pending removal only where their host
+// is not the new grant's; one a revocation ended first keeps its state.
+func TestOpenGrantSupersedes(t *testing.T) {
 	db := openTestDB(t)
 	ctx := context.Background()
-	a, b := newGrant(1, subNQN(0)), newGrant(2, subNQN(0))
-	must(t, db.PutGrants(ctx, a, b))
-	b.State, b.RemovalPending = nvmegate.GrantRevoked, true
-	must(t, db.PutGrant(ctx, b))
-	ended, err := db.EndActiveGrants(ctx, []string{a.ID, b.ID, "grant-nope"}, nvmegate.GrantReleased, "", func(g *nvmegate.Grant) bool { return g.ID == a.ID })
+	old, moved, revoked := newGrant(1, subNQN(0)), newGrant(1, subNQN(0)), newGrant(1, subNQN(0))
+	moved.ID, revoked.ID = "grant-0101", "grant-0102"
+	moved.HostNQN = hostNQN(7) // the node's binding changed since
+	must(t, db.PutGrants(ctx, old, moved, revoked))
+	revoked.State, revoked.RemovalPending = nvmegate.GrantRevoked, true
+	must(t, db.PutGrant(ctx, revoked))
+
+	g := newGrant(1, subNQN(0))
+	g.ID = "grant-0200"
+	ended, err := db.OpenGrant(ctx, g, nil, []string{old.ID, moved.ID, revoked.ID, "grant-nope"})
 	must(t, err)
-	if len(ended) != 1 || ended[0].ID != a.ID || ended[0].State != nvmegate.GrantReleased || !ended[0].RemovalPending {
-		t.Fatalf("ended %+v, want only %s, released and pending", ended, a.ID)
+	if len(ended) != 2 || ended[0].ID != old.ID || ended[1].ID != moved.ID {
+		t.Fatalf("superseded %+v, want %s and %s", ended, old.ID, moved.ID)
 	}
-	if g, _ := db.Grant(ctx, b.ID); g.State != nvmegate.GrantRevoked || !g.RemovalPending {
-		t.Fatalf("the revoked grant became %s (pending %v)", g.State, g.RemovalPending)
+	for _, e := range ended {
+		if e.State != nvmegate.GrantReleased || e.SupersededBy != g.ID || e.RemovalPending != (e.ID == moved.ID) {
+			t.Fatalf("superseded %+v: want released by %s, pending only on the other host", e, g.ID)
+		}
 	}
-	_, err = db.EndActiveGrants(ctx, []string{a.ID}, nvmegate.GrantActive, "", nil)
-	wantError(t, err, nvmegate.EINVALID, "state")
+	if got, _ := db.Grant(ctx, revoked.ID); got.State != nvmegate.GrantRevoked || !got.RemovalPending || got.SupersededBy != "" {
+		t.Fatalf("the revoked grant became %+v", got)
+	}
+	if active, _ := db.NodeActiveGrants(ctx, g.Node); len(active) != 1 || active[0].ID != g.ID {
+		t.Fatalf("node's active grants %v, want only %s", active, g.ID)
+	}
+	_, err = db.OpenGrant(ctx, &nvmegate.Grant{ID: "grant-0300", State: nvmegate.GrantRevoked}, nil, nil)
+	wantError(t, err, nvmegate.EINVALID, "")
 }
 
-// A successor that is no longer active (revoked between its programming
-// and the superseding) makes every grant ended pending removal: its end
-// kept the host for them.
-func TestEndActiveGrantsSuccessorGone(t *testing.T) {
-	db := openTestDB(t)
+// A new grant its target refused is undone with the grants it superseded
+// put back — unless its end was another's (a revocation), the job ended,
+// or the earlier grant ended in another way or expired.
+func TestUndoOpening(t *testing.T) {
 	ctx := context.Background()
-	old, succ := newGrant(1, subNQN(0)), newGrant(2, subNQN(0))
-	must(t, db.PutGrants(ctx, old, succ))
-	succ.State = nvmegate.GrantRevoked
-	must(t, db.PutGrant(ctx, succ))
-	ended, err := db.EndActiveGrants(ctx, []string{old.ID}, nvmegate.GrantReleased, succ.ID, func(*nvmegate.Grant) bool { return false })
-	must(t, err)
-	if len(ended) != 1 || !ended[0].RemovalPending {
-		t.Fatalf("ended %+v, want %s pending removal", ended, old.ID)
+	open := func(t *testing.T) (*DB, *nvmegate.Grant, *nvmegate.Grant) {
+		db := openTestDB(t)
+		old := newGrant(1, subNQN(0))
+		old.ExpiresAt = t0.Add(24 * time.Hour)
+		must(t, db.PutGrant(ctx, old))
+		g := newGrant(1, subNQN(0))
+		g.ID = "grant-0200"
+		if _, err := db.OpenGrant(ctx, g, nil, []string{old.ID}); err != nil {
+			t.Fatal(err)
+		}
+		return db, old, g
 	}
+	state := func(t *testing.T, db *DB, id string) *nvmegate.Grant {
+		t.Helper()
+		g, err := db.Grant(ctx, id)
+		must(t, err)
+		return g
+	}
+	t.Run("put back", func(t *testing.T) {
+		db, old, g := open(t)
+		back, err := db.UndoOpening(ctx, g, []string{old.ID})
+		must(t, err)
+		if len(back) != 1 || back[0].ID != old.ID || back[0].State != nvmegate.GrantActive || back[0].SupersededBy != "" {
+			t.Fatalf("put back %+v", back)
+		}
+		if u := state(t, db, g.ID); u.State != nvmegate.GrantRevoked || !u.RemovalPending {
+			t.Fatalf("undone grant %+v", u)
+		}
+		if active, _ := db.NodeActiveGrants(ctx, g.Node); len(active) != 1 || active[0].ID != old.ID {
+			t.Fatalf("node's active grants %v, want only %s", active, old.ID)
+		}
+		// Twice (a retried batch, a second undo) puts nothing back twice.
+		if back, err := db.UndoOpening(ctx, g, []string{old.ID}); err != nil || len(back) != 0 {
+			t.Fatalf("second undo put back %v, %v", back, err)
+		}
+	})
+	t.Run("revoked by another", func(t *testing.T) {
+		db, old, g := open(t)
+		r := state(t, db, g.ID)
+		r.State, r.RemovalPending = nvmegate.GrantRevoked, true
+		must(t, db.PutGrant(ctx, r))
+		if back, err := db.UndoOpening(ctx, g, []string{old.ID}); err != nil || len(back) != 0 {
+			t.Fatalf("put back %v, %v after the new grant's revocation", back, err)
+		}
+		if o := state(t, db, old.ID); o.State != nvmegate.GrantReleased {
+			t.Fatalf("earlier grant %s", o.State)
+		}
+	})
+	t.Run("job ended", func(t *testing.T) {
+		db, old, g := open(t)
+		inventory(t, db, "acme")
+		must(t, db.CreateNamespace(ctx, newNamespace(subNQN(0), 1, "acme")))
+		must(t, db.CreateJob(ctx, newJob("job-1", "acme", nvmegate.JobNamespace{SubsystemNQN: subNQN(0), NSID: 1, Mode: nvmegate.ModeReadOnly})))
+		if _, err := db.FinishJob(ctx, "job-1"); err != nil {
+			t.Fatal(err)
+		}
+		if back, err := db.UndoOpening(ctx, g, []string{old.ID}); err != nil || len(back) != 0 {
+			t.Fatalf("put back %v, %v in a finished job", back, err)
+		}
+	})
+	t.Run("released otherwise", func(t *testing.T) {
+		db, old, g := open(t)
+		o := state(t, db, old.ID)
+		o.SupersededBy = "" // as a release by the node would store it
+		must(t, db.PutGrant(ctx, o))
+		if back, err := db.UndoOpening(ctx, g, []string{old.ID}); err != nil || len(back) != 0 {
+			t.Fatalf("put back %v, %v: a grant this one did not supersede", back, err)
+		}
+	})
+	t.Run("expired", func(t *testing.T) {
+		db, old, g := open(t)
+		o := state(t, db, old.ID)
+		o.ExpiresAt = t0
+		must(t, db.PutGrant(ctx, o))
+		if back, err := db.UndoOpening(ctx, g, []string{old.ID}); err != nil || len(back) != 0 {
+			t.Fatalf("put back %v, %v past its expiry", back, err)
+		}
+	})
 }
