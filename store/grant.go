@@ -661,4 +661,3 @@ func (db *DB) SubsystemGrants(ctx context.Context, subsystemNQN string) ([]*nvme
 func (db *DB) ExpiredGrants(ctx context.Context) ([]*nvmegate.Grant, error) {
 	return db.model.expiredGrants(ctx, db.now())
 }
-
