@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -105,10 +106,11 @@ type Env struct {
 
 // Node is one simulated GPU node with its own connection.
 type Node struct {
-	ID   string // SPIFFE ID
-	Job  string
-	conn *grpc.ClientConn
-	tls  *tls.Config // the connection's TLS configuration (CallHandshake)
+	ID    string // SPIFFE ID
+	Job   string
+	conn  *grpc.ClientConn
+	creds credentials.TransportCredentials // conn's, for a new one (Storm)
+	tls   *tls.Config                      // the connection's TLS configuration (CallHandshake)
 }
 
 // Fleet is what Setup made.
@@ -269,8 +271,8 @@ func Setup(ctx context.Context, env Env, o Options) (*Fleet, error) {
 			return nil, err
 		}
 		src := identity.StaticSource(svid, bundle)
-		n.conn, err = grpc.NewClient(env.Addr, grpc.WithTransportCredentials(identity.ClientCredentials(src, identity.AuthorizeGateway(td))))
-		if err != nil {
+		n.creds = identity.ClientCredentials(src, identity.AuthorizeGateway(td))
+		if n.conn, err = grpc.NewClient(env.Addr, grpc.WithTransportCredentials(n.creds)); err != nil {
 			return nil, err
 		}
 		n.tls = identity.ClientTLSConfig(src, identity.AuthorizeGateway(td))
@@ -439,6 +441,18 @@ func Run(ctx context.Context, f *Fleet, o Options) *Result {
 // attempts count as errors, and so does every node still not granted at
 // the timeout ("NotGranted").
 func Storm(ctx context.Context, f *Fleet, o Options, timeout, attempt time.Duration) *Result {
+	// Every node on a connection of its own not yet made (a node that
+	// starts): an earlier run on this fleet left its connections open.
+	if o.Call != CallHandshake {
+		for _, n := range f.Nodes {
+			c, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(n.creds))
+			if err != nil {
+				return &Result{Call: o.Call, Errors: map[string]int{"Internal": 1}, FirstErrors: []string{"Internal: " + err.Error()}}
+			}
+			n.conn.Close()
+			n.conn = c
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var (

@@ -10,8 +10,9 @@
 #      same Rego, a Vault KV read, a Vault Transit HMAC, a bbolt append with
 #      fsync) — same concurrency, duration and namespaces, same machine,
 #      both against the same real Vault dev server; then the storm: all N
-#      nodes at once, each a new mTLS connection, after its floor (N bare
-#      mTLS handshakes to the gateway, all at once);
+#      nodes at once, each a new mTLS connection, after its floors (N bare
+#      mTLS handshakes to the gateway, all at once; N health Checks, each
+#      on a new gRPC connection, all at once);
 #  (b) nvmegate's audit append (audit BenchmarkAppend) against Tessera's
 #      POSIX driver at 16 and 256 appenders, same entry size.
 #
@@ -85,9 +86,9 @@ echo "   server RSS (max): nvmegated $(hwm $gpid)"
 rate() { sed -n 's/.*= \([0-9]*\) grants\/s.*/\1/p' "$1"; }
 p99() { grep "^latency" "$1" | tail -1 | sed -n 's/.*p99 \([0-9.]*m\?s\) .*/\1/p'; }
 echo "   ratio nvmegate/naive: grants/s $(rate "$work/nvmegate.txt")/$(rate "$work/naive.txt") = $(python3 -c "print(round($(rate "$work/nvmegate.txt")/$(rate "$work/naive.txt"),2))"); p99 $(p99 "$work/nvmegate.txt") vs $(p99 "$work/naive.txt")"
-echo "-- nvmegate storm: all $STORM nodes at once, each a new mTLS connection, after the handshake floor"
+echo "-- nvmegate storm: all $STORM nodes at once, each a new mTLS connection, after two floors: bare handshakes, and a health Check on a new gRPC connection"
 "$work/bin/nvmegate" --dev-dir "$work/dev" --dev-identity admin --timeout 60s bench connect --nodes "$STORM" --job-size "$STORM" \
-  --namespaces "$M" --storm --call handshake,connect
+  --namespaces "$M" --storm --call handshake,health,connect
 echo "   server RSS (max): nvmegated $(hwm $gpid)"
 
 echo

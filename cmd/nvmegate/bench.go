@@ -81,9 +81,9 @@ Needs a dev gateway (nvmegated dev): the node SVIDs come from its CA.`,
 			defer fleet.Close()
 			fmt.Fprintf(a.stdout, " %s\n", time.Since(t0).Round(time.Millisecond))
 			var (
-				r     *loadgen.Result
-				acks  []loadgen.Ack
-				floor *loadgen.Result
+				r      *loadgen.Result
+				acks   []loadgen.Ack
+				floors []*loadgen.Result
 			)
 			for _, c := range calls {
 				o.Call = loadgen.Call(c)
@@ -99,11 +99,12 @@ Needs a dev gateway (nvmegated dev): the node SVIDs come from its CA.`,
 					r = loadgen.Run(ctx, fleet, o)
 				}
 				fmt.Fprint(a.stdout, loadgen.Summary(r))
-				if floor != nil && r.Call == loadgen.CallConnect {
-					fmt.Fprint(a.stdout, loadgen.Ratio(r, floor, storm))
-				}
-				if r.Call != loadgen.CallConnect {
-					floor = r
+				if r.Call == loadgen.CallConnect {
+					for _, f := range floors {
+						fmt.Fprint(a.stdout, loadgen.Ratio(r, f, storm))
+					}
+				} else {
+					floors = append(floors, r)
 				}
 				acks = append(acks, r.Acks...)
 			}
@@ -126,7 +127,7 @@ Needs a dev gateway (nvmegated dev): the node SVIDs come from its CA.`,
 	f.IntVar(&o.Requests, "requests", 0, "stop after this many calls, if sooner than --duration (0: no limit)")
 	f.IntVar(&o.JobSize, "job-size", 256, "nodes per job")
 	f.BoolVar(&storm, "storm", false, "connect all N nodes at once; report the time until all are granted")
-	f.StringSliceVar(&calls, "call", []string{"connect"}, `what each node does, in order on the same fleet: connect, or a floor — health (a trivial unary call over the node's connection) or handshake (a new mTLS connection and nothing else); a connect after a floor is reported as a ratio to it`)
+	f.StringSliceVar(&calls, "call", []string{"connect"}, `what each node does, in order on the same fleet: connect, or a floor — health (a trivial unary call over the node's connection) or handshake (a new mTLS connection and nothing else); a connect after floors is reported as a ratio to each; in a storm every node makes a new connection for each`)
 	f.DurationVar(&stormTimeout, "storm-timeout", 5*time.Minute, "give up on a storm after this long")
 	f.StringVar(&o.Tenant, "tenant", "acme", "the tenant of the scheduler identity")
 	f.StringVar(&o.Region, "region", "eu-west", "region of the target and namespaces")
