@@ -158,6 +158,12 @@ func New(cfg Config) (*Server, error) {
 		// storm). gRPC's defaults are 32 KiB each per connection.
 		grpc.SharedWriteBuffer(true),
 		grpc.ReadBufferSize(0),
+		// Fixed flow-control windows: with gRPC's default, BDP
+		// estimation, every new connection pings to size windows that
+		// calls of a few hundred bytes never fill — a round trip and
+		// frames on both sides per node of a storm.
+		grpc.InitialWindowSize(1<<16),
+		grpc.InitialConnWindowSize(1<<16),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		// Pings after a minute of silence: a peer that is gone (a target
 		// agent's server lost power) is noticed within 80 s, and its
