@@ -125,7 +125,8 @@
 // nondeterministic builtin, does not load (ErrCompile); its self-test
 // samples of split actions must be decided alike by the parts and by
 // DecisionQuery, which composes them in Rego. Input.Scope, if set, hands
-// the scope's records typed (see Scope).
+// the resource typed (see Scope): both memoized parts are then keyed and
+// converted from it, and no map of the resource need exist.
 //
 // Every Decision gets a fresh ID (a UUIDv7: time-ordered, 74 random bits),
 // the revision that decided it and the evaluation time.

@@ -42,7 +42,8 @@ func WithPeerID(f func(ctx context.Context) (spiffeid.ID, bool)) InterceptorOpti
 // RefusalRecorder records a call that authorization refuses (a denial, or
 // a decision that failed) before the caller is answered; the gateway
 // appends it to the audit log. d may be nil when no decision could be made.
-// An error is logged and the call stays refused.
+// in's resource may be typed (Input.Scope, no Resource): read it with
+// in.ResourceMap. An error is logged and the call stays refused.
 type RefusalRecorder func(ctx context.Context, in *Input, d *nvmegate.Decision, err error) error
 
 // WithRefusalRecorder has the interceptors call r for every refused call
@@ -107,9 +108,12 @@ type guard struct {
 	scope    func(context.Context) *Scope
 }
 
-// WithScope gives the interceptors the typed scope of a call (Input.Scope)
-// after its description: f returns the scope the DescribeFunc read for the
-// call, or nil. It must describe the same records as the resource map.
+// WithScope gives the interceptors the typed resource of a call
+// (Input.Scope) after its description: f returns the scope the
+// DescribeFunc read for the call, or nil. The DescribeFunc may then
+// return a nil resource (the engine reads Scope alone; Input.ResourceMap
+// builds the map for whoever needs it); if it returns one, it must
+// describe the same records.
 func WithScope(f func(ctx context.Context) *Scope) InterceptorOption {
 	return func(g *guard) { g.scope = f }
 }

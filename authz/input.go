@@ -15,12 +15,14 @@ type Input struct {
 	Caller   Caller         `json:"caller"`
 	RPC      RPC            `json:"rpc"`
 	Action   string         `json:"action"`   // e.g. "inventory.add_target"; "" means ActionFromMethod(RPC.FullMethod)
-	Resource map[string]any `json:"resource"` // records involved, from the gateway's DescribeFunc; nil means {}
+	Resource map[string]any `json:"resource"` // records involved, from the gateway's DescribeFunc; nil means {} (or Scope's)
 	Time     time.Time      `json:"time"`     // zero means the engine's clock at evaluation
 	Gateway  Gateway        `json:"gateway"`  // set by Engine.Authorize; see Gateway
-	// Scope, if set, is the typed scope of a connect or renew (see Scope):
-	// the engine reads the scope decision's records from it, not from
-	// Resource. It is not part of the input document as such.
+	// Scope, if set, is the resource of a connect or renew, typed (see
+	// Scope): the engine reads input.resource from it and ignores
+	// Resource, which the gateway leaves nil for such a call (ResourceMap
+	// builds the map when something needs one). It is not encoded as
+	// such: encoding/json shows Resource.
 	Scope *Scope `json:"-"`
 }
 
@@ -124,7 +126,9 @@ var (
 // to use and now fills a zero Time.
 func (in *Input) value(gw Gateway, now time.Time) (ast.Value, error) {
 	var res ast.Value = ast.NewObject()
-	if in.Resource != nil {
+	if in.Scope != nil {
+		res = typedResource(in.Scope)
+	} else if in.Resource != nil {
 		t, err := termCache{}.term(in.Resource)
 		if err != nil {
 			return nil, fmt.Errorf("resource: %w", err)

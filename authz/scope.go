@@ -3,37 +3,65 @@ package authz
 import (
 	"encoding/binary"
 	"strconv"
+	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 )
 
-// Scope is the scope of a connect or renew, typed: the records the scope
-// decision reads (policy/connect.rego, scope_input), as the gateway
-// describes them in Input.Resource (policy/README.md). When Input.Scope is
-// set and the action is one the policy decides in parts, the engine takes
-// the scope decision's input from it and ignores Resource's namespaces and
-// subsystem (Resource still holds the caller's records: the job, the
-// binding, the request, and the tenant and target). A typed scope is
-// hashed and converted without walking maps, which on a node's every
-// connect is most of what the engine would spend outside OPA (see
-// BenchmarkConnect). It must describe the same records as Resource; for
-// other actions it is ignored.
+// Scope is the resource of a connect or renew, typed: every record the
+// gateway describes for a node's call to a subsystem in a job (gateway
+// scopeResource; policy/README.md), so that input.resource need not be
+// built as a map. When Input.Scope is set the engine reads the resource
+// from it alone and ignores Input.Resource: for an action the policy
+// decides in parts, the scope decision's input (the scope's records) and
+// the caller decision's (the caller's: the job, the binding, the request)
+// are hashed and converted from it without walking maps, which on a node's
+// every connect is most of what the engine would spend outside OPA (see
+// BenchmarkConnect); for any other decision (DecisionQuery) it is
+// converted to input.resource directly. ResourceMap gives the map it
+// describes to whoever needs one (an audit entry).
+//
+// A Scope describes a subsystem call: its resource always has a subsystem,
+// a job, a binding and a request with a TTL. The document it makes of each
+// record is the gateway's, key for key and type for type; a field that
+// record does not have is not in it.
 type Scope struct {
-	Tenant      string           // resource.tenant
-	Job         ScopeJob         // resource.job, narrowed to what the scope reads
-	Subsystem   ScopeSubsystem   // resource.subsystem
-	Target      *ScopeTarget     // resource.target; nil if absent
-	Namespaces  []ScopeNamespace // resource.namespaces, in order
-	RequestMode string           // resource.request.mode
+	Kind       string           // resource.kind ("job" as the gateway describes a node's call)
+	Tenant     string           // resource.tenant
+	Job        ScopeJob         // resource.job
+	Binding    ScopeBinding     // resource.host_binding
+	Request    ScopeRequest     // resource.request
+	Subsystem  ScopeSubsystem   // resource.subsystem
+	Target     *ScopeTarget     // resource.target; nil if absent
+	Namespaces []ScopeNamespace // resource.namespaces, in order
 }
 
-// ScopeJob is the job of a scope: {job_id, tenant, allowed_regions}, or
-// {job_id} alone for a job the gateway did not find.
+// ScopeJob is the job: {job_id, tenant, scheduler, nodes, allowed_regions,
+// expires_at, state}, or {job_id} alone for a job the gateway did not find
+// (Found false). The scope decision reads job_id, tenant and
+// allowed_regions; the caller decision all of it.
 type ScopeJob struct {
 	ID             string
 	Found          bool
 	Tenant         string
+	Scheduler      string
+	Nodes          []string // as policy sees them: the caller alone if it is a member, else none
 	AllowedRegions []string
+	ExpiresAt      time.Time // expires_at: its RFC 3339 form (nanoseconds, UTC)
+	State          string
+}
+
+// ScopeBinding is the caller's host binding: {spiffe_id, host_nqn, tenant,
+// bound}, every key always present (bound false for the default the
+// gateway derives from the SPIFFE ID).
+type ScopeBinding struct {
+	SPIFFEID, HostNQN, Tenant string
+	Bound                     bool
+}
+
+// ScopeRequest is what the node asked for: {host_nqn, ttl, mode}.
+type ScopeRequest struct {
+	HostNQN, TTL, Mode string
 }
 
 // ScopeSubsystem is {nqn, tenant, target_id, dhchap, tls}, or {nqn} alone
@@ -77,55 +105,71 @@ type ScopePlacement struct {
 	ID, Region, Fabric string
 }
 
+// --- Memo keys ------------------------------------------------------------------
+//
+// The two typed encodings below continue the canonical encoding of canon.go:
+// every string length-prefixed, every optional record behind a presence
+// flag, every list behind its length, the fields in a fixed order. So the
+// bytes determine every field the part's input holds, and a typed key
+// cannot meet a map's (tTyped).
+
 // tTyped starts the key of a typed scope; a map's starts with the action
 // (a tString), so the two never meet.
 const tTyped = 'T'
 
-// typedScope writes the scope input of s: every field in a fixed order,
-// with presence flags where a record may be partial.
-func (c *canon) typedScope(action string, s *Scope) {
-	flag := func(b bool) {
-		if b {
-			c.tag(tTrue)
-		} else {
-			c.tag(tFalse)
-		}
+func (c *canon) flag(b bool) {
+	if b {
+		c.tag(tTrue)
+	} else {
+		c.tag(tFalse)
 	}
-	u := func(n uint64) { c.b = binary.AppendUvarint(c.b, n) }
+}
+
+func (c *canon) uvarint(n uint64) { c.b = binary.AppendUvarint(c.b, n) }
+
+func (c *canon) strs(ss []string) {
+	c.uvarint(uint64(len(ss)))
+	for _, s := range ss {
+		c.str(s)
+	}
+}
+
+// typedScope writes the scope input of s: every field it holds, in a
+// fixed order, with presence flags where a record may be partial. It
+// writes no field of the caller's (typedCaller does), so that every
+// caller of a job shares its scope's key.
+func (c *canon) typedScope(action string, s *Scope) {
 	c.tag(tTyped)
 	c.str(action)
 	c.str(s.Tenant)
 	c.str(s.Job.ID)
-	flag(s.Job.Found)
+	c.flag(s.Job.Found)
 	if s.Job.Found {
 		c.str(s.Job.Tenant)
-		u(uint64(len(s.Job.AllowedRegions)))
-		for _, r := range s.Job.AllowedRegions {
-			c.str(r)
-		}
+		c.strs(s.Job.AllowedRegions)
 	}
 	c.str(s.Subsystem.NQN)
-	flag(s.Subsystem.Found)
+	c.flag(s.Subsystem.Found)
 	if s.Subsystem.Found {
 		c.str(s.Subsystem.Tenant)
 		c.str(s.Subsystem.TargetID)
-		flag(s.Subsystem.DHCHAP)
-		flag(s.Subsystem.TLS)
+		c.flag(s.Subsystem.DHCHAP)
+		c.flag(s.Subsystem.TLS)
 	}
-	flag(s.Target != nil)
+	c.flag(s.Target != nil)
 	if t := s.Target; t != nil {
 		c.str(t.ID)
 		c.str(t.Region)
 		c.str(t.Fabric)
 		c.str(t.Driver)
 	}
-	u(uint64(len(s.Namespaces)))
+	c.uvarint(uint64(len(s.Namespaces)))
 	for i := range s.Namespaces {
 		ns := &s.Namespaces[i]
 		c.str(ns.SubsystemNQN)
-		u(uint64(ns.NSID))
+		c.uvarint(uint64(ns.NSID))
 		c.str(ns.Mode)
-		flag(ns.Found)
+		c.flag(ns.Found)
 		if !ns.Found {
 			continue
 		}
@@ -134,69 +178,248 @@ func (c *canon) typedScope(action string, s *Scope) {
 		c.str(ns.DataClass)
 		c.str(ns.DatasetName)
 		c.str(ns.DatasetDigest)
-		u(ns.MaxIOPS)
-		u(ns.MaxMBps)
-		flag(ns.Placed)
+		c.uvarint(ns.MaxIOPS)
+		c.uvarint(ns.MaxMBps)
+		c.flag(ns.Placed)
 		if ns.Placed {
 			c.str(ns.Target.ID)
 			c.str(ns.Target.Region)
 			c.str(ns.Target.Fabric)
 		}
 	}
-	c.str(s.RequestMode)
+	c.str(s.Request.Mode)
+}
+
+// typedCaller writes what the caller input holds beyond the scope input
+// typedScope wrote before it: the caller, the RPC, the action, the gateway,
+// and of the resource the kind, the job's other fields, the binding and
+// the request's other fields (its tenant, target, job ID, tenant and
+// regions and request mode are the scope's). The expiry is written as its
+// instant, which determines its RFC 3339 form in UTC.
+func (c *canon) typedCaller(in *Input, action string, gw Gateway, s *Scope) {
+	c.identity(in, action, gw)
+	c.str(s.Kind)
+	if j := &s.Job; j.Found { // typedScope wrote Found
+		c.str(j.Scheduler)
+		c.strs(j.Nodes)
+		c.b = binary.AppendVarint(c.b, j.ExpiresAt.Unix())
+		c.uvarint(uint64(j.ExpiresAt.Nanosecond()))
+		c.str(j.State)
+	}
+	b := &s.Binding
+	c.str(b.SPIFFEID)
+	c.str(b.HostNQN)
+	c.str(b.Tenant)
+	c.flag(b.Bound)
+	c.str(s.Request.HostNQN)
+	c.str(s.Request.TTL)
+}
+
+// --- OPA values ---------------------------------------------------------------
+
+// scopeTerms builds the records of a Scope as OPA terms, with one term per
+// distinct string (termCache).
+type scopeTerms struct{ tc termCache }
+
+func newScopeTerms() scopeTerms { return scopeTerms{tc: termCache{}} }
+
+// obj is an object of key-value pairs; keys are resource keys.
+func (b scopeTerms) obj(kv ...*ast.Term) *ast.Term {
+	items := make([][2]*ast.Term, 0, len(kv)/2)
+	for i := 0; i < len(kv); i += 2 {
+		items = append(items, [2]*ast.Term{kv[i], kv[i+1]})
+	}
+	return ast.NewTerm(ast.NewObject(items...))
+}
+
+func (b scopeTerms) s(s string) *ast.Term { return b.tc.str(s) }
+
+func (b scopeTerms) strs(ss []string) *ast.Term {
+	ts := make([]*ast.Term, len(ss))
+	for i, s := range ss {
+		ts[i] = b.tc.str(s)
+	}
+	return ast.ArrayTerm(ts...)
+}
+
+func num(n uint64) *ast.Term { return ast.NewTerm(ast.Number(strconv.FormatUint(n, 10))) }
+
+// job is the job: the whole record, or for the scope input (narrow) its
+// job_id, tenant and allowed_regions.
+func (b scopeTerms) job(j *ScopeJob, narrow bool) *ast.Term {
+	s := b.s
+	switch {
+	case !j.Found:
+		return b.obj(s("job_id"), s(j.ID))
+	case narrow:
+		return b.obj(s("job_id"), s(j.ID), s("tenant"), s(j.Tenant), s("allowed_regions"), b.strs(j.AllowedRegions))
+	}
+	return b.obj(s("job_id"), s(j.ID), s("tenant"), s(j.Tenant), s("scheduler"), s(j.Scheduler),
+		s("nodes"), b.strs(j.Nodes), s("allowed_regions"), b.strs(j.AllowedRegions),
+		s("expires_at"), ast.StringTerm(expiresAt(j.ExpiresAt)), s("state"), s(j.State))
+}
+
+// expiresAt is a job's expires_at: its expiry in RFC 3339 with
+// nanoseconds, in UTC (as the gateway describes jobs).
+func expiresAt(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+func (b scopeTerms) binding(x *ScopeBinding) *ast.Term {
+	s := b.s
+	return b.obj(s("spiffe_id"), s(x.SPIFFEID), s("host_nqn"), s(x.HostNQN), s("tenant"), s(x.Tenant), s("bound"), ast.BooleanTerm(x.Bound))
+}
+
+// request is the request: the whole record, or for the scope input
+// (narrow) its mode.
+func (b scopeTerms) request(r *ScopeRequest, narrow bool) *ast.Term {
+	s := b.s
+	if narrow {
+		return b.obj(s("mode"), s(r.Mode))
+	}
+	return b.obj(s("host_nqn"), s(r.HostNQN), s("ttl"), s(r.TTL), s("mode"), s(r.Mode))
+}
+
+func (b scopeTerms) subsystem(x *ScopeSubsystem) *ast.Term {
+	s := b.s
+	if !x.Found {
+		return b.obj(s("nqn"), s(x.NQN))
+	}
+	return b.obj(s("nqn"), s(x.NQN), s("tenant"), s(x.Tenant), s("target_id"), s(x.TargetID),
+		s("dhchap"), ast.BooleanTerm(x.DHCHAP), s("tls"), ast.BooleanTerm(x.TLS))
+}
+
+func (b scopeTerms) target(t *ScopeTarget) *ast.Term {
+	s := b.s
+	return b.obj(s("id"), s(t.ID), s("region"), s(t.Region), s("fabric"), s(t.Fabric), s("driver"), s(t.Driver))
+}
+
+func (b scopeTerms) namespaces(nss []ScopeNamespace) *ast.Term {
+	s := b.s
+	ts := make([]*ast.Term, len(nss))
+	for i := range nss {
+		ns := &nss[i]
+		if !ns.Found {
+			ts[i] = b.obj(s("subsystem_nqn"), s(ns.SubsystemNQN), s("nsid"), num(uint64(ns.NSID)), s("mode"), s(ns.Mode))
+			continue
+		}
+		kv := []*ast.Term{
+			s("subsystem_nqn"), s(ns.SubsystemNQN), s("nsid"), num(uint64(ns.NSID)), s("tenant"), s(ns.Tenant),
+			s("region"), s(ns.Region), s("data_class"), s(ns.DataClass), s("mode"), s(ns.Mode),
+			s("dataset"), b.obj(s("name"), s(ns.DatasetName), s("digest"), s(ns.DatasetDigest)),
+			s("qos"), b.obj(s("max_iops"), num(ns.MaxIOPS), s("max_mbps"), num(ns.MaxMBps)),
+		}
+		if ns.Placed {
+			kv = append(kv, s("target"), b.obj(s("id"), s(ns.Target.ID), s("region"), s(ns.Target.Region), s("fabric"), s(ns.Target.Fabric)))
+		}
+		ts[i] = b.obj(kv...)
+	}
+	return ast.ArrayTerm(ts...)
 }
 
 // typedScopeValue is the scope input of s as an OPA value: the document
 // scopeInputValue makes of the resource s describes.
 func typedScopeValue(action string, s *Scope) ast.Value {
-	tc := termCache{}
-	obj := func(kv ...any) *ast.Term {
-		items := make([][2]*ast.Term, 0, len(kv)/2)
-		for i := 0; i < len(kv); i += 2 {
-			items = append(items, [2]*ast.Term{tc.str(kv[i].(string)), kv[i+1].(*ast.Term)})
-		}
-		return ast.NewTerm(ast.NewObject(items...))
+	b := newScopeTerms()
+	kv := []*ast.Term{
+		b.s("tenant"), b.s(s.Tenant), b.s("job"), b.job(&s.Job, true), b.s("subsystem"), b.subsystem(&s.Subsystem),
+		b.s("namespaces"), b.namespaces(s.Namespaces), b.s("request"), b.request(&s.Request, true),
 	}
-	str := tc.str
-	num := func(n uint64) *ast.Term { return ast.NewTerm(ast.Number(strconv.FormatUint(n, 10))) }
+	if s.Target != nil {
+		kv = append(kv, b.s("target"), b.target(s.Target))
+	}
+	return ast.NewObject(ast.Item(kAction, ast.StringTerm(action)), ast.Item(kResource, b.obj(kv...)))
+}
 
-	job := obj("job_id", str(s.Job.ID))
-	if s.Job.Found {
-		regions := make([]*ast.Term, len(s.Job.AllowedRegions))
-		for i, r := range s.Job.AllowedRegions {
-			regions[i] = str(r)
+// typedCallerResource is the resource of the caller input of s: the
+// document callerInputItems makes of the resource s describes (all of it
+// but the namespaces and the subsystem).
+func typedCallerResource(s *Scope) *ast.Term {
+	b := newScopeTerms()
+	return b.obj(b.callerRecords(s)...)
+}
+
+// callerRecords are the key-value pairs of the caller's part of s's
+// resource.
+func (b scopeTerms) callerRecords(s *Scope) []*ast.Term {
+	kv := make([]*ast.Term, 0, 16)
+	kv = append(kv, b.s("kind"), b.s(s.Kind), b.s("tenant"), b.s(s.Tenant), b.s("job"), b.job(&s.Job, false),
+		b.s("host_binding"), b.binding(&s.Binding), b.s("request"), b.request(&s.Request, false))
+	if s.Target != nil {
+		kv = append(kv, b.s("target"), b.target(s.Target))
+	}
+	return kv
+}
+
+// typedResource is the whole resource s describes, as an OPA value: what
+// the engine converts for a decision not made in parts.
+func typedResource(s *Scope) ast.Value {
+	b := newScopeTerms()
+	kv := append(b.callerRecords(s), b.s("subsystem"), b.subsystem(&s.Subsystem), b.s("namespaces"), b.namespaces(s.Namespaces))
+	return b.obj(kv...).Value
+}
+
+// --- The map ------------------------------------------------------------------
+
+// ResourceMap is input.resource as a map: Resource if set, else the map
+// Scope describes (built anew on each call), else nil. An Input whose
+// resource is typed (the gateway's connects and renews) has no map until
+// something that reads maps asks for one (an audit entry, an Authorizer
+// other than the Engine); the decision does not need it.
+func (in *Input) ResourceMap() map[string]any {
+	if in.Resource != nil || in.Scope == nil {
+		return in.Resource
+	}
+	return in.Scope.resourceMap()
+}
+
+// resourceMap is the resource s describes, with the Go types the gateway
+// describes it with (gateway/describe.go: integers int64 and uint64, lists
+// []any), so that what reads it sees the map it would have seen.
+func (s *Scope) resourceMap() map[string]any {
+	strs := func(ss []string) []any {
+		out := make([]any, len(ss))
+		for i, s := range ss {
+			out[i] = s
 		}
-		job = obj("job_id", str(s.Job.ID), "tenant", str(s.Job.Tenant), "allowed_regions", ast.ArrayTerm(regions...))
+		return out
 	}
-	sub := obj("nqn", str(s.Subsystem.NQN))
-	if ss := &s.Subsystem; ss.Found {
-		sub = obj("nqn", str(ss.NQN), "tenant", str(ss.Tenant), "target_id", str(ss.TargetID),
-			"dhchap", ast.BooleanTerm(ss.DHCHAP), "tls", ast.BooleanTerm(ss.TLS))
+	out := map[string]any{"kind": s.Kind, "tenant": s.Tenant}
+	j := &s.Job
+	out["job"] = map[string]any{"job_id": j.ID}
+	if j.Found {
+		out["job"] = map[string]any{
+			"job_id": j.ID, "tenant": j.Tenant, "scheduler": j.Scheduler, "nodes": strs(j.Nodes),
+			"allowed_regions": strs(j.AllowedRegions), "expires_at": expiresAt(j.ExpiresAt), "state": j.State,
+		}
 	}
-	nss := make([]*ast.Term, len(s.Namespaces))
+	b := &s.Binding
+	out["host_binding"] = map[string]any{"spiffe_id": b.SPIFFEID, "host_nqn": b.HostNQN, "tenant": b.Tenant, "bound": b.Bound}
+	out["request"] = map[string]any{"host_nqn": s.Request.HostNQN, "ttl": s.Request.TTL, "mode": s.Request.Mode}
+	sub := &s.Subsystem
+	out["subsystem"] = map[string]any{"nqn": sub.NQN}
+	if sub.Found {
+		out["subsystem"] = map[string]any{"nqn": sub.NQN, "tenant": sub.Tenant, "target_id": sub.TargetID, "dhchap": sub.DHCHAP, "tls": sub.TLS}
+	}
+	if t := s.Target; t != nil {
+		out["target"] = map[string]any{"id": t.ID, "region": t.Region, "fabric": t.Fabric, "driver": t.Driver}
+	}
+	nss := make([]any, len(s.Namespaces))
 	for i := range s.Namespaces {
 		ns := &s.Namespaces[i]
 		if !ns.Found {
-			nss[i] = obj("subsystem_nqn", str(ns.SubsystemNQN), "nsid", num(uint64(ns.NSID)), "mode", str(ns.Mode))
+			nss[i] = map[string]any{"subsystem_nqn": ns.SubsystemNQN, "nsid": int64(ns.NSID), "mode": ns.Mode}
 			continue
 		}
-		kv := []any{
-			"subsystem_nqn", str(ns.SubsystemNQN), "nsid", num(uint64(ns.NSID)), "tenant", str(ns.Tenant),
-			"region", str(ns.Region), "data_class", str(ns.DataClass), "mode", str(ns.Mode),
-			"dataset", obj("name", str(ns.DatasetName), "digest", str(ns.DatasetDigest)),
-			"qos", obj("max_iops", num(ns.MaxIOPS), "max_mbps", num(ns.MaxMBps)),
+		v := map[string]any{
+			"subsystem_nqn": ns.SubsystemNQN, "nsid": int64(ns.NSID), "tenant": ns.Tenant, "region": ns.Region,
+			"data_class": ns.DataClass, "mode": ns.Mode,
+			"dataset": map[string]any{"name": ns.DatasetName, "digest": ns.DatasetDigest},
+			"qos":     map[string]any{"max_iops": ns.MaxIOPS, "max_mbps": ns.MaxMBps},
 		}
 		if ns.Placed {
-			kv = append(kv, "target", obj("id", str(ns.Target.ID), "region", str(ns.Target.Region), "fabric", str(ns.Target.Fabric)))
+			v["target"] = map[string]any{"id": ns.Target.ID, "region": ns.Target.Region, "fabric": ns.Target.Fabric}
 		}
-		nss[i] = obj(kv...)
+		nss[i] = v
 	}
-	res := []any{
-		"tenant", str(s.Tenant), "job", job, "subsystem", sub,
-		"namespaces", ast.ArrayTerm(nss...), "request", obj("mode", str(s.RequestMode)),
-	}
-	if t := s.Target; t != nil {
-		res = append(res, "target", obj("id", str(t.ID), "region", str(t.Region), "fabric", str(t.Fabric), "driver", str(t.Driver)))
-	}
-	return ast.NewObject(ast.Item(kAction, ast.StringTerm(action)), ast.Item(kResource, obj(res...)))
+	out["namespaces"] = nss
+	return out
 }

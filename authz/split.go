@@ -331,7 +331,9 @@ func (e *Engine) decideSplit(ctx context.Context, l *loaded, in *Input, gw Gatew
 		return d, nil, fmt.Errorf("%w: input: %v", ErrEvaluation, err)
 	}
 	scopeEnd := len(c.b)
-	if err := c.callerInput(in, action, gw); err != nil {
+	if in.Scope != nil {
+		c.typedCaller(in, action, gw, in.Scope)
+	} else if err := c.callerInput(in, action, gw); err != nil {
 		d.Reasons = []string{ReasonInputFailed}
 		return d, nil, fmt.Errorf("%w: input: %v", ErrEvaluation, err)
 	}
@@ -585,15 +587,21 @@ func (c *canon) scopeInput(action string, res map[string]any) error {
 // scope key names): the caller, the RPC, the action, the resource without
 // the namespaces and subsystem, the gateway.
 func (c *canon) callerInput(in *Input, action string, gw Gateway) error {
+	c.identity(in, action, gw)
+	if err := c.valueOf(in.Resource, shapeCallerResource, callerExcluded[0], callerExcluded[1]); err != nil {
+		return fmt.Errorf("resource: %w", err)
+	}
+	return nil
+}
+
+// identity writes the caller input's fields but the resource and the
+// scope decision: the caller, the RPC, the action, the gateway.
+func (c *canon) identity(in *Input, action string, gw Gateway) {
 	cl := &in.Caller
 	for _, s := range [...]string{cl.ID, cl.TrustDomain, cl.Role, cl.Tenant, cl.Name,
 		in.RPC.Service, in.RPC.Method, in.RPC.FullMethod, action, gw.TrustDomain} {
 		c.str(s)
 	}
-	if err := c.valueOf(in.Resource, shapeCallerResource, callerExcluded[0], callerExcluded[1]); err != nil {
-		return fmt.Errorf("resource: %w", err)
-	}
-	return nil
 }
 
 // scopeInputValue is the scope input as an OPA value.
@@ -624,26 +632,33 @@ func scopeInputValue(action string, res map[string]any) (ast.Value, error) {
 	), nil
 }
 
-// callerInputItems is the caller input as the items of an OPA object.
+// callerInputItems is the caller input as the items of an OPA object; its
+// resource is the typed scope's if in has one.
 func callerInputItems(in *Input, action string, gw Gateway, scope *ast.Term) ([][2]*ast.Term, error) {
-	tc := termCache{}
-	kvs := make([][2]*ast.Term, 0, len(in.Resource))
-	for k, v := range in.Resource {
-		if k == callerExcluded[0] || k == callerExcluded[1] {
-			continue
+	var res *ast.Term
+	if in.Scope != nil {
+		res = typedCallerResource(in.Scope)
+	} else {
+		tc := termCache{}
+		kvs := make([][2]*ast.Term, 0, len(in.Resource))
+		for k, v := range in.Resource {
+			if k == callerExcluded[0] || k == callerExcluded[1] {
+				continue
+			}
+			t, err := tc.term(v)
+			if err != nil {
+				return nil, fmt.Errorf("resource: %w", err)
+			}
+			kvs = append(kvs, [2]*ast.Term{tc.str(k), t})
 		}
-		t, err := tc.term(v)
-		if err != nil {
-			return nil, fmt.Errorf("resource: %w", err)
-		}
-		kvs = append(kvs, [2]*ast.Term{tc.str(k), t})
+		res = ast.NewTerm(ast.NewObject(kvs...))
 	}
 	c := &in.Caller
 	return [][2]*ast.Term{
 		ast.Item(kCaller, callerTerm(c)),
 		ast.Item(kRPC, rpcTerm(in.RPC)),
 		ast.Item(kAction, ast.StringTerm(action)),
-		ast.Item(kResource, ast.NewTerm(ast.NewObject(kvs...))),
+		ast.Item(kResource, res),
 		ast.Item(kGateway, ast.NewTerm(ast.NewObject(ast.Item(kTrustDomain, ast.StringTerm(gw.TrustDomain))))),
 		ast.Item(kScopeDecision, scope),
 	}, nil

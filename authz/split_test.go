@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -219,8 +220,8 @@ func TestSplitMemo(t *testing.T) {
 
 // TestSplitMatchesDecisionQuery: for requests of every kind (the rule
 // table, garbled inputs, random worlds), the engine's parts, built in Go,
-// decide as DecisionQuery, whose parts are built in Rego; with the scope
-// typed the decision is the same again.
+// decide as DecisionQuery, whose parts are built in Rego; with the
+// resource typed (and no map) the decision is the same again.
 func TestSplitMatchesDecisionQuery(t *testing.T) {
 	e, _, _ := newEngine(t, nil)
 	b, _ := policy.Load(policy.Default())
@@ -274,7 +275,7 @@ func TestSplitMatchesDecisionQuery(t *testing.T) {
 		if s, err := authz.ScopeFromResource(in.Resource); err == nil {
 			typed++
 			ti := *in
-			ti.Scope = s
+			ti.Resource, ti.Scope = nil, s
 			td, err := e.Authorize(ctx, &ti)
 			if err != nil || td.Allow != d.Allow || !slices.Equal(td.Reasons, d.Reasons) || td.Obligations != d.Obligations {
 				t.Fatalf("%d: with a typed scope %+v, %v; without %+v", i, td, err, d)
@@ -283,6 +284,107 @@ func TestSplitMatchesDecisionQuery(t *testing.T) {
 	}
 	if typed < 100 {
 		t.Errorf("only %d inputs had a typed scope", typed)
+	}
+}
+
+// TestTypedDecidesAsTheMap: a connect or renew whose resource is typed
+// (Input.Scope, no map) is decided as the same resource given as a map,
+// allow, reasons and obligations, for every kind of scope: the caller a
+// member of the job or not, bound or not or bound to another tenant, the
+// job, subsystem, target or a namespace missing from the inventory, records
+// of other tenants, modes ro and rw, a job expired or finished, other
+// callers' roles. By the split engine (scope and caller decisions
+// memoized, so each input is decided cold and then warm), and by an engine
+// whose policy decides these actions whole (no split_actions) and answers
+// with the resource it sees, which must be the map's key for key.
+func TestTypedDecidesAsTheMap(t *testing.T) {
+	split, _, _ := newEngine(t, nil)
+	whole, _, _ := newEngine(t, bundle(t, map[string]string{"mirror.rego": `package nvmegate.authz
+decision := {"allow": object.get(input.resource, "deny", false) == false, "reasons": [json.marshal(input.resource)], "obligations": {}}
+`}, allowSample(`{"resource": {}}`), denySample(`{"resource": {"deny": true}}`)))
+	ctx := context.Background()
+
+	connect := connectInput(benchNamespaces(3, "ro"))
+	connect.Resource["kind"] = "job"
+	obj(connect.Resource, "job")["nodes"] = []any{nodeID} // the gateway narrows nodes to the caller
+	variants := map[string]func(r map[string]any){
+		"allowed":         func(map[string]any) {},
+		"not a member":    func(r map[string]any) { obj(r, "job")["nodes"] = []any{} },
+		"unbound":         func(r map[string]any) { obj(r, "host_binding")["bound"], obj(r, "host_binding")["tenant"] = false, "" },
+		"bound to globex": func(r map[string]any) { obj(r, "host_binding")["tenant"] = "globex" },
+		"no job":          func(r map[string]any) { r["job"], r["tenant"] = map[string]any{"job_id": "j1"}, "" },
+		"globex's job":    func(r map[string]any) { obj(r, "job")["tenant"], r["tenant"] = "globex", "globex" },
+		"job expired": func(r map[string]any) {
+			obj(r, "job")["expires_at"] = epoch.Add(-time.Second).UTC().Format(time.RFC3339Nano)
+		},
+		"job finished":       func(r map[string]any) { obj(r, "job")["state"] = "finished" },
+		"no subsystem":       func(r map[string]any) { r["subsystem"] = map[string]any{"nqn": subNQN}; delete(r, "target") },
+		"globex's subsystem": func(r map[string]any) { obj(r, "subsystem")["tenant"] = "globex" },
+		"no target":          func(r map[string]any) { delete(r, "target") },
+		"unplaced namespace": func(r map[string]any) { delete(ns0(r), "target") },
+		"namespace not found": func(r map[string]any) {
+			r["namespaces"].([]any)[1] = map[string]any{"subsystem_nqn": subNQN, "nsid": int64(2), "mode": "ro"}
+		},
+		"globex's namespace":    func(r map[string]any) { ns0(r)["tenant"] = "globex" },
+		"namespace not in job":  func(r map[string]any) { ns0(r)["mode"] = "" },
+		"rw":                    func(r map[string]any) { ns0(r)["mode"] = "rw" },
+		"rw immutable":          func(r map[string]any) { ns0(r)["mode"], ns0(r)["data_class"] = "rw", "immutable" },
+		"request rw":            func(r map[string]any) { obj(r, "request")["mode"] = "rw" },
+		"out of region":         func(r map[string]any) { ns0(r)["region"] = "us-east" },
+		"requested host NQN":    func(r map[string]any) { obj(r, "request")["host_nqn"] = "nqn.2014-08.org.nvmexpress:uuid:other" },
+		"no TTL":                func(r map[string]any) { obj(r, "request")["ttl"] = "" },
+		"job allows no regions": func(r map[string]any) { obj(r, "job")["allowed_regions"] = []any{} },
+	}
+	var ins []*authz.Input
+	for _, name := range slices.Sorted(maps.Keys(variants)) {
+		in := with(connect, variants[name])
+		ins = append(ins, in, connectAs(node2ID, in), connectAs(schedulerID, in), connectAs(adminID, in),
+			connectAs(nodeID, in, "/nvmegate.v1.Access/Renew"))
+	}
+	r := rand.New(rand.NewPCG(17, 19))
+	for len(ins) < 600 {
+		in, _ := newWorld(r).request()
+		if in.Action != "access.connect" && in.Action != "access.renew" {
+			continue
+		}
+		if tg, ok := in.Resource["target"].(map[string]any); ok {
+			tg["driver"] = "nvmet" // the gateway's targets have a driver
+		}
+		if _, err := authz.ScopeFromResource(in.Resource); err == nil { // not an admin's {"kind": "none"}
+			ins = append(ins, in)
+		}
+	}
+	allowed := 0
+	for i, in := range ins {
+		s, err := authz.ScopeFromResource(in.Resource)
+		if err != nil {
+			raw, _ := json.Marshal(in.Resource)
+			t.Fatalf("%d: no typed scope: %v\n%s", i, err, raw)
+		}
+		ti := *in
+		ti.Resource, ti.Scope = nil, s
+		for _, e := range []*authz.Engine{split, whole} {
+			for range 2 { // cold, then warm
+				want, err := e.Authorize(ctx, in)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := e.Authorize(ctx, &ti)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got.Allow != want.Allow || !slices.Equal(got.Reasons, want.Reasons) || got.Obligations != want.Obligations {
+					raw, _ := json.Marshal(in.Resource)
+					t.Fatalf("%d (split %t): typed %+v\nmap %+v\nresource %s", i, e == split, got, want, raw)
+				}
+				if got.Allow && e == split {
+					allowed++
+				}
+			}
+		}
+	}
+	if allowed < 100 || allowed > 2*len(ins)-100 {
+		t.Errorf("%d of %d split decisions allowed: the cases do not vary", allowed, 2*len(ins))
 	}
 }
 

@@ -164,6 +164,35 @@ func TestConnect(t *testing.T) {
 	_, err = pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN,
 		HostNqn: "nqn.2014-08.org.nvmexpress:uuid:99999999-aaaa-4000-8000-000000000000"})
 	wantCode(t, err, codes.PermissionDenied)
+
+	// Each refusal is a deny entry with the records policy saw, though
+	// policy saw them typed and no map was built for the call
+	// (authz.Input.ResourceMap builds it for the entry).
+	denies := queryAll(t, pb.NewAuditClient(g.client(t, auditor)), &pb.QueryRequest{Kinds: []string{"deny"}})
+	if len(denies) != 4 {
+		t.Fatalf("%d deny entries, want 4", len(denies))
+	}
+	outsider, err := nvmefmt.HostNQNFromSPIFFEID("spiffe://nvmegate.test/node/acme-gpu-3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, e := range denies {
+		if e.JobID != "job-1" || e.Tenant != "acme" || e.Detail != "access.connect job-1" || e.ExpiresAt.IsZero() ||
+			e.Decision == nil || e.Decision.Allow || len(e.Decision.Reasons) == 0 {
+			t.Errorf("deny entry %+v", e)
+		}
+		if e.Caller == "spiffe://nvmegate.test/node/acme-gpu-3" {
+			found = true
+			if e.SubsystemNQN != subNQN || e.HostNQN != outsider || len(e.Namespaces) != 1 ||
+				e.Namespaces[0].NSID != 1 || e.Namespaces[0].Mode != nvmegate.ModeReadOnly || e.Namespaces[0].Dataset == "" {
+				t.Errorf("deny entry of a node not in the job %+v", e)
+			}
+		}
+	}
+	if !found {
+		t.Error("no deny entry of the node not in the job")
+	}
 }
 
 // hostsOn lists the hosts a target's nvmet tree allows on the subsystem.

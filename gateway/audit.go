@@ -239,7 +239,11 @@ func invalidField(err error) string {
 // the call is about, as described from the store (describe.go), and the
 // decision. Detail is the action and the record's key.
 func entryFor(in *authz.Input, d *nvmegate.Decision, kind audit.EventKind) audit.Entry {
-	r := in.Resource
+	// A connect's or renew's resource is typed (Input.Scope); its map is
+	// built here, for the refusals only: an allowed one is recorded by the
+	// lease from the same scope (lease.ScopeEntry, which
+	// TestScopeEntryIsEntryFor holds to this).
+	r := in.ResourceMap()
 	e := audit.Entry{
 		Kind:         kind,
 		Caller:       in.Caller.ID,

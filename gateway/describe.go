@@ -145,11 +145,15 @@ func scopeFrom(ctx context.Context) (*nvmegate.Scope, bool) {
 	return slot.scope, true
 }
 
-// keepScope leaves sc for the call's handler.
-func (d *describer) keepScope(sc *nvmegate.Scope) {
-	if slot, _ := d.ctx.Value(scopeKey{}).(*scopeSlot); slot != nil {
-		slot.scope = sc
+// keepScope leaves sc for the call's handler (and policyScope); it
+// reports whether the call has a slot for it.
+func (d *describer) keepScope(sc *nvmegate.Scope) bool {
+	slot, _ := d.ctx.Value(scopeKey{}).(*scopeSlot)
+	if slot == nil {
+		return false
 	}
+	slot.scope = sc
+	return true
 }
 
 func (d *describer) resource(req any) (map[string]any, error) {
@@ -542,7 +546,12 @@ func (d *describer) subsystemCall(jobID, subNQN, hostNQN, ttl string) (map[strin
 		nss = append(nss, sn)
 	}
 	sc.Namespaces = nss
-	d.keepScope(sc)
+	if d.keepScope(sc) && typedCall(sc) {
+		// Policy gets the resource typed (policyScope): no map is built
+		// for a node's every connect. What needs the map (a refusal's
+		// audit entry) asks the input for it (authz.Input.ResourceMap).
+		return nil, nil
+	}
 	return scopeResource(sc), nil
 }
 

@@ -13,7 +13,8 @@ import (
 // The lease records a node's call from its typed scope; the gateway
 // records other calls from their policy input. For a node's call the two
 // must be the same entry, byte for byte: entryFor over the input
-// scopeResource makes of a scope equals lease.ScopeEntry of the scope.
+// scopeResource makes of a scope, or over the typed input of a connect or
+// renew (authzScope, no map), equals lease.ScopeEntry of the scope.
 func TestScopeEntryIsEntryFor(t *testing.T) {
 	const sub = "nqn.2026-01.io.nvmegate.test:acme-train"
 	tgt := &nvmegate.Target{ID: "stor-eu-1", Region: "eu-west", Fabric: "fab-eu", Driver: nvmegate.DriverNVMet}
@@ -44,19 +45,24 @@ func TestScopeEntryIsEntryFor(t *testing.T) {
 	for name, sc := range scopes {
 		for _, d := range []*nvmegate.Decision{decision, nil} {
 			for _, action := range []string{"access.connect", "access.renew"} {
-				in := &authz.Input{Caller: authz.Caller{ID: sc.Caller}, Action: action, Resource: scopeResource(sc)}
-				want, got := entryFor(in, d, audit.EventDeny), lease.ScopeEntry(audit.EventDeny, action, sc, d)
-				want.Time, got.Time = time.Unix(1, 0), time.Unix(1, 0)
-				wb, err := want.Encode()
-				if err != nil {
-					t.Fatal(err)
+				ins := []*authz.Input{{Caller: authz.Caller{ID: sc.Caller}, Action: action, Resource: scopeResource(sc)}}
+				if typedCall(sc) { // the input policy saw: typed, no map
+					ins = append(ins, &authz.Input{Caller: authz.Caller{ID: sc.Caller}, Action: action, Scope: authzScope(sc)})
 				}
-				gb, err := got.Encode()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if string(gb) != string(wb) {
-					t.Errorf("%s (%s, decision %v):\nlease   %s\ngateway %s", name, action, d != nil, gb, wb)
+				for _, in := range ins {
+					want, got := entryFor(in, d, audit.EventDeny), lease.ScopeEntry(audit.EventDeny, action, sc, d)
+					want.Time, got.Time = time.Unix(1, 0), time.Unix(1, 0)
+					wb, err := want.Encode()
+					if err != nil {
+						t.Fatal(err)
+					}
+					gb, err := got.Encode()
+					if err != nil {
+						t.Fatal(err)
+					}
+					if string(gb) != string(wb) {
+						t.Errorf("%s (%s, decision %v, typed %v):\nlease   %s\ngateway %s", name, action, d != nil, in.Scope != nil, gb, wb)
+					}
 				}
 			}
 		}
