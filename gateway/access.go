@@ -145,7 +145,7 @@ func connectResponse(g *nvmegate.Grant, sub *nvmegate.Subsystem, t *nvmegate.Tar
 func grantToProto(g *nvmegate.Grant, ports []*pb.DiscoveryEntry) *pb.Grant {
 	out := &pb.Grant{GrantId: g.ID, JobId: g.JobID, Tenant: g.Tenant, Node: g.Node, HostNqn: g.HostNQN, SubsystemNqn: g.SubsystemNQN,
 		Ports: ports, IssuedAt: ts(g.IssuedAt), ExpiresAt: ts(g.ExpiresAt), KeyVersion: g.KeyVersion, DecisionId: g.DecisionID,
-		AuditIndex: g.AuditIndex, ReadOnly: g.ReadOnly, RemovalPending: g.RemovalPending}
+		AuditIndex: g.AuditIndex, ReadOnly: g.ReadOnly, RemovalPending: g.RemovalPending, SupersededBy: g.SupersededBy}
 	switch g.State {
 	case nvmegate.GrantActive:
 		out.State = pb.GrantState_GRANT_STATE_ACTIVE

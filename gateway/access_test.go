@@ -1015,3 +1015,43 @@ func TestRebindAfterReleaseRotates(t *testing.T) {
 		t.Fatalf("root version %d after the rebinding, was %d: not rotated", c2.Grant.KeyVersion, c.Grant.KeyVersion)
 	}
 }
+
+// A node that connects again gets a new grant, and its earlier one is
+// released in the same commit and says which grant replaced it.
+func TestReconnectSupersedes(t *testing.T) {
+	g, ctx := admittedGateway(t)
+	ac := pb.NewAccessClient(g.client(t, node))
+	first, err := ac.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := ac.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, who := range []string{admin} {
+		list, err := pb.NewAccessClient(g.client(t, who)).ListGrants(ctx, &pb.ListGrantsRequest{JobId: "job-1"})
+		if err != nil {
+			t.Fatalf("%s: %v", who, err)
+		}
+		got := map[string]*pb.Grant{}
+		for _, gr := range list.Grants {
+			got[gr.GrantId] = gr
+		}
+		old, cur := got[first.Grant.GrantId], got[second.Grant.GrantId]
+		if old == nil || cur == nil {
+			t.Fatalf("%s lists %v", who, list.Grants)
+		}
+		if old.State != pb.GrantState_GRANT_STATE_RELEASED || old.SupersededBy != second.Grant.GrantId || old.RemovalPending {
+			t.Fatalf("%s sees the earlier grant %v, superseded by %q, pending %v", who, old.State, old.SupersededBy, old.RemovalPending)
+		}
+		if cur.State != pb.GrantState_GRANT_STATE_ACTIVE || cur.SupersededBy != "" {
+			t.Fatalf("%s sees the new grant %v, superseded by %q", who, cur.State, cur.SupersededBy)
+		}
+	}
+	// The target holds the host at the new grant's key.
+	key, _ := os.ReadFile(filepath.Join(g.configfs, "stor-eu-1", "hosts", second.Grant.HostNqn, "dhchap_key"))
+	if strings.TrimSpace(string(key)) != second.Credentials.DhchapHostSecret {
+		t.Fatal("the host's entry does not hold the new grant's secret")
+	}
+}

@@ -124,6 +124,9 @@ var grantHeader = []string{"GRANT", "JOB", "NODE", "HOST NQN", "SUBSYSTEM", "KEY
 
 func grantRow(g *pb.Grant) []string {
 	state := strings.ToLower(strings.TrimPrefix(g.State.String(), "GRANT_STATE_"))
+	if g.SupersededBy != "" {
+		state += " (superseded by " + g.SupersededBy + ")"
+	}
 	if g.RemovalPending {
 		// Ended in the store, still on the target: say so where it is read.
 		state += " (removal pending)"

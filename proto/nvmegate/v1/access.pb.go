@@ -433,8 +433,11 @@ type Grant struct {
 	// without its host: the host may still reach the subsystem. The gateway
 	// retries until the target follows.
 	RemovalPending bool `protobuf:"varint,15,opt,name=removal_pending,json=removalPending,proto3" json:"removal_pending,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// For a grant a later connect of its node replaced (released in the new
+	// grant's commit): the new grant's ID.
+	SupersededBy  string `protobuf:"bytes,16,opt,name=superseded_by,json=supersededBy,proto3" json:"superseded_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Grant) Reset() {
@@ -570,6 +573,13 @@ func (x *Grant) GetRemovalPending() bool {
 		return x.RemovalPending
 	}
 	return false
+}
+
+func (x *Grant) GetSupersededBy() string {
+	if x != nil {
+		return x.SupersededBy
+	}
+	return ""
 }
 
 // ConnectRequest asks for credentials to one subsystem.
@@ -1283,7 +1293,7 @@ const file_nvmegate_v1_access_proto_rawDesc = "" +
 	"keyVersion\x12\x1f\n" +
 	"\vdhchap_hash\x18\x06 \x01(\tR\n" +
 	"dhchapHash\x12%\n" +
-	"\x0edhchap_dhgroup\x18\a \x01(\tR\rdhchapDhgroup\"\xa4\x04\n" +
+	"\x0edhchap_dhgroup\x18\a \x01(\tR\rdhchapDhgroup\"\xc9\x04\n" +
 	"\x05Grant\x12\x19\n" +
 	"\bgrant_id\x18\x01 \x01(\tR\agrantId\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x16\n" +
@@ -1304,7 +1314,8 @@ const file_nvmegate_v1_access_proto_rawDesc = "" +
 	"\vaudit_index\x18\r \x01(\x04R\n" +
 	"auditIndex\x12\x1b\n" +
 	"\tread_only\x18\x0e \x01(\bR\breadOnly\x12'\n" +
-	"\x0fremoval_pending\x18\x0f \x01(\bR\x0eremovalPending\"\x94\x01\n" +
+	"\x0fremoval_pending\x18\x0f \x01(\bR\x0eremovalPending\x12#\n" +
+	"\rsuperseded_by\x18\x10 \x01(\tR\fsupersededBy\"\x94\x01\n" +
 	"\x0eConnectRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12#\n" +
 	"\rsubsystem_nqn\x18\x02 \x01(\tR\fsubsystemNqn\x12\x19\n" +
