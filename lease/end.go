@@ -25,6 +25,17 @@ func (l *Lifecycle) Release(ctx context.Context, g *nvmegate.Grant) error {
 		return err
 	}
 	ctx = context.WithoutCancel(ctx)
+	if g.State == nvmegate.GrantReleased && g.SupersededBy != "" {
+		// Superseded by a connect still in flight, whose refusal would
+		// put it back: the node's release makes it final first.
+		f := *g
+		f.SupersededBy = ""
+		if err := l.put(ctx, &f); err != nil {
+			l.log.ErrorContext(ctx, "release: superseded grant not made final", "grant", g.ID, "err", err)
+			return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "grant %s was not released (the store did not take it); retry", g.ID)
+		}
+		g.SupersededBy = ""
+	}
 	if g.State != nvmegate.GrantActive {
 		if !g.RemovalPending {
 			return nil // ended, and off its target
@@ -96,16 +107,37 @@ func (l *Lifecycle) Revoke(ctx context.Context, sel Selection, caller, why strin
 		if err != nil {
 			return nil, err
 		}
-		if g.State == nvmegate.GrantActive {
+		// A grant a connect still in flight superseded could come back
+		// if that connect is refused: revoking it makes it final.
+		if g.State == nvmegate.GrantActive || g.State == nvmegate.GrantReleased && g.SupersededBy != "" {
 			gs = append(gs, g)
 		}
-	} else {
-		f := store.GrantFilter{State: nvmegate.GrantActive, JobID: sel.JobID, Node: sel.Node}
-		var err error
-		if gs, err = store.All(func(p store.Page) ([]*nvmegate.Grant, string, error) { return l.grants.ListGrants(ctx, f, p) }); err != nil {
-			return nil, err
+		return l.revoke(ctx, gs, caller, why)
+	}
+	// By job or node: what is active once the revocation committed. A
+	// connect refused meanwhile can have put back a grant it superseded,
+	// after the selection: look again, a few times.
+	f := store.GrantFilter{State: nvmegate.GrantActive, JobID: sel.JobID, Node: sel.Node}
+	var ended []string
+	for i := range 3 {
+		if i > 0 {
+			ctx = context.WithoutCancel(ctx) // begun: runs to its end
+		}
+		gs, err := store.All(func(p store.Page) ([]*nvmegate.Grant, string, error) { return l.grants.ListGrants(ctx, f, p) })
+		if err != nil || len(gs) == 0 {
+			return ended, err
+		}
+		done, err := l.revoke(ctx, gs, caller, why)
+		ended = append(ended, done...)
+		if err != nil {
+			return ended, err // the reconciler and the next sweep retry
 		}
 	}
+	return ended, nil
+}
+
+// revoke ends gs as revoked (Revoke).
+func (l *Lifecycle) revoke(ctx context.Context, gs []*nvmegate.Grant, caller, why string) ([]string, error) {
 	ctx = context.WithoutCancel(ctx)
 	entries := make([]audit.Entry, len(gs))
 	for i, g := range gs {

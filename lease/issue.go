@@ -69,7 +69,7 @@ func (l *Lifecycle) Issue(ctx context.Context, r Request) (Issued, error) {
 			return "", nil
 		},
 		moving:       moving,
-		supersede:    superseded,
+		supersede:    true,
 		storeFailure: "grant not stored",
 		deny:         denyEntry(actionConnect, sc, d, g),
 		refused:      "target " + t.ID + " did not accept the host",

@@ -34,14 +34,15 @@ type Grants interface {
 	// HostKeyScopes are the key scopes and root versions under which
 	// identities held grants on a host NQN, ended ones included.
 	HostKeyScopes(ctx context.Context, nqn string) ([]store.HostKeyScope, error)
-	// OpenGrant stores an opening g with its moves and, in the same
-	// commit, ends (released, superseded by g) those of supersede still
-	// active, pending removal where their host is not g's; it returns
-	// them. UndoOpening revokes g (pending removal) and puts back the
-	// grants it superseded, unless g was ended meanwhile by another or
-	// they can no longer be active; it returns those put back.
-	OpenGrant(ctx context.Context, g *nvmegate.Grant, move, supersede []string) ([]*nvmegate.Grant, error)
-	UndoOpening(ctx context.Context, g *nvmegate.Grant, supersede []string) ([]*nvmegate.Grant, error)
+	// OpenGrant stores an opening g with its moves and, with supersede,
+	// ends (released, superseded by g) the node's other active grants in
+	// g's job on g's subsystem in the same commit, pending removal where
+	// their host is not g's; it returns them. UndoOpening revokes g
+	// (pending removal) and puts back what it superseded, unless g ended
+	// meanwhile by another's hand or they can no longer be active; it
+	// returns those put back (store.DB has the rules).
+	OpenGrant(ctx context.Context, g *nvmegate.Grant, move []string, supersede bool) ([]*nvmegate.Grant, error)
+	UndoOpening(ctx context.Context, g *nvmegate.Grant) ([]*nvmegate.Grant, error)
 }
 
 // Inventory tells where a grant's subsystem is (*store.DB).

@@ -530,3 +530,30 @@ func TestRenewTargetRefuses(t *testing.T) {
 		t.Fatal("the target does not hold the old key")
 	}
 }
+
+// A superseded grant could come back if its successor's connect were
+// refused; a release or a revocation of it makes it final.
+func TestEndingASupersededGrantMakesItFinal(t *testing.T) {
+	w := newWorld(t)
+	o := w.issue(node1, sub1)
+	w.issue(node1, sub1)
+	if g := w.grant(o.Grant.ID); g.SupersededBy == "" {
+		t.Fatal("the earlier grant does not wait on its successor")
+	}
+	if err := w.lc.Release(w.ctx, w.grant(o.Grant.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if g := w.grant(o.Grant.ID); g.State != nvmegate.GrantReleased || g.SupersededBy != "" {
+		t.Fatalf("released: %s, waiting on %q; want final", g.State, g.SupersededBy)
+	}
+
+	o2 := w.issue(node2, sub1)
+	w.issue(node2, sub1)
+	ids, err := w.lc.Revoke(w.ctx, lease.Selection{GrantID: o2.Grant.ID}, admin, "revoked: test")
+	if err != nil || !slices.Equal(ids, []string{o2.Grant.ID}) {
+		t.Fatalf("revoked %v, %v", ids, err)
+	}
+	if g := w.grant(o2.Grant.ID); g.State != nvmegate.GrantRevoked || g.SupersededBy != "" {
+		t.Fatalf("revoked: %s, waiting on %q", g.State, g.SupersededBy)
+	}
+}

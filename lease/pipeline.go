@@ -29,10 +29,12 @@ type change struct {
 	// not grant's: moved to it in the same commit, put back if the target
 	// refuses.
 	moving []*nvmegate.Grant
-	// supersede are the node's earlier grants a new grant replaces: ended
-	// (released) in its commit, put back if the target refuses it;
-	// superseded are those the commit ended, as stored.
-	supersede, superseded []*nvmegate.Grant
+	// supersede: a new grant replaces the node's earlier grants in its
+	// job on its subsystem: they end (released) in its commit and come
+	// back if the target refuses it; superseded are those the commit
+	// ended, as stored.
+	supersede  bool
+	superseded []*nvmegate.Grant
 	// storeFailure is the reason recorded if the commit fails; "" records
 	// none (a renewal the store refuses is a grant that ended meanwhile,
 	// and its end is on the record).
@@ -191,8 +193,16 @@ func (l *Lifecycle) record(ctx context.Context, c *change) ([]*nvmegate.Grant, e
 func (l *Lifecycle) store(ctx context.Context, c *change, put []*nvmegate.Grant) ([]*nvmegate.Grant, error) {
 	if c.grant != nil {
 		var err error
-		if c.superseded, err = l.grants.OpenGrant(ctx, c.grant, ids(c.moving), ids(c.supersede)); err != nil {
+		if c.superseded, err = l.grants.OpenGrant(ctx, c.grant, ids(c.moving), c.supersede); err != nil {
 			return nil, err
+		}
+		// The commit found them: one the caller did not see (a
+		// concurrent connect of the node) on another host entry is the
+		// target's to remove too.
+		for _, r := range nvmegate.HostRefs(c.superseded...) {
+			if !slices.Contains(c.hosts, r) {
+				c.hosts = append(c.hosts, r)
+			}
 		}
 		return put, nil
 	}
@@ -305,7 +315,7 @@ func (l *Lifecycle) compensate(ctx context.Context, c *change) {
 		// A new grant: revoked, pending until the target follows back
 		// (it may hold the host), and the grants it superseded are the
 		// node's again.
-		back, err := l.grants.UndoOpening(ctx, c.grant, ids(c.supersede))
+		back, err := l.grants.UndoOpening(ctx, c.grant)
 		if err != nil {
 			l.log.ErrorContext(ctx, c.op+": grant not undone in the store", "grant", c.grant.ID, "err", err)
 		} else {

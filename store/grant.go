@@ -292,27 +292,27 @@ func EntryOf(g *nvmegate.Grant) HostEntry { return g.HostEntry() }
 // from set, so is a grant whose entry is no longer *from (putting a move
 // back must not undo a later one).
 func (db *DB) PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []string, from *nvmegate.HostEntry, to nvmegate.HostEntry) error {
-	_, err := db.putGrants(ctx, gs, move, from, to, nil)
+	_, err := db.putGrants(ctx, gs, move, from, to, false)
 	return err
 }
 
 // OpenGrant stores g, a grant being opened (issued or renewed), in one
 // commit with what it changes for its node: the grants named in move take
-// g's host entry (as PutGrantsMoving), and those named in supersede — the
-// node's earlier grants g replaces — end as released with SupersededBy
-// g.ID if still active, pending removal where their host is not g's (the
-// node's binding changed: the target must remove it). It returns the
-// superseded grants as stored. One commit, so no answer can find both g
-// and a grant it replaced active; UndoOpening puts them back if the
-// target refuses g.
-func (db *DB) OpenGrant(ctx context.Context, g *nvmegate.Grant, move, supersede []string) ([]*nvmegate.Grant, error) {
+// g's host entry (as PutGrantsMoving), and with supersede, the node's
+// other active grants in g's job on g's subsystem — found in the commit,
+// so two concurrent connects of a node cannot both stay active — end as
+// released with SupersededBy g.ID, pending removal where their host is
+// not g's (the node's binding changed: the target must remove it). It
+// returns the superseded grants as stored. UndoOpening puts them back if
+// the target refuses g.
+func (db *DB) OpenGrant(ctx context.Context, g *nvmegate.Grant, move []string, supersede bool) ([]*nvmegate.Grant, error) {
 	if g == nil || g.State != nvmegate.GrantActive {
 		return nil, nvmegate.Invalid("", "an active grant is required")
 	}
 	return db.putGrants(ctx, []*nvmegate.Grant{g}, move, nil, g.HostEntry(), supersede)
 }
 
-func (db *DB) putGrants(ctx context.Context, gs []*nvmegate.Grant, move []string, from *nvmegate.HostEntry, to nvmegate.HostEntry, supersede []string) ([]*nvmegate.Grant, error) {
+func (db *DB) putGrants(ctx context.Context, gs []*nvmegate.Grant, move []string, from *nvmegate.HostEntry, to nvmegate.HostEntry, supersede bool) ([]*nvmegate.Grant, error) {
 	vals := make([][]byte, len(gs))
 	stored := make([]*nvmegate.Grant, len(gs)) // the model's copies
 	for i, g := range gs {
@@ -361,13 +361,25 @@ func (db *DB) putGrants(ctx context.Context, gs []*nvmegate.Grant, move []string
 				return err
 			}
 		}
-		for _, id := range supersede {
+		if !supersede {
+			return nil
+		}
+		g := stored[0]
+		prefix := grantByNodePrefix(g.Node, g.JobID, g.SubsystemNQN)
+		var earlier []string
+		c := tx.Bucket(bucketGrantsByNode).Cursor()
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			if id := string(k[len(prefix):]); id != g.ID {
+				earlier = append(earlier, id)
+			}
+		}
+		for _, id := range earlier {
 			cur, err := txGrant(tx, id)
 			if err != nil || cur == nil {
 				return err
 			}
-			if cur.State != nvmegate.GrantActive || cur.ID == gs[0].ID {
-				continue // a revocation got there first: it stands
+			if cur.State != nvmegate.GrantActive {
+				continue
 			}
 			cur.State, cur.SupersededBy = nvmegate.GrantReleased, gs[0].ID
 			cur.RemovalPending = cur.HostRef() != gs[0].HostRef()
@@ -387,13 +399,14 @@ func (db *DB) putGrants(ctx context.Context, gs []*nvmegate.Grant, move []string
 
 // UndoOpening ends g, an issued grant its target did not take, as revoked
 // pending removal (the target may hold its host until it follows the
-// store back), and in the same commit puts back the grants g superseded
-// (named in supersede): each that is still released with SupersededBy
-// g.ID becomes active again, unless g ended meanwhile by another's hand
-// (a revocation, the job's end: they meant the node's access to end),
-// the grant's job is no longer active, it expired, or its host NQN is now
-// another identity's. It returns the grants put back.
-func (db *DB) UndoOpening(ctx context.Context, g *nvmegate.Grant, supersede []string) ([]*nvmegate.Grant, error) {
+// store back), final (never put back itself), and in the same commit
+// settles the grants g superseded (the grants_superseded index): if g is
+// still active, each becomes active again — unless its job is no longer
+// active, it expired, or its host NQN is now another identity's; if a
+// later connect of the node superseded g meanwhile, they wait on that
+// one instead; if g ended otherwise (a revocation, the job's end, an
+// expiry), they are final. It returns the grants put back.
+func (db *DB) UndoOpening(ctx context.Context, g *nvmegate.Grant) ([]*nvmegate.Grant, error) {
 	if g == nil {
 		return nil, nvmegate.Invalid("", "a grant is required")
 	}
@@ -405,35 +418,33 @@ func (db *DB) UndoOpening(ctx context.Context, g *nvmegate.Grant, supersede []st
 		if err != nil {
 			return err
 		}
-		keep := cur != nil && cur.State == nvmegate.GrantActive
 		undone := *g
 		if cur != nil {
 			undone = *cur
 		}
-		if keep || undone.State == nvmegate.GrantActive {
-			undone.State = nvmegate.GrantRevoked
+		active := undone.State == nvmegate.GrantActive
+		successor := "" // a later connect that superseded g
+		if undone.State == nvmegate.GrantReleased {
+			successor = undone.SupersededBy
 		}
-		undone.RemovalPending = true
-		if err := encodeAndPut(tx, &undone); err != nil {
-			return err
-		}
-		if !keep {
-			return nil
-		}
-		for _, id := range supersede {
+		for _, id := range waitingOn(tx, g.ID) {
 			o, err := txGrant(tx, id)
 			if err != nil {
 				return err
 			}
-			if o == nil || o.State != nvmegate.GrantReleased || o.SupersededBy != g.ID || !o.ExpiresAt.After(now) {
+			if o == nil || o.State != nvmegate.GrantReleased || o.SupersededBy != g.ID {
 				continue
 			}
-			if st := tx.jobState(o.JobID); st != "" && st != nvmegate.JobActive {
-				continue
-			}
-			o.State, o.SupersededBy, o.RemovalPending = nvmegate.GrantActive, "", false
-			if checkHostNQN(tx.Tx, o) != nil {
-				continue
+			switch {
+			case successor != "":
+				o.SupersededBy = successor
+			case active && o.ExpiresAt.After(now) && jobActive(tx, o.JobID):
+				o.State, o.SupersededBy, o.RemovalPending = nvmegate.GrantActive, "", false
+				if checkHostNQN(tx.Tx, o) != nil {
+					o.State = nvmegate.GrantReleased
+				}
+			default:
+				o.SupersededBy = ""
 			}
 			val, err := encodeGrant(o)
 			if err != nil {
@@ -442,15 +453,39 @@ func (db *DB) UndoOpening(ctx context.Context, g *nvmegate.Grant, supersede []st
 			if err := putGrantReinstating(tx, o, val); err != nil {
 				return err
 			}
-			c := *o
-			back = append(back, &c)
+			if o.State == nvmegate.GrantActive {
+				c := *o
+				back = append(back, &c)
+			}
 		}
-		return nil
+		if active || undone.State == nvmegate.GrantReleased {
+			undone.State = nvmegate.GrantRevoked
+		}
+		undone.RemovalPending, undone.SupersededBy = true, ""
+		return encodeAndPut(tx, &undone)
 	})
 	if err != nil {
 		return nil, err
 	}
 	return back, nil
+}
+
+// waitingOn lists the grants superseded by successor that it may still
+// put back (grants_superseded).
+func waitingOn(tx *txn, successor string) []string {
+	prefix := append([]byte(successor), 0)
+	var out []string
+	c := tx.Bucket(bucketGrantsSuperseded).Cursor()
+	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+		out = append(out, string(k[len(prefix):]))
+	}
+	return out
+}
+
+// jobActive: job id is active in tx, or unknown to the store.
+func jobActive(tx *txn, id string) bool {
+	st := tx.jobState(id)
+	return st == "" || st == nvmegate.JobActive
 }
 
 // txGrant reads grant id in tx (nil if there is none).
@@ -484,11 +519,13 @@ func putGrantReinstating(tx *txn, g *nvmegate.Grant, val []byte) error {
 }
 
 func putGrantAs(tx *txn, g *nvmegate.Grant, val []byte, reinstate bool) error {
+	var prevOf *nvmegate.Grant
 	if old := tx.Bucket(bucketGrants).Get([]byte(g.ID)); old != nil {
 		prev, err := decodeGrant(old)
 		if err != nil {
 			return err
 		}
+		prevOf = prev
 		// The node too: its index entry is keyed by it.
 		if prev.SubsystemNQN != g.SubsystemNQN || prev.HostNQN != g.HostNQN || prev.JobID != g.JobID || prev.Node != g.Node {
 			return nvmegate.Errorf(nvmegate.ECONFLICT, "grant %s cannot change its job, node, host or subsystem", g.ID)
@@ -503,6 +540,9 @@ func putGrantAs(tx *txn, g *nvmegate.Grant, val []byte, reinstate bool) error {
 		if err := checkHostNQN(tx.Tx, g); err != nil {
 			return err
 		}
+	}
+	if err := indexSuperseded(tx, g, prevOf); err != nil {
+		return err
 	}
 	tx.record(op{grant: g})
 	if err := put(tx, bucketGrants, []byte(g.ID), val); err != nil {
@@ -523,6 +563,11 @@ func putGrantAs(tx *txn, g *nvmegate.Grant, val []byte, reinstate bool) error {
 		if err := put(tx, bucketGrantsByHost, hk, nil); err != nil {
 			return err
 		}
+		// An active grant is pending nothing (one put back by
+		// UndoOpening may have been).
+		if err := tx.Bucket(bucketGrantsPending).Delete([]byte(g.ID)); err != nil {
+			return err
+		}
 		return put(tx, bucketGrantsBySubsystem, k, nil)
 	}
 	if err := tx.Bucket(bucketGrantsByNode).Delete(nk); err != nil {
@@ -538,6 +583,45 @@ func putGrantAs(tx *txn, g *nvmegate.Grant, val []byte, reinstate bool) error {
 		return put(tx, bucketGrantsPending, []byte(g.ID), nil)
 	}
 	return tx.Bucket(bucketGrantsPending).Delete([]byte(g.ID))
+}
+
+// indexSuperseded keeps grants_superseded for g (prev: as stored before,
+// or nil): a released grant with SupersededBy is indexed under its
+// successor. And a grant that ends other than by being superseded — a
+// release, a revocation, an expiry, an undo — makes the grants it
+// superseded final: only its own undo may put them back, and that can no
+// longer come.
+func indexSuperseded(tx *txn, g, prev *nvmegate.Grant) error {
+	b := tx.Bucket(bucketGrantsSuperseded)
+	if prev != nil && prev.State == nvmegate.GrantReleased && prev.SupersededBy != "" {
+		if err := b.Delete(supersededKey(prev.SupersededBy, prev.ID)); err != nil {
+			return err
+		}
+	}
+	if g.State == nvmegate.GrantReleased && g.SupersededBy != "" {
+		return put(tx, bucketGrantsSuperseded, supersededKey(g.SupersededBy, g.ID), nil)
+	}
+	if prev == nil || prev.State != nvmegate.GrantActive || g.State == nvmegate.GrantActive {
+		return nil
+	}
+	for _, id := range waitingOn(tx, g.ID) {
+		o, err := txGrant(tx, id)
+		if err != nil {
+			return err
+		}
+		if o == nil || o.SupersededBy != g.ID {
+			continue
+		}
+		o.SupersededBy = ""
+		if err := encodeAndPut(tx, o); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func supersededKey(successor, id string) []byte {
+	return append(append([]byte(successor), 0), id...)
 }
 
 // PendingRemovals returns the ended grants whose removal from their

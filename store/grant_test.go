@@ -228,7 +228,7 @@ func TestOpenGrantSupersedes(t *testing.T) {
 
 	g := newGrant(1, subNQN(0))
 	g.ID = "grant-0200"
-	ended, err := db.OpenGrant(ctx, g, nil, []string{old.ID, moved.ID, revoked.ID, "grant-nope"})
+	ended, err := db.OpenGrant(ctx, g, nil, true)
 	must(t, err)
 	if len(ended) != 2 || ended[0].ID != old.ID || ended[1].ID != moved.ID {
 		t.Fatalf("superseded %+v, want %s and %s", ended, old.ID, moved.ID)
@@ -244,7 +244,7 @@ func TestOpenGrantSupersedes(t *testing.T) {
 	if active, _ := db.NodeActiveGrants(ctx, g.Node); len(active) != 1 || active[0].ID != g.ID {
 		t.Fatalf("node's active grants %v, want only %s", active, g.ID)
 	}
-	_, err = db.OpenGrant(ctx, &nvmegate.Grant{ID: "grant-0300", State: nvmegate.GrantRevoked}, nil, nil)
+	_, err = db.OpenGrant(ctx, &nvmegate.Grant{ID: "grant-0300", State: nvmegate.GrantRevoked}, nil, true)
 	wantError(t, err, nvmegate.EINVALID, "")
 }
 
@@ -260,7 +260,7 @@ func TestUndoOpening(t *testing.T) {
 		must(t, db.PutGrant(ctx, old))
 		g := newGrant(1, subNQN(0))
 		g.ID = "grant-0200"
-		if _, err := db.OpenGrant(ctx, g, nil, []string{old.ID}); err != nil {
+		if _, err := db.OpenGrant(ctx, g, nil, true); err != nil {
 			t.Fatal(err)
 		}
 		return db, old, g
@@ -273,7 +273,7 @@ func TestUndoOpening(t *testing.T) {
 	}
 	t.Run("put back", func(t *testing.T) {
 		db, old, g := open(t)
-		back, err := db.UndoOpening(ctx, g, []string{old.ID})
+		back, err := db.UndoOpening(ctx, g)
 		must(t, err)
 		if len(back) != 1 || back[0].ID != old.ID || back[0].State != nvmegate.GrantActive || back[0].SupersededBy != "" {
 			t.Fatalf("put back %+v", back)
@@ -285,7 +285,7 @@ func TestUndoOpening(t *testing.T) {
 			t.Fatalf("node's active grants %v, want only %s", active, old.ID)
 		}
 		// Twice (a retried batch, a second undo) puts nothing back twice.
-		if back, err := db.UndoOpening(ctx, g, []string{old.ID}); err != nil || len(back) != 0 {
+		if back, err := db.UndoOpening(ctx, g); err != nil || len(back) != 0 {
 			t.Fatalf("second undo put back %v, %v", back, err)
 		}
 	})
@@ -294,7 +294,7 @@ func TestUndoOpening(t *testing.T) {
 		r := state(t, db, g.ID)
 		r.State, r.RemovalPending = nvmegate.GrantRevoked, true
 		must(t, db.PutGrant(ctx, r))
-		if back, err := db.UndoOpening(ctx, g, []string{old.ID}); err != nil || len(back) != 0 {
+		if back, err := db.UndoOpening(ctx, g); err != nil || len(back) != 0 {
 			t.Fatalf("put back %v, %v after the new grant's revocation", back, err)
 		}
 		if o := state(t, db, old.ID); o.State != nvmegate.GrantReleased {
@@ -309,8 +309,11 @@ func TestUndoOpening(t *testing.T) {
 		if _, err := db.FinishJob(ctx, "job-1"); err != nil {
 			t.Fatal(err)
 		}
-		if back, err := db.UndoOpening(ctx, g, []string{old.ID}); err != nil || len(back) != 0 {
+		if back, err := db.UndoOpening(ctx, g); err != nil || len(back) != 0 {
 			t.Fatalf("put back %v, %v in a finished job", back, err)
+		}
+		if o := state(t, db, old.ID); o.State != nvmegate.GrantReleased || o.SupersededBy != "" {
+			t.Fatalf("earlier grant %s, waiting on %q: want released, final", o.State, o.SupersededBy)
 		}
 	})
 	t.Run("released otherwise", func(t *testing.T) {
@@ -318,8 +321,78 @@ func TestUndoOpening(t *testing.T) {
 		o := state(t, db, old.ID)
 		o.SupersededBy = "" // as a release by the node would store it
 		must(t, db.PutGrant(ctx, o))
-		if back, err := db.UndoOpening(ctx, g, []string{old.ID}); err != nil || len(back) != 0 {
+		if back, err := db.UndoOpening(ctx, g); err != nil || len(back) != 0 {
 			t.Fatalf("put back %v, %v: a grant this one did not supersede", back, err)
+		}
+	})
+	// A connect superseded by a later one of the node before its own undo:
+	// its undo hands what it superseded to the later one, whose undo puts
+	// that back — never the refused grant.
+	t.Run("chain", func(t *testing.T) {
+		db, old, a := open(t)
+		b := newGrant(1, subNQN(0))
+		b.ID = "grant-0300"
+		if s, err := db.OpenGrant(ctx, b, nil, true); err != nil || len(s) != 1 || s[0].ID != a.ID {
+			t.Fatalf("b superseded %v, %v; want %s", s, err, a.ID)
+		}
+		if back, err := db.UndoOpening(ctx, a); err != nil || len(back) != 0 {
+			t.Fatalf("a's undo put back %v, %v", back, err)
+		}
+		if o := state(t, db, old.ID); o.State != nvmegate.GrantReleased || o.SupersededBy != b.ID {
+			t.Fatalf("earlier grant %s superseded by %q, want released, waiting on %s", o.State, o.SupersededBy, b.ID)
+		}
+		back, err := db.UndoOpening(ctx, b)
+		must(t, err)
+		if len(back) != 1 || back[0].ID != old.ID {
+			t.Fatalf("b's undo put back %v, want %s", back, old.ID)
+		}
+		if g := state(t, db, a.ID); g.State != nvmegate.GrantRevoked {
+			t.Fatalf("the refused grant came back: %s", g.State)
+		}
+	})
+	// Two connects of the node, the second committed before the first is
+	// programmed: only the second stays active.
+	t.Run("second connect", func(t *testing.T) {
+		db, _, a := open(t)
+		b := newGrant(1, subNQN(0))
+		b.ID = "grant-0300"
+		if _, err := db.OpenGrant(ctx, b, nil, true); err != nil {
+			t.Fatal(err)
+		}
+		if active, _ := db.NodeActiveGrants(ctx, a.Node); len(active) != 1 || active[0].ID != b.ID {
+			t.Fatalf("node's active grants %v, want only %s", active, b.ID)
+		}
+	})
+	// Put back from another host entry (the binding changed meanwhile):
+	// pending removal no more, in the file as in memory.
+	t.Run("other host", func(t *testing.T) {
+		db := openTestDB(t)
+		old := newGrant(1, subNQN(0))
+		old.HostNQN, old.ExpiresAt = hostNQN(7), t0.Add(24*time.Hour)
+		must(t, db.PutGrant(ctx, old))
+		g := newGrant(1, subNQN(0))
+		g.ID = "grant-0200"
+		s, err := db.OpenGrant(ctx, g, nil, true)
+		if err != nil || len(s) != 1 || !s[0].RemovalPending {
+			t.Fatalf("superseded %v, %v: want the other host's grant pending", s, err)
+		}
+		back, err := db.UndoOpening(ctx, g)
+		if err != nil || len(back) != 1 {
+			t.Fatalf("put back %v, %v", back, err)
+		}
+		if p, _ := db.PendingRemovals(ctx); len(p) != 1 || p[0].ID != g.ID {
+			t.Fatalf("pending removals %v, want only the undone %s", p, g.ID)
+		}
+	})
+	// Ending the successor otherwise (the node's release) makes what it
+	// superseded final.
+	t.Run("successor released", func(t *testing.T) {
+		db, old, g := open(t)
+		r := state(t, db, g.ID)
+		r.State = nvmegate.GrantReleased
+		must(t, db.PutGrant(ctx, r))
+		if o := state(t, db, old.ID); o.SupersededBy != "" {
+			t.Fatalf("earlier grant still waits on %s", o.SupersededBy)
 		}
 	})
 	t.Run("expired", func(t *testing.T) {
@@ -327,7 +400,7 @@ func TestUndoOpening(t *testing.T) {
 		o := state(t, db, old.ID)
 		o.ExpiresAt = t0
 		must(t, db.PutGrant(ctx, o))
-		if back, err := db.UndoOpening(ctx, g, []string{old.ID}); err != nil || len(back) != 0 {
+		if back, err := db.UndoOpening(ctx, g); err != nil || len(back) != 0 {
 			t.Fatalf("put back %v, %v past its expiry", back, err)
 		}
 	})

@@ -167,6 +167,15 @@ func checkInvariants(db *DB) error {
 				bad("grant %q: %v", k, err)
 				return
 			}
+			// Pending removal is indexed exactly for the ended grants
+			// pending it; a superseded grant waits on its successor.
+			pending := tx.Bucket(bucketGrantsPending).Get(k) != nil
+			if want := g.State != nvmegate.GrantActive && g.RemovalPending; pending != want {
+				bad("grant %q (%s, pending %v): %s entry %v", k, g.State, g.RemovalPending, bucketGrantsPending, pending)
+			}
+			if g.SupersededBy != "" && tx.Bucket(bucketGrantsSuperseded).Get(supersededKey(g.SupersededBy, g.ID)) == nil {
+				bad("grant %q superseded by %s: no %s entry", k, g.SupersededBy, bucketGrantsSuperseded)
+			}
 			if g.State != nvmegate.GrantActive {
 				return
 			}
@@ -183,6 +192,17 @@ func checkInvariants(db *DB) error {
 				bad("grant %q of %s: host NQN %q has active grants of %s too", k, g.Node, g.HostNQN, n)
 			}
 			holder[canon] = g.Node
+		})
+		each(bucketGrantsSuperseded, func(k, _ []byte) {
+			succ, id, _ := bytes.Cut(k, []byte{0})
+			v := tx.Bucket(bucketGrants).Get(id)
+			if v == nil {
+				bad("%s entry %q names no grant", bucketGrantsSuperseded, k)
+				return
+			}
+			if g, err := decodeGrant(v); err == nil && (g.State != nvmegate.GrantReleased || g.SupersededBy != string(succ)) {
+				bad("%s entry %q: the grant is %s, superseded by %q", bucketGrantsSuperseded, k, g.State, g.SupersededBy)
+			}
 		})
 		each(bucketGrantsByHost, func(k, v []byte) {
 			if !hostKeys[string(k)] || len(v) != 0 {

@@ -42,12 +42,18 @@ var (
 	// grants on it under which key scope, up to which root version: what
 	// a host that once had the NQN can still derive (HostKeyScopes).
 	bucketHostKeyScopes = []byte("host_key_scopes")
+	// bucketGrantsSuperseded indexes the released grants a connect
+	// superseded that may still be put back (Grant.SupersededBy): key
+	// successor ID 0x00 grant ID. Empty in files older than it: their
+	// released grants are final.
+	bucketGrantsSuperseded = []byte("grants_superseded")
 
 	// allBuckets are created by Open if missing.
 	allBuckets = [][]byte{
 		bucketMeta, bucketTargets, bucketSubsystems, bucketSubsystemsByTarget,
 		bucketNamespaces, bucketHostBindings, bucketHostBindingsByNQN, bucketJobs,
 		bucketGrants, bucketGrantsBySubsystem, bucketGrantsByNode, bucketGrantsByHost, bucketGrantsPending, bucketHostKeyScopes,
+		bucketGrantsSuperseded,
 	}
 
 	metaKind     = []byte("kind")
