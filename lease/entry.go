@@ -69,13 +69,17 @@ func ScopeEntry(kind audit.EventKind, action string, sc *nvmegate.Scope, d *nvme
 
 // grantEntry is the entry of a grant issued (kind grant) or renewed (kind
 // renew) at time at: the call's scope, the grant, and the versions and
-// fingerprints of what was issued; Detail names the grants that move with
-// it.
+// fingerprints of what was issued; Detail names the node's earlier
+// grants it supersedes (as read before its commit, which ends them) and
+// the grants that move with it.
 func grantEntry(kind audit.EventKind, action string, sc *nvmegate.Scope, d *nvmegate.Decision, g *nvmegate.Grant,
-	c keys.Credentials, moving []*nvmegate.Grant, at time.Time) audit.Entry {
+	c keys.Credentials, superseded, moving []*nvmegate.Grant, at time.Time) audit.Entry {
 	e := ScopeEntry(kind, action, sc, d)
 	e.Time, e.GrantID, e.ExpiresAt, e.HostNQN, e.SubsystemNQN = at, g.ID, g.ExpiresAt, g.HostNQN, g.SubsystemNQN
 	e.Detail = action + " " + g.SubsystemNQN
+	if len(superseded) > 0 {
+		e.Detail += "; supersedes " + strings.Join(ids(superseded), ", ")
+	}
 	if len(moving) > 0 {
 		e.Detail += "; moves " + strings.Join(ids(moving), ", ") + " to this root version and authentication (one host entry on the target)"
 	}

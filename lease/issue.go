@@ -60,7 +60,7 @@ func (l *Lifecycle) Issue(ctx context.Context, r Request) (Issued, error) {
 	res := l.run(ctx, &change{
 		op:    "connect",
 		grant: g,
-		entry: grantEntry(audit.EventGrant, actionConnect, sc, d, g, creds, moving, now),
+		entry: grantEntry(audit.EventGrant, actionConnect, sc, d, g, creds, superseded, moving, now),
 		check: func() (string, error) {
 			// Finished between the policy decision and now.
 			if j.State != nvmegate.JobActive {
@@ -121,7 +121,7 @@ func (l *Lifecycle) Renew(ctx context.Context, g *nvmegate.Grant, r Request) (Is
 	res := l.run(ctx, &change{
 		op:      "renew",
 		grant:   g,
-		entry:   grantEntry(audit.EventRenew, actionRenew, sc, d, g, creds, moving, now),
+		entry:   grantEntry(audit.EventRenew, actionRenew, sc, d, g, creds, nil, moving, now),
 		moving:  moving,
 		undo:    &prev,
 		deny:    denyEntry(actionRenew, sc, d, g),

@@ -139,6 +139,9 @@ func TestIssueSupersedes(t *testing.T) {
 	if g := w.grant(a.Grant.ID); g.State != nvmegate.GrantReleased || g.SupersededBy != b.Grant.ID || g.RemovalPending {
 		t.Fatalf("superseded grant is %s, superseded by %q, pending %v; want released by %s", g.State, g.SupersededBy, g.RemovalPending, b.Grant.ID)
 	}
+	if es := w.entries(audit.EventGrant); len(es) != 2 || !strings.Contains(es[1].Entry.Detail, "; supersedes "+a.Grant.ID) {
+		t.Fatalf("grant entries %+v: the second names the grant it supersedes", es)
+	}
 	gs, err := w.db.NodeActiveGrants(w.ctx, node1)
 	if err != nil || len(gs) != 1 || gs[0].ID != b.Grant.ID {
 		t.Fatalf("active grants %v %v, want only %s", gs, err, b.Grant.ID)
