@@ -560,3 +560,29 @@ func TestEndingASupersededGrantMakesItFinal(t *testing.T) {
 		t.Fatalf("revoked: %s, waiting on %q", g.State, g.SupersededBy)
 	}
 }
+
+// undoFails is the store with UndoOpening failing.
+type undoFails struct{ *store.DB }
+
+func (undoFails) UndoOpening(context.Context, *nvmegate.Grant) ([]*nvmegate.Grant, error) {
+	return nil, errors.New("undo: store unavailable")
+}
+
+// A refused connect whose undo cannot commit still leaves no active grant
+// the caller was told it did not get: it is revoked alone.
+func TestIssueRefusedUndoFails(t *testing.T) {
+	var ref *refusing
+	w := newWorld(t, func(w *world, c *lease.Config) {
+		ref = &refusing{next: w.agent}
+		c.Targets = ref
+		c.Grants = undoFails{w.db}
+	})
+	w.issue(node1, sub1)
+	ref.n.Store(1)
+	_, err := w.lc.Issue(w.ctx, w.request(node1, sub1, nvmegate.Obligations{}))
+	wantCode(t, err, nvmegate.EUNAVAILABLE, "no grant was made")
+	gs, err := w.db.NodeActiveGrants(w.ctx, node1)
+	if err != nil || len(gs) != 0 {
+		t.Fatalf("active grants %v, %v: want none (the earlier one superseded, the refused one revoked)", gs, err)
+	}
+}

@@ -317,7 +317,15 @@ func (l *Lifecycle) compensate(ctx context.Context, c *change) {
 		// node's again.
 		back, err := l.grants.UndoOpening(ctx, c.grant)
 		if err != nil {
-			l.log.ErrorContext(ctx, c.op+": grant not undone in the store", "grant", c.grant.ID, "err", err)
+			// At least the refused grant must not stay active: end it
+			// alone (what it superseded stays ended).
+			l.log.ErrorContext(ctx, c.op+": grant not undone in the store; revoking it alone", "grant", c.grant.ID, "err", err)
+			c.grant.State, c.grant.RemovalPending, c.grant.SupersededBy = nvmegate.GrantRevoked, true, ""
+			if err := l.put(ctx, c.grant); err != nil {
+				l.log.ErrorContext(ctx, c.op+": grant not revoked in the store; it stays active until its expiry", "grant", c.grant.ID, "err", err)
+			} else {
+				pending = append(pending, c.grant)
+			}
 		} else {
 			c.grant.State, c.grant.RemovalPending = nvmegate.GrantRevoked, true
 			pending = append(withoutIDs(pending, back), c.grant)
