@@ -29,12 +29,7 @@ import (
 // NQN it must use; nodes outside the job, of another tenant, or after the
 // job finished learn nothing.
 func TestDiscover(t *testing.T) {
-	g := startGateway(t)
-	acmeInventory(t, g)
-	ctx := ctxT(t)
-	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
-		t.Fatal(err)
-	}
+	g, ctx := admittedGateway(t)
 	// acme-gpu-2 has an explicit binding; acme-gpu-1 uses its derived NQN.
 	if _, err := pb.NewInventoryClient(g.client(t, admin)).AddHostBinding(ctx, &pb.AddHostBindingRequest{Binding: &pb.HostBinding{
 		SpiffeId: "spiffe://nvmegate.test/node/acme-gpu-2", HostNqn: hostNQN, Tenant: "acme"}}); err != nil {
@@ -74,12 +69,7 @@ func TestDiscover(t *testing.T) {
 // A node whose derived default host NQN an explicit binding gave to another
 // identity is refused rather than handed that identity's NQN.
 func TestDiscoverDerivedNQNTaken(t *testing.T) {
-	g := startGateway(t)
-	acmeInventory(t, g)
-	ctx := ctxT(t)
-	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
-		t.Fatal(err)
-	}
+	g, ctx := admittedGateway(t)
 	derived, err := nvmefmt.HostNQNFromSPIFFEID("spiffe://nvmegate.test" + node)
 	if err != nil {
 		t.Fatal(err)
@@ -213,12 +203,7 @@ func hostsOn(t *testing.T, g *testGateway) []string {
 // the target has it before the answer; release and revoke remove the host
 // from the target; finishing the job ends the rest and rotates the root.
 func TestGrantLifecycle(t *testing.T) {
-	g := startGateway(t)
-	acmeInventory(t, g)
-	ctx := ctxT(t)
-	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
-		t.Fatal(err)
-	}
+	g, ctx := admittedGateway(t)
 	n1, n2 := pb.NewAccessClient(g.client(t, node)), pb.NewAccessClient(g.client(t, "/node/acme-gpu-2"))
 	c1, err := n1.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
 	if err != nil {
@@ -290,12 +275,7 @@ func TestGrantLifecycle(t *testing.T) {
 
 // An admin revokes a node's grants: the hosts leave the targets.
 func TestRevokeByNode(t *testing.T) {
-	g := startGateway(t)
-	acmeInventory(t, g)
-	ctx := ctxT(t)
-	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
-		t.Fatal(err)
-	}
+	g, ctx := admittedGateway(t)
 	if _, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN}); err != nil {
 		t.Fatal(err)
 	}
@@ -386,12 +366,7 @@ func TestConnectTwoSubsystemsOneNVMetTarget(t *testing.T) {
 // The sweeper ends expired grants: recorded as expire, stored as expired,
 // and the host leaves the target.
 func TestSweepExpired(t *testing.T) {
-	g := startGateway(t)
-	acmeInventory(t, g)
-	ctx := ctxT(t)
-	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
-		t.Fatal(err)
-	}
+	g, ctx := admittedGateway(t)
 	c, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN, Ttl: durationpb.New(time.Nanosecond)})
 	if err != nil {
 		t.Fatal(err)
@@ -530,12 +505,7 @@ func TestConnectTLSOnNVMetRefused(t *testing.T) {
 // the target (here: SHA-384, ffdhe3072 and bidirectional authentication
 // for the internal class, which had none).
 func TestRenewAppliesNewObligations(t *testing.T) {
-	g := startGateway(t)
-	acmeInventory(t, g)
-	ctx := ctxT(t)
-	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
-		t.Fatal(err)
-	}
+	g, ctx := admittedGateway(t)
 	n1 := pb.NewAccessClient(g.client(t, node))
 	c1, err := n1.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
 	if err != nil {
@@ -675,12 +645,7 @@ func addSecondSubsystem(t *testing.T, g *testGateway, nqn, class string) {
 // (the audit log would refuse it, and with it the revocation); the same
 // revocation with a plain reason goes through.
 func TestRevokeReasonWithKeyMaterial(t *testing.T) {
-	g := startGateway(t)
-	acmeInventory(t, g)
-	ctx := ctxT(t)
-	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
-		t.Fatal(err)
-	}
+	g, ctx := admittedGateway(t)
 	if _, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN}); err != nil {
 		t.Fatal(err)
 	}
@@ -705,12 +670,7 @@ func TestRevokeReasonWithKeyMaterial(t *testing.T) {
 // neither what the grant is nor that it exists. The auditor still sees each
 // attempt, with the grant it was about.
 func TestOthersGrantRevealsNothing(t *testing.T) {
-	g := startGateway(t)
-	acmeInventory(t, g)
-	ctx := ctxT(t)
-	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
-		t.Fatal(err)
-	}
+	g, ctx := admittedGateway(t)
 	owner := pb.NewAccessClient(g.client(t, node))
 	c, err := owner.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
 	if err != nil {
@@ -926,12 +886,7 @@ func TestConnectRefusedWhenNQNBoundBeforeCommit(t *testing.T) {
 // InvalidArgument on ttl, for Connect and Renew alike, rather than given
 // the default it did not ask for; an unset ttl is the default.
 func TestNonPositiveTTL(t *testing.T) {
-	g := startGateway(t)
-	acmeInventory(t, g)
-	ctx := ctxT(t)
-	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
-		t.Fatal(err)
-	}
+	g, ctx := admittedGateway(t)
 	ac := pb.NewAccessClient(g.client(t, node))
 	for _, d := range []*durationpb.Duration{durationpb.New(0), durationpb.New(-time.Hour), durationpb.New(-time.Nanosecond)} {
 		_, err := ac.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN, Ttl: d})

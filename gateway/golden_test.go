@@ -94,12 +94,7 @@ func checkGolden(t *testing.T, name, got string) {
 // changes, the other's not); one releases; a short grant expires; an admin
 // revokes the last.
 func TestTargetTreeGolden(t *testing.T) {
-	g := startGateway(t)
-	acmeInventory(t, g)
-	ctx := ctxT(t)
-	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
-		t.Fatal(err)
-	}
+	g, ctx := admittedGateway(t)
 	names := map[string]string{}
 	n1, n2 := pb.NewAccessClient(g.client(t, node)), pb.NewAccessClient(g.client(t, "/node/acme-gpu-2"))
 	c1, err := n1.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})

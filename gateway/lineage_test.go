@@ -17,12 +17,7 @@ import (
 // every entry of the job provably in the log; it verifies offline with the
 // log's public key, and fails when altered or checked with another key.
 func TestLineage(t *testing.T) {
-	g := startGateway(t)
-	acmeInventory(t, g)
-	ctx := ctxT(t)
-	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
-		t.Fatal(err)
-	}
+	g, ctx := admittedGateway(t)
 	if _, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN}); err != nil {
 		t.Fatal(err)
 	}

@@ -109,12 +109,7 @@ func TestRemoteTargetAgent(t *testing.T) {
 }
 
 func TestRemoteAgentFailureMeansNoGrant(t *testing.T) {
-	g := startGateway(t)
-	acmeInventory(t, g)
-	ctx := ctxT(t)
-	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
-		t.Fatal(err)
-	}
+	g, ctx := admittedGateway(t)
 	startRemote(t, g, "stor-eu-1", failing{})
 	// Wait until the agent's stream is up (its first, refused, generation).
 	deadline := time.Now().Add(10 * time.Second)
@@ -137,12 +132,7 @@ func TestRemoteAgentFailureMeansNoGrant(t *testing.T) {
 // whole current state on its first Watch and restores exactly the granted
 // hosts.
 func TestRemoteAgentRestart(t *testing.T) {
-	g := startGateway(t)
-	acmeInventory(t, g)
-	ctx := ctxT(t)
-	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
-		t.Fatal(err)
-	}
+	g, ctx := admittedGateway(t)
 	c, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
 	if err != nil {
 		t.Fatal(err)
