@@ -101,17 +101,18 @@ func TestBenchConnect(t *testing.T) {
 	secrets := filepath.Join(t.TempDir(), "secrets")
 	defer keepBenchSecrets(t, secrets)
 	for _, args := range [][]string{
-		{"--nodes", "30", "--concurrency", "8", "--duration", "2s", "--call", "health,connect"},
-		{"--nodes", "100", "--call", "handshake,connect", "--storm"},
+		{"--nodes", "30", "--concurrency", "8", "--duration", "2s", "--call", "trivial,health,connect"},
+		{"--nodes", "100", "--call", "handshake,trivial,connect", "--storm"},
 	} {
 		out, err := cli(t, bin, dir, "admin", append([]string{"bench", "connect", "--acks", acks, "--secrets-out", secrets}, args...)...)
 		if err != nil {
 			t.Fatalf("bench connect %v: %v\n%s", args, err, out)
 		}
 		m := ackedRE.FindStringSubmatch(out)
-		// Each call (the floor, then connect) reports its own figures,
-		// and the connect a ratio to its floor.
-		if m == nil || m[1] == "0" || strings.Count(out, "errors     0\n") != 2 || strings.Count(out, "p99.99") != 2 || !strings.Contains(out, "ratio ") {
+		// Each call (the floors, then connect) reports its own figures,
+		// and the connect a ratio to each floor.
+		if m == nil || m[1] == "0" || strings.Count(out, "errors     0\n") != 3 || strings.Count(out, "p99.99") != 3 || strings.Count(out, "ratio ") != 2 ||
+			!strings.Contains(out, " trivial ") {
 			t.Fatalf("bench connect %v:\n%s", args, out)
 		}
 		if args[len(args)-1] == "--storm" && (m[1] != "100" || !strings.Contains(out, "handshakes 100 in")) {

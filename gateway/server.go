@@ -13,11 +13,11 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/authz"
+	"github.com/nvmegate/nvmegate/internal/grpcserver"
 	"github.com/nvmegate/nvmegate/lease"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
@@ -139,43 +139,11 @@ func New(cfg Config) (*Server, error) {
 	if s.metrics, err = newMetrics(cfg.Registerer); err != nil {
 		return nil, err
 	}
-	s.grpc = grpc.NewServer(
+	s.grpc = grpc.NewServer(append(grpcserver.ConnectionOptions(cmp.Or(cfg.HandshakeTimeout, DefaultHandshakeTimeout), streamWorkers),
 		grpc.Creds(cfg.Credentials),
 		grpc.ChainUnaryInterceptor(s.unaryInterceptors()...),
 		grpc.ChainStreamInterceptor(s.streamInterceptors()...),
-		grpc.MaxRecvMsgSize(4<<20),
-		// Bound the TLS handshake so idle peers cannot hold connections
-		// open — but not below what a job start needs: 10,000 nodes
-		// connecting at once share the CPU for their handshakes (about
-		// 10 s of handshakes on two cores), and a bound any nearer would
-		// cut off the last of them, which then start again from scratch.
-		grpc.ConnectionTimeout(cmp.Or(cfg.HandshakeTimeout, DefaultHandshakeTimeout)),
-		// Tens of thousands of mostly idle node connections: a write
-		// buffer only while a connection writes, and no read buffer of
-		// gRPC's own — the TLS connection under the framer already holds
-		// each decrypted record, so a second buffer only copied it, and
-		// cost 8 KiB per connection (80 MiB of live heap in a 10,000-node
-		// storm). gRPC's defaults are 32 KiB each per connection.
-		grpc.SharedWriteBuffer(true),
-		grpc.ReadBufferSize(0),
-		// Fixed flow-control windows: with gRPC's default, BDP
-		// estimation, every new connection pings to size windows that
-		// calls of a few hundred bytes never fill — a round trip and
-		// frames on both sides per node of a storm.
-		grpc.InitialWindowSize(1<<16),
-		grpc.InitialConnWindowSize(1<<16),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		// Pings after a minute of silence: a peer that is gone (a target
-		// agent's server lost power) is noticed within 80 s, and its
-		// stream ends — a target takes one live agent stream, so a dead
-		// one must not keep the restarted agent out.
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second}),
-		// Reused handler goroutines: a policy evaluation recurses deeply,
-		// and a fresh goroutine per call spent ~17% of the CPU growing its
-		// stack under load (pprof, bench connect). Calls beyond the pool
-		// still get goroutines of their own.
-		grpc.NumStreamWorkers(streamWorkers),
-	)
+	)...)
 	inv := &inventoryService{store: cfg.Store, targets: cfg.Targets}
 	if cfg.Lease != nil {
 		inv.rebind = cfg.Lease
@@ -213,7 +181,10 @@ func New(cfg Config) (*Server, error) {
 }
 
 // DefaultHandshakeTimeout bounds a connection's TLS handshake when
-// Config.HandshakeTimeout is zero.
+// Config.HandshakeTimeout is zero: not below what a job start needs —
+// 10,000 nodes connecting at once share the CPU for their handshakes
+// (about 10 s of handshakes on two cores), and a bound any nearer would
+// cut off the last of them, which then start again from scratch.
 const DefaultHandshakeTimeout = 30 * time.Second
 
 // streamWorkers is the size of the reused handler goroutine pool: enough

@@ -71,9 +71,15 @@ const (
 	// CallConnect is Access.Connect: policy, credentials, target
 	// programming, a durable audit entry.
 	CallConnect Call = "connect"
-	// CallHealth is grpc.health.v1 Health/Check over the node's mTLS
-	// connection: the floor of a unary call through the gateway's
-	// interceptors.
+	// CallTrivial is grpc.health.v1 Health/Check on the floor server
+	// (NewFloorServer, Fleet.UseFloor) over a connection of the node's
+	// own: the floor of a unary call — what gRPC and mTLS cost with
+	// nothing behind them.
+	CallTrivial Call = "trivial"
+	// CallHealth is grpc.health.v1 Health/Check on the gateway, over the
+	// node's connection: a unary call through the gateway's interceptors,
+	// a policy decision included (the default policy allows health to
+	// every role, and decides it afresh for every call).
 	CallHealth Call = "health"
 	// CallHandshake is a new TLS 1.3 connection with the node's SVID to
 	// the gateway, complete when the server's first bytes (its HTTP/2
@@ -85,10 +91,10 @@ const (
 
 func (c Call) check() error {
 	switch c {
-	case "", CallConnect, CallHealth, CallHandshake:
+	case "", CallConnect, CallTrivial, CallHealth, CallHandshake:
 		return nil
 	}
-	return fmt.Errorf("loadgen: unknown call %q (connect, health or handshake)", string(c))
+	return fmt.Errorf("loadgen: unknown call %q (connect, trivial, health or handshake)", string(c))
 }
 
 // SecretSample bounds what Options.Secrets gets: a leak scan searches for
@@ -109,6 +115,7 @@ type Node struct {
 	ID    string // SPIFFE ID
 	Job   string
 	conn  *grpc.ClientConn
+	floor *grpc.ClientConn                 // to the floor server (CallTrivial)
 	creds credentials.TransportCredentials // conn's, for a new one (Storm)
 	tls   *tls.Config                      // the connection's TLS configuration (CallHandshake)
 }
@@ -119,6 +126,7 @@ type Fleet struct {
 	Jobs      []string
 	Nodes     []*Node
 	addr      string // the gateway's (CallHandshake dials it)
+	floorAddr string // the floor server's (UseFloor)
 }
 
 // Close closes the nodes' connections.
@@ -126,6 +134,9 @@ func (f *Fleet) Close() {
 	for _, n := range f.Nodes {
 		if n.conn != nil {
 			n.conn.Close()
+		}
+		if n.floor != nil {
+			n.floor.Close()
 		}
 	}
 }
@@ -307,6 +318,12 @@ func (r *recorder) connect(ctx, run context.Context, f *Fleet, n *Node, call Cal
 	switch call {
 	case CallHealth:
 		_, err = healthpb.NewHealthClient(n.conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	case CallTrivial:
+		if n.floor == nil {
+			err = status.Error(codes.FailedPrecondition, "no floor server (Fleet.UseFloor)")
+			break
+		}
+		_, err = healthpb.NewHealthClient(n.floor).Check(ctx, &healthpb.HealthCheckRequest{})
 	case CallHandshake:
 		err = handshake(ctx, f.addr, n.tls)
 	default:
@@ -443,7 +460,13 @@ func Run(ctx context.Context, f *Fleet, o Options) *Result {
 func Storm(ctx context.Context, f *Fleet, o Options, timeout, attempt time.Duration) *Result {
 	// Every node on a connection of its own not yet made (a node that
 	// starts): an earlier run on this fleet left its connections open.
-	if o.Call != CallHandshake {
+	switch o.Call {
+	case CallHandshake:
+	case CallTrivial:
+		if err := f.UseFloor(f.floorAddr); err != nil {
+			return &Result{Call: o.Call, Errors: map[string]int{"Internal": 1}, FirstErrors: []string{"Internal: " + err.Error()}}
+		}
+	default:
 		for _, n := range f.Nodes {
 			c, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(n.creds))
 			if err != nil {
@@ -554,7 +577,7 @@ func Ratio(r, floor *Result, storm bool) string {
 // Summary is a one-screen report of a result.
 func Summary(r *Result) string {
 	var b strings.Builder
-	what := map[Call]string{CallHealth: "calls", CallHandshake: "handshakes"}[r.Call]
+	what := map[Call]string{CallTrivial: "calls", CallHealth: "calls", CallHandshake: "handshakes"}[r.Call]
 	if what == "" {
 		what = "grants"
 	}

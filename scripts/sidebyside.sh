@@ -3,15 +3,18 @@
 #
 #  (a) nvmegate's Connect, end to end (`nvmegate bench connect`: N node
 #      SVIDs, mTLS each, policy, derivation, target programming, durable
-#      audit entry), against its floor measured just before on the same
-#      fleet (a health Check over the same N mTLS connections, same C) and
+#      audit entry), against its floors measured just before on the same
+#      fleet, same N and C — a trivial call (a health Check on a bare gRPC
+#      server of its own process, over N mTLS connections: the issue's
+#      floor) and a health Check on the gateway (through its interceptors
+#      and a policy decision) — and
 #      against the naive composition of the same work
 #      (internal/cmd/naivebench: an OPA server decision over HTTP with the
 #      same Rego, a Vault KV read, a Vault Transit HMAC, a bbolt append with
 #      fsync) — same concurrency, duration and namespaces, same machine,
 #      both against the same real Vault dev server; then the storm: all N
 #      nodes at once, each a new mTLS connection, after its floors (N bare
-#      mTLS handshakes to the gateway, all at once; N health Checks, each
+#      mTLS handshakes to the gateway, all at once; N trivial calls, each
 #      on a new gRPC connection, all at once);
 #  (b) nvmegate's audit append (audit BenchmarkAppend) against Tessera's
 #      POSIX driver at 16 and 256 appenders, same entry size.
@@ -81,14 +84,14 @@ printf root > "$work/token"
 pids+=($!); gpid=$!
 for _ in $(seq 300); do [ -f "$work/dev/gateway.json" ] && break; sleep 0.1; done
 "$work/bin/nvmegate" --dev-dir "$work/dev" --dev-identity admin bench connect --nodes "$N" --namespaces "$M" \
-  --concurrency "$C" --duration "$D" --call health,connect | tee "$work/nvmegate.txt"
+  --concurrency "$C" --duration "$D" --call trivial,health,connect | tee "$work/nvmegate.txt"
 echo "   server RSS (max): nvmegated $(hwm $gpid)"
 rate() { sed -n 's/.*= \([0-9]*\) grants\/s.*/\1/p' "$1"; }
 p99() { grep "^latency" "$1" | tail -1 | sed -n 's/.*p99 \([0-9.]*m\?s\) .*/\1/p'; }
 echo "   ratio nvmegate/naive: grants/s $(rate "$work/nvmegate.txt")/$(rate "$work/naive.txt") = $(python3 -c "print(round($(rate "$work/nvmegate.txt")/$(rate "$work/naive.txt"),2))"); p99 $(p99 "$work/nvmegate.txt") vs $(p99 "$work/naive.txt")"
-echo "-- nvmegate storm: all $STORM nodes at once, each a new mTLS connection, after two floors: bare handshakes, and a health Check on a new gRPC connection"
+echo "-- nvmegate storm: all $STORM nodes at once, each a new mTLS connection, after two floors: bare handshakes, and a trivial call on a new gRPC connection"
 "$work/bin/nvmegate" --dev-dir "$work/dev" --dev-identity admin --timeout 60s bench connect --nodes "$STORM" --job-size "$STORM" \
-  --namespaces "$M" --storm --call handshake,health,connect
+  --namespaces "$M" --storm --call handshake,trivial,connect
 echo "   server RSS (max): nvmegated $(hwm $gpid)"
 
 echo

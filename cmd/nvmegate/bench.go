@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -30,7 +31,7 @@ func (a *app) benchCmd() *cobra.Command {
 		calls                 []string
 	)
 	connect := &cobra.Command{
-		Use:   "connect --dev-dir DIR [--nodes N] [--namespaces M] [--concurrency C] [--duration D] [--storm] [--call health,connect]",
+		Use:   "connect --dev-dir DIR [--nodes N] [--namespaces M] [--concurrency C] [--duration D] [--storm] [--call trivial,health,connect]",
 		Short: "Connect storm / sustained connects from N node identities, each with its own mTLS connection",
 		Long: `Registers a target, a subsystem with M namespaces, N node host bindings and
 jobs scoping them (as the admin and the tenant's scheduler), mints N node
@@ -89,6 +90,16 @@ Needs a dev gateway (nvmegated dev): the node SVIDs come from its CA.`,
 			}
 			defer fleet.Close()
 			fmt.Fprintf(a.stdout, " %s\n", time.Since(t0).Round(time.Millisecond))
+			if slices.Contains(calls, string(loadgen.CallTrivial)) {
+				addr, stop, err := a.startFloorServer(ctx)
+				if err != nil {
+					return err
+				}
+				defer stop()
+				if err := fleet.UseFloor(addr); err != nil {
+					return err
+				}
+			}
 			var (
 				r      *loadgen.Result
 				acks   []loadgen.Ack
@@ -136,7 +147,7 @@ Needs a dev gateway (nvmegated dev): the node SVIDs come from its CA.`,
 	f.IntVar(&o.Requests, "requests", 0, "stop after this many calls, if sooner than --duration (0: no limit)")
 	f.IntVar(&o.JobSize, "job-size", 256, "nodes per job")
 	f.BoolVar(&storm, "storm", false, "connect all N nodes at once; report the time until all are granted")
-	f.StringSliceVar(&calls, "call", []string{"connect"}, `what each node does, in order on the same fleet: connect, or a floor — health (a trivial unary call over the node's connection) or handshake (a new mTLS connection and nothing else); a connect after floors is reported as a ratio to each; in a storm every node makes a new connection for each`)
+	f.StringSliceVar(&calls, "call", []string{"connect"}, `what each node does, in order on the same fleet: connect, or a floor — trivial (a health check on a bare gRPC server in a process of its own, over an mTLS connection of the node's), health (a health check on the gateway, through its interceptors and a policy decision) or handshake (a new mTLS connection to the gateway and nothing else); a connect after floors is reported as a ratio to each; in a storm every node makes a new connection for each`)
 	f.DurationVar(&stormTimeout, "storm-timeout", 5*time.Minute, "give up on a storm after this long")
 	f.StringVar(&o.Tenant, "tenant", "acme", "the tenant of the scheduler identity")
 	f.StringVar(&o.Region, "region", "eu-west", "region of the target and namespaces")
@@ -184,7 +195,7 @@ with. Exit status 1 if any does not.`,
 	verify.Flags().StringVar(&acksFile, "acks", "", "the acks file")
 	verify.Flags().StringVar(&auditor, "auditor-identity", "auditor", "dev identity reading the audit log")
 	verify.MarkFlagRequired("acks")
-	cmd.AddCommand(connect, verify)
+	cmd.AddCommand(connect, verify, a.benchFloorServerCmd())
 	return cmd
 }
 
