@@ -41,3 +41,13 @@ func (f *Fleet) UseFloor(addr string) error {
 	f.floorAddr = addr
 	return nil
 }
+
+// closeFloor closes the nodes' floor connections (UseFloor makes new ones).
+func (f *Fleet) closeFloor() {
+	for _, n := range f.Nodes {
+		if n.floor != nil {
+			n.floor.Close()
+			n.floor = nil
+		}
+	}
+}

@@ -424,6 +424,11 @@ func (r *recorder) result(call Call, elapsed, cpu time.Duration) *Result {
 // o.Requests calls were made, if that is set), the nodes taking turns. Each connect supersedes that node's previous grant, so the
 // target holds at most N hosts however long the run.
 func Run(ctx context.Context, f *Fleet, o Options) *Result {
+	if o.Call == CallTrivial && f.floorAddr != "" && f.Nodes[0].floor == nil {
+		if err := f.UseFloor(f.floorAddr); err != nil {
+			return &Result{Call: o.Call, Errors: map[string]int{"Internal": 1}, FirstErrors: []string{"Internal: " + err.Error()}}
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, o.Duration)
 	defer cancel()
 	var (
@@ -466,6 +471,9 @@ func Storm(ctx context.Context, f *Fleet, o Options, timeout, attempt time.Durat
 		if err := f.UseFloor(f.floorAddr); err != nil {
 			return &Result{Call: o.Call, Errors: map[string]int{"Internal": 1}, FirstErrors: []string{"Internal: " + err.Error()}}
 		}
+		// Closed when the storm is done: 10,000 idle connections and
+		// their clients would weigh on the storms after this one.
+		defer f.closeFloor()
 	default:
 		for _, n := range f.Nodes {
 			c, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(n.creds))
