@@ -112,6 +112,9 @@ func bigBundle(t testing.TB, n int) *policy.Bundle {
 //	            scope and caller decisions memoized, the node decision
 //	            evaluated (what every connect but a node's first costs)
 //	warm-typed  the same with the resource typed (Input.Scope, no map)
+//	warm-sealed the same with the scope part sealed once (Scope.Sealed)
+//	            and each caller a copy, as the gateway hands it over:
+//	            the decision the target is measured on
 //	cold        every call another job: every part decided (a memo miss)
 //
 // Each sub-benchmark but floor evaluates the floor right after each
@@ -225,12 +228,24 @@ func BenchmarkConnect(b *testing.B) {
 		cp.Resource, cp.Scope = nil, s
 		typed[i] = &cp
 	}
+	// Sealed, as the gateway hands scopes over: the job's scope part
+	// sealed once (Scope.Sealed), each caller a copy with its own caller
+	// fields.
+	template := typed[0].Scope.Sealed()
+	sealed := make([]*authz.Input, callers)
+	for i, in := range typed {
+		s := *template
+		s.Binding, s.Job.Nodes, s.Request = in.Scope.Binding, in.Scope.Job.Nodes, in.Scope.Request
+		cp := *in
+		cp.Scope = &s
+		sealed[i] = &cp
+	}
 	decide := func(b *testing.B, in *authz.Input) {
 		if d, err := e.Authorize(ctx, in); err != nil || !d.Allow {
 			b.Fatal(d, err)
 		}
 	}
-	for name, set := range map[string][]*authz.Input{"warm": ins, "warm-typed": typed} {
+	for name, set := range map[string][]*authz.Input{"warm": ins, "warm-typed": typed, "warm-sealed": sealed} {
 		b.Run(name, func(b *testing.B) {
 			for _, in := range set {
 				decide(b, in)

@@ -1,7 +1,9 @@
 package authz
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
+	"slices"
 	"strconv"
 	"time"
 
@@ -34,6 +36,41 @@ type Scope struct {
 	Subsystem  ScopeSubsystem   // resource.subsystem
 	Target     *ScopeTarget     // resource.target; nil if absent
 	Namespaces []ScopeNamespace // resource.namespaces, in order
+
+	// seal, if set, is the scope part's encoding made once (Sealed).
+	seal *scopeSeal
+}
+
+// scopeSeal is what Sealed computed of a scope part: the SHA-256 of its
+// canonical encoding (typedScope's, after the action).
+type scopeSeal struct{ digest [32]byte }
+
+// Sealed returns a copy of s whose scope part — every field the scope
+// decision's input holds: Tenant, the job's ID, Found, Tenant and
+// AllowedRegions, Subsystem, Target, Namespaces and Request.Mode — is
+// encoded and hashed once, here, rather than on every decision: the memo
+// keys of a sealed scope name its scope part by that digest. A caller that
+// decides many calls on one job's scope (the gateway: every node of a job
+// connecting to a subsystem, at one store revision) seals it once and
+// gives each call a copy with the call's own caller fields (Kind, the
+// job's Scheduler, Nodes, ExpiresAt and State, Binding, Request.HostNQN
+// and TTL), which the seal does not cover. A copy keeps the seal, so the
+// scope part of a sealed Scope and of its copies must never change; the
+// copy Sealed returns shares no slice or pointer with s.
+func (s *Scope) Sealed() *Scope {
+	out := *s
+	out.Job.Nodes = slices.Clone(s.Job.Nodes)
+	out.Job.AllowedRegions = slices.Clone(s.Job.AllowedRegions)
+	out.Namespaces = slices.Clone(s.Namespaces)
+	if s.Target != nil {
+		t := *s.Target
+		out.Target = &t
+	}
+	c := getCanon()
+	defer putCanon(c)
+	c.scopePart(&out)
+	out.seal = &scopeSeal{digest: sha256.Sum256(c.b)}
+	return &out
 }
 
 // ScopeJob is the job: {job_id, tenant, scheduler, nodes, allowed_regions,
@@ -114,8 +151,12 @@ type ScopePlacement struct {
 // cannot meet a map's (tTyped).
 
 // tTyped starts the key of a typed scope; a map's starts with the action
-// (a tString), so the two never meet.
-const tTyped = 'T'
+// (a tString), so the two never meet. After the action, a sealed scope
+// part is tSealed and its digest; an unsealed one starts with a tString.
+const (
+	tTyped  = 'T'
+	tSealed = 'S'
+)
 
 func (c *canon) flag(b bool) {
 	if b {
@@ -141,6 +182,17 @@ func (c *canon) strs(ss []string) {
 func (c *canon) typedScope(action string, s *Scope) {
 	c.tag(tTyped)
 	c.str(action)
+	if s.seal != nil {
+		c.tag(tSealed)
+		c.b = append(c.b, s.seal.digest[:]...)
+		return
+	}
+	c.scopePart(s)
+}
+
+// scopePart writes the scope part of s: typedScope's fields after the
+// action.
+func (c *canon) scopePart(s *Scope) {
 	c.str(s.Tenant)
 	c.str(s.Job.ID)
 	c.flag(s.Job.Found)

@@ -36,6 +36,13 @@ func (k *keyed) keys() (scope, caller string) {
 	return scope, string(c.b)
 }
 
+// sealedKeys are keys with k's scope sealed (Scope.Sealed).
+func (k *keyed) sealedKeys() (scope, caller string) {
+	sealed := *k
+	sealed.Scope = *k.Scope.Sealed()
+	return sealed.keys()
+}
+
 // values are the parts' inputs k's keys name: the scope input, and the
 // caller input with the scope input in place of the scope decision (which
 // is a function of it).
@@ -99,6 +106,9 @@ func leaves(v reflect.Value, path string, f func(path string, v reflect.Value)) 
 			return
 		}
 		for i := range v.NumField() {
+			if !v.Type().Field(i).IsExported() { // Scope's seal: not a field of the input
+				continue
+			}
 			leaves(v.Field(i), path+"."+v.Type().Field(i).Name, f)
 		}
 	case reflect.Pointer:
@@ -181,6 +191,7 @@ func nthLeaf(k *keyed, i int) (string, reflect.Value, bool) {
 func TestTypedKeysCoverEveryField(t *testing.T) {
 	base := fullKeyed()
 	baseScope, baseCaller := base.keys()
+	sealedScope, sealedCaller := base.sealedKeys()
 	sv, cv := base.values(t)
 	callerOnly := 0
 	for i := 0; ; i++ {
@@ -203,6 +214,10 @@ func TestTypedKeysCoverEveryField(t *testing.T) {
 		}
 		if s == baseScope {
 			callerOnly++
+		}
+		// Sealed, the scope part is its digest: the keys change alike.
+		if ss, sc := k.sealedKeys(); (ss != sealedScope) != (s != baseScope) || (sc != sealedCaller) != (c != baseCaller) {
+			t.Errorf("%s changed: sealed scope key changed %t, caller key %t; unsealed %t, %t", path, ss != sealedScope, sc != sealedCaller, s != baseScope, c != baseCaller)
 		}
 	}
 	// The caller's own: the caller (5), the RPC (3), the gateway, the kind,

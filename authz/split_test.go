@@ -363,6 +363,8 @@ decision := {"allow": object.get(input.resource, "deny", false) == false, "reaso
 		}
 		ti := *in
 		ti.Resource, ti.Scope = nil, s
+		sealed := ti // the scope part hashed once (Scope.Sealed)
+		sealed.Scope = s.Sealed()
 		for _, e := range []*authz.Engine{split, whole} {
 			for range 2 { // cold, then warm
 				want, err := e.Authorize(ctx, in)
@@ -377,6 +379,14 @@ decision := {"allow": object.get(input.resource, "deny", false) == false, "reaso
 					raw, _ := json.Marshal(in.Resource)
 					t.Fatalf("%d (split %t): typed %+v\nmap %+v\nresource %s", i, e == split, got, want, raw)
 				}
+				got, err = e.Authorize(ctx, &sealed)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got.Allow != want.Allow || !slices.Equal(got.Reasons, want.Reasons) || got.Obligations != want.Obligations {
+					raw, _ := json.Marshal(in.Resource)
+					t.Fatalf("%d (split %t): sealed %+v\nmap %+v\nresource %s", i, e == split, got, want, raw)
+				}
 				if got.Allow && e == split {
 					allowed++
 				}
@@ -385,6 +395,76 @@ decision := {"allow": object.get(input.resource, "deny", false) == false, "reaso
 	}
 	if allowed < 100 || allowed > 2*len(ins)-100 {
 		t.Errorf("%d of %d split decisions allowed: the cases do not vary", allowed, 2*len(ins))
+	}
+}
+
+// TestSealedScopeSharedByCallers: the gateway seals a job's scope once and
+// gives every node's call a copy with its own caller fields. Each copy is
+// decided as that caller's own unsealed scope — a member, a node not in
+// the job, an unbound node, a node bound to another tenant, whatever order
+// they come in (the memo must not hand one caller's answer to another) —
+// and a sealed scope part is not the same key as a different one: a
+// namespace moved out of the job's regions is refused though a sealed
+// scope of the original was decided first. Sealing copies: changing the
+// scope it was made from changes nothing sealed.
+func TestSealedScopeSharedByCallers(t *testing.T) {
+	e, _, _ := newEngine(t, nil)
+	ctx := context.Background()
+	connect := connectInput(benchNamespaces(3, "ro"))
+	connect.Resource["kind"] = "job"
+	obj(connect.Resource, "job")["nodes"] = []any{nodeID}
+	base, err := authz.ScopeFromResource(connect.Resource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	template := base.Sealed()
+	callers := map[string]func(s *authz.Scope){
+		"member":           func(*authz.Scope) {},
+		"not a member":     func(s *authz.Scope) { s.Job.Nodes = nil },
+		"unbound":          func(s *authz.Scope) { s.Binding.Bound, s.Binding.Tenant = false, "" },
+		"bound to globex":  func(s *authz.Scope) { s.Binding.Tenant = "globex" },
+		"another host NQN": func(s *authz.Scope) { s.Request.HostNQN = "nqn.2014-08.org.nvmexpress:uuid:other" },
+	}
+	names := slices.Sorted(maps.Keys(callers))
+	reversed := slices.Clone(names)
+	slices.Reverse(reversed)
+	for _, order := range [][]string{names, reversed} {
+		for _, name := range order {
+			sealed, plain := *template, *base
+			callers[name](&sealed)
+			callers[name](&plain)
+			in := *connect
+			in.Resource, in.Scope = nil, &plain
+			want, err := e.Authorize(ctx, &in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			in.Scope = &sealed
+			got, err := e.Authorize(ctx, &in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Allow != want.Allow || !slices.Equal(got.Reasons, want.Reasons) || got.Obligations != want.Obligations {
+				t.Fatalf("%s: sealed %+v, unsealed %+v", name, got, want)
+			}
+			if got.Allow != (name == "member" || name == "unbound") { // the default binding is the node's own
+				t.Fatalf("%s: %+v", name, got)
+			}
+		}
+	}
+
+	moved := *base
+	moved.Namespaces = slices.Clone(base.Namespaces)
+	moved.Namespaces[0].Region = "us-east"
+	in := *connect
+	in.Resource, in.Scope = nil, moved.Sealed()
+	if d, err := e.Authorize(ctx, &in); err != nil || d.Allow {
+		t.Fatalf("a namespace out of the job's regions, sealed after the original: %+v, %v", d, err)
+	}
+	base.Namespaces[0].Region = "us-east" // the sealed template keeps its own copy
+	in.Scope = template
+	if d, err := e.Authorize(ctx, &in); err != nil || !d.Allow {
+		t.Fatalf("the template after its source changed: %+v, %v", d, err)
 	}
 }
 

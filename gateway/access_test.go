@@ -1010,3 +1010,40 @@ func TestReconnectSupersedes(t *testing.T) {
 		t.Fatal("the host's entry does not hold the new grant's secret")
 	}
 }
+
+// The gateway seals a job's scope once per store revision and shares it
+// among the job's nodes (sealedScopes): a change to the records of the
+// scope is decided at the next connect — a namespace of a class policy
+// does not know, added to the subsystem, refuses it; its removal allows it
+// again — and a node that is not the job's is refused on the
+// scope another node's connect sealed.
+func TestConnectDecidesEachRevisionsScope(t *testing.T) {
+	g, ctx := admittedGateway(t)
+	ac := pb.NewAccessClient(g.client(t, node))
+	connect := func() error {
+		_, err := ac.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+		return err
+	}
+	if err := connect(); err != nil {
+		t.Fatal(err)
+	}
+	stranger := pb.NewAccessClient(g.client(t, "/node/acme-gpu-9"))
+	if _, err := stranger.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a node not in the job, on the sealed scope: %v", err)
+	}
+	inv := pb.NewInventoryClient(g.client(t, admin))
+	unknown := validNamespace()
+	unknown.Nsid, unknown.DataClass = 2, "topsecret"
+	if _, err := inv.AddNamespace(ctx, &pb.AddNamespaceRequest{Namespace: unknown}); err != nil {
+		t.Fatal(err)
+	}
+	if err := connect(); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "topsecret") {
+		t.Fatalf("after a namespace of a class policy does not know joined the subsystem: %v", err)
+	}
+	if _, err := inv.RemoveNamespace(ctx, &pb.RemoveNamespaceRequest{SubsystemNqn: subNQN, Nsid: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := connect(); err != nil {
+		t.Fatalf("after it left: %v", err)
+	}
+}

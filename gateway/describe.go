@@ -25,7 +25,7 @@ import (
 // decides on what the caller may learn, and the handler answers NotFound to
 // callers that were allowed. Any other store error fails the call closed.
 func (s *Server) describe(ctx context.Context, fullMethod string, req any) (string, map[string]any, error) {
-	d := &describer{ctx: ctx, store: s.store, jobs: s.jobs, members: &s.members}
+	d := &describer{ctx: ctx, store: s.store, jobs: s.jobs, members: &s.members, revisions: s.revisions}
 	if s.lease != nil {
 		d.grants = s.lease
 	}
@@ -82,6 +82,8 @@ type describer struct {
 	}
 	// members answers job membership (nil: scan the job's nodes).
 	members *memberSets
+	// revisions, if set, tells which store revision a scope was read at.
+	revisions ScopeRevisions
 	// Records read once per call: a connect's namespaces share their
 	// subsystem and target.
 	subs    map[string]*nvmegate.Subsystem
@@ -128,7 +130,12 @@ func (d *describer) targetRec(id string) (*nvmegate.Target, error) {
 // typed scope of a node's call for its handler (withScopeSlot, scopeFrom).
 type scopeKey struct{}
 
-type scopeSlot struct{ scope *nvmegate.Scope }
+type scopeSlot struct {
+	scope *nvmegate.Scope
+	// rev is the store's scope revision scope was read at, if it did not
+	// move while describe read it (0: not known to be one revision).
+	rev uint64
+}
 
 // withScopeSlot gives a call a slot for its scope; the interceptor chain
 // adds it before policy, describe fills it.
@@ -147,12 +154,16 @@ func scopeFrom(ctx context.Context) (*nvmegate.Scope, bool) {
 
 // keepScope leaves sc for the call's handler (and policyScope); it
 // reports whether the call has a slot for it.
-func (d *describer) keepScope(sc *nvmegate.Scope) bool {
+func (d *describer) keepScope(sc *nvmegate.Scope) bool { return d.keepScopeAt(sc, 0) }
+
+// keepScopeAt is keepScope for a scope read at store revision rev (0:
+// unknown).
+func (d *describer) keepScopeAt(sc *nvmegate.Scope, rev uint64) bool {
 	slot, _ := d.ctx.Value(scopeKey{}).(*scopeSlot)
 	if slot == nil {
 		return false
 	}
-	slot.scope = sc
+	slot.scope, slot.rev = sc, rev
 	return true
 }
 
@@ -512,6 +523,10 @@ func (e *notCallersGrant) Error() string { return "grant " + e.id + " is not the
 // every namespace on the subsystem (a connected host sees them all), each
 // with the mode the job gives it ("" for one the job does not name).
 func (d *describer) subsystemCall(jobID, subNQN, hostNQN, ttl string) (map[string]any, error) {
+	var rev uint64
+	if d.revisions != nil {
+		rev = d.revisions.ScopeRevision()
+	}
 	sc, err := d.nodeScope(jobID)
 	if err != nil {
 		return nil, err
@@ -546,7 +561,10 @@ func (d *describer) subsystemCall(jobID, subNQN, hostNQN, ttl string) (map[strin
 		nss = append(nss, sn)
 	}
 	sc.Namespaces = nss
-	if d.keepScope(sc) && typedCall(sc) {
+	if rev != 0 && d.revisions.ScopeRevision() != rev {
+		rev = 0 // a change landed while the records were read
+	}
+	if d.keepScopeAt(sc, rev) && typedCall(sc) {
 		// Policy gets the resource typed (policyScope): no map is built
 		// for a node's every connect. What needs the map (a refusal's
 		// audit entry) asks the input for it (authz.Input.ResourceMap).

@@ -146,7 +146,7 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 	}
 	// The store keeps the jobs; grants are issued where there are keys and
 	// a target agent (after the options, which may take either away).
-	cfg.Jobs = db
+	cfg.Jobs, cfg.Revisions = db, db
 	if cfg.Keys != nil && cfg.Targets != nil {
 		if cfg.Lease, err = lease.New(lease.Config{Grants: db, Inventory: db, Keys: cfg.Keys, Audit: cfg.Audit, Targets: cfg.Targets,
 			Now: cfg.Now, Logger: log}); err != nil {

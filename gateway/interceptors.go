@@ -88,7 +88,7 @@ func (s *Server) unaryInterceptors() []grpc.UnaryServerInterceptor {
 			return h(withScopeSlot(ctx), req)
 		},
 		authz.UnaryServerInterceptor(s.authorizer, s.describe, s.log,
-			authz.WithPeerID(identity.PeerID), authz.WithRefusalRecorder(s.recordRefusal), authz.WithScope(policyScope)),
+			authz.WithPeerID(identity.PeerID), authz.WithRefusalRecorder(s.recordRefusal), authz.WithScope(s.policyScope)),
 		s.auditChanges,
 	}
 }

@@ -63,6 +63,11 @@ type Config struct {
 	// which has Targets program an agent's target when it connects). Nil:
 	// the service answers Unimplemented.
 	TargetHub TargetHub
+	// Revisions reports the store's scope revision (*store.DB): with it,
+	// the typed scope of a connect or renew is sealed once per job,
+	// subsystem and revision (authz.Scope.Sealed) and shared by every
+	// node's call on it. Nil: each call's scope is encoded anew.
+	Revisions ScopeRevisions
 	// Policy reports the loaded policy for Policy.Status; optional.
 	Policy PolicyInfo
 	// Logger defaults to slog.Default().
@@ -99,7 +104,9 @@ type Server struct {
 	now             func() time.Time
 	shutdownTimeout time.Duration
 	limit           *limiter
-	members         memberSets // job membership, for describe
+	members         memberSets     // job membership, for describe
+	revisions       ScopeRevisions // nil: scopes are not sealed
+	scopes          *sealedScopes  // nil with revisions
 }
 
 // New builds a Server from cfg.
@@ -123,8 +130,12 @@ func New(cfg Config) (*Server, error) {
 		now:             cfg.Now,
 		shutdownTimeout: cfg.ShutdownTimeout,
 		limit:           newLimiter(cfg.MaxInFlight, cfg.MaxWaiting),
+		revisions:       cfg.Revisions,
 		health:          health.NewServer(),
 		stopping:        make(chan struct{}),
+	}
+	if s.revisions != nil {
+		s.scopes = &sealedScopes{m: map[sealedKey]*authz.Scope{}}
 	}
 	if s.log == nil {
 		s.log = slog.Default()

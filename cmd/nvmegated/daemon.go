@@ -272,6 +272,7 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		Credentials:   identity.ServerCredentials(m.source, td),
 		Store:         m.db,
 		Jobs:          m.db,
+		Revisions:     m.db,
 		Lease:         m.lease,
 		Audit:         m.audit,
 		LineageSigner: m.auditKey,
