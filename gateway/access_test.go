@@ -1047,3 +1047,56 @@ func TestConnectDecidesEachRevisionsScope(t *testing.T) {
 		t.Fatalf("after it left: %v", err)
 	}
 }
+
+// Removing a node's host binding ends its access: its grant is revoked
+// (recorded, with the reason), its host leaves the target, and only then
+// is the removal answered OK; the node, unbound, connects again under its
+// default host NQN. Another identity cannot remove the binding, and a
+// binding that is not there is NotFound (nothing revoked).
+func TestRemoveHostBindingEndsAccess(t *testing.T) {
+	g := startGateway(t)
+	acmeInventory(t, g)
+	ctx := ctxT(t)
+	id := "spiffe://nvmegate.test" + node
+	inv := pb.NewInventoryClient(g.client(t, admin))
+	if _, err := inv.AddHostBinding(ctx, &pb.AddHostBindingRequest{Binding: &pb.HostBinding{SpiffeId: id, HostNqn: hostNQN, Tenant: "acme"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
+		t.Fatal(err)
+	}
+	ac := pb.NewAccessClient(g.client(t, node))
+	c1, err := ac.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	if err != nil || c1.Grant.HostNqn != hostNQN {
+		t.Fatalf("connect: %v %v", c1, err)
+	}
+	link := filepath.Join(g.configfs, "stor-eu-1", "subsystems", subNQN, "allowed_hosts", hostNQN)
+	if _, err := os.Readlink(link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pb.NewInventoryClient(g.client(t, sched)).RemoveHostBinding(ctx, &pb.RemoveHostBindingRequest{SpiffeId: id}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("the scheduler removing a binding: %v", err)
+	}
+	if _, err := inv.RemoveHostBinding(ctx, &pb.RemoveHostBindingRequest{SpiffeId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Readlink(link); !os.IsNotExist(err) {
+		t.Fatalf("the host is still allowed on the target: %v", err)
+	}
+	list, err := pb.NewAccessClient(g.client(t, admin)).ListGrants(ctx, &pb.ListGrantsRequest{JobId: "job-1"})
+	if err != nil || len(list.Grants) != 1 || list.Grants[0].GrantId != c1.Grant.GrantId || list.Grants[0].State != pb.GrantState_GRANT_STATE_REVOKED {
+		t.Fatalf("grants after the removal: %v %v", list, err)
+	}
+	revokes := queryAll(t, pb.NewAuditClient(g.client(t, auditor)), &pb.QueryRequest{Kinds: []string{"revoke"}})
+	if len(revokes) != 1 || revokes[0].GrantID != c1.Grant.GrantId || revokes[0].Caller != "spiffe://nvmegate.test"+admin ||
+		revokes[0].Detail != "host binding of "+id+" removed" {
+		t.Fatalf("revoke entries %+v", revokes)
+	}
+	if _, err := inv.RemoveHostBinding(ctx, &pb.RemoveHostBindingRequest{SpiffeId: id}); status.Code(err) != codes.NotFound {
+		t.Fatalf("removing it again: %v", err)
+	}
+	c2, err := ac.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	if err != nil || c2.Grant.HostNqn == hostNQN {
+		t.Fatalf("reconnect, unbound: %v %v", c2, err)
+	}
+}

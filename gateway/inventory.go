@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/lease"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 	"github.com/nvmegate/nvmegate/store"
 )
@@ -44,13 +45,16 @@ type inventoryService struct {
 	// state whole (a grant change only touches its host entry).
 	targets TargetProgrammer
 	// rebind, if set, rotates the roots an NQN's earlier holders knew
-	// before the NQN is bound (lease.Lifecycle.Rebind).
+	// before the NQN is bound (lease.Lifecycle.Rebind), and ends a node's
+	// grants when its binding is removed.
 	rebind Rebinder
 }
 
-// Rebinder prepares a host NQN for a new holder (lease.Lifecycle).
+// Rebinder prepares a host NQN for a new holder and ends the grants of a
+// node whose binding goes (lease.Lifecycle).
 type Rebinder interface {
 	Rebind(ctx context.Context, nqn, node string) error
+	Revoke(ctx context.Context, sel lease.Selection, caller, why string) ([]string, error)
 }
 
 // changed tells the target programmer that target id's inventory changed.
@@ -234,6 +238,31 @@ func (s *inventoryService) ListHostBindings(ctx context.Context, r *pb.ListHostB
 	return resp, nil
 }
 
+// RemoveHostBinding removes a node's binding and ends its access: the
+// node's active grants are revoked (each recorded, its host off its
+// target, the roots it knew rotated) before the binding goes, and again
+// after, for a connect that committed in between; a connect committed
+// later is refused by the store (its host NQN is no longer the node's).
+// It answers OK only once the binding is gone and every grant of the node
+// is revoked; otherwise it says which step did not happen, and may be
+// retried.
 func (s *inventoryService) RemoveHostBinding(ctx context.Context, r *pb.RemoveHostBindingRequest) (*pb.RemoveHostBindingResponse, error) {
-	return &pb.RemoveHostBindingResponse{}, s.store.DeleteHostBinding(ctx, r.SpiffeId)
+	if s.rebind == nil {
+		return &pb.RemoveHostBindingResponse{}, s.store.DeleteHostBinding(ctx, r.SpiffeId)
+	}
+	if _, err := s.store.HostBinding(ctx, r.SpiffeId); err != nil {
+		return nil, err
+	}
+	why := "host binding of " + r.SpiffeId + " removed"
+	sel := lease.Selection{Node: r.SpiffeId}
+	if _, err := s.rebind.Revoke(ctx, sel, callerID(ctx), why); err != nil {
+		return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "host binding of %s not removed: its grants were not all revoked (%s); retry", r.SpiffeId, nvmegate.ErrorMessage(err))
+	}
+	if err := s.store.DeleteHostBinding(ctx, r.SpiffeId); err != nil {
+		return nil, err
+	}
+	if _, err := s.rebind.Revoke(context.WithoutCancel(ctx), sel, callerID(ctx), why); err != nil {
+		return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "host binding of %s removed, but a grant made meanwhile was not revoked (%s); revoke the node's grants", r.SpiffeId, nvmegate.ErrorMessage(err))
+	}
+	return &pb.RemoveHostBindingResponse{}, nil
 }

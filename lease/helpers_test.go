@@ -135,6 +135,9 @@ func (w *world) inventory() {
 		w.must(w.db.CreateNamespace(w.ctx, &nvmegate.Namespace{SubsystemNQN: nqn, NSID: 1, Tenant: "acme", Region: "eu-west",
 			DataClass: "internal", Dataset: nvmegate.Dataset{Name: "common-crawl/2026-10", Digest: digest}}))
 	}
+	for _, n := range []string{node1, node2} { // the scopes say they are bound (scope)
+		w.must(w.db.CreateHostBinding(w.ctx, &nvmegate.HostBinding{SPIFFEID: n, HostNQN: hostNQNs[n], Tenant: "acme"}))
+	}
 	w.must(w.db.CreateJob(w.ctx, &nvmegate.Job{ID: jobID, Tenant: "acme", Scheduler: "spiffe://nvmegate.test/tenant/acme/scheduler/slurm",
 		Nodes: []string{node1, node2}, AllowedRegions: []string{"eu-west"}, ExpiresAt: w.clock.Now().Add(2 * time.Hour),
 		Namespaces: []nvmegate.JobNamespace{{SubsystemNQN: sub1, NSID: 1, Mode: nvmegate.ModeReadOnly}, {SubsystemNQN: sub2, NSID: 1, Mode: nvmegate.ModeReadWrite}}}))

@@ -45,10 +45,12 @@ type Grants interface {
 	UndoOpening(ctx context.Context, g *nvmegate.Grant) ([]*nvmegate.Grant, error)
 }
 
-// Inventory tells where a grant's subsystem is (*store.DB).
+// Inventory tells where a grant's subsystem is, and whose a host binding
+// is (*store.DB).
 type Inventory interface {
 	Subsystem(ctx context.Context, nqn string) (*nvmegate.Subsystem, error)
 	Target(ctx context.Context, id string) (*nvmegate.Target, error)
+	HostBinding(ctx context.Context, spiffeID string) (*nvmegate.HostBinding, error)
 }
 
 // Keys derives credentials and rotates what revoked hosts knew

@@ -586,3 +586,38 @@ func TestIssueRefusedUndoFails(t *testing.T) {
 		t.Fatalf("active grants %v, %v: want none (the earlier one superseded, the refused one revoked)", gs, err)
 	}
 }
+
+// A node whose host binding is removed (or rebound to another NQN) while
+// it connects is refused once its grant is committed: the grant is
+// revoked, the refusal recorded, and the node keeps only what it had —
+// the gateway's RemoveHostBinding revokes that, and a grant committed
+// after its look finds the binding gone here.
+func TestIssueBindingGoneMeanwhile(t *testing.T) {
+	w := newWorld(t)
+	a := w.issue(node1, sub1)
+	for _, change := range []string{"removed", "rebound"} {
+		r := w.request(node1, sub1, nvmegate.Obligations{})
+		if change == "removed" {
+			w.must(w.db.DeleteHostBinding(w.ctx, node1))
+		} else { // removed above, bound again to another NQN
+			w.must(w.db.CreateHostBinding(w.ctx, &nvmegate.HostBinding{SPIFFEID: node1, HostNQN: "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-4000-8000-00000000000a", Tenant: "acme"}))
+		}
+		_, err := w.lc.Issue(w.ctx, r)
+		wantCode(t, err, nvmegate.ECONFLICT, "host binding was removed or changed while it connected")
+		denies := w.entries(audit.EventDeny)
+		if len(denies) == 0 || !strings.Contains(denies[len(denies)-1].Entry.Detail, "host binding of "+node1+" removed or changed meanwhile") {
+			t.Fatalf("%s: deny entries %+v", change, denies)
+		}
+		gs, err := w.db.NodeActiveGrants(w.ctx, node1)
+		if err != nil || len(gs) != 1 || gs[0].ID != a.Grant.ID {
+			t.Fatalf("%s: active grants %v (%v), want the earlier one alone", change, gs, err)
+		}
+	}
+	// Unbound, a scope is not checked against a binding.
+	w.must(w.db.DeleteHostBinding(w.ctx, node1))
+	r := w.request(node1, sub1, nvmegate.Obligations{})
+	r.Scope.Bound = false
+	if _, err := w.lc.Issue(w.ctx, r); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -25,6 +25,10 @@ type change struct {
 	// check, if set, runs after the record: why the grant may no longer
 	// be made (recorded as its failure) and what the caller gets, or "".
 	check func() (why string, err error)
+	// confirm, if set, runs after the commit, before the target is told:
+	// why the grant, stored, must not stand after all (then it is undone
+	// as if the target had refused it, and recorded), or "".
+	confirm func(ctx context.Context) (why string, err error)
 	// moving are the node's grants on grant's host entry whose entry is
 	// not grant's: moved to it in the same commit, put back if the target
 	// refuses.
@@ -130,6 +134,11 @@ func (l *Lifecycle) run(ctx context.Context, c *change) outcome {
 		followed, err := l.programEnds(ctx, c.target, res.done)
 		res.unfollowed = err
 		l.settle(ctx, followed)
+	} else if why, err := confirm(ctx, c); err != nil {
+		l.log.WarnContext(ctx, c.op+": not confirmed after the commit; undone", "grant", c.grant.ID, "why", why)
+		c.refused, c.refusal = why, err
+		l.compensate(ctx, c)
+		return outcome{err: err}
 	} else if err := l.program(ctx, c); err != nil {
 		// 4. Compensate.
 		l.log.ErrorContext(ctx, c.op+": target did not take the change; undone", "target", c.target, "grant", c.grant.ID, "err", err)
@@ -144,6 +153,14 @@ func (l *Lifecycle) run(ctx context.Context, c *change) outcome {
 		res.unfollowed = errors.Join(res.unfollowed, l.rotate(ctx, res.done, c.rotate))
 	}
 	return res
+}
+
+// confirm runs c's confirm, if it has one.
+func confirm(ctx context.Context, c *change) (string, error) {
+	if c.confirm == nil {
+		return "", nil
+	}
+	return c.confirm(ctx)
 }
 
 // record makes the step's entries durable and returns the grants that may

@@ -443,7 +443,7 @@ without a binding uses its derived NQN, and its grants must be revoked
 		},
 	}
 	remove := &cobra.Command{
-		Use: "remove SPIFFE_ID", Short: "Remove a host binding", Args: cobra.ExactArgs(1),
+		Use: "remove SPIFFE_ID", Short: "Remove a host binding; the node's grants are revoked", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.call(cmd, func(ctx context.Context, c *grpc.ClientConn) error {
 				resp, err := pb.NewInventoryClient(c).RemoveHostBinding(ctx, &pb.RemoveHostBindingRequest{SpiffeId: args[0]})

@@ -81,7 +81,12 @@ type InventoryClient interface {
 	GetHostBinding(ctx context.Context, in *GetHostBindingRequest, opts ...grpc.CallOption) (*GetHostBindingResponse, error)
 	// ListHostBindings lists bindings in SPIFFE ID order, paginated.
 	ListHostBindings(ctx context.Context, in *ListHostBindingsRequest, opts ...grpc.CallOption) (*ListHostBindingsResponse, error)
-	// RemoveHostBinding deletes the binding of one node identity.
+	// RemoveHostBinding deletes the binding of one node identity and ends its
+	// access: the node's active grants are revoked (recorded, their hosts off
+	// their targets, the roots they knew rotated) before the binding goes and
+	// again after it, and a connect that committed meanwhile is undone. OK
+	// only once the binding is gone and every grant of the node revoked;
+	// UNAVAILABLE says which step did not happen (retry).
 	RemoveHostBinding(ctx context.Context, in *RemoveHostBindingRequest, opts ...grpc.CallOption) (*RemoveHostBindingResponse, error)
 }
 
@@ -297,7 +302,12 @@ type InventoryServer interface {
 	GetHostBinding(context.Context, *GetHostBindingRequest) (*GetHostBindingResponse, error)
 	// ListHostBindings lists bindings in SPIFFE ID order, paginated.
 	ListHostBindings(context.Context, *ListHostBindingsRequest) (*ListHostBindingsResponse, error)
-	// RemoveHostBinding deletes the binding of one node identity.
+	// RemoveHostBinding deletes the binding of one node identity and ends its
+	// access: the node's active grants are revoked (recorded, their hosts off
+	// their targets, the roots they knew rotated) before the binding goes and
+	// again after it, and a connect that committed meanwhile is undone. OK
+	// only once the binding is gone and every grant of the node revoked;
+	// UNAVAILABLE says which step did not happen (retry).
 	RemoveHostBinding(context.Context, *RemoveHostBindingRequest) (*RemoveHostBindingResponse, error)
 	mustEmbedUnimplementedInventoryServer()
 }
