@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nvmegate/nvmegate/audit"
@@ -154,5 +155,33 @@ func TestAdmitRefusesNonNodeIdentities(t *testing.T) {
 	// Nothing was stored: the same job with node identities only is new.
 	if _, err := jc.Admit(ctx, admitRequest("job-1")); err != nil {
 		t.Fatalf("the same job with node identities only: %v", err)
+	}
+}
+
+// Another tenant's scheduler cannot tell an existing job from one that
+// does not exist: Get and Finish of acme's job and of an unknown ID are
+// refused alike, reason for reason.
+func TestJobsDoNotLeakExistence(t *testing.T) {
+	g, ctx := admittedGateway(t)
+	jc := pb.NewJobsClient(g.client(t, "/tenant/globex/scheduler/s"))
+	refusal := func(call func(id string) error, id string) string {
+		err := call(id)
+		if status.Code(err) != codes.PermissionDenied {
+			t.Fatalf("%s: %v", id, err)
+		}
+		msg := status.Convert(err).Message()
+		msg, _, _ = strings.Cut(msg, "; decision ")
+		return strings.ReplaceAll(msg, id, "<job>")
+	}
+	for name, call := range map[string]func(id string) error{
+		"get":    func(id string) error { _, err := jc.Get(ctx, &pb.JobsGetRequest{JobId: id}); return err },
+		"finish": func(id string) error { _, err := jc.Finish(ctx, &pb.FinishRequest{JobId: id}); return err },
+	} {
+		if known, unknown := refusal(call, "job-1"), refusal(call, "job-404"); known != unknown {
+			t.Errorf("%s: acme's job refused with %q, an unknown one with %q", name, known, unknown)
+		}
+	}
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Get(ctx, &pb.JobsGetRequest{JobId: "job-1"}); err != nil {
+		t.Fatalf("acme's own scheduler: %v", err)
 	}
 }

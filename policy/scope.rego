@@ -51,15 +51,18 @@ tenant_problems contains sprintf("a %s of tenant %s may act only on tenant %s's 
 	not resource.tenant == t
 }
 
+# A job or subsystem the gateway could not find is described by its key
+# alone (no tenant): it is not the caller's either, and the reasons are the
+# same as for another tenant's, so that they do not say whether it exists.
 tenant_problems contains sprintf("job %s is not in tenant %s", [show_at(job, "job_id"), t]) if {
 	t := input.caller.tenant
-	has_key(job, "tenant")
+	is_object(resource.job)
 	not job.tenant == t
 }
 
 tenant_problems contains sprintf("subsystem %s is not in tenant %s", [show_at(subsystem, "nqn"), t]) if {
 	t := input.caller.tenant
-	has_key(subsystem, "tenant")
+	is_object(resource.subsystem)
 	not subsystem.tenant == t
 }
 

@@ -23,6 +23,23 @@ test_scheduler_denied_other_tenants_job if {
 	not leaks_globex(d)
 }
 
+# Another tenant's job and a job that does not exist (the gateway describes
+# it by its ID alone) are refused with the same reasons: a scheduler cannot
+# probe other tenants' job IDs. The same for subsystems.
+test_scheduler_denied_unknown_job_like_a_foreign_one if {
+	foreign := decide(req(scheduler, "jobs.get", {"kind": "job", "tenant": "globex", "job": object.union(globex_job, {"job_id": "j9"})}))
+	unknown := decide(req(scheduler, "jobs.get", {"kind": "job", "tenant": "", "job": {"job_id": "j9"}}))
+	foreign.reasons == unknown.reasons
+	unknown.reasons == ["a scheduler of tenant acme may act only on tenant acme's resources", "job j9 is not in tenant acme"]
+	every a in ["jobs.finish"] {
+		decide(req(scheduler, a, {"kind": "job", "tenant": "globex", "job": globex_job})).reasons == decide(req(scheduler, a, {"kind": "job", "tenant": "", "job": {"job_id": "j9"}})).reasons
+	}
+	sub_foreign := decide(req(scheduler, "inventory.get_subsystem", {"kind": "subsystem", "tenant": "globex", "subsystem": object.union(subsystem_rec, {"tenant": "globex"})}))
+	sub_unknown := decide(req(scheduler, "inventory.get_subsystem", {"kind": "subsystem", "tenant": "", "subsystem": {"nqn": sub_nqn}}))
+	sub_foreign.reasons == sub_unknown.reasons
+	denied(sub_unknown)
+}
+
 test_scheduler_denied_unscoped_list if {
 	d := decide(req(scheduler, "jobs.list", {"kind": "job", "tenant": ""}))
 	d.reasons == ["a scheduler of tenant acme may act only on tenant acme's resources"]
