@@ -41,6 +41,19 @@ type Scope struct {
 	seal *scopeSeal
 }
 
+// clone is a copy of s that shares no slice or pointer with it.
+func (s *Scope) clone() Scope {
+	out := *s
+	out.Job.Nodes = slices.Clone(s.Job.Nodes)
+	out.Job.AllowedRegions = slices.Clone(s.Job.AllowedRegions)
+	out.Namespaces = slices.Clone(s.Namespaces)
+	if s.Target != nil {
+		t := *s.Target
+		out.Target = &t
+	}
+	return out
+}
+
 // scopeSeal is what Sealed computed of a scope part: the SHA-256 of its
 // canonical encoding (typedScope's, after the action).
 type scopeSeal struct{ digest [32]byte }
@@ -58,14 +71,7 @@ type scopeSeal struct{ digest [32]byte }
 // scope part of a sealed Scope and of its copies must never change; the
 // copy Sealed returns shares no slice or pointer with s.
 func (s *Scope) Sealed() *Scope {
-	out := *s
-	out.Job.Nodes = slices.Clone(s.Job.Nodes)
-	out.Job.AllowedRegions = slices.Clone(s.Job.AllowedRegions)
-	out.Namespaces = slices.Clone(s.Namespaces)
-	if s.Target != nil {
-		t := *s.Target
-		out.Target = &t
-	}
+	out := s.clone()
 	c := getCanon()
 	defer putCanon(c)
 	c.scopePart(&out)

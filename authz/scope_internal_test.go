@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
-	"slices"
 	"testing"
 	"time"
 
@@ -58,14 +57,7 @@ func (k *keyed) values(t *testing.T) (scope, caller ast.Value) {
 
 func (k *keyed) clone() *keyed {
 	c := *k
-	s := &c.Scope
-	s.Job.Nodes = slices.Clone(s.Job.Nodes)
-	s.Job.AllowedRegions = slices.Clone(s.Job.AllowedRegions)
-	s.Namespaces = slices.Clone(s.Namespaces)
-	if s.Target != nil {
-		t := *s.Target
-		s.Target = &t
-	}
+	c.Scope = k.Scope.clone()
 	return &c
 }
 
