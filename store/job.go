@@ -124,9 +124,22 @@ func (db *DB) CreateJob(ctx context.Context, j *nvmegate.Job) error {
 // Callers must not modify their elements; appending is safe (the slices
 // are clipped), and so is changing the job's other fields.
 func (db *DB) Job(ctx context.Context, id string) (*nvmegate.Job, error) {
-	j, err := db.model.job(ctx, id)
+	j, ok, err := db.model.job(ctx, id)
 	if err != nil {
 		return nil, err
+	}
+	if !ok {
+		// Ended (the model keeps active jobs), or none.
+		if err := db.view(ctx, func(tx *bolt.Tx) error {
+			j, err = getJob(tx, id)
+			return err
+		}); err != nil {
+			return nil, err
+		}
+		if j.State != nvmegate.JobActive { // final: kept for the next reader
+			c := *clipJob(j)
+			db.model.ended.put(&c)
+		}
 	}
 	db.expire(j)
 	return j, nil

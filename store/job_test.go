@@ -139,3 +139,69 @@ func TestGrantRefusedOnceItsJobFinished(t *testing.T) {
 	ended.State = nvmegate.GrantRevoked
 	must(t, db.PutGrant(ctx, &ended))
 }
+
+// Ended jobs leave the read model (a gateway admits jobs as long as it
+// runs, and a job's node list can be 10,000 entries): the model keeps the
+// active ones and the last maxEndedJobs ended, yet every job still reads
+// as it is stored — from the file — and a grant for a long-finished job is
+// still refused in its commit. A reopened store loads only the active
+// ones.
+func TestEndedJobsLeaveTheModel(t *testing.T) {
+	dir := t.TempDir()
+	db, err := Open(dir+"/s.db", Options{Now: func() time.Time { return t0 }})
+	must(t, err)
+	ctx := context.Background()
+	inventory(t, db, "acme")
+	must(t, db.CreateNamespace(ctx, newNamespace(subNQN(0), 1, "acme")))
+	ro := nvmegate.JobNamespace{SubsystemNQN: subNQN(0), NSID: 1, Mode: nvmegate.ModeReadOnly}
+	const jobs, active = 100, 10
+	for i := range jobs {
+		id := fmt.Sprintf("job-%03d", i)
+		must(t, db.CreateJob(ctx, newJob(id, "acme", ro)))
+		if i >= active {
+			_, err := db.FinishJob(ctx, id)
+			must(t, err)
+		}
+	}
+	check := func(db *DB) {
+		t.Helper()
+		db.model.mu.RLock()
+		inModel := len(db.model.jobs)
+		db.model.mu.RUnlock()
+		if inModel != active {
+			t.Fatalf("%d jobs in the model, want the %d active", inModel, active)
+		}
+		for i := range jobs {
+			id := fmt.Sprintf("job-%03d", i)
+			j, err := db.Job(ctx, id)
+			must(t, err)
+			want := nvmegate.JobActive
+			if i >= active {
+				want = nvmegate.JobFinished
+			}
+			if j.State != want || len(j.Nodes) != 2 || len(j.Namespaces) != 1 {
+				t.Fatalf("%s: %+v", id, j)
+			}
+		}
+		if n := len(db.model.ended.m); n > maxEndedJobs {
+			t.Fatalf("%d ended jobs kept", n)
+		}
+		_, err := db.Job(ctx, "job-none")
+		wantError(t, err, nvmegate.ENOTFOUND, "")
+	}
+	check(db)
+	// The first finished job was evicted from the ended ones long ago:
+	// the commit reads its state from the file.
+	db.model.ended.drop("job-010")
+	g := newGrant(1, subNQN(0))
+	g.JobID = "job-010"
+	wantError(t, db.PutGrant(ctx, g), nvmegate.ECONFLICT, "")
+	must(t, db.Close())
+	db, err = Open(dir+"/s.db", Options{Now: func() time.Time { return t0 }})
+	must(t, err)
+	defer db.Close()
+	if n := len(db.model.ended.m); n != 0 {
+		t.Fatalf("%d ended jobs loaded", n)
+	}
+	check(db)
+}

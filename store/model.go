@@ -45,7 +45,12 @@ type records struct {
 	nsBySub      map[string][]uint32 // subsystem NQN -> NSIDs, ascending
 	bindings     map[string]*nvmegate.HostBinding
 	bindingByNQN map[string]string // canonical host NQN -> SPIFFE ID
-	jobs         map[string]*nvmegate.Job
+	// jobs holds the active jobs (a job of 10,000 nodes is a large
+	// record, and a gateway admits jobs for as long as it runs); ended
+	// ones are read from the file, the few read or ended last kept in
+	// ended.
+	jobs  map[string]*nvmegate.Job
+	ended *endedJobs
 	// grants holds the active grants (those in the indexes); ended grants
 	// are read from the file.
 	grants      map[string]*nvmegate.Grant
@@ -75,7 +80,7 @@ func newRecords() records {
 		targets: map[string]*nvmegate.Target{}, subsystems: map[string]*nvmegate.Subsystem{},
 		subsByTarget: map[string][]string{}, namespaces: map[nsKey]*nvmegate.Namespace{},
 		nsBySub: map[string][]uint32{}, bindings: map[string]*nvmegate.HostBinding{},
-		bindingByNQN: map[string]string{}, jobs: map[string]*nvmegate.Job{},
+		bindingByNQN: map[string]string{}, jobs: map[string]*nvmegate.Job{}, ended: &endedJobs{},
 		grants: map[string]*nvmegate.Grant{}, grantsBySub: map[string][]string{},
 		grantsByNode: map[string][]string{}, pending: map[string]*nvmegate.Grant{}, corrupt: map[recordKey]error{},
 	}
@@ -170,7 +175,13 @@ func (r *records) apply(o op) {
 		}
 	case o.job != nil:
 		r.clean(bucketJobs, o.job.ID)
-		r.jobs[o.job.ID] = o.job
+		if o.job.State == nvmegate.JobActive {
+			r.jobs[o.job.ID] = o.job
+			r.ended.drop(o.job.ID)
+		} else {
+			delete(r.jobs, o.job.ID)
+			r.ended.put(o.job)
+		}
 	case o.grant != nil:
 		g := o.grant
 		r.clean(bucketGrants, g.ID)
@@ -339,9 +350,10 @@ func load(tx *bolt.Tx) (records, uint64, error) {
 	}
 	err = tx.Bucket(bucketJobs).ForEach(func(k, v []byte) error {
 		j, err := decodeJob(v)
-		if err != nil {
+		switch {
+		case err != nil:
 			bad(bucketJobs, k, err)
-		} else {
+		case j.State == nvmegate.JobActive:
 			r.jobs[string(k)] = clipJob(j)
 		}
 		return nil
@@ -418,4 +430,47 @@ func load(tx *bolt.Tx) (records, uint64, error) {
 func clipJob(j *nvmegate.Job) *nvmegate.Job {
 	j.Nodes, j.AllowedRegions, j.Namespaces = slices.Clip(j.Nodes), slices.Clip(j.AllowedRegions), slices.Clip(j.Namespaces)
 	return j
+}
+
+// endedJobs keeps the ended jobs read or ended last, so that the nodes of
+// a job that just finished, still calling, do not each decode its record
+// from the file. Its records are final (an ended job does not change).
+type endedJobs struct {
+	mu    sync.Mutex
+	m     map[string]*nvmegate.Job
+	order []string // insertion order, for eviction
+}
+
+// maxEndedJobs bounds endedJobs.
+const maxEndedJobs = 64
+
+func (e *endedJobs) get(id string) *nvmegate.Job {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.m[id]
+}
+
+func (e *endedJobs) put(j *nvmegate.Job) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.m == nil {
+		e.m = map[string]*nvmegate.Job{}
+	}
+	if _, ok := e.m[j.ID]; !ok {
+		if len(e.order) >= maxEndedJobs {
+			delete(e.m, e.order[0])
+			e.order = e.order[1:]
+		}
+		e.order = append(e.order, j.ID)
+	}
+	e.m[j.ID] = j
+}
+
+func (e *endedJobs) drop(id string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, ok := e.m[id]; ok {
+		delete(e.m, id)
+		e.order = slices.DeleteFunc(e.order, func(x string) bool { return x == id })
+	}
 }

@@ -107,18 +107,24 @@ func (m *model) hostBindingByNQN(ctx context.Context, hostNQN string) (*nvmegate
 	return &c, nil
 }
 
-// job returns a copy of the job whose slices are the model's (clipped).
-func (m *model) job(ctx context.Context, id string) (*nvmegate.Job, error) {
+// job returns a copy of the job whose slices are the model's (clipped):
+// an active job, or an ended one it keeps (endedJobs). ok is false for
+// any other: the caller reads the file.
+func (m *model) job(ctx context.Context, id string) (j *nvmegate.Job, ok bool, err error) {
 	if err := m.rlock(ctx); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer m.mu.RUnlock()
-	j, ok := m.jobs[id]
-	if !ok {
-		return nil, m.notFound(bucketJobs, id, "job %q not found", id)
+	if err := m.corruptErr(bucketJobs, id); err != nil {
+		return nil, true, err
+	}
+	if j, ok = m.jobs[id]; !ok {
+		if j = m.ended.get(id); j == nil {
+			return nil, false, nil
+		}
 	}
 	c := *j
-	return &c, nil
+	return &c, true, nil
 }
 
 // activeGrant returns grant id if it is in the model (active); ok is false

@@ -243,9 +243,10 @@ type txn struct {
 func (tx *txn) record(o op) { tx.ops = append(tx.ops, o) }
 
 // jobState is job id's state as this transaction sees it ("" if there is
-// no such job): written by it, or else as committed. The model serves it,
-// not the file: a job of 10,000 nodes is a large record to decode, and
-// every grant write asks.
+// no such job): written by it, or else as committed. The model serves it
+// for an active job, and for an ended one it keeps — not the file: a job
+// of 10,000 nodes is a large record to decode, and every grant write
+// asks.
 func (tx *txn) jobState(id string) string {
 	for i := len(tx.ops) - 1; i >= 0; i-- {
 		if j := tx.ops[i].job; j != nil && j.ID == id {
@@ -253,8 +254,17 @@ func (tx *txn) jobState(id string) string {
 		}
 	}
 	tx.model.mu.RLock()
-	defer tx.model.mu.RUnlock()
-	if j := tx.model.jobs[id]; j != nil {
+	j := tx.model.jobs[id]
+	tx.model.mu.RUnlock()
+	if j != nil {
+		return j.State
+	}
+	if j := tx.model.ended.get(id); j != nil {
+		return j.State
+	}
+	// Ended long ago, or none: the file says (rarely asked: a grant
+	// written for a job that is not active).
+	if j, err := getJob(tx.Tx, id); err == nil {
 		return j.State
 	}
 	return ""
