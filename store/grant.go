@@ -57,6 +57,18 @@ func encodeGrant(g *nvmegate.Grant) ([]byte, error) {
 		SupersededBy: supersededBy(g)})
 }
 
+// storedGrant is g as decodeGrant(encodeGrant(g)) makes it — times in UTC
+// without a monotonic reading, RemovalPending only on an ended grant,
+// SupersededBy only on a released one — without the JSON round trip: the
+// model's copy of a grant a write stores.
+func storedGrant(g *nvmegate.Grant) *nvmegate.Grant {
+	c := *g
+	c.IssuedAt, c.ExpiresAt = g.IssuedAt.UTC(), g.ExpiresAt.UTC()
+	c.RemovalPending = g.RemovalPending && g.State != nvmegate.GrantActive
+	c.SupersededBy = supersededBy(g)
+	return &c
+}
+
 func decodeGrant(v []byte) (*nvmegate.Grant, error) {
 	var r grantRecord
 	if err := json.Unmarshal(v, &r); err != nil {
@@ -326,9 +338,7 @@ func (db *DB) putGrants(ctx context.Context, gs []*nvmegate.Grant, move []string
 		if vals[i], err = encodeGrant(g); err != nil {
 			return nil, err
 		}
-		if stored[i], err = decodeGrant(vals[i]); err != nil {
-			return nil, err
-		}
+		stored[i] = storedGrant(g)
 	}
 	var ended []*nvmegate.Grant
 	// Batched with concurrent grant writes (one commit for a storm's
@@ -488,8 +498,26 @@ func jobActive(tx *txn, id string) bool {
 	return st == "" || st == nvmegate.JobActive
 }
 
-// txGrant reads grant id in tx (nil if there is none).
+// txGrant reads grant id in tx (nil if there is none), as a copy the
+// caller may change: as this transaction wrote it, else as the model
+// holds it (an active grant, as last committed: the transaction holds the
+// writer's lock, so no commit lands meanwhile), else from the file (an
+// ended grant), without decoding a record for the grants a connect
+// touches.
 func txGrant(tx *txn, id string) (*nvmegate.Grant, error) {
+	for i := len(tx.ops) - 1; i >= 0; i-- {
+		if g := tx.ops[i].grant; g != nil && g.ID == id {
+			c := *g
+			return &c, nil
+		}
+	}
+	tx.model.mu.RLock()
+	g := tx.model.grants[id]
+	tx.model.mu.RUnlock()
+	if g != nil {
+		c := *g
+		return &c, nil
+	}
 	v := tx.Bucket(bucketGrants).Get([]byte(id))
 	if v == nil {
 		return nil, nil
@@ -519,13 +547,11 @@ func putGrantReinstating(tx *txn, g *nvmegate.Grant, val []byte) error {
 }
 
 func putGrantAs(tx *txn, g *nvmegate.Grant, val []byte, reinstate bool) error {
-	var prevOf *nvmegate.Grant
-	if old := tx.Bucket(bucketGrants).Get([]byte(g.ID)); old != nil {
-		prev, err := decodeGrant(old)
-		if err != nil {
-			return err
-		}
-		prevOf = prev
+	prevOf, err := txGrant(tx, g.ID)
+	if err != nil {
+		return err
+	}
+	if prev := prevOf; prev != nil {
 		// The node too: its index entry is keyed by it.
 		if prev.SubsystemNQN != g.SubsystemNQN || prev.HostNQN != g.HostNQN || prev.JobID != g.JobID || prev.Node != g.Node {
 			return nvmegate.Errorf(nvmegate.ECONFLICT, "grant %s cannot change its job, node, host or subsystem", g.ID)

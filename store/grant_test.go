@@ -405,3 +405,31 @@ func TestUndoOpening(t *testing.T) {
 		}
 	})
 }
+
+// The model's copy of a stored grant (storedGrant) is the grant as the
+// file holds it, decoded: field for field, for grants of every state, with
+// times in other zones and with monotonic readings, pending removal and
+// successors set where the file drops them.
+func TestStoredGrantIsTheDecodedRecord(t *testing.T) {
+	now := time.Now() // a monotonic reading
+	cet := time.FixedZone("CET", 3600)
+	for i, st := range []string{nvmegate.GrantActive, nvmegate.GrantReleased, nvmegate.GrantRevoked, nvmegate.GrantExpired} {
+		for _, mut := range []func(g *nvmegate.Grant){
+			func(*nvmegate.Grant) {},
+			func(g *nvmegate.Grant) { g.IssuedAt, g.ExpiresAt = now, now.Add(time.Hour).In(cet) },
+			func(g *nvmegate.Grant) { g.RemovalPending, g.SupersededBy = true, "grant-9999" },
+			func(g *nvmegate.Grant) { g.TLS, g.ReadOnly, g.KeyScope, g.Bidirectional = true, true, "t1/sub", false },
+		} {
+			g := newGrant(i, subNQN(0))
+			g.State = st
+			mut(g)
+			v, err := encodeGrant(g)
+			must(t, err)
+			want, err := decodeGrant(v)
+			must(t, err)
+			if got := storedGrant(g); !reflect.DeepEqual(got, want) {
+				t.Fatalf("%s: storedGrant\n%+v\ndecoded\n%+v", st, got, want)
+			}
+		}
+	}
+}
