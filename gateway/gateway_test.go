@@ -399,6 +399,12 @@ func TestPolicyStatusHealthAndMetrics(t *testing.T) {
 
 // requestCount sums nvmegate_grpc_requests_total for code ("" for all codes).
 func requestCount(t *testing.T, g *testGateway, code string) float64 {
+	return counterSum(t, g, "nvmegate_grpc_requests_total", "code", code)
+}
+
+// counterSum sums counter name of g's registry over the series whose label
+// has value ("" for any value).
+func counterSum(t *testing.T, g *testGateway, name, label, value string) float64 {
 	t.Helper()
 	mfs, err := g.registry.Gather()
 	if err != nil {
@@ -406,12 +412,12 @@ func requestCount(t *testing.T, g *testGateway, code string) float64 {
 	}
 	var n float64
 	for _, mf := range mfs {
-		if mf.GetName() != "nvmegate_grpc_requests_total" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.Metric {
 			for _, l := range m.Label {
-				if l.GetName() == "code" && (code == "" || l.GetValue() == code) {
+				if l.GetName() == label && (value == "" || l.GetValue() == value) {
 					n += m.Counter.GetValue()
 				}
 			}

@@ -33,6 +33,10 @@ import (
 type metrics struct {
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
+	// agentsRefused counts the target agent streams refused because the
+	// target already has a live one: a second agent of one target (a
+	// second instance, a stolen target SVID) shows here, by target.
+	agentsRefused *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -46,9 +50,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Time to answer a gRPC request, by method.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 		}, []string{"method"}),
+		agentsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "nvmegate", Name: "target_agent_streams_refused_total",
+			Help: "Target agent streams refused because the target already has a live agent stream (a second agent of one target), by target.",
+		}, []string{"target"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.latency} {
+		for _, c := range []prometheus.Collector{m.requests, m.latency, m.agentsRefused} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -182,7 +182,8 @@ func New(cfg Config) (*Server, error) {
 		pb.RegisterJobsServer(s.grpc, pb.UnimplementedJobsServer{})
 	}
 	if cfg.Targets != nil && cfg.TargetHub != nil {
-		pb.RegisterTargetAgentServer(s.grpc, &targetAgentService{store: cfg.Store, hub: cfg.TargetHub, targets: cfg.Targets, stopping: s.stopping, log: s.log})
+		pb.RegisterTargetAgentServer(s.grpc, &targetAgentService{store: cfg.Store, hub: cfg.TargetHub, targets: cfg.Targets, stopping: s.stopping, log: s.log,
+			refused: s.metrics.agentsRefused})
 	} else {
 		pb.RegisterTargetAgentServer(s.grpc, pb.UnimplementedTargetAgentServer{})
 	}

@@ -2,9 +2,11 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strconv"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
 	"github.com/nvmegate/nvmegate"
@@ -44,6 +46,7 @@ type targetAgentService struct {
 	targets  TargetProgrammer
 	stopping <-chan struct{} // the gateway is shutting down
 	log      *slog.Logger
+	refused  *prometheus.CounterVec // streams refused for a live one, by target
 }
 
 func (s *targetAgentService) own(ctx context.Context) (*nvmegate.Target, error) {
@@ -65,6 +68,10 @@ func (s *targetAgentService) Watch(r *pb.WatchRequest, stream grpc.ServerStreami
 		// Another agent of this target is live (this one retries, and
 		// gets in once that stream ends), or the gateway programs the
 		// target itself.
+		if errors.Is(err, targetagent.ErrAgentConnected) {
+			s.refused.WithLabelValues(t.ID).Inc()
+			s.log.WarnContext(ctx, "a second agent of a target refused: its agent stream is live", "target", t.ID)
+		}
 		return nvmegate.Errorf(nvmegate.ECONFLICT, "%v", err)
 	}
 	defer sub.Close()

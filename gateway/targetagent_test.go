@@ -296,6 +296,10 @@ func TestSecondTargetAgentCannotCutOffTheFirst(t *testing.T) {
 		}
 		wantCode(t, err, codes.FailedPrecondition, "already has a connected agent")
 	}
+	// Operators see it, by target.
+	if n := counterSum(t, g, "nvmegate_target_agent_streams_refused_total", "target", "stor-eu-1"); n != 3 {
+		t.Fatalf("nvmegate_target_agent_streams_refused_total{target=stor-eu-1} = %v, want 3", n)
+	}
 	// A second Remote runs beside the first for a while and goes away.
 	otherRoot := t.TempDir()
 	rctx, cancel := context.WithCancel(ctx)
