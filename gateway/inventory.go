@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/lease"
@@ -241,11 +242,11 @@ func (s *inventoryService) ListHostBindings(ctx context.Context, r *pb.ListHostB
 // RemoveHostBinding removes a node's binding and ends its access: the
 // node's active grants are revoked (each recorded, its host off its
 // target, the roots it knew rotated) before the binding goes, and again
-// after, for a connect that committed in between; a connect committed
-// later is refused by the store (its host NQN is no longer the node's).
-// It answers OK only once the binding is gone and every grant of the node
-// is revoked; otherwise it says which step did not happen, and may be
-// retried.
+// after, for a connect that committed in between; a connect that commits
+// later is refused in its commit (store.BindingAt: the binding it was
+// decided with is gone). It answers OK only once the binding is gone and
+// every grant of the node is revoked; otherwise it says which steps
+// happened and which did not.
 func (s *inventoryService) RemoveHostBinding(ctx context.Context, r *pb.RemoveHostBindingRequest) (*pb.RemoveHostBindingResponse, error) {
 	if s.rebind == nil {
 		return &pb.RemoveHostBindingResponse{}, s.store.DeleteHostBinding(ctx, r.SpiffeId)
@@ -256,13 +257,13 @@ func (s *inventoryService) RemoveHostBinding(ctx context.Context, r *pb.RemoveHo
 	why := "host binding of " + r.SpiffeId + " removed"
 	sel := lease.Selection{Node: r.SpiffeId}
 	if _, err := s.rebind.Revoke(ctx, sel, callerID(ctx), why); err != nil {
-		return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "host binding of %s not removed: its grants were not all revoked (%s); retry", r.SpiffeId, nvmegate.ErrorMessage(err))
+		return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "host binding of %s kept: its grants were revoked in part, or a target has not yet removed a host (%s); retry", r.SpiffeId, nvmegate.ErrorMessage(err))
 	}
 	if err := s.store.DeleteHostBinding(ctx, r.SpiffeId); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("the node's grants were revoked, its host binding not removed: %w", err)
 	}
 	if _, err := s.rebind.Revoke(context.WithoutCancel(ctx), sel, callerID(ctx), why); err != nil {
-		return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "host binding of %s removed, but a grant made meanwhile was not revoked (%s); revoke the node's grants", r.SpiffeId, nvmegate.ErrorMessage(err))
+		return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "host binding of %s removed and its grants revoked, but a grant made meanwhile was revoked in part or its target has not yet removed its host (%s); the gateway retries", r.SpiffeId, nvmegate.ErrorMessage(err))
 	}
 	return &pb.RemoveHostBindingResponse{}, nil
 }

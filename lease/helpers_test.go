@@ -161,7 +161,14 @@ func (w *world) scope(node, sub string) *nvmegate.Scope {
 			mode = jn.Mode
 		}
 	}
-	return &nvmegate.Scope{Caller: node, Binding: nvmegate.HostBinding{SPIFFEID: node, HostNQN: hostNQNs[node], Tenant: "acme"}, Bound: true,
+	// The binding as describe reads it: the stored one, or the default.
+	binding, bound := nvmegate.HostBinding{SPIFFEID: node, HostNQN: hostNQNs[node]}, false
+	if b, err := w.db.HostBinding(w.ctx, node); err == nil {
+		binding, bound = *b, true
+	} else if nvmegate.ErrorCode(err) != nvmegate.ENOTFOUND {
+		w.must(err)
+	}
+	return &nvmegate.Scope{Caller: node, Binding: binding, Bound: bound,
 		JobID: jobID, Job: j, Member: true, SubsystemNQN: sub, Subsystem: s, Target: t,
 		Namespaces: []nvmegate.ScopeNamespace{{Key: n.Key(), Namespace: n, Mode: mode, Target: t}}}
 }

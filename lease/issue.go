@@ -9,6 +9,7 @@ import (
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/keys"
+	"github.com/nvmegate/nvmegate/store"
 )
 
 // Issue grants the scope's caller its subsystem for its job: the grant
@@ -68,23 +69,9 @@ func (l *Lifecycle) Issue(ctx context.Context, r Request) (Issued, error) {
 			}
 			return "", nil
 		},
-		// The node's binding removed (or changed) while it connected:
-		// the removal revokes what it finds committed before the
-		// binding went; a grant committed after that finds it gone here.
-		confirm: func(ctx context.Context) (string, error) {
-			if !sc.Bound {
-				return "", nil
-			}
-			b, err := l.inventory.HostBinding(ctx, sc.Caller)
-			switch {
-			case nvmegate.ErrorCode(err) == nvmegate.ENOTFOUND:
-			case err != nil:
-				return "host binding not readable after the commit", nvmegate.Errorf(nvmegate.EUNAVAILABLE, "the host binding could not be checked; no grant was made; retry")
-			case nvmegate.CanonicalNQN(b.HostNQN) == nvmegate.CanonicalNQN(g.HostNQN):
-				return "", nil
-			}
-			return "host binding of " + sc.Caller + " removed or changed meanwhile", nvmegate.Errorf(nvmegate.ECONFLICT, "the node's host binding was removed or changed while it connected; no grant was made")
-		},
+		// The node's binding removed, changed or added while it
+		// connected: the commit refuses the grant.
+		binding:      &store.BindingAt{Bound: sc.Bound, Binding: sc.Binding},
 		moving:       moving,
 		supersede:    true,
 		storeFailure: "grant not stored",

@@ -41,16 +41,14 @@ type Grants interface {
 	// (pending removal) and puts back what it superseded, unless g ended
 	// meanwhile by another's hand or they can no longer be active; it
 	// returns those put back (store.DB has the rules).
-	OpenGrant(ctx context.Context, g *nvmegate.Grant, move []string, supersede bool) ([]*nvmegate.Grant, error)
+	OpenGrant(ctx context.Context, g *nvmegate.Grant, move []string, supersede bool, at *store.BindingAt) ([]*nvmegate.Grant, error)
 	UndoOpening(ctx context.Context, g *nvmegate.Grant) ([]*nvmegate.Grant, error)
 }
 
-// Inventory tells where a grant's subsystem is, and whose a host binding
-// is (*store.DB).
+// Inventory tells where a grant's subsystem is (*store.DB).
 type Inventory interface {
 	Subsystem(ctx context.Context, nqn string) (*nvmegate.Subsystem, error)
 	Target(ctx context.Context, id string) (*nvmegate.Target, error)
-	HostBinding(ctx context.Context, spiffeID string) (*nvmegate.HostBinding, error)
 }
 
 // Keys derives credentials and rotates what revoked hosts knew

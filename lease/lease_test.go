@@ -587,37 +587,59 @@ func TestIssueRefusedUndoFails(t *testing.T) {
 	}
 }
 
-// A node whose host binding is removed (or rebound to another NQN) while
-// it connects is refused once its grant is committed: the grant is
-// revoked, the refusal recorded, and the node keeps only what it had —
-// the gateway's RemoveHostBinding revokes that, and a grant committed
-// after its look finds the binding gone here.
-func TestIssueBindingGoneMeanwhile(t *testing.T) {
+// A node whose host binding is removed, changed or made again while it
+// connects is refused in the grant's commit: the binding removed; bound
+// again to another NQN; bound again to the same NQN for another tenant
+// (the reviewed attack); bound again exactly as before (a new binding all
+// the same); and a node decided unbound that got a binding meanwhile. Each
+// refusal is recorded, and the node keeps only what it had.
+func TestIssueBindingChangedMeanwhile(t *testing.T) {
 	w := newWorld(t)
 	a := w.issue(node1, sub1)
-	for _, change := range []string{"removed", "rebound"} {
-		r := w.request(node1, sub1, nvmegate.Obligations{})
-		if change == "removed" {
-			w.must(w.db.DeleteHostBinding(w.ctx, node1))
-		} else { // removed above, bound again to another NQN
-			w.must(w.db.CreateHostBinding(w.ctx, &nvmegate.HostBinding{SPIFFEID: node1, HostNQN: "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-4000-8000-00000000000a", Tenant: "acme"}))
+	bind := func(nqn, tenant string) {
+		w.must(w.db.CreateHostBinding(w.ctx, &nvmegate.HostBinding{SPIFFEID: node1, HostNQN: nqn, Tenant: tenant}))
+	}
+	unbind := func() { w.must(w.db.DeleteHostBinding(w.ctx, node1)) }
+	for _, tc := range []struct {
+		name   string
+		change func()
+	}{
+		{"removed", unbind},
+		{"bound to another NQN", func() { unbind(); bind("nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-4000-8000-00000000000a", "acme") }},
+		{"bound again to the same NQN, for globex", func() { unbind(); bind(hostNQNs[node1], "globex") }},
+		{"bound again as before", func() { unbind(); bind(hostNQNs[node1], "acme") }},
+	} {
+		if _, err := w.db.HostBinding(w.ctx, node1); err != nil { // bound as at the start
+			bind(hostNQNs[node1], "acme")
+		} else if tc.name != "removed" {
+			unbind()
+			bind(hostNQNs[node1], "acme")
 		}
+		r := w.request(node1, sub1, nvmegate.Obligations{})
+		if !r.Scope.Bound {
+			t.Fatalf("%s: decided unbound", tc.name)
+		}
+		w.clock.Advance(time.Second) // a binding made again is a new one (its CreatedAt)
+		tc.change()
 		_, err := w.lc.Issue(w.ctx, r)
-		wantCode(t, err, nvmegate.ECONFLICT, "host binding was removed or changed while it connected")
+		wantCode(t, err, nvmegate.ECONFLICT, "host binding changed while it connected")
 		denies := w.entries(audit.EventDeny)
-		if len(denies) == 0 || !strings.Contains(denies[len(denies)-1].Entry.Detail, "host binding of "+node1+" removed or changed meanwhile") {
-			t.Fatalf("%s: deny entries %+v", change, denies)
+		if len(denies) == 0 || !strings.Contains(denies[len(denies)-1].Entry.Detail, "host binding changed while it connected") {
+			t.Fatalf("%s: deny entries %+v", tc.name, denies)
 		}
 		gs, err := w.db.NodeActiveGrants(w.ctx, node1)
 		if err != nil || len(gs) != 1 || gs[0].ID != a.Grant.ID {
-			t.Fatalf("%s: active grants %v (%v), want the earlier one alone", change, gs, err)
+			t.Fatalf("%s: active grants %v (%v), want the earlier one alone", tc.name, gs, err)
 		}
 	}
-	// Unbound, a scope is not checked against a binding.
-	w.must(w.db.DeleteHostBinding(w.ctx, node1))
+	// Decided unbound; bound meanwhile.
+	unbind()
 	r := w.request(node1, sub1, nvmegate.Obligations{})
-	r.Scope.Bound = false
-	if _, err := w.lc.Issue(w.ctx, r); err != nil {
+	bind(hostNQNs[node1], "acme")
+	_, err := w.lc.Issue(w.ctx, r)
+	wantCode(t, err, nvmegate.ECONFLICT, "host binding changed while it connected")
+	// Unchanged, the same connect is granted.
+	if _, err := w.lc.Issue(w.ctx, w.request(node1, sub1, nvmegate.Obligations{})); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/audit"
+	"github.com/nvmegate/nvmegate/store"
 )
 
 // change is one step of the lifecycle as run carries it out: what is
@@ -25,10 +26,10 @@ type change struct {
 	// check, if set, runs after the record: why the grant may no longer
 	// be made (recorded as its failure) and what the caller gets, or "".
 	check func() (why string, err error)
-	// confirm, if set, runs after the commit, before the target is told:
-	// why the grant, stored, must not stand after all (then it is undone
-	// as if the target had refused it, and recorded), or "".
-	confirm func(ctx context.Context) (why string, err error)
+	// binding, if set, is the host binding the opening was decided with:
+	// the commit refuses the grant if the node's binding is no longer it
+	// (removed, changed or added meanwhile).
+	binding *store.BindingAt
 	// moving are the node's grants on grant's host entry whose entry is
 	// not grant's: moved to it in the same commit, put back if the target
 	// refuses.
@@ -122,7 +123,11 @@ func (l *Lifecycle) run(ctx context.Context, c *change) outcome {
 	if res.done, storeErr = l.store(ctx, c, put); storeErr != nil {
 		if c.grant != nil {
 			if c.storeFailure != "" {
-				l.failed(ctx, c, c.storeFailure)
+				why := c.storeFailure
+				if nvmegate.ErrorCode(storeErr) == nvmegate.ECONFLICT { // a refusal: say which
+					why += ": " + nvmegate.ErrorMessage(storeErr)
+				}
+				l.failed(ctx, c, why)
 			}
 			return outcome{err: storeErr}
 		}
@@ -134,11 +139,6 @@ func (l *Lifecycle) run(ctx context.Context, c *change) outcome {
 		followed, err := l.programEnds(ctx, c.target, res.done)
 		res.unfollowed = err
 		l.settle(ctx, followed)
-	} else if why, err := confirm(ctx, c); err != nil {
-		l.log.WarnContext(ctx, c.op+": not confirmed after the commit; undone", "grant", c.grant.ID, "why", why)
-		c.refused, c.refusal = why, err
-		l.compensate(ctx, c)
-		return outcome{err: err}
 	} else if err := l.program(ctx, c); err != nil {
 		// 4. Compensate.
 		l.log.ErrorContext(ctx, c.op+": target did not take the change; undone", "target", c.target, "grant", c.grant.ID, "err", err)
@@ -153,14 +153,6 @@ func (l *Lifecycle) run(ctx context.Context, c *change) outcome {
 		res.unfollowed = errors.Join(res.unfollowed, l.rotate(ctx, res.done, c.rotate))
 	}
 	return res
-}
-
-// confirm runs c's confirm, if it has one.
-func confirm(ctx context.Context, c *change) (string, error) {
-	if c.confirm == nil {
-		return "", nil
-	}
-	return c.confirm(ctx)
 }
 
 // record makes the step's entries durable and returns the grants that may
@@ -210,7 +202,7 @@ func (l *Lifecycle) record(ctx context.Context, c *change) ([]*nvmegate.Grant, e
 func (l *Lifecycle) store(ctx context.Context, c *change, put []*nvmegate.Grant) ([]*nvmegate.Grant, error) {
 	if c.grant != nil {
 		var err error
-		if c.superseded, err = l.grants.OpenGrant(ctx, c.grant, ids(c.moving), c.supersede); err != nil {
+		if c.superseded, err = l.grants.OpenGrant(ctx, c.grant, ids(c.moving), c.supersede, c.binding); err != nil {
 			return nil, err
 		}
 		// The commit found them: one the caller did not see (a

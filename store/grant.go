@@ -304,7 +304,7 @@ func EntryOf(g *nvmegate.Grant) HostEntry { return g.HostEntry() }
 // from set, so is a grant whose entry is no longer *from (putting a move
 // back must not undo a later one).
 func (db *DB) PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []string, from *nvmegate.HostEntry, to nvmegate.HostEntry) error {
-	_, err := db.putGrants(ctx, gs, move, from, to, false)
+	_, err := db.putGrants(ctx, gs, move, from, to, false, nil)
 	return err
 }
 
@@ -317,14 +317,44 @@ func (db *DB) PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []
 // not g's (the node's binding changed: the target must remove it). It
 // returns the superseded grants as stored. UndoOpening puts them back if
 // the target refuses g.
-func (db *DB) OpenGrant(ctx context.Context, g *nvmegate.Grant, move []string, supersede bool) ([]*nvmegate.Grant, error) {
+//
+// With at set, the commit also checks that g's node still has the host
+// binding the call was decided with (BindingAt): a binding removed,
+// changed or added meanwhile refuses g (ECONFLICT), so a connect decided
+// before an admin unbound its node cannot outlive the removal.
+func (db *DB) OpenGrant(ctx context.Context, g *nvmegate.Grant, move []string, supersede bool, at *BindingAt) ([]*nvmegate.Grant, error) {
 	if g == nil || g.State != nvmegate.GrantActive {
 		return nil, nvmegate.Invalid("", "an active grant is required")
 	}
-	return db.putGrants(ctx, []*nvmegate.Grant{g}, move, nil, g.HostEntry(), supersede)
+	return db.putGrants(ctx, []*nvmegate.Grant{g}, move, nil, g.HostEntry(), supersede, at)
 }
 
-func (db *DB) putGrants(ctx context.Context, gs []*nvmegate.Grant, move []string, from *nvmegate.HostEntry, to nvmegate.HostEntry, supersede bool) ([]*nvmegate.Grant, error) {
+// BindingAt is the host binding a call was decided with: the node's stored
+// binding (Bound, as read: its CreatedAt tells a binding removed and made
+// again from the one read), or none (the node's default host NQN).
+type BindingAt struct {
+	Bound   bool
+	Binding nvmegate.HostBinding
+}
+
+// checkBindingAt refuses (ECONFLICT) if node's stored binding is not at.
+func checkBindingAt(tx *bolt.Tx, node string, at *BindingAt) error {
+	b, err := getHostBinding(tx, node)
+	switch {
+	case nvmegate.ErrorCode(err) == nvmegate.ENOTFOUND:
+		if !at.Bound {
+			return nil
+		}
+	case err != nil:
+		return err
+	case at.Bound && b.SPIFFEID == at.Binding.SPIFFEID && nvmegate.CanonicalNQN(b.HostNQN) == nvmegate.CanonicalNQN(at.Binding.HostNQN) &&
+		b.Tenant == at.Binding.Tenant && b.CreatedAt.Equal(at.Binding.CreatedAt):
+		return nil
+	}
+	return nvmegate.Errorf(nvmegate.ECONFLICT, "the node's host binding changed while it connected; no grant was made")
+}
+
+func (db *DB) putGrants(ctx context.Context, gs []*nvmegate.Grant, move []string, from *nvmegate.HostEntry, to nvmegate.HostEntry, supersede bool, at *BindingAt) ([]*nvmegate.Grant, error) {
 	vals := make([][]byte, len(gs))
 	stored := make([]*nvmegate.Grant, len(gs)) // the model's copies
 	for i, g := range gs {
@@ -345,6 +375,11 @@ func (db *DB) putGrants(ctx context.Context, gs []*nvmegate.Grant, move []string
 	// group); the function is safe to run twice.
 	err := db.batch(ctx, func(tx *txn) error {
 		ended = ended[:0]
+		if at != nil {
+			if err := checkBindingAt(tx.Tx, gs[0].Node, at); err != nil {
+				return err
+			}
+		}
 		for i := range gs {
 			// A grant opened or renewed in a job that finished meanwhile
 			// (after the call's decision) would outlive the job's end:

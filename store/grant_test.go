@@ -228,7 +228,7 @@ func TestOpenGrantSupersedes(t *testing.T) {
 
 	g := newGrant(1, subNQN(0))
 	g.ID = "grant-0200"
-	ended, err := db.OpenGrant(ctx, g, nil, true)
+	ended, err := db.OpenGrant(ctx, g, nil, true, nil)
 	must(t, err)
 	if len(ended) != 2 || ended[0].ID != old.ID || ended[1].ID != moved.ID {
 		t.Fatalf("superseded %+v, want %s and %s", ended, old.ID, moved.ID)
@@ -244,7 +244,7 @@ func TestOpenGrantSupersedes(t *testing.T) {
 	if active, _ := db.NodeActiveGrants(ctx, g.Node); len(active) != 1 || active[0].ID != g.ID {
 		t.Fatalf("node's active grants %v, want only %s", active, g.ID)
 	}
-	_, err = db.OpenGrant(ctx, &nvmegate.Grant{ID: "grant-0300", State: nvmegate.GrantRevoked}, nil, true)
+	_, err = db.OpenGrant(ctx, &nvmegate.Grant{ID: "grant-0300", State: nvmegate.GrantRevoked}, nil, true, nil)
 	wantError(t, err, nvmegate.EINVALID, "")
 }
 
@@ -260,7 +260,7 @@ func TestUndoOpening(t *testing.T) {
 		must(t, db.PutGrant(ctx, old))
 		g := newGrant(1, subNQN(0))
 		g.ID = "grant-0200"
-		if _, err := db.OpenGrant(ctx, g, nil, true); err != nil {
+		if _, err := db.OpenGrant(ctx, g, nil, true, nil); err != nil {
 			t.Fatal(err)
 		}
 		return db, old, g
@@ -332,7 +332,7 @@ func TestUndoOpening(t *testing.T) {
 		db, old, a := open(t)
 		b := newGrant(1, subNQN(0))
 		b.ID = "grant-0300"
-		if s, err := db.OpenGrant(ctx, b, nil, true); err != nil || len(s) != 1 || s[0].ID != a.ID {
+		if s, err := db.OpenGrant(ctx, b, nil, true, nil); err != nil || len(s) != 1 || s[0].ID != a.ID {
 			t.Fatalf("b superseded %v, %v; want %s", s, err, a.ID)
 		}
 		if back, err := db.UndoOpening(ctx, a); err != nil || len(back) != 0 {
@@ -356,7 +356,7 @@ func TestUndoOpening(t *testing.T) {
 		db, _, a := open(t)
 		b := newGrant(1, subNQN(0))
 		b.ID = "grant-0300"
-		if _, err := db.OpenGrant(ctx, b, nil, true); err != nil {
+		if _, err := db.OpenGrant(ctx, b, nil, true, nil); err != nil {
 			t.Fatal(err)
 		}
 		if active, _ := db.NodeActiveGrants(ctx, a.Node); len(active) != 1 || active[0].ID != b.ID {
@@ -372,7 +372,7 @@ func TestUndoOpening(t *testing.T) {
 		must(t, db.PutGrant(ctx, old))
 		g := newGrant(1, subNQN(0))
 		g.ID = "grant-0200"
-		s, err := db.OpenGrant(ctx, g, nil, true)
+		s, err := db.OpenGrant(ctx, g, nil, true, nil)
 		if err != nil || len(s) != 1 || !s[0].RemovalPending {
 			t.Fatalf("superseded %v, %v: want the other host's grant pending", s, err)
 		}

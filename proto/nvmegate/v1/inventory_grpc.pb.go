@@ -84,7 +84,8 @@ type InventoryClient interface {
 	// RemoveHostBinding deletes the binding of one node identity and ends its
 	// access: the node's active grants are revoked (recorded, their hosts off
 	// their targets, the roots they knew rotated) before the binding goes and
-	// again after it, and a connect that committed meanwhile is undone. OK
+	// again after it, and a connect decided with the binding is refused in
+	// its commit once the binding is gone. OK
 	// only once the binding is gone and every grant of the node revoked;
 	// UNAVAILABLE says which step did not happen (retry).
 	RemoveHostBinding(ctx context.Context, in *RemoveHostBindingRequest, opts ...grpc.CallOption) (*RemoveHostBindingResponse, error)
@@ -305,7 +306,8 @@ type InventoryServer interface {
 	// RemoveHostBinding deletes the binding of one node identity and ends its
 	// access: the node's active grants are revoked (recorded, their hosts off
 	// their targets, the roots they knew rotated) before the binding goes and
-	// again after it, and a connect that committed meanwhile is undone. OK
+	// again after it, and a connect decided with the binding is refused in
+	// its commit once the binding is gone. OK
 	// only once the binding is gone and every grant of the node revoked;
 	// UNAVAILABLE says which step did not happen (retry).
 	RemoveHostBinding(context.Context, *RemoveHostBindingRequest) (*RemoveHostBindingResponse, error)
