@@ -10,6 +10,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/nvmegate/nvmegate"
 )
 
 // SchemaVersion is the version of the bucket layout and record encoding that
@@ -263,11 +265,16 @@ func (tx *txn) jobState(id string) string {
 		return j.State
 	}
 	// Ended long ago, or none: the file says (rarely asked: a grant
-	// written for a job that is not active).
-	if j, err := getJob(tx.Tx, id); err == nil {
+	// written for a job that is not active). A record that does not
+	// decode is no active job.
+	j, err := getJob(tx.Tx, id)
+	switch {
+	case err == nil:
 		return j.State
+	case nvmegate.ErrorCode(err) == nvmegate.ENOTFOUND:
+		return ""
 	}
-	return ""
+	return "unreadable"
 }
 
 // update runs fn in a write transaction, stamps the next revision,
