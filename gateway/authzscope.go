@@ -111,14 +111,19 @@ func authzScope(sc *nvmegate.Scope) *authz.Scope {
 }
 
 // setCallerFields sets what out holds of sc's caller: the binding, the
-// request's host NQN and TTL, and the job's nodes as policy sees them —
-// as scopeResource, the caller alone if it is a member, not the job's
-// node list. None of it is in a sealed scope part.
+// request's host NQN and TTL, the job's nodes as policy sees them — as
+// scopeResource, the caller alone if it is a member, not the job's node
+// list — and the job's state as this call read it (an active job reads as
+// expired once its expiry passes, with no new store revision). None of it
+// is in a sealed scope part.
 func setCallerFields(out *authz.Scope, sc *nvmegate.Scope) {
 	out.Binding = authz.ScopeBinding{SPIFFEID: sc.Binding.SPIFFEID, HostNQN: sc.Binding.HostNQN, Tenant: sc.Binding.Tenant, Bound: sc.Bound}
 	out.Request.HostNQN, out.Request.TTL = sc.HostNQN, sc.TTL
 	out.Job.Nodes = nil
-	if sc.Job != nil && sc.Member {
-		out.Job.Nodes = []string{sc.Caller}
+	if sc.Job != nil {
+		out.Job.State = sc.Job.State
+		if sc.Member {
+			out.Job.Nodes = []string{sc.Caller}
+		}
 	}
 }
