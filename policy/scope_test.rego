@@ -68,9 +68,13 @@ test_scheduler_denied_other_tenants_namespace if {
 	d.reasons == [
 		"a scheduler of tenant acme may act only on tenant acme's resources",
 		"namespace nqn.2026-01.org.example:acme-train/1 is not in tenant acme",
-		"subsystem nqn.2026-01.org.example:acme-train is not in tenant acme",
 	]
 	not leaks_globex(d)
+
+	# The same reasons as for a namespace that does not exist (described
+	# by its key alone, without a subsystem).
+	unknown := req(scheduler, "inventory.get_namespace", {"kind": "namespace", "tenant": "", "namespaces": [{"subsystem_nqn": sub_nqn, "nsid": 1}]})
+	decide(unknown).reasons == d.reasons
 }
 
 test_scheduler_denied_unknown_namespace_like_a_foreign_one if {
