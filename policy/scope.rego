@@ -60,14 +60,21 @@ tenant_problems contains sprintf("job %s is not in tenant %s", [show_at(job, "jo
 	not job.tenant == t
 }
 
-# A namespace's refusal names the namespace alone: the gateway describes a
-# namespace it found with its subsystem and one it did not without, so a
-# reason about the subsystem would tell which.
 tenant_problems contains sprintf("subsystem %s is not in tenant %s", [show_at(subsystem, "nqn"), t]) if {
 	t := input.caller.tenant
 	is_object(resource.subsystem)
-	not resource.kind == "namespace"
 	not subsystem.tenant == t
+	not foreign_namespace_resource(t)
+}
+
+# foreign_namespace_resource(t): a namespace resource naming a namespace
+# that is not tenant t's. Its refusal names the namespace alone: the
+# gateway describes a namespace it found with its subsystem and one it did
+# not without, so a reason about the subsystem would tell which.
+foreign_namespace_resource(t) if {
+	resource.kind == "namespace"
+	some ns in namespaces
+	not ns.tenant == t
 }
 
 # A namespace the gateway could not find has no tenant: it is not the

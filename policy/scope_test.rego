@@ -75,6 +75,15 @@ test_scheduler_denied_other_tenants_namespace if {
 	# by its key alone, without a subsystem).
 	unknown := req(scheduler, "inventory.get_namespace", {"kind": "namespace", "tenant": "", "namespaces": [{"subsystem_nqn": sub_nqn, "nsid": 1}]})
 	decide(unknown).reasons == d.reasons
+
+	# The caller's own namespace on another tenant's subsystem still names
+	# the subsystem (nothing about a foreign record's existence in it).
+	own := req(scheduler, "inventory.get_namespace", {
+		"kind": "namespace", "tenant": "acme",
+		"subsystem": object.union(subsystem_rec, {"tenant": "globex"}),
+		"namespaces": [ns(1, {"mode": ""})],
+	})
+	decide(own).reasons == ["subsystem nqn.2026-01.org.example:acme-train is not in tenant acme"]
 }
 
 test_scheduler_denied_unknown_namespace_like_a_foreign_one if {
