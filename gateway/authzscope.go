@@ -18,7 +18,7 @@ func (s *Server) policyScope(ctx context.Context) *authz.Scope {
 	if slot == nil || slot.scope == nil || !typedCall(slot.scope) {
 		return nil
 	}
-	if slot.rev == 0 || s.scopes == nil {
+	if slot.rev == 0 { // not read at one known revision
 		return authzScope(slot.scope)
 	}
 	return s.scopes.scope(slot.scope, slot.rev)

@@ -106,7 +106,7 @@ type Server struct {
 	limit           *limiter
 	members         memberSets     // job membership, for describe
 	revisions       ScopeRevisions // nil: scopes are not sealed
-	scopes          *sealedScopes  // nil with revisions
+	scopes          *sealedScopes
 }
 
 // New builds a Server from cfg.
@@ -131,11 +131,9 @@ func New(cfg Config) (*Server, error) {
 		shutdownTimeout: cfg.ShutdownTimeout,
 		limit:           newLimiter(cfg.MaxInFlight, cfg.MaxWaiting),
 		revisions:       cfg.Revisions,
+		scopes:          &sealedScopes{m: map[sealedKey]*authz.Scope{}},
 		health:          health.NewServer(),
 		stopping:        make(chan struct{}),
-	}
-	if s.revisions != nil {
-		s.scopes = &sealedScopes{m: map[sealedKey]*authz.Scope{}}
 	}
 	if s.log == nil {
 		s.log = slog.Default()

@@ -337,16 +337,17 @@ type BindingAt struct {
 	Binding nvmegate.HostBinding
 }
 
-// checkBindingAt refuses (ECONFLICT) if node's stored binding is not at.
-func checkBindingAt(tx *bolt.Tx, node string, at *BindingAt) error {
-	b, err := getHostBinding(tx, node)
+// checkBindingAt refuses (ECONFLICT) if node's binding, as tx sees it, is
+// not at.
+func checkBindingAt(tx *txn, node string, at *BindingAt) error {
+	b, err := tx.bindingOf(node)
 	switch {
-	case nvmegate.ErrorCode(err) == nvmegate.ENOTFOUND:
+	case err != nil:
+		return err
+	case b == nil:
 		if !at.Bound {
 			return nil
 		}
-	case err != nil:
-		return err
 	case at.Bound && b.SPIFFEID == at.Binding.SPIFFEID && nvmegate.CanonicalNQN(b.HostNQN) == nvmegate.CanonicalNQN(at.Binding.HostNQN) &&
 		b.Tenant == at.Binding.Tenant && b.CreatedAt.Equal(at.Binding.CreatedAt):
 		return nil
@@ -376,7 +377,7 @@ func (db *DB) putGrants(ctx context.Context, gs []*nvmegate.Grant, move []string
 	err := db.batch(ctx, func(tx *txn) error {
 		ended = ended[:0]
 		if at != nil {
-			if err := checkBindingAt(tx.Tx, gs[0].Node, at); err != nil {
+			if err := checkBindingAt(tx, gs[0].Node, at); err != nil {
 				return err
 			}
 		}

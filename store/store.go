@@ -244,6 +244,26 @@ type txn struct {
 
 func (tx *txn) record(o op) { tx.ops = append(tx.ops, o) }
 
+// bindingOf is node's host binding as this transaction sees it (nil:
+// none): written by it, or else as committed — the model, not the file:
+// every connect's commit asks, and the writer's lock keeps the model at
+// the last commit.
+func (tx *txn) bindingOf(node string) (*nvmegate.HostBinding, error) {
+	for i := len(tx.ops) - 1; i >= 0; i-- {
+		if o := tx.ops[i]; o.binding != nil && o.binding.SPIFFEID == node {
+			if o.del {
+				return nil, nil
+			}
+			return o.binding, nil
+		}
+	}
+	b, err := tx.model.hostBinding(context.Background(), node)
+	if nvmegate.ErrorCode(err) == nvmegate.ENOTFOUND {
+		return nil, nil
+	}
+	return b, err
+}
+
 // jobState is job id's state as this transaction sees it ("" if there is
 // no such job): written by it, or else as committed. The model serves it
 // for an active job, and for an ended one it keeps — not the file: a job
