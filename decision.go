@@ -32,4 +32,19 @@ type Obligations struct {
 	ReadOnly      bool          // the host gets read-only access
 	MaxIOPS       uint64        // QoS cap; 0 means none
 	MaxMBps       uint64        // QoS cap; 0 means none
+	// ReauthWithin is how long a grant issued under weaker obligations
+	// has to renew once a change makes them stronger, before it is
+	// revoked; 0 means DefaultReauthWithin.
+	ReauthWithin time.Duration
+}
+
+// DefaultReauthWithin is Obligations.ReauthWithin when policy sets none.
+const DefaultReauthWithin = 5 * time.Minute
+
+// Reauth is ReauthWithin, or its default.
+func (o Obligations) Reauth() time.Duration {
+	if o.ReauthWithin > 0 {
+		return o.ReauthWithin
+	}
+	return DefaultReauthWithin
 }

@@ -54,6 +54,14 @@ type Grant struct {
 	// target then refuses the new grant, this one is put back, and only
 	// then (lease.Lifecycle.Issue).
 	SupersededBy string
+
+	// ReauthBy, if set, is when an active grant must have renewed: a
+	// change (ReauthWhy says which) made its obligations stronger than
+	// those it was issued under, and it is revoked if it has not renewed
+	// by then. A renewal, which meets the obligations in force, clears
+	// both.
+	ReauthBy  time.Time
+	ReauthWhy string
 }
 
 // Scope is KeyScope, or the subsystem NQN for older records.
@@ -159,6 +167,38 @@ func (g *Grant) credentialParams(sub *Subsystem, ob Obligations) error {
 		g.DHCHAPHash, g.DHGroup, g.Bidirectional = "none", "", false
 	}
 	return nil
+}
+
+// Shortfalls are what g, as issued, falls short of under obligations ob
+// for subsystem sub on target t at time now: a weaker hash or DH group,
+// no bidirectional authentication, TLS or read-only where ob asks for
+// them, a lifetime past ob's max TTL. Empty: g meets ob. An error: ob can
+// no longer be met there at all (ApplyObligations refuses it).
+func (g *Grant) Shortfalls(sub *Subsystem, t *Target, ob Obligations, now time.Time) ([]string, error) {
+	want := *g
+	if err := want.ApplyObligations(sub, t, ob); err != nil {
+		return nil, err
+	}
+	var out []string
+	if want.DHCHAPHash != "none" && hashRank[g.DHCHAPHash] < hashRank[want.DHCHAPHash] {
+		out = append(out, "hash "+g.DHCHAPHash+" is weaker than "+want.DHCHAPHash)
+	}
+	if want.DHCHAPHash != "none" && groupRank[g.DHGroup] < groupRank[want.DHGroup] {
+		out = append(out, "DH group "+g.DHGroup+" is weaker than "+want.DHGroup)
+	}
+	if want.Bidirectional && !g.Bidirectional {
+		out = append(out, "bidirectional authentication is required")
+	}
+	if want.TLS && !g.TLS {
+		out = append(out, "TLS is required")
+	}
+	if want.ReadOnly && !g.ReadOnly {
+		out = append(out, "read-only access is required")
+	}
+	if ob.MaxTTL > 0 && g.ExpiresAt.Sub(now) > ob.MaxTTL {
+		out = append(out, "it lives past the max TTL of "+ob.MaxTTL.String())
+	}
+	return out, nil
 }
 
 // HostEntry is what the grants sharing one host entry on a target (one

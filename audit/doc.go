@@ -51,7 +51,7 @@
 //	  "kind":          grant | deny | invalid_argument | renew | release |
 //	                   expire | revoke | job_admit | job_finish |
 //	                   key_rotation | inventory_change | policy_load |
-//	                   target_apply
+//	                   target_apply | reauth_required
 //	  "namespaces":    [{"dataset": name, "dataset_digest": digest,
 //	                     "mode": "ro"|"rw"|"", "nsid": int,
 //	                     "subsystem_nqn": NQN}]                        (optional)
@@ -68,6 +68,15 @@
 // the caller sent is withheld ("…"); nothing else of the request. Kinds
 // added after version 1 (invalid_argument) leave the encoding as it was: a
 // decoder accepts any lower-case kind.
+//
+// A revoke entry made because a change re-decided the grant (the gateway
+// re-decides the active grants a policy revision, an inventory, binding or
+// job change can affect) carries the new decision — its policy revision
+// and reasons — and a detail naming the change and the store's data
+// revision. A reauth_required entry is a grant still allowed whose
+// obligations that change made stronger: its decision is the new one, its
+// detail what it falls short of and the deadline by which it must renew,
+// or be revoked.
 //
 // Entries carry key versions and fingerprints (keyed hashes), never key
 // material. As a last line of defence Append refuses, with ErrKeyMaterial

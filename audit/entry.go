@@ -41,13 +41,14 @@ const (
 	EventInventoryChange EventKind = "inventory_change" // inventory created/deleted
 	EventPolicyLoad      EventKind = "policy_load"      // a policy revision loaded
 	EventTargetApply     EventKind = "target_apply"     // a target agent acknowledged a generation
+	EventReauth          EventKind = "reauth_required"  // a change made a live grant's obligations stronger: it must renew by a deadline
 )
 
 var knownKinds = map[EventKind]bool{
 	EventGrant: true, EventDeny: true, EventRenew: true, EventRelease: true,
 	EventExpire: true, EventRevoke: true, EventJobAdmit: true, EventJobFinish: true,
 	EventKeyRotation: true, EventInventoryChange: true, EventPolicyLoad: true,
-	EventTargetApply: true, EventInvalid: true,
+	EventTargetApply: true, EventInvalid: true, EventReauth: true,
 }
 
 // Entry is one audit record: a decision or a state change. See doc.go for

@@ -44,6 +44,7 @@ const (
 	oReadOnly      = "read_only"     // boolean
 	oMaxIOPS       = "max_iops"      // integer >= 0; 0 = no cap
 	oMaxMBps       = "max_mbps"      // integer >= 0; 0 = no cap
+	oReauthWithin  = "reauth_within" // string, Go duration > 0: how long a grant under weaker obligations has to renew
 )
 
 var (
@@ -142,13 +143,9 @@ func parseObligations(obj ast.Object) (nvmegate.Obligations, error) {
 		}
 		switch name := string(key); name {
 		case oMaxTTL:
-			s, ok := v.Value.(ast.String)
-			d, err := time.ParseDuration(string(s))
-			if !ok || err != nil || d <= 0 {
-				fail("obligations.%s must be a positive Go duration string like \"15m\" (got %v)", name, v)
-				return
-			}
-			o.MaxTTL = d
+			o.MaxTTL = durationOb(name, v, fail)
+		case oReauthWithin:
+			o.ReauthWithin = durationOb(name, v, fail)
 		case oRequireTLS:
 			o.RequireTLS = boolOb(name, v, fail)
 		case oBidirectional:
@@ -173,6 +170,16 @@ func parseObligations(obj ast.Object) (nvmegate.Obligations, error) {
 		return nvmegate.Obligations{}, errors.New(problem)
 	}
 	return o, nil
+}
+
+func durationOb(name string, v *ast.Term, fail func(string, ...any)) time.Duration {
+	s, ok := v.Value.(ast.String)
+	d, err := time.ParseDuration(string(s))
+	if !ok || err != nil || d <= 0 {
+		fail("obligations.%s must be a positive Go duration string like \"15m\" (got %v)", name, v)
+		return 0
+	}
+	return d
 }
 
 func boolOb(name string, v *ast.Term, fail func(string, ...any)) bool {

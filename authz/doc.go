@@ -78,6 +78,9 @@
 //	read_only      boolean  the host gets read-only access
 //	max_iops       integer  >= 0, QoS cap; 0 = none
 //	max_mbps       integer  >= 0, QoS cap; 0 = none
+//	reauth_within  string   Go duration > 0: when a change makes a live grant's obligations
+//	                        stronger than those it was issued under, how long it has to renew
+//	                        before it is revoked (default 5m)
 //
 // max_ttl is a duration string rather than a number so a policy author
 // never has to guess the unit; Rego compares them with time.parse_duration_ns.

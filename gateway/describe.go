@@ -84,6 +84,9 @@ type describer struct {
 	members *memberSets
 	// revisions, if set, tells which store revision a scope was read at.
 	revisions ScopeRevisions
+	// caller, if set, is whose call is described (a re-decision of that
+	// node's grant); otherwise the call's peer.
+	caller string
 	// Records read once per call: a connect's namespaces share their
 	// subsystem and target.
 	subs    map[string]*nvmegate.Subsystem
@@ -523,21 +526,38 @@ func (e *notCallersGrant) Error() string { return "grant " + e.id + " is not the
 // every namespace on the subsystem (a connected host sees them all), each
 // with the mode the job gives it ("" for one the job does not name).
 func (d *describer) subsystemCall(jobID, subNQN, hostNQN, ttl string) (map[string]any, error) {
+	sc, rev, err := d.subsystemScope(jobID, subNQN, hostNQN, ttl)
+	if err != nil {
+		return nil, err
+	}
+	if d.keepScopeAt(sc, rev) && typedCall(sc) {
+		// Policy gets the resource typed (policyScope): no map is built
+		// for a node's every connect. What needs the map (a refusal's
+		// audit entry) asks the input for it (authz.Input.ResourceMap).
+		return nil, nil
+	}
+	return scopeResource(sc), nil
+}
+
+// subsystemScope reads the scope of subsystemCall, and the store revision
+// it was read wholly at (0: a change landed while it read, or the store
+// tells none).
+func (d *describer) subsystemScope(jobID, subNQN, hostNQN, ttl string) (*nvmegate.Scope, uint64, error) {
 	var rev uint64
 	if d.revisions != nil {
 		rev = d.revisions.ScopeRevision()
 	}
 	sc, err := d.nodeScope(jobID)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	sc.SubsystemNQN, sc.HostNQN, sc.TTL = subNQN, hostNQN, ttl
 	if sc.Subsystem, err = d.subsystemRec(subNQN); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if sc.Subsystem != nil {
 		if sc.Target, err = d.targetRec(sc.Subsystem.TargetID); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
 	modes := map[uint32]string{}
@@ -550,13 +570,13 @@ func (d *describer) subsystemCall(jobID, subNQN, hostNQN, ttl string) (map[strin
 		return d.store.ListNamespaces(d.ctx, store.NamespaceFilter{SubsystemNQN: subNQN}, p)
 	})
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	nss := make([]nvmegate.ScopeNamespace, 0, len(all))
 	for _, n := range all {
 		sn, err := d.scopeNamespace(n.Key(), n, modes[n.NSID])
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		nss = append(nss, sn)
 	}
@@ -564,13 +584,7 @@ func (d *describer) subsystemCall(jobID, subNQN, hostNQN, ttl string) (map[strin
 	if rev != 0 && d.revisions.ScopeRevision() != rev {
 		rev = 0 // a change landed while the records were read
 	}
-	if d.keepScopeAt(sc, rev) && typedCall(sc) {
-		// Policy gets the resource typed (policyScope): no map is built
-		// for a node's every connect. What needs the map (a refusal's
-		// audit entry) asks the input for it (authz.Input.ResourceMap).
-		return nil, nil
-	}
-	return scopeResource(sc), nil
+	return sc, rev, nil
 }
 
 // nodeCall describes a node's call in a job (discover, release): the
@@ -589,8 +603,12 @@ func (d *describer) nodeCall(jobID string) (map[string]any, error) {
 // whether the caller is one of its nodes, the caller's binding, and the
 // job's namespaces with their modes.
 func (d *describer) nodeScope(jobID string) (*nvmegate.Scope, error) {
-	caller, _ := identity.PeerID(d.ctx)
-	sc := &nvmegate.Scope{Caller: caller.String(), JobID: jobID}
+	caller := d.caller
+	if caller == "" {
+		id, _ := identity.PeerID(d.ctx)
+		caller = id.String()
+	}
+	sc := &nvmegate.Scope{Caller: caller, JobID: jobID}
 	if d.jobs != nil {
 		j, err := d.jobs.Job(d.ctx, jobID)
 		if ok, err := found(err); err != nil {

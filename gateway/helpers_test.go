@@ -70,7 +70,15 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 	if err != nil {
 		t.Fatal(err)
 	}
-	db, err := store.Open(filepath.Join(t.TempDir(), "inventory.db"), store.Options{})
+	// The store's clock is the gateway's (Config.Now, if an option sets
+	// one): expiries and renewal deadlines are read against it.
+	var clock func() time.Time
+	db, err := store.Open(filepath.Join(t.TempDir(), "inventory.db"), store.Options{Now: func() time.Time {
+		if clock != nil {
+			return clock()
+		}
+		return time.Now()
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,10 +148,12 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 		Policy:        engine,
 		Logger:        log,
 		Registerer:    reg,
+		Self:          "spiffe://nvmegate.test/gateway/test",
 	}
 	for _, o := range opts {
 		o(&cfg)
 	}
+	clock = cfg.Now
 	// The store keeps the jobs; grants are issued where there are keys and
 	// a target agent (after the options, which may take either away).
 	cfg.Jobs, cfg.Revisions = db, db

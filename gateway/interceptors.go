@@ -37,6 +37,14 @@ type metrics struct {
 	// target already has a live one: a second agent of one target (a
 	// second instance, a stolen target SVID) shows here, by target.
 	agentsRefused *prometheus.CounterVec
+	// redecisions counts what re-decisions after a change did to active
+	// grants: revoked, or required to renew (must_renew).
+	redecisions *prometheus.CounterVec
+}
+
+func (m *metrics) redecided(revoked, mustRenew int) {
+	m.redecisions.WithLabelValues("revoked").Add(float64(revoked))
+	m.redecisions.WithLabelValues("must_renew").Add(float64(mustRenew))
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -54,9 +62,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "nvmegate", Name: "target_agent_streams_refused_total",
 			Help: "Target agent streams refused because the target already has a live agent stream (a second agent of one target), by target.",
 		}, []string{"target"}),
+		redecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "nvmegate", Name: "grants_redecided_total",
+			Help: "Active grants a change (a policy revision, an inventory, binding or job change) re-decided and acted on, by outcome: revoked, must_renew.",
+		}, []string{"outcome"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.latency, m.agentsRefused} {
+		for _, c := range []prometheus.Collector{m.requests, m.latency, m.agentsRefused, m.redecisions} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -89,6 +101,11 @@ func (s *Server) unaryInterceptors() []grpc.UnaryServerInterceptor {
 			return h(ctx, req)
 		},
 		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			if opensAccess[info.FullMethod] {
+				// Before policy decides: a re-decision after a change
+				// waits for it (Server.Redecide).
+				defer s.openings.enter()()
+			}
 			if err := validate(req, s.now()); err != nil {
 				s.recordInvalid(ctx, info.FullMethod, err)
 				return nil, err

@@ -68,6 +68,9 @@ type Config struct {
 	// subsystem and revision (authz.Scope.Sealed) and shared by every
 	// node's call on it. Nil: each call's scope is encoded anew.
 	Revisions ScopeRevisions
+	// Self is the gateway's own SPIFFE ID: the caller of the entries of
+	// what it does on its own (a re-decision's revocations).
+	Self string
 	// Policy reports the loaded policy for Policy.Status; optional.
 	Policy PolicyInfo
 	// Logger defaults to slog.Default().
@@ -107,6 +110,8 @@ type Server struct {
 	members         memberSets     // job membership, for describe
 	revisions       ScopeRevisions // nil: scopes are not sealed
 	scopes          *sealedScopes
+	openings        openings // connects and renewals in flight, for Redecide
+	self            string
 }
 
 // New builds a Server from cfg.
@@ -131,6 +136,7 @@ func New(cfg Config) (*Server, error) {
 		shutdownTimeout: cfg.ShutdownTimeout,
 		limit:           newLimiter(cfg.MaxInFlight, cfg.MaxWaiting),
 		revisions:       cfg.Revisions,
+		self:            cfg.Self,
 		scopes:          &sealedScopes{m: map[sealedKey]*authz.Scope{}},
 		health:          health.NewServer(),
 		stopping:        make(chan struct{}),

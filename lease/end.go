@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/audit"
@@ -138,11 +139,17 @@ func (l *Lifecycle) Revoke(ctx context.Context, sel Selection, caller, why strin
 
 // revoke ends gs as revoked (Revoke).
 func (l *Lifecycle) revoke(ctx context.Context, gs []*nvmegate.Grant, caller, why string) ([]string, error) {
-	ctx = context.WithoutCancel(ctx)
 	entries := make([]audit.Entry, len(gs))
 	for i, g := range gs {
 		entries[i] = endEntry(audit.EventRevoke, g, caller, why, l.now())
 	}
+	return l.revokeRecorded(ctx, gs, entries, why)
+}
+
+// revokeRecorded ends gs as revoked, entries[i] recording gs[i], and
+// rotates the roots their hosts knew, saying why.
+func (l *Lifecycle) revokeRecorded(ctx context.Context, gs []*nvmegate.Grant, entries []audit.Entry, why string) ([]string, error) {
+	ctx = context.WithoutCancel(ctx)
 	res := l.run(ctx, &change{op: "revoke", ends: gs, state: nvmegate.GrantRevoked, endEntries: entries, endUnrecorded: true, rotate: why})
 	ended := ids(res.done)
 	if err := errors.Join(res.err, res.unfollowed); err != nil {
@@ -166,9 +173,34 @@ func (l *Lifecycle) EndJob(ctx context.Context, jobID, caller, why string) ([]st
 // error says which were not recorded or stored. A target that does not
 // follow is logged: the reconciler retries.
 func (l *Lifecycle) Expire(ctx context.Context) (int, error) {
-	gs, err := l.grants.ExpiredGrants(ctx)
-	if err != nil || len(gs) == 0 {
+	all, err := l.grants.ExpiredGrants(ctx)
+	if err != nil || len(all) == 0 {
 		return 0, err
+	}
+	// A grant past its renewal deadline but not its expiry did not renew
+	// after a change tightened its obligations: it is revoked, naming the
+	// change.
+	now := l.now()
+	var gs, due []*nvmegate.Grant
+	var dueEntries []audit.Entry
+	for _, g := range all {
+		if now.Before(g.ExpiresAt) && !g.ReauthBy.IsZero() {
+			due = append(due, g)
+			dueEntries = append(dueEntries, endEntry(audit.EventRevoke, g, "", clip("not renewed by "+g.ReauthBy.UTC().Format(time.RFC3339)+
+				" after obligations tightened by "+g.ReauthWhy), now))
+			continue
+		}
+		gs = append(gs, g)
+	}
+	n := 0
+	var errs []error
+	if len(due) > 0 {
+		done, err := l.revokeRecorded(ctx, due, dueEntries, "not renewed after obligations tightened")
+		n += len(done)
+		errs = append(errs, err)
+	}
+	if len(gs) == 0 {
+		return n, errors.Join(errs...)
 	}
 	entries := make([]audit.Entry, len(gs))
 	for i, g := range gs {
@@ -178,7 +210,7 @@ func (l *Lifecycle) Expire(ctx context.Context) (int, error) {
 	if res.unfollowed != nil {
 		l.log.WarnContext(ctx, "target not reprogrammed after expiry; the reconciler retries", "err", res.unfollowed)
 	}
-	return len(res.done), res.err
+	return n + len(res.done), errors.Join(append(errs, res.err)...)
 }
 
 // Rebind prepares host NQN nqn for identity node (an admin binding it):

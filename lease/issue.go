@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
+	"time"
 
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/audit"
@@ -116,6 +117,8 @@ func (l *Lifecycle) Renew(ctx context.Context, g *nvmegate.Grant, r Request) (Is
 	}
 	now := l.now()
 	g.KeyVersion, g.ExpiresAt, g.DecisionID = creds.RootVersion, nvmegate.GrantExpiry(now, r.TTL, d.Obligations.MaxTTL, j.ExpiresAt), d.ID
+	// Renewed under the obligations in force: no renewal deadline.
+	g.ReauthBy, g.ReauthWhy = time.Time{}, ""
 	// The node's grants that share this host entry move with it.
 	moving := differing(sharing, g)
 	var hosts []nvmegate.HostRef // none: the target holds nothing that changed

@@ -43,6 +43,9 @@ type Grants interface {
 	// returns those put back (store.DB has the rules).
 	OpenGrant(ctx context.Context, g *nvmegate.Grant, move []string, supersede bool, at *store.BindingAt) ([]*nvmegate.Grant, error)
 	UndoOpening(ctx context.Context, g *nvmegate.Grant) ([]*nvmegate.Grant, error)
+	// RequireReauth sets renewal deadlines on the grants still active
+	// under the decisions the marks name; it returns those it marked.
+	RequireReauth(ctx context.Context, marks []store.ReauthMark) ([]*nvmegate.Grant, error)
 }
 
 // Inventory tells where a grant's subsystem is (*store.DB).

@@ -11,6 +11,9 @@ package nvmegate.authz
 #   auth_mode      dhchap|tls|both     min_hash       sha256|sha384|sha512
 #   min_dh_group   null|ffdhe2048|ffdhe3072|ffdhe4096|ffdhe6144|ffdhe8192
 #   max_iops, max_mbps  integer >= 0 (0: no cap)
+#   reauth_within  Go duration > 0: when a change makes a live grant's
+#                  obligations stronger than those it was issued under, the
+#                  time it has to renew before it is revoked (default 5m)
 #   auth_options   [obligations, ...]: alternatives; for a connect or renew
 #                  the first one the subsystem supports applies (TLS needs a
 #                  TLS subsystem, DH-HMAC-CHAP or bidirectional a DH-HMAC-CHAP
@@ -119,6 +122,7 @@ supports(o, caps) if {
 merge_obligations(docs) := object.union_n([
 	{k: true | some d in docs; some k, v in d; v == true},
 	{"max_ttl": min(ttls)[1] | count(ttls) > 0},
+	{"reauth_within": min(reauths)[1] | count(reauths) > 0},
 	{"min_hash": hash_names[max(hashes)] | count(hashes) > 0},
 	{"min_dh_group": dh_group_names[max(groups)] | count(groups) > 0},
 	{"auth_mode": combined_auth_mode(modes) | count(modes) > 0},
@@ -126,6 +130,7 @@ merge_obligations(docs) := object.union_n([
 	{"max_mbps": min(mbps) | count(mbps) > 0},
 ]) if {
 	ttls := {[time.parse_duration_ns(d.max_ttl), d.max_ttl] | some d in docs}
+	reauths := {[time.parse_duration_ns(d.reauth_within), d.reauth_within] | some d in docs}
 	hashes := {hash_rank[d.min_hash] | some d in docs}
 	groups := {dh_group_rank[d.min_dh_group] | some d in docs}
 	modes := {d.auth_mode | some d in docs}

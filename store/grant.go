@@ -47,6 +47,9 @@ type grantRecord struct {
 	RemovalPending bool `json:"removal_pending,omitempty"`
 	// SupersededBy only on a released grant.
 	SupersededBy string `json:"superseded_by,omitempty"`
+	// ReauthBy and ReauthWhy only on an active grant.
+	ReauthBy  *time.Time `json:"reauth_by,omitempty"`
+	ReauthWhy string     `json:"reauth_why,omitempty"`
 }
 
 func encodeGrant(g *nvmegate.Grant) ([]byte, error) {
@@ -54,7 +57,24 @@ func encodeGrant(g *nvmegate.Grant) ([]byte, error) {
 		SubsystemNQN: g.SubsystemNQN, KeyVersion: g.KeyVersion, KeyScope: g.KeyScope, IssuedAt: g.IssuedAt.UTC(), ExpiresAt: g.ExpiresAt.UTC(),
 		State: g.State, DecisionID: g.DecisionID, AuditIndex: g.AuditIndex, DHCHAPHash: g.DHCHAPHash, DHGroup: g.DHGroup,
 		Bidirectional: g.Bidirectional, TLS: g.TLS, ReadOnly: g.ReadOnly, RemovalPending: g.RemovalPending && g.State != nvmegate.GrantActive,
-		SupersededBy: supersededBy(g)})
+		SupersededBy: supersededBy(g), ReauthBy: reauthBy(g), ReauthWhy: reauthWhy(g)})
+}
+
+// reauthBy is g's renewal deadline as stored: only an active grant has
+// one.
+func reauthBy(g *nvmegate.Grant) *time.Time {
+	if g.State != nvmegate.GrantActive || g.ReauthBy.IsZero() {
+		return nil
+	}
+	t := g.ReauthBy.UTC()
+	return &t
+}
+
+func reauthWhy(g *nvmegate.Grant) string {
+	if reauthBy(g) == nil {
+		return ""
+	}
+	return g.ReauthWhy
 }
 
 // storedGrant is g as decodeGrant(encodeGrant(g)) makes it — times in UTC
@@ -66,6 +86,10 @@ func storedGrant(g *nvmegate.Grant) *nvmegate.Grant {
 	c.IssuedAt, c.ExpiresAt = g.IssuedAt.UTC(), g.ExpiresAt.UTC()
 	c.RemovalPending = g.RemovalPending && g.State != nvmegate.GrantActive
 	c.SupersededBy = supersededBy(g)
+	c.ReauthBy, c.ReauthWhy = time.Time{}, reauthWhy(g)
+	if t := reauthBy(g); t != nil {
+		c.ReauthBy = *t
+	}
 	return &c
 }
 
@@ -77,10 +101,14 @@ func decodeGrant(v []byte) (*nvmegate.Grant, error) {
 	if r.V != recordVersion {
 		return nil, fmt.Errorf("store: grant record version %d", r.V)
 	}
-	return &nvmegate.Grant{ID: r.ID, JobID: r.JobID, Tenant: r.Tenant, Node: r.Node, HostNQN: r.HostNQN, SubsystemNQN: r.SubsystemNQN,
+	g := &nvmegate.Grant{ID: r.ID, JobID: r.JobID, Tenant: r.Tenant, Node: r.Node, HostNQN: r.HostNQN, SubsystemNQN: r.SubsystemNQN,
 		KeyVersion: r.KeyVersion, KeyScope: r.KeyScope, IssuedAt: r.IssuedAt, ExpiresAt: r.ExpiresAt, State: r.State, DecisionID: r.DecisionID,
 		AuditIndex: r.AuditIndex, DHCHAPHash: r.DHCHAPHash, DHGroup: r.DHGroup, Bidirectional: r.Bidirectional, TLS: r.TLS,
-		ReadOnly: r.ReadOnly, RemovalPending: r.RemovalPending, SupersededBy: r.SupersededBy}, nil
+		ReadOnly: r.ReadOnly, RemovalPending: r.RemovalPending, SupersededBy: r.SupersededBy}
+	if r.ReauthBy != nil {
+		g.ReauthBy, g.ReauthWhy = *r.ReauthBy, r.ReauthWhy
+	}
+	return g, nil
 }
 
 // supersededBy is g's successor as stored: only a released grant has one.
@@ -728,6 +756,50 @@ func (db *DB) SettleRemovals(ctx context.Context, ids []string) error {
 	})
 }
 
+// ReauthMark asks an active grant to renew by a deadline
+// (nvmegate.Grant.ReauthBy): a change made its obligations stronger.
+type ReauthMark struct {
+	GrantID string
+	// DecisionID is the decision the grant held when it was re-decided:
+	// a grant renewed since (a new decision, under the obligations in
+	// force) is not marked.
+	DecisionID string
+	By         time.Time
+	Why        string
+}
+
+// RequireReauth sets the renewal deadlines of marks, in one commit, on
+// the grants still active under the decision each names; an earlier
+// deadline already set stays. It returns the grants it marked, as stored.
+func (db *DB) RequireReauth(ctx context.Context, marks []ReauthMark) ([]*nvmegate.Grant, error) {
+	var out []*nvmegate.Grant
+	err := db.batch(ctx, func(tx *txn) error {
+		out = out[:0]
+		for _, m := range marks {
+			g, err := txGrant(tx, m.GrantID)
+			if err != nil {
+				return err
+			}
+			if g == nil || g.State != nvmegate.GrantActive || g.DecisionID != m.DecisionID ||
+				!g.ReauthBy.IsZero() && !m.By.Before(g.ReauthBy) {
+				continue
+			}
+			c := *g
+			c.ReauthBy, c.ReauthWhy = m.By, m.Why
+			val, err := encodeGrant(&c)
+			if err != nil {
+				return err
+			}
+			if err := putGrant(tx, &c, val); err != nil {
+				return err
+			}
+			out = append(out, storedGrant(&c))
+		}
+		return nil
+	})
+	return out, err
+}
+
 // Grant returns a grant, or ENOTFOUND. An active grant is served from the
 // model, an ended one read from the file. An active grant past its expiry
 // is reported as expired.
@@ -802,8 +874,9 @@ func (db *DB) SubsystemGrants(ctx context.Context, subsystemNQN string) ([]*nvme
 	return db.model.subsystemGrants(ctx, subsystemNQN)
 }
 
-// ExpiredGrants returns the grants still stored as active whose expiry has
-// passed (the sweeper ends them), ordered by subsystem and grant ID.
+// ExpiredGrants returns the grants still stored as active whose expiry, or
+// renewal deadline (Grant.ReauthBy), has passed (the sweeper ends them),
+// ordered by subsystem and grant ID.
 func (db *DB) ExpiredGrants(ctx context.Context) ([]*nvmegate.Grant, error) {
 	return db.model.expiredGrants(ctx, db.now())
 }

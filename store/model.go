@@ -31,6 +31,8 @@ type model struct {
 	// scopeRev is the revision of the last change to anything but grants.
 	scopeRev atomic.Uint64
 	records
+	// feeds hear of every scope change applied (DB.WatchScope).
+	feeds []*ScopeFeed
 }
 
 // records are the model's maps. Values are never modified once stored: a
@@ -124,6 +126,9 @@ func (m *model) apply(c change) {
 	}
 	if scope {
 		m.scopeRev.Store(c.revision)
+		for _, f := range m.feeds {
+			f.add(c.revision, c.ops)
+		}
 	}
 	m.rev.Store(c.revision)
 }

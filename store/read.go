@@ -251,7 +251,7 @@ func (m *model) expiredGrants(ctx context.Context, now time.Time) ([]*nvmegate.G
 				}
 				return nil, fmt.Errorf("store: index %s points to a missing grant %q", bucketGrantsBySubsystem, id)
 			}
-			if g.State == nvmegate.GrantActive && !now.Before(g.ExpiresAt) {
+			if g.State == nvmegate.GrantActive && (!now.Before(g.ExpiresAt) || !g.ReauthBy.IsZero() && !now.Before(g.ReauthBy)) {
 				c := *g
 				out = append(out, &c)
 			}

@@ -49,23 +49,24 @@ type Main struct {
 	// Stderr receives the logs; default os.Stderr.
 	Stderr io.Writer
 
-	log      *slog.Logger
-	registry *prometheus.Registry
-	db       *store.DB
-	keyStore keys.Backend
-	keys     *keys.Manager
-	agent    *targetagent.Agent
-	hub      *targetagent.Hub // remote target agents
-	lease    *lease.Lifecycle // the grants: issued, renewed, ended, expired
-	audit    *audit.Log
-	auditKey signer // the local KeyDir, or a Vault Transit key
-	source   identity.Source
-	engine   *authz.Engine
-	reloader *policyReloader // nil for the embedded policy
-	server   *gateway.Server
-	grpcLis  net.Listener
-	httpLis  net.Listener
-	httpSrv  *http.Server
+	log       *slog.Logger
+	registry  *prometheus.Registry
+	db        *store.DB
+	keyStore  keys.Backend
+	keys      *keys.Manager
+	agent     *targetagent.Agent
+	hub       *targetagent.Hub // remote target agents
+	lease     *lease.Lifecycle // the grants: issued, renewed, ended, expired
+	audit     *audit.Log
+	auditKey  signer // the local KeyDir, or a Vault Transit key
+	source    identity.Source
+	engine    *authz.Engine
+	reloader  *policyReloader // nil for the embedded policy
+	redecider *redecider      // re-decides the active grants after a change
+	server    *gateway.Server
+	grpcLis   net.Listener
+	httpLis   net.Listener
+	httpSrv   *http.Server
 }
 
 // NewMain returns a Main with the defaults of a production daemon.
@@ -284,9 +285,16 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		Policy:        m.engine,
 		Logger:        m.log,
 		Registerer:    m.registry,
+		Self:          self,
 	})
 	if err != nil {
 		return err
+	}
+	// Decisions stay true: re-decided after every change that can affect
+	// them, from now on (the feed is made before anything is served).
+	m.redecider = &redecider{server: m.server, feed: m.db.WatchScope(), log: m.log}
+	if m.reloader != nil {
+		m.reloader.loaded = m.redecider.policyLoaded
 	}
 	if m.grpcLis, err = net.Listen("tcp", c.Listen); err != nil {
 		return fmt.Errorf("listen %s: %w", c.Listen, err)
@@ -493,6 +501,13 @@ func (m *Main) Run(ctx context.Context) error {
 	if m.reloader != nil {
 		g.Go(func() error { return m.reloader.Run(ctx) })
 	}
+	g.Go(func() error {
+		// Grants issued under an earlier policy or records (before a
+		// restart) are decided again under those serving now.
+		st := m.engine.Status()
+		m.redecider.redecide(ctx, gateway.Change{All: true, Cause: fmt.Sprintf("gateway start under policy revision %s (digest %s)", st.Revision, st.Digest)})
+		return m.redecider.Run(ctx)
+	})
 	g.Go(func() error { return m.keys.Run(ctx, nil) })
 	g.Go(func() error {
 		d, _ := time.ParseDuration(m.Config.Targets.ReconcileInterval)

@@ -52,6 +52,9 @@ type policyReloader struct {
 	// refused remembers the last refused digest (or load error) so that it
 	// is logged once, not at every tick.
 	refused string
+	// loaded, if set, hears of every revision swapped in (the grants are
+	// re-decided under it).
+	loaded func(ctx context.Context, revision, digest string)
 }
 
 // Run checks every interval until ctx ends.
@@ -95,7 +98,11 @@ func (r *policyReloader) check(ctx context.Context) bool {
 		return false
 	}
 	r.refused = ""
-	r.record(ctx, r.engine.Status(), nil)
+	st := r.engine.Status()
+	r.record(ctx, st, nil)
+	if r.loaded != nil {
+		r.loaded(ctx, st.Revision, st.Digest)
+	}
 	return true
 }
 

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/nvmegate/nvmegate/gateway"
+	"github.com/nvmegate/nvmegate/store"
+)
+
+// redecider keeps decisions true: after every policy revision and every
+// change to the inventory, host bindings or jobs it has the gateway decide
+// again the active grants the change can affect (gateway.Server.Redecide),
+// which revokes those no longer allowed and requires a renewal of those
+// under stronger obligations.
+type redecider struct {
+	server *gateway.Server
+	feed   *store.ScopeFeed // nil: only policy revisions are followed
+	log    *slog.Logger
+}
+
+// Run follows the store's scope changes until ctx ends.
+func (r *redecider) Run(ctx context.Context) error {
+	for {
+		c, err := r.feed.Next(ctx)
+		if err != nil {
+			return nil
+		}
+		r.redecide(ctx, gateway.Change{Cause: describeChange(c), Targets: c.Targets, Subsystems: c.Subsystems, Nodes: c.Bindings, Jobs: c.Jobs})
+	}
+}
+
+// policyLoaded re-decides every active grant under a new revision.
+func (r *redecider) policyLoaded(ctx context.Context, revision, digest string) {
+	r.redecide(ctx, gateway.Change{All: true, Cause: fmt.Sprintf("policy revision %s (digest %s) loaded", revision, digest)})
+}
+
+// maxLogged bounds the grants a re-decision names in the log one by one.
+const maxLogged = 20
+
+func (r *redecider) redecide(ctx context.Context, c gateway.Change) {
+	d, err := r.server.Redecide(ctx, c, nil, false)
+	if err != nil {
+		r.log.Error("grants not re-decided after a change; the next change or restart re-decides them", "cause", c.Cause, "err", err)
+		if d == nil {
+			return
+		}
+	}
+	for i, v := range append(d.Ending, d.Tightening...) {
+		if i == maxLogged {
+			r.log.Warn("more grants ended or tightened by the change", "cause", c.Cause, "not_listed", len(d.Ending)+len(d.Tightening)-maxLogged)
+			break
+		}
+		what := "revoked: no longer allowed"
+		if !v.Ends() {
+			what = "must renew: obligations tightened"
+		}
+		r.log.Warn("grant "+what, "cause", c.Cause, "grant", v.Grant.ID, "job", v.Grant.JobID, "node", v.Grant.Node,
+			"subsystem", v.Grant.SubsystemNQN, "policy_revision", v.Decision.PolicyRevision, "reasons", strings.Join(v.Reasons(), "; "))
+	}
+}
+
+// describeChange names a scope change for the log and the entries.
+func describeChange(c store.ScopeChange) string {
+	var parts []string
+	add := func(what string, keys []string) {
+		if len(keys) == 0 {
+			return
+		}
+		if len(keys) > 3 {
+			keys = append(keys[:3:3], fmt.Sprintf("and %d more", len(keys)-3))
+		}
+		parts = append(parts, what+" "+strings.Join(keys, ", "))
+	}
+	add("target", c.Targets)
+	add("subsystem", c.Subsystems)
+	add("host binding of", c.Bindings)
+	add("job", c.Jobs)
+	return fmt.Sprintf("change of %s at data revision %d", strings.Join(parts, "; "), c.Revision)
+}
