@@ -14,7 +14,6 @@ import (
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/authz"
 	"github.com/nvmegate/nvmegate/lease"
-	"github.com/nvmegate/nvmegate/store"
 )
 
 // Change is what a re-decision of the active grants follows: a policy
@@ -77,9 +76,7 @@ func (s *Server) Redecide(ctx context.Context, change Change, a authz.Authorizer
 	if s.revisions != nil {
 		rev = s.revisions.ScopeRevision()
 	}
-	all, err := store.All(func(p store.Page) ([]*nvmegate.Grant, string, error) {
-		return s.lease.ListGrants(ctx, store.GrantFilter{State: nvmegate.GrantActive}, p)
-	})
+	all, err := s.lease.ActiveGrants(ctx)
 	if err != nil {
 		return nil, err
 	}

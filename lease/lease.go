@@ -19,6 +19,8 @@ type Grants interface {
 	// NodeActiveGrants are a node's active grants in any job, on any
 	// subsystem: those a new grant supersedes or shares a host entry with.
 	NodeActiveGrants(ctx context.Context, node string) ([]*nvmegate.Grant, error)
+	// ActiveGrants are the grants stored as active.
+	ActiveGrants(ctx context.Context) ([]*nvmegate.Grant, error)
 	// ExpiredGrants are the grants still stored as active past their
 	// expiry.
 	ExpiredGrants(ctx context.Context) ([]*nvmegate.Grant, error)
@@ -161,6 +163,12 @@ type Selection struct {
 // expired.
 func (l *Lifecycle) Grant(ctx context.Context, id string) (*nvmegate.Grant, error) {
 	return l.grants.Grant(ctx, id)
+}
+
+// ActiveGrants returns the grants stored as active (a re-decision's
+// subjects), by subsystem.
+func (l *Lifecycle) ActiveGrants(ctx context.Context) ([]*nvmegate.Grant, error) {
+	return l.grants.ActiveGrants(ctx)
 }
 
 // ListGrants returns one page of grants.

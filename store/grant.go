@@ -874,6 +874,12 @@ func (db *DB) SubsystemGrants(ctx context.Context, subsystemNQN string) ([]*nvme
 	return db.model.subsystemGrants(ctx, subsystemNQN)
 }
 
+// ActiveGrants returns every grant stored as active (past its expiry or
+// not), ordered by subsystem and grant ID, from the read model.
+func (db *DB) ActiveGrants(ctx context.Context) ([]*nvmegate.Grant, error) {
+	return db.model.activeGrants(ctx)
+}
+
 // ExpiredGrants returns the grants still stored as active whose expiry, or
 // renewal deadline (Grant.ReauthBy), has passed (the sweeper ends them),
 // ordered by subsystem and grant ID.

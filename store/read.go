@@ -156,6 +156,24 @@ func (m *model) subsystemGrants(ctx context.Context, nqn string) ([]*nvmegate.Gr
 	return copyGrants(gs), err
 }
 
+// activeGrants returns every active grant, by subsystem and grant ID.
+func (m *model) activeGrants(ctx context.Context) ([]*nvmegate.Grant, error) {
+	if err := m.rlock(ctx); err != nil {
+		return nil, err
+	}
+	var out []*nvmegate.Grant
+	for _, sub := range slices.Sorted(maps.Keys(m.grantsBySub)) {
+		gs, err := m.grantsByID(bucketGrantsBySubsystem, m.grantsBySub[sub], func(id string) string { return id }, true)
+		if err != nil {
+			m.mu.RUnlock()
+			return nil, err
+		}
+		out = append(out, gs...)
+	}
+	m.mu.RUnlock()
+	return copyGrants(out), nil
+}
+
 // nodeGrants returns the active grants of a node whose node index entry
 // (job 0x00 subsystem NQN 0x00 grant ID) starts with prefix.
 func (m *model) nodeGrants(ctx context.Context, node, prefix string) ([]*nvmegate.Grant, error) {
