@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"testing/fstest"
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
@@ -117,4 +118,35 @@ func (e *Engine) candidate(ctx context.Context, base *policy.Bundle, modules map
 		return nil, nvmegate.Invalid("candidate_modules", "%v", err)
 	}
 	return l, nil
+}
+
+// Candidate prepares a whole candidate policy — its files as a policy
+// directory holds them: .rego modules, data.json, selftest.json — as a
+// reload would (compiled and self-tested against the engine's gateway),
+// without swapping it in, and returns an Authorizer that decides by it
+// and its status. A policy impact decides the active grants by it.
+func (e *Engine) Candidate(ctx context.Context, files map[string][]byte) (Authorizer, Status, error) {
+	m := fstest.MapFS{}
+	for name, data := range files {
+		if !fs.ValidPath(name) {
+			return nil, Status{}, nvmegate.Invalid("candidate_files", "file names must be relative paths (got %q)", name)
+		}
+		m[name] = &fstest.MapFile{Data: data, Mode: 0o444}
+	}
+	b, err := policy.Load(m)
+	if err != nil {
+		return nil, Status{}, nvmegate.Invalid("candidate_files", "%v", err)
+	}
+	l, err := e.prepare(ctx, b, "candidate")
+	var st *SelfTestError
+	switch {
+	case errors.As(err, &st):
+		return nil, Status{}, nvmegate.Invalid("candidate_files", "the candidate fails self-test sample %q: %s", st.Sample, st.Problem)
+	case err != nil:
+		return nil, Status{}, nvmegate.Invalid("candidate_files", "%v", err)
+	}
+	return AuthorizerFunc(func(ctx context.Context, in *Input) (*nvmegate.Decision, error) {
+		d, _, err := e.decide(ctx, l, in, e.gateway, e.now())
+		return d, err
+	}), l.status, nil
 }

@@ -295,6 +295,7 @@ var malformed = map[string]struct {
 	"/nvmegate.v1.Keys/Rotate":            {&pb.RotateRequest{Kind: pb.KeyKind_KEY_KIND_ACCESS_ROOT, SubsystemNqn: subNQN, Nsid: 3}, "nsid"},
 	"/nvmegate.v1.Keys/Status":            {&pb.KeysStatusRequest{Kind: 9}, "kind"},
 	"/nvmegate.v1.Policy/Explain":         {&pb.ExplainRequest{InputJson: []byte(`[1,2]`)}, "input_json"},
+	"/nvmegate.v1.Policy/Impact":          {&pb.ImpactRequest{CandidateFiles: map[string][]byte{"../authz.rego": nil}}, "candidate_files"},
 	"/nvmegate.v1.Audit/Query":            {&pb.QueryRequest{Nsid: 1}, "nsid"},
 	"/nvmegate.v1.Audit/InclusionProof":   {&pb.InclusionProofRequest{Index: 5, TreeSize: 5}, "index"},
 	"/nvmegate.v1.Audit/ConsistencyProof": {&pb.ConsistencyProofRequest{FromSize: 0}, "from_size"},

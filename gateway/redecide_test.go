@@ -9,6 +9,9 @@ import (
 	"testing/fstest"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/gateway"
@@ -357,4 +360,89 @@ func (s *stalling) Program(ctx context.Context, targetID string, changed ...nvme
 	default:
 	}
 	return s.TargetProgrammer.Program(ctx, targetID, changed...)
+}
+
+// candidateFiles are the shipped policy's files with data.json's old
+// replaced by new, as `nvmegate policy impact` sends them.
+func candidateFiles(t *testing.T, old, new string) map[string][]byte {
+	t.Helper()
+	files := map[string][]byte{}
+	if err := fs.WalkDir(policy.Default(), ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || strings.HasSuffix(p, "_test.rego") {
+			return err
+		}
+		files[p], err = fs.ReadFile(policy.Default(), p)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	files["data.json"] = []byte(strings.Replace(string(files["data.json"]), old, new, 1))
+	return files
+}
+
+// Policy.Impact lists the grants a candidate would revoke, and why,
+// without loading it or changing anything; only a policy admin may ask;
+// a candidate that does not load or fails its self-test is refused as
+// invalid, naming why.
+func TestPolicyImpact(t *testing.T) {
+	g, ctx := usWestGateway(t)
+	c, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serving := g.engine.Status().Revision
+	size := g.audit.Size()
+	pc := pb.NewPolicyClient(g.client(t, admin))
+	resp, err := pc.Impact(ctx, &pb.ImpactRequest{CandidateFiles: candidateFiles(t, usWest, usWestMoved)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Checked != 1 || len(resp.Grants) != 1 || resp.ServingRevision != serving || resp.CandidateRevision == serving ||
+		len(resp.Jobs) != 1 || resp.Jobs[0] != "job-1" {
+		t.Fatalf("impact %v", resp)
+	}
+	ig := resp.Grants[0]
+	if ig.GrantId != c.Grant.GrantId || ig.Outcome != "revoke" || len(ig.Reasons) == 0 || !strings.Contains(ig.Reasons[0], "region us-west") {
+		t.Fatalf("impacted grant %v", ig)
+	}
+	// Nothing changed: the serving revision, the grant, the log.
+	if g.engine.Status().Revision != serving {
+		t.Fatal("the candidate was loaded")
+	}
+	if gr, err := g.lease.Grant(ctx, c.Grant.GrantId); err != nil || gr.State != nvmegate.GrantActive {
+		t.Fatalf("grant after the impact: %+v %v", gr, err)
+	}
+	if g.audit.Size() != size {
+		// The impact call itself is not a change: nothing is appended.
+		t.Fatalf("the impact wrote %d entries", g.audit.Size()-size)
+	}
+	// The same policy: no impact.
+	if same, err := pc.Impact(ctx, &pb.ImpactRequest{CandidateFiles: candidateFiles(t, usWest, usWest)}); err != nil || len(same.Grants) != 0 || same.Checked != 1 {
+		t.Fatalf("unchanged candidate: %v %v", same, err)
+	}
+	// Only a policy admin.
+	for _, who := range []string{node, sched, auditor, "/target/stor-eu-1"} {
+		_, err := pb.NewPolicyClient(g.client(t, who)).Impact(ctx, &pb.ImpactRequest{CandidateFiles: candidateFiles(t, usWest, usWestMoved)})
+		if status.Code(err) != codes.PermissionDenied {
+			t.Errorf("%s: %v, want PermissionDenied", who, err)
+		}
+	}
+	// Bad candidates.
+	broken := candidateFiles(t, usWest, usWest)
+	broken["authz.rego"] = []byte("package nvmegate.authz\n\ndecision := {")
+	selftest := candidateFiles(t, `"eu-west":    {"target_regions": ["eu-west", "eu-central"]}`, `"eu-west":    {"target_regions": ["eu-central"]}`)
+	for name, files := range map[string]map[string][]byte{
+		"none":      {},
+		"dot-dot":   {"../data.json": []byte("{}")},
+		"broken":    broken,
+		"self-test": selftest,
+	} {
+		_, err := pc.Impact(ctx, &pb.ImpactRequest{CandidateFiles: files})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "candidate_files") {
+			t.Errorf("%s: %v, want InvalidArgument about candidate_files", name, err)
+		}
+		if name == "self-test" && err != nil && !strings.Contains(err.Error(), "self-test sample") {
+			t.Errorf("self-test: %v does not name the sample", err)
+		}
+	}
 }

@@ -164,7 +164,7 @@ func New(cfg Config) (*Server, error) {
 		inv.rebind = cfg.Lease
 	}
 	pb.RegisterInventoryServer(s.grpc, inv)
-	pb.RegisterPolicyServer(s.grpc, &policyService{info: cfg.Policy})
+	pb.RegisterPolicyServer(s.grpc, &policyService{info: cfg.Policy, redecide: s.Redecide})
 	if cfg.Keys != nil {
 		pb.RegisterKeysServer(s.grpc, &keysService{keys: cfg.Keys, store: cfg.Store})
 	} else {

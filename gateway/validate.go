@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"io/fs"
 	"regexp"
 	"strconv"
 	"strings"
@@ -186,6 +187,8 @@ func validate(req any, now time.Time) error {
 		return validateExplain(r)
 	case *pb.PolicyStatusRequest:
 		return nil
+	case *pb.ImpactRequest:
+		return validateImpact(r)
 
 	// Audit
 	case *pb.QueryRequest:
@@ -252,6 +255,32 @@ func validateExplain(r *pb.ExplainRequest) error {
 		if !strings.HasSuffix(name, ".rego") || strings.ContainsAny(name, "/\\") || len(name) > 255 {
 			return nvmegate.Invalid("candidate_modules", "module names must be plain file names ending in .rego (got %q)", name)
 		}
+	}
+	return nil
+}
+
+// maxCandidateBytes bounds a candidate policy's files, together.
+const maxCandidateBytes = 8 << 20
+
+func validateImpact(r *pb.ImpactRequest) error {
+	if len(r.CandidateFiles) == 0 {
+		return nvmegate.Invalid("candidate_files", "is required: the candidate policy's files")
+	}
+	if len(r.CandidateFiles) > maxModules {
+		return nvmegate.Invalid("candidate_files", "at most %d files (got %d)", maxModules, len(r.CandidateFiles))
+	}
+	total := 0
+	for name, data := range r.CandidateFiles {
+		if err := nvmegate.ValidateString("candidate_files", name); err != nil {
+			return err
+		}
+		if !fs.ValidPath(name) || name == "." || len(name) > 255 {
+			return nvmegate.Invalid("candidate_files", "file names must be relative slash-separated paths without . or .. (got %q)", name)
+		}
+		total += len(data)
+	}
+	if total > maxCandidateBytes {
+		return nvmegate.Invalid("candidate_files", "must be at most %d bytes together (got %d)", maxCandidateBytes, total)
 	}
 	return nil
 }

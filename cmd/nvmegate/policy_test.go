@@ -78,3 +78,47 @@ func TestPolicyEvalOffline(t *testing.T) {
 		t.Fatalf("broken policy: %v", err)
 	}
 }
+
+// `policy impact` lists what a candidate directory would revoke, and with
+// --fail-on-revoke fails; an unchanged candidate passes either way.
+func TestPolicyImpact(t *testing.T) {
+	dir := startDevGateway(t)
+	mustCLI(t, dir, "admin", "inventory", "target", "add", "stor-us-1", "--fabric", "fab-us", "--region", "us-west",
+		"--port", "id=1,transport=tcp,family=ipv4,address=10.0.0.10,service=4420")
+	mustCLI(t, dir, "admin", "inventory", "subsystem", "add", nqn, "--target", "stor-us-1", "--tenant", "acme", "--ports", "1", "--dhchap")
+	mustCLI(t, dir, "admin", "inventory", "namespace", "add", nqn, "1", "--tenant", "acme", "--region", "us-west",
+		"--class", "internal", "--dataset", "ds", "--digest", digest)
+	mustCLI(t, dir, "acme-scheduler", "job", "admit", "job-7", "--tenant", "acme",
+		"--node", "spiffe://nvmegate.test/node/acme-gpu-1", "--namespace", nqn+"/1:ro", "--region", "us-west", "--expires-in", "2h")
+	mustCLI(t, dir, "acme-node-1", "connect", "--job", "job-7", "--subsystem", nqn)
+
+	candidate := t.TempDir()
+	if err := os.CopyFS(candidate, policy.Default()); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustCLI(t, dir, "admin", "policy", "impact", "--candidate", candidate, "--fail-on-revoke"); !strings.Contains(out, "0 would be revoked") {
+		t.Fatalf("unchanged candidate:\n%s", out)
+	}
+	data := filepath.Join(candidate, "data.json")
+	b, err := os.ReadFile(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved := strings.Replace(string(b), `"us-west":    {"target_regions": ["us-west", "us-east"]}`, `"us-west":    {"target_regions": ["us-east"]}`, 1)
+	if moved == string(b) {
+		t.Fatal("data.json no longer has us-west's residency")
+	}
+	if err := os.WriteFile(data, []byte(moved), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := mustCLI(t, dir, "admin", "policy", "impact", "--candidate", candidate)
+	if !strings.Contains(out, "revoke") || !strings.Contains(out, "job-7") || !strings.Contains(out, "1 would be revoked") || !strings.Contains(out, "region us-west") {
+		t.Fatalf("impact:\n%s", out)
+	}
+	if _, err := cli(t, dir, "admin", "policy", "impact", "--candidate", candidate, "--fail-on-revoke"); err == nil || !strings.Contains(err.Error(), "would revoke 1") {
+		t.Fatalf("--fail-on-revoke: %v", err)
+	}
+	if _, err := cli(t, dir, "acme-scheduler", "policy", "impact", "--candidate", candidate); err == nil || !strings.Contains(err.Error(), "PermissionDenied") {
+		t.Fatalf("a scheduler asking: %v", err)
+	}
+}

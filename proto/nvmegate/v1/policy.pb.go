@@ -22,6 +22,245 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ImpactRequest carries a candidate policy.
+type ImpactRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The candidate's files by path relative to its directory: .rego
+	// modules, data.json documents, selftest.json. Tests (_test.rego) may be
+	// left out.
+	CandidateFiles map[string][]byte `protobuf:"bytes,1,rep,name=candidate_files,json=candidateFiles,proto3" json:"candidate_files,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ImpactRequest) Reset() {
+	*x = ImpactRequest{}
+	mi := &file_nvmegate_v1_policy_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImpactRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImpactRequest) ProtoMessage() {}
+
+func (x *ImpactRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nvmegate_v1_policy_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImpactRequest.ProtoReflect.Descriptor instead.
+func (*ImpactRequest) Descriptor() ([]byte, []int) {
+	return file_nvmegate_v1_policy_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ImpactRequest) GetCandidateFiles() map[string][]byte {
+	if x != nil {
+		return x.CandidateFiles
+	}
+	return nil
+}
+
+// ImpactResponse is what loading the candidate would do to the active
+// grants.
+type ImpactResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The candidate's revision and the one serving.
+	CandidateRevision string `protobuf:"bytes,1,opt,name=candidate_revision,json=candidateRevision,proto3" json:"candidate_revision,omitempty"`
+	ServingRevision   string `protobuf:"bytes,2,opt,name=serving_revision,json=servingRevision,proto3" json:"serving_revision,omitempty"`
+	// How many active grants were decided again.
+	Checked uint32 `protobuf:"varint,3,opt,name=checked,proto3" json:"checked,omitempty"`
+	// The grants the candidate would revoke (outcome "revoke") or oblige to
+	// renew within the class's reauth_within (outcome "must_renew").
+	Grants []*ImpactedGrant `protobuf:"bytes,4,rep,name=grants,proto3" json:"grants,omitempty"`
+	// The jobs those grants belong to, sorted.
+	Jobs []string `protobuf:"bytes,5,rep,name=jobs,proto3" json:"jobs,omitempty"`
+	// The store revision the grants and records were read at (0: it moved
+	// while they were read).
+	DataRevision  uint64 `protobuf:"varint,6,opt,name=data_revision,json=dataRevision,proto3" json:"data_revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImpactResponse) Reset() {
+	*x = ImpactResponse{}
+	mi := &file_nvmegate_v1_policy_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImpactResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImpactResponse) ProtoMessage() {}
+
+func (x *ImpactResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nvmegate_v1_policy_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImpactResponse.ProtoReflect.Descriptor instead.
+func (*ImpactResponse) Descriptor() ([]byte, []int) {
+	return file_nvmegate_v1_policy_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ImpactResponse) GetCandidateRevision() string {
+	if x != nil {
+		return x.CandidateRevision
+	}
+	return ""
+}
+
+func (x *ImpactResponse) GetServingRevision() string {
+	if x != nil {
+		return x.ServingRevision
+	}
+	return ""
+}
+
+func (x *ImpactResponse) GetChecked() uint32 {
+	if x != nil {
+		return x.Checked
+	}
+	return 0
+}
+
+func (x *ImpactResponse) GetGrants() []*ImpactedGrant {
+	if x != nil {
+		return x.Grants
+	}
+	return nil
+}
+
+func (x *ImpactResponse) GetJobs() []string {
+	if x != nil {
+		return x.Jobs
+	}
+	return nil
+}
+
+func (x *ImpactResponse) GetDataRevision() uint64 {
+	if x != nil {
+		return x.DataRevision
+	}
+	return 0
+}
+
+// ImpactedGrant is one active grant a candidate policy would end or
+// tighten.
+type ImpactedGrant struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	GrantId string                 `protobuf:"bytes,1,opt,name=grant_id,json=grantId,proto3" json:"grant_id,omitempty"`
+	JobId   string                 `protobuf:"bytes,2,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Tenant  string                 `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// SPIFFE ID of its node.
+	Node         string `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	SubsystemNqn string `protobuf:"bytes,5,opt,name=subsystem_nqn,json=subsystemNqn,proto3" json:"subsystem_nqn,omitempty"`
+	// "revoke" or "must_renew".
+	Outcome string `protobuf:"bytes,6,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// Why: the candidate's deny reasons, or the obligations the grant does
+	// not meet.
+	Reasons       []string `protobuf:"bytes,7,rep,name=reasons,proto3" json:"reasons,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImpactedGrant) Reset() {
+	*x = ImpactedGrant{}
+	mi := &file_nvmegate_v1_policy_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImpactedGrant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImpactedGrant) ProtoMessage() {}
+
+func (x *ImpactedGrant) ProtoReflect() protoreflect.Message {
+	mi := &file_nvmegate_v1_policy_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImpactedGrant.ProtoReflect.Descriptor instead.
+func (*ImpactedGrant) Descriptor() ([]byte, []int) {
+	return file_nvmegate_v1_policy_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ImpactedGrant) GetGrantId() string {
+	if x != nil {
+		return x.GrantId
+	}
+	return ""
+}
+
+func (x *ImpactedGrant) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *ImpactedGrant) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ImpactedGrant) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ImpactedGrant) GetSubsystemNqn() string {
+	if x != nil {
+		return x.SubsystemNqn
+	}
+	return ""
+}
+
+func (x *ImpactedGrant) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *ImpactedGrant) GetReasons() []string {
+	if x != nil {
+		return x.Reasons
+	}
+	return nil
+}
+
 // ExplainRequest carries a policy input to dry-run.
 type ExplainRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -36,7 +275,7 @@ type ExplainRequest struct {
 
 func (x *ExplainRequest) Reset() {
 	*x = ExplainRequest{}
-	mi := &file_nvmegate_v1_policy_proto_msgTypes[0]
+	mi := &file_nvmegate_v1_policy_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -48,7 +287,7 @@ func (x *ExplainRequest) String() string {
 func (*ExplainRequest) ProtoMessage() {}
 
 func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_policy_proto_msgTypes[0]
+	mi := &file_nvmegate_v1_policy_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -61,7 +300,7 @@ func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainRequest.ProtoReflect.Descriptor instead.
 func (*ExplainRequest) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_policy_proto_rawDescGZIP(), []int{0}
+	return file_nvmegate_v1_policy_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ExplainRequest) GetInputJson() []byte {
@@ -91,7 +330,7 @@ type ExplainResponse struct {
 
 func (x *ExplainResponse) Reset() {
 	*x = ExplainResponse{}
-	mi := &file_nvmegate_v1_policy_proto_msgTypes[1]
+	mi := &file_nvmegate_v1_policy_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -103,7 +342,7 @@ func (x *ExplainResponse) String() string {
 func (*ExplainResponse) ProtoMessage() {}
 
 func (x *ExplainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_policy_proto_msgTypes[1]
+	mi := &file_nvmegate_v1_policy_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -116,7 +355,7 @@ func (x *ExplainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainResponse.ProtoReflect.Descriptor instead.
 func (*ExplainResponse) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_policy_proto_rawDescGZIP(), []int{1}
+	return file_nvmegate_v1_policy_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ExplainResponse) GetDecision() *Decision {
@@ -142,7 +381,7 @@ type PolicyStatusRequest struct {
 
 func (x *PolicyStatusRequest) Reset() {
 	*x = PolicyStatusRequest{}
-	mi := &file_nvmegate_v1_policy_proto_msgTypes[2]
+	mi := &file_nvmegate_v1_policy_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -154,7 +393,7 @@ func (x *PolicyStatusRequest) String() string {
 func (*PolicyStatusRequest) ProtoMessage() {}
 
 func (x *PolicyStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_policy_proto_msgTypes[2]
+	mi := &file_nvmegate_v1_policy_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -167,7 +406,7 @@ func (x *PolicyStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyStatusRequest.ProtoReflect.Descriptor instead.
 func (*PolicyStatusRequest) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_policy_proto_rawDescGZIP(), []int{2}
+	return file_nvmegate_v1_policy_proto_rawDescGZIP(), []int{5}
 }
 
 // PolicyStatusResponse describes the loaded policy.
@@ -187,7 +426,7 @@ type PolicyStatusResponse struct {
 
 func (x *PolicyStatusResponse) Reset() {
 	*x = PolicyStatusResponse{}
-	mi := &file_nvmegate_v1_policy_proto_msgTypes[3]
+	mi := &file_nvmegate_v1_policy_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -199,7 +438,7 @@ func (x *PolicyStatusResponse) String() string {
 func (*PolicyStatusResponse) ProtoMessage() {}
 
 func (x *PolicyStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_policy_proto_msgTypes[3]
+	mi := &file_nvmegate_v1_policy_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -212,7 +451,7 @@ func (x *PolicyStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyStatusResponse.ProtoReflect.Descriptor instead.
 func (*PolicyStatusResponse) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_policy_proto_rawDescGZIP(), []int{3}
+	return file_nvmegate_v1_policy_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PolicyStatusResponse) GetRevision() string {
@@ -247,7 +486,27 @@ var File_nvmegate_v1_policy_proto protoreflect.FileDescriptor
 
 const file_nvmegate_v1_policy_proto_rawDesc = "" +
 	"\n" +
-	"\x18nvmegate/v1/policy.proto\x12\vnvmegate.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18nvmegate/v1/common.proto\"\xd4\x01\n" +
+	"\x18nvmegate/v1/policy.proto\x12\vnvmegate.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18nvmegate/v1/common.proto\"\xab\x01\n" +
+	"\rImpactRequest\x12W\n" +
+	"\x0fcandidate_files\x18\x01 \x03(\v2..nvmegate.v1.ImpactRequest.CandidateFilesEntryR\x0ecandidateFiles\x1aA\n" +
+	"\x13CandidateFilesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"\xf1\x01\n" +
+	"\x0eImpactResponse\x12-\n" +
+	"\x12candidate_revision\x18\x01 \x01(\tR\x11candidateRevision\x12)\n" +
+	"\x10serving_revision\x18\x02 \x01(\tR\x0fservingRevision\x12\x18\n" +
+	"\achecked\x18\x03 \x01(\rR\achecked\x122\n" +
+	"\x06grants\x18\x04 \x03(\v2\x1a.nvmegate.v1.ImpactedGrantR\x06grants\x12\x12\n" +
+	"\x04jobs\x18\x05 \x03(\tR\x04jobs\x12#\n" +
+	"\rdata_revision\x18\x06 \x01(\x04R\fdataRevision\"\xc6\x01\n" +
+	"\rImpactedGrant\x12\x19\n" +
+	"\bgrant_id\x18\x01 \x01(\tR\agrantId\x12\x15\n" +
+	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x16\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\x12#\n" +
+	"\rsubsystem_nqn\x18\x05 \x01(\tR\fsubsystemNqn\x12\x18\n" +
+	"\aoutcome\x18\x06 \x01(\tR\aoutcome\x12\x18\n" +
+	"\areasons\x18\a \x03(\tR\areasons\"\xd4\x01\n" +
 	"\x0eExplainRequest\x12\x1d\n" +
 	"\n" +
 	"input_json\x18\x01 \x01(\fR\tinputJson\x12^\n" +
@@ -263,10 +522,11 @@ const file_nvmegate_v1_policy_proto_rawDesc = "" +
 	"\brevision\x18\x01 \x01(\tR\brevision\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x127\n" +
 	"\tloaded_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bloadedAt\x12\x18\n" +
-	"\amodules\x18\x04 \x03(\tR\amodules2\x9d\x01\n" +
+	"\amodules\x18\x04 \x03(\tR\amodules2\xe0\x01\n" +
 	"\x06Policy\x12D\n" +
 	"\aExplain\x12\x1b.nvmegate.v1.ExplainRequest\x1a\x1c.nvmegate.v1.ExplainResponse\x12M\n" +
-	"\x06Status\x12 .nvmegate.v1.PolicyStatusRequest\x1a!.nvmegate.v1.PolicyStatusResponseB;Z9github.com/nvmegate/nvmegate/proto/nvmegate/v1;nvmegatev1b\x06proto3"
+	"\x06Status\x12 .nvmegate.v1.PolicyStatusRequest\x1a!.nvmegate.v1.PolicyStatusResponse\x12A\n" +
+	"\x06Impact\x12\x1a.nvmegate.v1.ImpactRequest\x1a\x1b.nvmegate.v1.ImpactResponseB;Z9github.com/nvmegate/nvmegate/proto/nvmegate/v1;nvmegatev1b\x06proto3"
 
 var (
 	file_nvmegate_v1_policy_proto_rawDescOnce sync.Once
@@ -280,29 +540,37 @@ func file_nvmegate_v1_policy_proto_rawDescGZIP() []byte {
 	return file_nvmegate_v1_policy_proto_rawDescData
 }
 
-var file_nvmegate_v1_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_nvmegate_v1_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_nvmegate_v1_policy_proto_goTypes = []any{
-	(*ExplainRequest)(nil),        // 0: nvmegate.v1.ExplainRequest
-	(*ExplainResponse)(nil),       // 1: nvmegate.v1.ExplainResponse
-	(*PolicyStatusRequest)(nil),   // 2: nvmegate.v1.PolicyStatusRequest
-	(*PolicyStatusResponse)(nil),  // 3: nvmegate.v1.PolicyStatusResponse
-	nil,                           // 4: nvmegate.v1.ExplainRequest.CandidateModulesEntry
-	(*Decision)(nil),              // 5: nvmegate.v1.Decision
-	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
+	(*ImpactRequest)(nil),         // 0: nvmegate.v1.ImpactRequest
+	(*ImpactResponse)(nil),        // 1: nvmegate.v1.ImpactResponse
+	(*ImpactedGrant)(nil),         // 2: nvmegate.v1.ImpactedGrant
+	(*ExplainRequest)(nil),        // 3: nvmegate.v1.ExplainRequest
+	(*ExplainResponse)(nil),       // 4: nvmegate.v1.ExplainResponse
+	(*PolicyStatusRequest)(nil),   // 5: nvmegate.v1.PolicyStatusRequest
+	(*PolicyStatusResponse)(nil),  // 6: nvmegate.v1.PolicyStatusResponse
+	nil,                           // 7: nvmegate.v1.ImpactRequest.CandidateFilesEntry
+	nil,                           // 8: nvmegate.v1.ExplainRequest.CandidateModulesEntry
+	(*Decision)(nil),              // 9: nvmegate.v1.Decision
+	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
 }
 var file_nvmegate_v1_policy_proto_depIdxs = []int32{
-	4, // 0: nvmegate.v1.ExplainRequest.candidate_modules:type_name -> nvmegate.v1.ExplainRequest.CandidateModulesEntry
-	5, // 1: nvmegate.v1.ExplainResponse.decision:type_name -> nvmegate.v1.Decision
-	6, // 2: nvmegate.v1.PolicyStatusResponse.loaded_at:type_name -> google.protobuf.Timestamp
-	0, // 3: nvmegate.v1.Policy.Explain:input_type -> nvmegate.v1.ExplainRequest
-	2, // 4: nvmegate.v1.Policy.Status:input_type -> nvmegate.v1.PolicyStatusRequest
-	1, // 5: nvmegate.v1.Policy.Explain:output_type -> nvmegate.v1.ExplainResponse
-	3, // 6: nvmegate.v1.Policy.Status:output_type -> nvmegate.v1.PolicyStatusResponse
-	5, // [5:7] is the sub-list for method output_type
-	3, // [3:5] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	7,  // 0: nvmegate.v1.ImpactRequest.candidate_files:type_name -> nvmegate.v1.ImpactRequest.CandidateFilesEntry
+	2,  // 1: nvmegate.v1.ImpactResponse.grants:type_name -> nvmegate.v1.ImpactedGrant
+	8,  // 2: nvmegate.v1.ExplainRequest.candidate_modules:type_name -> nvmegate.v1.ExplainRequest.CandidateModulesEntry
+	9,  // 3: nvmegate.v1.ExplainResponse.decision:type_name -> nvmegate.v1.Decision
+	10, // 4: nvmegate.v1.PolicyStatusResponse.loaded_at:type_name -> google.protobuf.Timestamp
+	3,  // 5: nvmegate.v1.Policy.Explain:input_type -> nvmegate.v1.ExplainRequest
+	5,  // 6: nvmegate.v1.Policy.Status:input_type -> nvmegate.v1.PolicyStatusRequest
+	0,  // 7: nvmegate.v1.Policy.Impact:input_type -> nvmegate.v1.ImpactRequest
+	4,  // 8: nvmegate.v1.Policy.Explain:output_type -> nvmegate.v1.ExplainResponse
+	6,  // 9: nvmegate.v1.Policy.Status:output_type -> nvmegate.v1.PolicyStatusResponse
+	1,  // 10: nvmegate.v1.Policy.Impact:output_type -> nvmegate.v1.ImpactResponse
+	8,  // [8:11] is the sub-list for method output_type
+	5,  // [5:8] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_nvmegate_v1_policy_proto_init() }
@@ -317,7 +585,7 @@ func file_nvmegate_v1_policy_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nvmegate_v1_policy_proto_rawDesc), len(file_nvmegate_v1_policy_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -21,6 +21,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	Policy_Explain_FullMethodName = "/nvmegate.v1.Policy/Explain"
 	Policy_Status_FullMethodName  = "/nvmegate.v1.Policy/Status"
+	Policy_Impact_FullMethodName  = "/nvmegate.v1.Policy/Impact"
 )
 
 // PolicyClient is the client API for Policy service.
@@ -35,6 +36,11 @@ type PolicyClient interface {
 	Explain(ctx context.Context, in *ExplainRequest, opts ...grpc.CallOption) (*ExplainResponse, error)
 	// Status reports the loaded policy revision.
 	Status(ctx context.Context, in *PolicyStatusRequest, opts ...grpc.CallOption) (*PolicyStatusResponse, error)
+	// Impact decides the active grants again under a candidate policy — a
+	// whole policy directory, compiled and self-tested as a reload would —
+	// without loading it, and lists those it would revoke or oblige to
+	// renew, and why. Nothing changes and nothing is recorded.
+	Impact(ctx context.Context, in *ImpactRequest, opts ...grpc.CallOption) (*ImpactResponse, error)
 }
 
 type policyClient struct {
@@ -65,6 +71,16 @@ func (c *policyClient) Status(ctx context.Context, in *PolicyStatusRequest, opts
 	return out, nil
 }
 
+func (c *policyClient) Impact(ctx context.Context, in *ImpactRequest, opts ...grpc.CallOption) (*ImpactResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ImpactResponse)
+	err := c.cc.Invoke(ctx, Policy_Impact_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PolicyServer is the server API for Policy service.
 // All implementations must embed UnimplementedPolicyServer
 // for forward compatibility.
@@ -77,6 +93,11 @@ type PolicyServer interface {
 	Explain(context.Context, *ExplainRequest) (*ExplainResponse, error)
 	// Status reports the loaded policy revision.
 	Status(context.Context, *PolicyStatusRequest) (*PolicyStatusResponse, error)
+	// Impact decides the active grants again under a candidate policy — a
+	// whole policy directory, compiled and self-tested as a reload would —
+	// without loading it, and lists those it would revoke or oblige to
+	// renew, and why. Nothing changes and nothing is recorded.
+	Impact(context.Context, *ImpactRequest) (*ImpactResponse, error)
 	mustEmbedUnimplementedPolicyServer()
 }
 
@@ -92,6 +113,9 @@ func (UnimplementedPolicyServer) Explain(context.Context, *ExplainRequest) (*Exp
 }
 func (UnimplementedPolicyServer) Status(context.Context, *PolicyStatusRequest) (*PolicyStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedPolicyServer) Impact(context.Context, *ImpactRequest) (*ImpactResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Impact not implemented")
 }
 func (UnimplementedPolicyServer) mustEmbedUnimplementedPolicyServer() {}
 func (UnimplementedPolicyServer) testEmbeddedByValue()                {}
@@ -150,6 +174,24 @@ func _Policy_Status_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Policy_Impact_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ImpactRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PolicyServer).Impact(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Policy_Impact_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PolicyServer).Impact(ctx, req.(*ImpactRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Policy_ServiceDesc is the grpc.ServiceDesc for Policy service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -164,6 +206,10 @@ var Policy_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _Policy_Status_Handler,
+		},
+		{
+			MethodName: "Impact",
+			Handler:    _Policy_Impact_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
