@@ -11,6 +11,11 @@ package nvmegate.authz
 #   auth_mode      dhchap|tls|both     min_hash       sha256|sha384|sha512
 #   min_dh_group   null|ffdhe2048|ffdhe3072|ffdhe4096|ffdhe6144|ffdhe8192
 #   max_iops, max_mbps  integer >= 0 (0: no cap)
+#   rotate_every   Go duration > 0: how often the keys of a namespace of the
+#                  class (its access root and key-encryption key) must
+#                  rotate; not a grant's obligation: the compliance
+#                  attestation checks the keys' ages against it
+#                  (compliance.rego)
 #   reauth_within  Go duration > 0: when a change makes a live grant's
 #                  obligations stronger than those it was issued under, the
 #                  time it has to renew before it is revoked (default 5m)
@@ -96,7 +101,7 @@ class_set_obligations(cls, caps) := {"ok": ok, "obligations": merged} if {
 	]
 	with_options := [c | some c in cls; classes[c].auth_options]
 	docs := array.concat(
-		array.concat([default_obligations], [object.remove(classes[c], ["auth_options"]) | some c in cls]),
+		array.concat([object.remove(default_obligations, ["rotate_every"])], [object.remove(classes[c], ["auth_options", "rotate_every"]) | some c in cls]),
 		chosen,
 	)
 	merged := merge_obligations(docs)

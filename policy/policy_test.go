@@ -39,7 +39,7 @@ func TestLoadDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := fmt.Sprint(names(b.Modules)), "[admit.rego authz.rego classes.rego connect.rego data.rego input.rego residency.rego scope.rego]"; got != want {
+	if got, want := fmt.Sprint(names(b.Modules)), "[admit.rego authz.rego classes.rego compliance.rego connect.rego data.rego input.rego residency.rego scope.rego]"; got != want {
 		t.Errorf("modules = %s, want %s", got, want)
 	}
 	if len(b.Tests) < 5 {
@@ -396,6 +396,7 @@ func ExampleLoad() {
 	// module: admit.rego
 	// module: authz.rego
 	// module: classes.rego
+	// module: compliance.rego
 	// module: connect.rego
 	// module: data.rego
 	// module: input.rego

@@ -1,0 +1,27 @@
+package nvmegate.authz
+
+# --- Compliance -------------------------------------------------------------------
+#
+# compliance is what the gateway's compliance attestation states of each
+# namespace of the inventory: whether its placement keeps to the geo-fence
+# of its region (residency_problems, with no job: the fence alone), and the
+# rotation period its data class declares for its keys (rotate_every, a Go
+# duration; "" if the class and the defaults declare none). The gateway
+# evaluates data.nvmegate.authz.compliance with
+#
+#   input.namespaces: [namespace, ...]   (as input.resource.namespaces,
+#                                         each with its target)
+#
+# and gets {"namespaces": [{"residency_problems": [...], "rotate_every": d}]}
+# in the same order.
+compliance := {"namespaces": [{"residency_problems": sort(residency_problems([ns])), "rotate_every": rotate_every_of(ns)} |
+	some ns in input.namespaces
+]}
+
+# rotate_every_of(ns): the rotation period of ns's data class, or of the
+# defaults.
+rotate_every_of(ns) := classes[ns.data_class].rotate_every if {
+	is_string(classes[ns.data_class].rotate_every)
+} else := default_obligations.rotate_every if {
+	is_string(default_obligations.rotate_every)
+} else := ""
