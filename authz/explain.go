@@ -150,3 +150,69 @@ func (e *Engine) Candidate(ctx context.Context, files map[string][]byte) (Author
 		return d, err
 	}), l.status, nil
 }
+
+// ComplianceQuery is the policy's compliance document (compliance.rego).
+const ComplianceQuery = "data.nvmegate.authz.compliance"
+
+// NamespaceCompliance is what the policy says of one namespace's state.
+type NamespaceCompliance struct {
+	// ResidencyProblems: where its placement breaks its region's
+	// geo-fence; empty if it keeps to it.
+	ResidencyProblems []string
+	// RotateEvery is the rotation period its class declares for its keys;
+	// 0 if none.
+	RotateEvery time.Duration
+}
+
+// Compliance evaluates the serving policy's compliance document for
+// namespaces (each as policy sees a namespace: policy/README.md, with its
+// target) and returns one verdict per namespace, in order, and the
+// revision that gave them.
+func (e *Engine) Compliance(ctx context.Context, namespaces []map[string]any) ([]NamespaceCompliance, string, error) {
+	l := e.current.Load()
+	if l.split == nil {
+		return nil, l.status.Revision, fmt.Errorf("%w: revision %s composes no split decisions, and so no compliance document", ErrEvaluation, l.status.Revision)
+	}
+	nss := make([]any, len(namespaces))
+	for i, n := range namespaces {
+		nss[i] = n
+	}
+	in, err := ast.InterfaceToValue(map[string]any{"namespaces": nss})
+	if err != nil {
+		return nil, l.status.Revision, fmt.Errorf("%w: compliance input: %v", ErrEvaluation, err)
+	}
+	rs, err := rego.New(rego.Query(ComplianceQuery), rego.Compiler(l.split.comp), rego.Store(l.split.store),
+		rego.SetRegoVersion(ast.RegoV1), rego.StrictBuiltinErrors(true), rego.Capabilities(capabilities),
+		rego.ParsedInput(in), rego.Time(e.now())).Eval(ctx)
+	if err != nil {
+		return nil, l.status.Revision, fmt.Errorf("%w: %s: %v", ErrEvaluation, ComplianceQuery, err)
+	}
+	var doc struct {
+		Namespaces []struct {
+			ResidencyProblems []string `json:"residency_problems"`
+			RotateEvery       string   `json:"rotate_every"`
+		} `json:"namespaces"`
+	}
+	if len(rs) == 0 || len(rs[0].Expressions) == 0 {
+		return nil, l.status.Revision, fmt.Errorf("%w: %s is undefined in revision %s", ErrEvaluation, ComplianceQuery, l.status.Revision)
+	}
+	raw, err := json.Marshal(rs[0].Expressions[0].Value)
+	if err == nil {
+		err = json.Unmarshal(raw, &doc)
+	}
+	if err != nil || len(doc.Namespaces) != len(namespaces) {
+		return nil, l.status.Revision, fmt.Errorf("%w: %s: malformed document (%v)", ErrEvaluation, ComplianceQuery, err)
+	}
+	out := make([]NamespaceCompliance, len(namespaces))
+	for i, n := range doc.Namespaces {
+		out[i].ResidencyProblems = n.ResidencyProblems
+		if n.RotateEvery != "" {
+			d, err := time.ParseDuration(n.RotateEvery)
+			if err != nil || d <= 0 {
+				return nil, l.status.Revision, fmt.Errorf("%w: %s: rotate_every %q is not a positive duration", ErrEvaluation, ComplianceQuery, n.RotateEvery)
+			}
+			out[i].RotateEvery = d
+		}
+	}
+	return out, l.status.Revision, nil
+}

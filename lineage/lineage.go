@@ -5,14 +5,12 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 
 	intoto "github.com/in-toto/attestation/go/v1"
-	"github.com/secure-systems-lab/go-securesystemslib/dsse"
 	"github.com/transparency-dev/merkle/proof"
 	"github.com/transparency-dev/merkle/rfc6962"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -27,7 +25,7 @@ import (
 const PredicateType = "https://nvmegate.dev/attestation/dataset-access/v1"
 
 // PayloadType is the DSSE payload type of an in-toto statement.
-const PayloadType = "application/vnd.in-toto+json"
+const PayloadType = attest.StatementPayloadType
 
 // Predicate is what the statement says about the job's access.
 type Predicate struct {
@@ -198,30 +196,10 @@ func toStruct(v any) (*structpb.Struct, error) {
 	return s, protojson.Unmarshal(raw, s)
 }
 
-// dsseSigner adapts an attest.Signer to DSSE.
-type dsseSigner struct{ s attest.Signer }
-
-func (d dsseSigner) Sign(ctx context.Context, data []byte) ([]byte, error) {
-	return d.s.Sign(ctx, data)
-}
-func (d dsseSigner) KeyID() (string, error) { return d.s.PublicKey().KeyID(), nil }
-
 // Sign wraps the statement in a DSSE envelope signed by s and returns the
 // envelope's JSON.
 func Sign(ctx context.Context, st *intoto.Statement, s attest.Signer) ([]byte, error) {
-	payload, err := protojson.Marshal(st)
-	if err != nil {
-		return nil, err
-	}
-	es, err := dsse.NewEnvelopeSigner(dsseSigner{s})
-	if err != nil {
-		return nil, err
-	}
-	env, err := es.SignPayload(ctx, PayloadType, payload)
-	if err != nil {
-		return nil, fmt.Errorf("lineage: sign: %w", err)
-	}
-	return json.MarshalIndent(env, "", "  ")
+	return attest.SignStatement(ctx, st, s)
 }
 
 // Report is what Verify found.
@@ -237,40 +215,9 @@ type Report struct {
 // Verify checks an envelope offline against the log's public keys and
 // returns what it attests; any failure is an error naming it.
 func Verify(envJSON []byte, keys []attest.PublicKey) (*Report, error) {
-	var env dsse.Envelope
-	if err := json.Unmarshal(envJSON, &env); err != nil {
-		return nil, fmt.Errorf("lineage: not a DSSE envelope: %w", err)
-	}
-	if env.PayloadType != PayloadType {
-		return nil, fmt.Errorf("lineage: payload type %q, want %q", env.PayloadType, PayloadType)
-	}
-	payload, err := env.DecodeB64Payload()
+	st, signer, err := attest.OpenStatement(envJSON, PredicateType, keys)
 	if err != nil {
-		return nil, fmt.Errorf("lineage: payload: %w", err)
-	}
-	pae := dsse.PAE(env.PayloadType, payload)
-	var signer *attest.PublicKey
-	for _, sig := range env.Signatures {
-		raw, err := base64.StdEncoding.DecodeString(sig.Sig)
-		if err != nil {
-			continue
-		}
-		for i := range keys {
-			if keys[i].Verify(pae, raw) == nil {
-				signer = &keys[i]
-				break
-			}
-		}
-	}
-	if signer == nil {
-		return nil, errors.New("lineage: bad_signature: no signature verifies under the given keys")
-	}
-	var st intoto.Statement
-	if err := protojson.Unmarshal(payload, &st); err != nil {
-		return nil, fmt.Errorf("lineage: statement: %w", err)
-	}
-	if err := st.Validate(); err != nil || st.PredicateType != PredicateType {
-		return nil, fmt.Errorf("lineage: not a dataset-access statement (%v, %q)", err, st.PredicateType)
+		return nil, fmt.Errorf("lineage: %w", err)
 	}
 	raw, err := protojson.Marshal(st.Predicate)
 	if err != nil {
