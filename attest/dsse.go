@@ -18,8 +18,10 @@ const StatementPayloadType = "application/vnd.in-toto+json"
 // dsseSigner adapts a Signer to DSSE.
 type dsseSigner struct{ s Signer }
 
-func (d dsseSigner) Sign(ctx context.Context, data []byte) ([]byte, error) { return d.s.Sign(ctx, data) }
-func (d dsseSigner) KeyID() (string, error)                               { return d.s.PublicKey().KeyID(), nil }
+func (d dsseSigner) Sign(ctx context.Context, data []byte) ([]byte, error) {
+	return d.s.Sign(ctx, data)
+}
+func (d dsseSigner) KeyID() (string, error) { return d.s.PublicKey().KeyID(), nil }
 
 // SignStatement wraps an in-toto statement in a DSSE envelope signed by s
 // and returns the envelope's JSON.
