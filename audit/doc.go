@@ -51,7 +51,7 @@
 //	  "kind":          grant | deny | invalid_argument | renew | release |
 //	                   expire | revoke | job_admit | job_finish |
 //	                   key_rotation | inventory_change | policy_load |
-//	                   target_apply | reauth_required
+//	                   target_apply | reauth_required | compliance_attestation
 //	  "namespaces":    [{"dataset": name, "dataset_digest": digest,
 //	                     "mode": "ro"|"rw"|"", "nsid": int,
 //	                     "subsystem_nqn": NQN}]                        (optional)

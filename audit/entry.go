@@ -42,13 +42,16 @@ const (
 	EventPolicyLoad      EventKind = "policy_load"      // a policy revision loaded
 	EventTargetApply     EventKind = "target_apply"     // a target agent acknowledged a generation
 	EventReauth          EventKind = "reauth_required"  // a change made a live grant's obligations stronger: it must renew by a deadline
+	// EventComplianceAttestation records a compliance attestation: its
+	// detail is the digest of the signed envelope.
+	EventComplianceAttestation EventKind = "compliance_attestation"
 )
 
 var knownKinds = map[EventKind]bool{
 	EventGrant: true, EventDeny: true, EventRenew: true, EventRelease: true,
 	EventExpire: true, EventRevoke: true, EventJobAdmit: true, EventJobFinish: true,
 	EventKeyRotation: true, EventInventoryChange: true, EventPolicyLoad: true,
-	EventTargetApply: true, EventInvalid: true, EventReauth: true,
+	EventTargetApply: true, EventInvalid: true, EventReauth: true, EventComplianceAttestation: true,
 }
 
 // Entry is one audit record: a decision or a state change. See doc.go for

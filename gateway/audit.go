@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -348,6 +349,21 @@ type auditService struct {
 	store     InventoryStore // the datasets of a job's namespaces
 	signer    attest.Signer  // signs lineage envelopes; nil: no lineage
 	exportDir string         // where exports are staged; "" means os.TempDir()
+	// attest makes a compliance attestation (Server.AttestCompliance).
+	attest func(ctx context.Context) (*Attested, error)
+}
+
+// Compliance makes, signs and records a compliance attestation.
+func (s *auditService) Compliance(ctx context.Context, _ *pb.ComplianceRequest) (*pb.ComplianceResponse, error) {
+	a, err := s.attest(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b, err := json.MarshalIndent(a.Bundle, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return &pb.ComplianceResponse{Bundle: b, OutOfCompliance: uint32(len(a.Predicate.OutOfCompliance)), Index: a.Bundle.Index}, nil
 }
 
 // auditErr maps the log's errors to domain errors with caller-safe messages.

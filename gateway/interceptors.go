@@ -40,6 +40,9 @@ type metrics struct {
 	// redecisions counts what re-decisions after a change did to active
 	// grants: revoked, or required to renew (must_renew).
 	redecisions *prometheus.CounterVec
+	// keyAge is, per data class and key (access_root, kek), the oldest
+	// key's age at the last compliance attestation.
+	keyAge *prometheus.GaugeVec
 }
 
 func (m *metrics) redecided(revoked, mustRenew int) {
@@ -66,9 +69,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "nvmegate", Name: "grants_redecided_total",
 			Help: "Active grants a change (a policy revision, an inventory, binding or job change) re-decided and acted on, by outcome: revoked, must_renew.",
 		}, []string{"outcome"}),
+		keyAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "nvmegate", Name: "key_age_max_seconds",
+			Help: "Age of the oldest current key of a data class's namespaces (access_root, kek), as of the last compliance attestation.",
+		}, []string{"class", "key"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.latency, m.agentsRefused, m.redecisions} {
+		for _, c := range []prometheus.Collector{m.requests, m.latency, m.agentsRefused, m.redecisions, m.keyAge} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,6 +72,11 @@ type Config struct {
 	// Self is the gateway's own SPIFFE ID: the caller of the entries of
 	// what it does on its own (a re-decision's revocations).
 	Self string
+	// Compliance is the policy's verdict on the fabric's state
+	// (*authz.Engine): with LineageSigner and Keys, the gateway makes
+	// compliance attestations (AttestCompliance, Audit.Compliance). Nil:
+	// it makes none.
+	Compliance CompliancePolicy
 	// Policy reports the loaded policy for Policy.Status; optional.
 	Policy PolicyInfo
 	// Logger defaults to slog.Default().
@@ -112,6 +118,13 @@ type Server struct {
 	scopes          *sealedScopes
 	openings        openings // connects and renewals in flight, for Redecide
 	self            string
+	// What a compliance attestation reads and signs with (nil: none).
+	keys             KeyManager
+	signer           attest.Signer
+	compliancePolicy CompliancePolicy
+	// The last attestation's time (Unix seconds, 0: none yet) and how much
+	// it found out of compliance, for the metrics.
+	lastAttestation, outOfCompliance atomic.Int64
 }
 
 // New builds a Server from cfg.
@@ -126,20 +139,23 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("gateway: Lease needs Targets: the agent that programs the grants must hear of inventory changes")
 	}
 	s := &Server{
-		authorizer:      cfg.Authorizer,
-		store:           cfg.Store,
-		jobs:            cfg.Jobs,
-		lease:           cfg.Lease,
-		audit:           cfg.Audit,
-		log:             cfg.Logger,
-		now:             cfg.Now,
-		shutdownTimeout: cfg.ShutdownTimeout,
-		limit:           newLimiter(cfg.MaxInFlight, cfg.MaxWaiting),
-		revisions:       cfg.Revisions,
-		self:            cfg.Self,
-		scopes:          &sealedScopes{m: map[sealedKey]*authz.Scope{}},
-		health:          health.NewServer(),
-		stopping:        make(chan struct{}),
+		authorizer:       cfg.Authorizer,
+		store:            cfg.Store,
+		jobs:             cfg.Jobs,
+		lease:            cfg.Lease,
+		audit:            cfg.Audit,
+		log:              cfg.Logger,
+		now:              cfg.Now,
+		shutdownTimeout:  cfg.ShutdownTimeout,
+		limit:            newLimiter(cfg.MaxInFlight, cfg.MaxWaiting),
+		revisions:        cfg.Revisions,
+		self:             cfg.Self,
+		keys:             cfg.Keys,
+		signer:           cfg.LineageSigner,
+		compliancePolicy: cfg.Compliance,
+		scopes:           &sealedScopes{m: map[sealedKey]*authz.Scope{}},
+		health:           health.NewServer(),
+		stopping:         make(chan struct{}),
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -153,6 +169,11 @@ func New(cfg Config) (*Server, error) {
 	var err error
 	if s.metrics, err = newMetrics(cfg.Registerer); err != nil {
 		return nil, err
+	}
+	if cfg.Registerer != nil {
+		if err := s.registerComplianceMetrics(cfg.Registerer); err != nil {
+			return nil, err
+		}
 	}
 	s.grpc = grpc.NewServer(append(grpcserver.ConnectionOptions(cmp.Or(cfg.HandshakeTimeout, DefaultHandshakeTimeout), streamWorkers),
 		grpc.Creds(cfg.Credentials),
@@ -170,7 +191,8 @@ func New(cfg Config) (*Server, error) {
 	} else {
 		pb.RegisterKeysServer(s.grpc, pb.UnimplementedKeysServer{})
 	}
-	audits := &auditService{log: cfg.Audit, exportDir: cfg.ExportDir, jobs: s.jobs, store: cfg.Store, signer: cfg.LineageSigner}
+	audits := &auditService{log: cfg.Audit, exportDir: cfg.ExportDir, jobs: s.jobs, store: cfg.Store, signer: cfg.LineageSigner,
+		attest: s.AttestCompliance}
 	pb.RegisterAuditServer(s.grpc, audits)
 	// Without a job store (or a lease, for grants) these answer
 	// Unimplemented after validation and policy: never a fake success.

@@ -254,6 +254,11 @@ type AuditConfig struct {
 	// CheckpointInterval is how often a checkpoint is signed while entries
 	// arrive; a Go duration, default 1s.
 	CheckpointInterval string `json:"checkpoint_interval"`
+	// ComplianceInterval is how often the gateway signs a compliance
+	// attestation (kept under the state directory's compliance/ and
+	// recorded in the log); a Go duration, default 1h; "off" makes none
+	// on a schedule (on demand they still are).
+	ComplianceInterval string `json:"compliance_interval"`
 	// Vault, if its key is set, signs checkpoints with a Vault Transit key
 	// instead of KeyDir's local key.
 	Vault VaultSignerConfig `json:"vault"`
@@ -353,6 +358,19 @@ func (c *Config) setDefaults() {
 	if a.CheckpointInterval == "" {
 		a.CheckpointInterval = "1s"
 	}
+	if a.ComplianceInterval == "" {
+		a.ComplianceInterval = "1h"
+	}
+}
+
+// complianceInterval parses ComplianceInterval (validated by validate);
+// 0 means off.
+func (a AuditConfig) complianceInterval() time.Duration {
+	d, err := time.ParseDuration(a.ComplianceInterval)
+	if err != nil {
+		return 0
+	}
+	return d
 }
 
 // checkpointInterval parses CheckpointInterval (validated by validate).
@@ -444,6 +462,9 @@ func (c *Config) validate() error {
 	}
 	if d, err := time.ParseDuration(c.Audit.CheckpointInterval); err != nil || d < 10*time.Millisecond || d > time.Hour {
 		return fmt.Errorf("audit.checkpoint_interval must be a duration from 10ms to 1h, got %q", c.Audit.CheckpointInterval)
+	}
+	if d, err := time.ParseDuration(c.Audit.ComplianceInterval); c.Audit.ComplianceInterval != "off" && (err != nil || d < time.Minute) {
+		return fmt.Errorf("audit.compliance_interval must be a duration of at least 1m, or off; got %q", c.Audit.ComplianceInterval)
 	}
 	if c.Audit.Origin == "" {
 		return errors.New("audit.origin is required")

@@ -286,6 +286,7 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		Logger:        m.log,
 		Registerer:    m.registry,
 		Self:          self,
+		Compliance:    m.engine,
 	})
 	if err != nil {
 		return err
@@ -509,6 +510,12 @@ func (m *Main) Run(ctx context.Context) error {
 		return m.redecider.Run(ctx)
 	})
 	g.Go(func() error { return m.keys.Run(ctx, nil) })
+	if d := m.Config.Audit.complianceInterval(); d > 0 {
+		g.Go(func() error {
+			every(ctx, d, func() { m.attestCompliance(ctx) })
+			return nil
+		})
+	}
 	g.Go(func() error {
 		d, _ := time.ParseDuration(m.Config.Targets.ReconcileInterval)
 		every(ctx, d, func() {

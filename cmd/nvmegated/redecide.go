@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/nvmegate/nvmegate/gateway"
@@ -79,4 +82,33 @@ func describeChange(c store.ScopeChange) string {
 	add("host binding of", c.Bindings)
 	add("job", c.Jobs)
 	return fmt.Sprintf("change of %s at data revision %d", strings.Join(parts, "; "), c.Revision)
+}
+
+// attestCompliance makes a scheduled compliance attestation and keeps its
+// bundle under the state directory's compliance/, named by time.
+func (m *Main) attestCompliance(ctx context.Context) {
+	a, err := m.server.AttestCompliance(ctx)
+	if err != nil {
+		m.log.Error("compliance attestation not made; retrying at the next interval", "err", err)
+		return
+	}
+	dir := filepath.Join(m.Config.StateDir, "compliance")
+	b, err := json.MarshalIndent(a.Bundle, "", "  ")
+	if err == nil {
+		err = os.MkdirAll(dir, 0o750)
+	}
+	name := filepath.Join(dir, a.Predicate.Time.Format("20060102T150405Z")+".json")
+	if err == nil {
+		err = os.WriteFile(name, b, 0o640)
+	}
+	if err != nil {
+		m.log.Error("compliance attestation made and recorded, but not kept on disk", "index", a.Bundle.Index, "err", err)
+		return
+	}
+	level := slog.LevelInfo
+	if len(a.Predicate.OutOfCompliance) > 0 {
+		level = slog.LevelWarn
+	}
+	m.log.Log(ctx, level, "compliance attestation signed", "file", name, "index", a.Bundle.Index,
+		"out_of_compliance", len(a.Predicate.OutOfCompliance), "policy_revision", a.Predicate.PolicyRevision)
 }

@@ -22,6 +22,108 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ComplianceRequest asks for a compliance attestation.
+type ComplianceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ComplianceRequest) Reset() {
+	*x = ComplianceRequest{}
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ComplianceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ComplianceRequest) ProtoMessage() {}
+
+func (x *ComplianceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ComplianceRequest.ProtoReflect.Descriptor instead.
+func (*ComplianceRequest) Descriptor() ([]byte, []int) {
+	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{0}
+}
+
+// ComplianceResponse is the attestation made.
+type ComplianceResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The compliance bundle (JSON): the DSSE envelope, the log entry
+	// recording it, its inclusion proof and the checkpoints.
+	Bundle []byte `protobuf:"bytes,1,opt,name=bundle,proto3" json:"bundle,omitempty"`
+	// How many findings it names out of compliance (0: the fabric complies).
+	OutOfCompliance uint32 `protobuf:"varint,2,opt,name=out_of_compliance,json=outOfCompliance,proto3" json:"out_of_compliance,omitempty"`
+	// Its index in the log.
+	Index         uint64 `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ComplianceResponse) Reset() {
+	*x = ComplianceResponse{}
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ComplianceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ComplianceResponse) ProtoMessage() {}
+
+func (x *ComplianceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ComplianceResponse.ProtoReflect.Descriptor instead.
+func (*ComplianceResponse) Descriptor() ([]byte, []int) {
+	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ComplianceResponse) GetBundle() []byte {
+	if x != nil {
+		return x.Bundle
+	}
+	return nil
+}
+
+func (x *ComplianceResponse) GetOutOfCompliance() uint32 {
+	if x != nil {
+		return x.OutOfCompliance
+	}
+	return 0
+}
+
+func (x *ComplianceResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
 // AuditEntry is one log entry.
 type AuditEntry struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -51,7 +153,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[0]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -63,7 +165,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[0]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -76,7 +178,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{0}
+	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *AuditEntry) GetIndex() uint64 {
@@ -176,7 +278,7 @@ type QueryRequest struct {
 
 func (x *QueryRequest) Reset() {
 	*x = QueryRequest{}
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[1]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -188,7 +290,7 @@ func (x *QueryRequest) String() string {
 func (*QueryRequest) ProtoMessage() {}
 
 func (x *QueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[1]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -201,7 +303,7 @@ func (x *QueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryRequest.ProtoReflect.Descriptor instead.
 func (*QueryRequest) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{1}
+	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *QueryRequest) GetJobId() string {
@@ -280,7 +382,7 @@ type QueryResponse struct {
 
 func (x *QueryResponse) Reset() {
 	*x = QueryResponse{}
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[2]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -292,7 +394,7 @@ func (x *QueryResponse) String() string {
 func (*QueryResponse) ProtoMessage() {}
 
 func (x *QueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[2]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -305,7 +407,7 @@ func (x *QueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryResponse.ProtoReflect.Descriptor instead.
 func (*QueryResponse) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{2}
+	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *QueryResponse) GetEntries() []*AuditEntry {
@@ -331,7 +433,7 @@ type CheckpointRequest struct {
 
 func (x *CheckpointRequest) Reset() {
 	*x = CheckpointRequest{}
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[3]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -343,7 +445,7 @@ func (x *CheckpointRequest) String() string {
 func (*CheckpointRequest) ProtoMessage() {}
 
 func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[3]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -356,7 +458,7 @@ func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{3}
+	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{5}
 }
 
 // CheckpointResponse is a signed checkpoint.
@@ -374,7 +476,7 @@ type CheckpointResponse struct {
 
 func (x *CheckpointResponse) Reset() {
 	*x = CheckpointResponse{}
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[4]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -386,7 +488,7 @@ func (x *CheckpointResponse) String() string {
 func (*CheckpointResponse) ProtoMessage() {}
 
 func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[4]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -399,7 +501,7 @@ func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{4}
+	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CheckpointResponse) GetCheckpoint() []byte {
@@ -437,7 +539,7 @@ type InclusionProofRequest struct {
 
 func (x *InclusionProofRequest) Reset() {
 	*x = InclusionProofRequest{}
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[5]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -449,7 +551,7 @@ func (x *InclusionProofRequest) String() string {
 func (*InclusionProofRequest) ProtoMessage() {}
 
 func (x *InclusionProofRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[5]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -462,7 +564,7 @@ func (x *InclusionProofRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InclusionProofRequest.ProtoReflect.Descriptor instead.
 func (*InclusionProofRequest) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{5}
+	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *InclusionProofRequest) GetIndex() uint64 {
@@ -496,7 +598,7 @@ type InclusionProofResponse struct {
 
 func (x *InclusionProofResponse) Reset() {
 	*x = InclusionProofResponse{}
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[6]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -508,7 +610,7 @@ func (x *InclusionProofResponse) String() string {
 func (*InclusionProofResponse) ProtoMessage() {}
 
 func (x *InclusionProofResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[6]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -521,7 +623,7 @@ func (x *InclusionProofResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InclusionProofResponse.ProtoReflect.Descriptor instead.
 func (*InclusionProofResponse) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{6}
+	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *InclusionProofResponse) GetIndex() uint64 {
@@ -565,7 +667,7 @@ type ConsistencyProofRequest struct {
 
 func (x *ConsistencyProofRequest) Reset() {
 	*x = ConsistencyProofRequest{}
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[7]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -577,7 +679,7 @@ func (x *ConsistencyProofRequest) String() string {
 func (*ConsistencyProofRequest) ProtoMessage() {}
 
 func (x *ConsistencyProofRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[7]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -590,7 +692,7 @@ func (x *ConsistencyProofRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsistencyProofRequest.ProtoReflect.Descriptor instead.
 func (*ConsistencyProofRequest) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{7}
+	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ConsistencyProofRequest) GetFromSize() uint64 {
@@ -622,7 +724,7 @@ type ConsistencyProofResponse struct {
 
 func (x *ConsistencyProofResponse) Reset() {
 	*x = ConsistencyProofResponse{}
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[8]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -634,7 +736,7 @@ func (x *ConsistencyProofResponse) String() string {
 func (*ConsistencyProofResponse) ProtoMessage() {}
 
 func (x *ConsistencyProofResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[8]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -647,7 +749,7 @@ func (x *ConsistencyProofResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsistencyProofResponse.ProtoReflect.Descriptor instead.
 func (*ConsistencyProofResponse) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{8}
+	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ConsistencyProofResponse) GetFromSize() uint64 {
@@ -682,7 +784,7 @@ type ExportRequest struct {
 
 func (x *ExportRequest) Reset() {
 	*x = ExportRequest{}
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[9]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -694,7 +796,7 @@ func (x *ExportRequest) String() string {
 func (*ExportRequest) ProtoMessage() {}
 
 func (x *ExportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[9]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -707,7 +809,7 @@ func (x *ExportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRequest.ProtoReflect.Descriptor instead.
 func (*ExportRequest) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{9}
+	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExportRequest) GetTreeSize() uint64 {
@@ -731,7 +833,7 @@ type ExportResponse struct {
 
 func (x *ExportResponse) Reset() {
 	*x = ExportResponse{}
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[10]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +845,7 @@ func (x *ExportResponse) String() string {
 func (*ExportResponse) ProtoMessage() {}
 
 func (x *ExportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[10]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +858,7 @@ func (x *ExportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportResponse.ProtoReflect.Descriptor instead.
 func (*ExportResponse) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{10}
+	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExportResponse) GetPath() string {
@@ -784,7 +886,7 @@ type LineageRequest struct {
 
 func (x *LineageRequest) Reset() {
 	*x = LineageRequest{}
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[11]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -796,7 +898,7 @@ func (x *LineageRequest) String() string {
 func (*LineageRequest) ProtoMessage() {}
 
 func (x *LineageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[11]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -809,7 +911,7 @@ func (x *LineageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LineageRequest.ProtoReflect.Descriptor instead.
 func (*LineageRequest) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{11}
+	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LineageRequest) GetJobId() string {
@@ -830,7 +932,7 @@ type LineageResponse struct {
 
 func (x *LineageResponse) Reset() {
 	*x = LineageResponse{}
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[12]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -842,7 +944,7 @@ func (x *LineageResponse) String() string {
 func (*LineageResponse) ProtoMessage() {}
 
 func (x *LineageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_audit_proto_msgTypes[12]
+	mi := &file_nvmegate_v1_audit_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -855,7 +957,7 @@ func (x *LineageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LineageResponse.ProtoReflect.Descriptor instead.
 func (*LineageResponse) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{12}
+	return file_nvmegate_v1_audit_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LineageResponse) GetEnvelope() []byte {
@@ -869,7 +971,12 @@ var File_nvmegate_v1_audit_proto protoreflect.FileDescriptor
 
 const file_nvmegate_v1_audit_proto_rawDesc = "" +
 	"\n" +
-	"\x17nvmegate/v1/audit.proto\x12\vnvmegate.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x97\x02\n" +
+	"\x17nvmegate/v1/audit.proto\x12\vnvmegate.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x13\n" +
+	"\x11ComplianceRequest\"n\n" +
+	"\x12ComplianceResponse\x12\x16\n" +
+	"\x06bundle\x18\x01 \x01(\fR\x06bundle\x12*\n" +
+	"\x11out_of_compliance\x18\x02 \x01(\rR\x0foutOfCompliance\x12\x14\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index\"\x97\x02\n" +
 	"\n" +
 	"AuditEntry\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x1b\n" +
@@ -928,7 +1035,7 @@ const file_nvmegate_v1_audit_proto_rawDesc = "" +
 	"\x0eLineageRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"-\n" +
 	"\x0fLineageResponse\x12\x1a\n" +
-	"\benvelope\x18\x01 \x01(\fR\benvelope2\xdd\x03\n" +
+	"\benvelope\x18\x01 \x01(\fR\benvelope2\xac\x04\n" +
 	"\x05Audit\x12>\n" +
 	"\x05Query\x12\x19.nvmegate.v1.QueryRequest\x1a\x1a.nvmegate.v1.QueryResponse\x12M\n" +
 	"\n" +
@@ -936,7 +1043,9 @@ const file_nvmegate_v1_audit_proto_rawDesc = "" +
 	"\x0eInclusionProof\x12\".nvmegate.v1.InclusionProofRequest\x1a#.nvmegate.v1.InclusionProofResponse\x12_\n" +
 	"\x10ConsistencyProof\x12$.nvmegate.v1.ConsistencyProofRequest\x1a%.nvmegate.v1.ConsistencyProofResponse\x12C\n" +
 	"\x06Export\x12\x1a.nvmegate.v1.ExportRequest\x1a\x1b.nvmegate.v1.ExportResponse0\x01\x12D\n" +
-	"\aLineage\x12\x1b.nvmegate.v1.LineageRequest\x1a\x1c.nvmegate.v1.LineageResponseB;Z9github.com/nvmegate/nvmegate/proto/nvmegate/v1;nvmegatev1b\x06proto3"
+	"\aLineage\x12\x1b.nvmegate.v1.LineageRequest\x1a\x1c.nvmegate.v1.LineageResponse\x12M\n" +
+	"\n" +
+	"Compliance\x12\x1e.nvmegate.v1.ComplianceRequest\x1a\x1f.nvmegate.v1.ComplianceResponseB;Z9github.com/nvmegate/nvmegate/proto/nvmegate/v1;nvmegatev1b\x06proto3"
 
 var (
 	file_nvmegate_v1_audit_proto_rawDescOnce sync.Once
@@ -950,42 +1059,46 @@ func file_nvmegate_v1_audit_proto_rawDescGZIP() []byte {
 	return file_nvmegate_v1_audit_proto_rawDescData
 }
 
-var file_nvmegate_v1_audit_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_nvmegate_v1_audit_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_nvmegate_v1_audit_proto_goTypes = []any{
-	(*AuditEntry)(nil),               // 0: nvmegate.v1.AuditEntry
-	(*QueryRequest)(nil),             // 1: nvmegate.v1.QueryRequest
-	(*QueryResponse)(nil),            // 2: nvmegate.v1.QueryResponse
-	(*CheckpointRequest)(nil),        // 3: nvmegate.v1.CheckpointRequest
-	(*CheckpointResponse)(nil),       // 4: nvmegate.v1.CheckpointResponse
-	(*InclusionProofRequest)(nil),    // 5: nvmegate.v1.InclusionProofRequest
-	(*InclusionProofResponse)(nil),   // 6: nvmegate.v1.InclusionProofResponse
-	(*ConsistencyProofRequest)(nil),  // 7: nvmegate.v1.ConsistencyProofRequest
-	(*ConsistencyProofResponse)(nil), // 8: nvmegate.v1.ConsistencyProofResponse
-	(*ExportRequest)(nil),            // 9: nvmegate.v1.ExportRequest
-	(*ExportResponse)(nil),           // 10: nvmegate.v1.ExportResponse
-	(*LineageRequest)(nil),           // 11: nvmegate.v1.LineageRequest
-	(*LineageResponse)(nil),          // 12: nvmegate.v1.LineageResponse
-	(*timestamppb.Timestamp)(nil),    // 13: google.protobuf.Timestamp
+	(*ComplianceRequest)(nil),        // 0: nvmegate.v1.ComplianceRequest
+	(*ComplianceResponse)(nil),       // 1: nvmegate.v1.ComplianceResponse
+	(*AuditEntry)(nil),               // 2: nvmegate.v1.AuditEntry
+	(*QueryRequest)(nil),             // 3: nvmegate.v1.QueryRequest
+	(*QueryResponse)(nil),            // 4: nvmegate.v1.QueryResponse
+	(*CheckpointRequest)(nil),        // 5: nvmegate.v1.CheckpointRequest
+	(*CheckpointResponse)(nil),       // 6: nvmegate.v1.CheckpointResponse
+	(*InclusionProofRequest)(nil),    // 7: nvmegate.v1.InclusionProofRequest
+	(*InclusionProofResponse)(nil),   // 8: nvmegate.v1.InclusionProofResponse
+	(*ConsistencyProofRequest)(nil),  // 9: nvmegate.v1.ConsistencyProofRequest
+	(*ConsistencyProofResponse)(nil), // 10: nvmegate.v1.ConsistencyProofResponse
+	(*ExportRequest)(nil),            // 11: nvmegate.v1.ExportRequest
+	(*ExportResponse)(nil),           // 12: nvmegate.v1.ExportResponse
+	(*LineageRequest)(nil),           // 13: nvmegate.v1.LineageRequest
+	(*LineageResponse)(nil),          // 14: nvmegate.v1.LineageResponse
+	(*timestamppb.Timestamp)(nil),    // 15: google.protobuf.Timestamp
 }
 var file_nvmegate_v1_audit_proto_depIdxs = []int32{
-	13, // 0: nvmegate.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	13, // 1: nvmegate.v1.QueryRequest.since:type_name -> google.protobuf.Timestamp
-	13, // 2: nvmegate.v1.QueryRequest.until:type_name -> google.protobuf.Timestamp
-	0,  // 3: nvmegate.v1.QueryResponse.entries:type_name -> nvmegate.v1.AuditEntry
-	1,  // 4: nvmegate.v1.Audit.Query:input_type -> nvmegate.v1.QueryRequest
-	3,  // 5: nvmegate.v1.Audit.Checkpoint:input_type -> nvmegate.v1.CheckpointRequest
-	5,  // 6: nvmegate.v1.Audit.InclusionProof:input_type -> nvmegate.v1.InclusionProofRequest
-	7,  // 7: nvmegate.v1.Audit.ConsistencyProof:input_type -> nvmegate.v1.ConsistencyProofRequest
-	9,  // 8: nvmegate.v1.Audit.Export:input_type -> nvmegate.v1.ExportRequest
-	11, // 9: nvmegate.v1.Audit.Lineage:input_type -> nvmegate.v1.LineageRequest
-	2,  // 10: nvmegate.v1.Audit.Query:output_type -> nvmegate.v1.QueryResponse
-	4,  // 11: nvmegate.v1.Audit.Checkpoint:output_type -> nvmegate.v1.CheckpointResponse
-	6,  // 12: nvmegate.v1.Audit.InclusionProof:output_type -> nvmegate.v1.InclusionProofResponse
-	8,  // 13: nvmegate.v1.Audit.ConsistencyProof:output_type -> nvmegate.v1.ConsistencyProofResponse
-	10, // 14: nvmegate.v1.Audit.Export:output_type -> nvmegate.v1.ExportResponse
-	12, // 15: nvmegate.v1.Audit.Lineage:output_type -> nvmegate.v1.LineageResponse
-	10, // [10:16] is the sub-list for method output_type
-	4,  // [4:10] is the sub-list for method input_type
+	15, // 0: nvmegate.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	15, // 1: nvmegate.v1.QueryRequest.since:type_name -> google.protobuf.Timestamp
+	15, // 2: nvmegate.v1.QueryRequest.until:type_name -> google.protobuf.Timestamp
+	2,  // 3: nvmegate.v1.QueryResponse.entries:type_name -> nvmegate.v1.AuditEntry
+	3,  // 4: nvmegate.v1.Audit.Query:input_type -> nvmegate.v1.QueryRequest
+	5,  // 5: nvmegate.v1.Audit.Checkpoint:input_type -> nvmegate.v1.CheckpointRequest
+	7,  // 6: nvmegate.v1.Audit.InclusionProof:input_type -> nvmegate.v1.InclusionProofRequest
+	9,  // 7: nvmegate.v1.Audit.ConsistencyProof:input_type -> nvmegate.v1.ConsistencyProofRequest
+	11, // 8: nvmegate.v1.Audit.Export:input_type -> nvmegate.v1.ExportRequest
+	13, // 9: nvmegate.v1.Audit.Lineage:input_type -> nvmegate.v1.LineageRequest
+	0,  // 10: nvmegate.v1.Audit.Compliance:input_type -> nvmegate.v1.ComplianceRequest
+	4,  // 11: nvmegate.v1.Audit.Query:output_type -> nvmegate.v1.QueryResponse
+	6,  // 12: nvmegate.v1.Audit.Checkpoint:output_type -> nvmegate.v1.CheckpointResponse
+	8,  // 13: nvmegate.v1.Audit.InclusionProof:output_type -> nvmegate.v1.InclusionProofResponse
+	10, // 14: nvmegate.v1.Audit.ConsistencyProof:output_type -> nvmegate.v1.ConsistencyProofResponse
+	12, // 15: nvmegate.v1.Audit.Export:output_type -> nvmegate.v1.ExportResponse
+	14, // 16: nvmegate.v1.Audit.Lineage:output_type -> nvmegate.v1.LineageResponse
+	1,  // 17: nvmegate.v1.Audit.Compliance:output_type -> nvmegate.v1.ComplianceResponse
+	11, // [11:18] is the sub-list for method output_type
+	4,  // [4:11] is the sub-list for method input_type
 	4,  // [4:4] is the sub-list for extension type_name
 	4,  // [4:4] is the sub-list for extension extendee
 	0,  // [0:4] is the sub-list for field type_name
@@ -1002,7 +1115,7 @@ func file_nvmegate_v1_audit_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nvmegate_v1_audit_proto_rawDesc), len(file_nvmegate_v1_audit_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

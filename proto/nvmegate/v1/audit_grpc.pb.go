@@ -25,6 +25,7 @@ const (
 	Audit_ConsistencyProof_FullMethodName = "/nvmegate.v1.Audit/ConsistencyProof"
 	Audit_Export_FullMethodName           = "/nvmegate.v1.Audit/Export"
 	Audit_Lineage_FullMethodName          = "/nvmegate.v1.Audit/Lineage"
+	Audit_Compliance_FullMethodName       = "/nvmegate.v1.Audit/Compliance"
 )
 
 // AuditClient is the client API for Audit service.
@@ -46,6 +47,13 @@ type AuditClient interface {
 	Export(ctx context.Context, in *ExportRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportResponse], error)
 	// Lineage returns the signed lineage attestation of a finished job.
 	Lineage(ctx context.Context, in *LineageRequest, opts ...grpc.CallOption) (*LineageResponse, error)
+	// Compliance makes a compliance attestation now: the fabric's state
+	// (every namespace's placement, residency verdict and key ages against
+	// its class's rotation period; every active grant decided again; what is
+	// out of compliance), signed with the log's key and anchored to a
+	// checkpoint, its digest recorded in the log; returned with the proof of
+	// that record, for `nvmegate attest verify`.
+	Compliance(ctx context.Context, in *ComplianceRequest, opts ...grpc.CallOption) (*ComplianceResponse, error)
 }
 
 type auditClient struct {
@@ -125,6 +133,16 @@ func (c *auditClient) Lineage(ctx context.Context, in *LineageRequest, opts ...g
 	return out, nil
 }
 
+func (c *auditClient) Compliance(ctx context.Context, in *ComplianceRequest, opts ...grpc.CallOption) (*ComplianceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ComplianceResponse)
+	err := c.cc.Invoke(ctx, Audit_Compliance_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AuditServer is the server API for Audit service.
 // All implementations must embed UnimplementedAuditServer
 // for forward compatibility.
@@ -144,6 +162,13 @@ type AuditServer interface {
 	Export(*ExportRequest, grpc.ServerStreamingServer[ExportResponse]) error
 	// Lineage returns the signed lineage attestation of a finished job.
 	Lineage(context.Context, *LineageRequest) (*LineageResponse, error)
+	// Compliance makes a compliance attestation now: the fabric's state
+	// (every namespace's placement, residency verdict and key ages against
+	// its class's rotation period; every active grant decided again; what is
+	// out of compliance), signed with the log's key and anchored to a
+	// checkpoint, its digest recorded in the log; returned with the proof of
+	// that record, for `nvmegate attest verify`.
+	Compliance(context.Context, *ComplianceRequest) (*ComplianceResponse, error)
 	mustEmbedUnimplementedAuditServer()
 }
 
@@ -171,6 +196,9 @@ func (UnimplementedAuditServer) Export(*ExportRequest, grpc.ServerStreamingServe
 }
 func (UnimplementedAuditServer) Lineage(context.Context, *LineageRequest) (*LineageResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Lineage not implemented")
+}
+func (UnimplementedAuditServer) Compliance(context.Context, *ComplianceRequest) (*ComplianceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Compliance not implemented")
 }
 func (UnimplementedAuditServer) mustEmbedUnimplementedAuditServer() {}
 func (UnimplementedAuditServer) testEmbeddedByValue()               {}
@@ -294,6 +322,24 @@ func _Audit_Lineage_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Audit_Compliance_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ComplianceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuditServer).Compliance(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Audit_Compliance_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuditServer).Compliance(ctx, req.(*ComplianceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Audit_ServiceDesc is the grpc.ServiceDesc for Audit service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -320,6 +366,10 @@ var Audit_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Lineage",
 			Handler:    _Audit_Lineage_Handler,
+		},
+		{
+			MethodName: "Compliance",
+			Handler:    _Audit_Compliance_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
