@@ -1,6 +1,7 @@
 package compliance
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -121,9 +122,15 @@ func Statement(p *Predicate, cp audit.Checkpoint) (*intoto.Statement, error) {
 }
 
 // Digest is what the log's entry of an attestation names: "sha256:" and
-// the hex SHA-256 of the envelope's bytes.
+// the hex SHA-256 of the envelope's JSON, compacted (a bundle re-indents
+// the envelope it carries; its meaning, and the signature, do not change).
 func Digest(envelope []byte) string {
-	d := sha256.Sum256(envelope)
+	var c bytes.Buffer
+	if err := json.Compact(&c, envelope); err != nil {
+		c.Reset()
+		c.Write(envelope) // not JSON: Verify refuses it before this matters
+	}
+	d := sha256.Sum256(c.Bytes())
 	return "sha256:" + hex.EncodeToString(d[:])
 }
 

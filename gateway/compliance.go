@@ -103,7 +103,8 @@ func (s *Server) AttestCompliance(ctx context.Context) (*Attested, error) {
 		}
 		switch {
 		case ns.KEK.Version == 0:
-			out = append(out, label+": no key-encryption key")
+			// No data key yet: a namespace gets one on first use
+			// (keys rotate --data-key); version 0 says so.
 		case !ns.KEK.WithinPeriod:
 			out = append(out, fmt.Sprintf("%s: key-encryption key v%d is %s old, past its class's rotation period of %s", label, ns.KEK.Version,
 				time.Duration(ns.KEK.AgeSeconds)*time.Second, period))

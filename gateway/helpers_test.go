@@ -146,6 +146,7 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 		Store:         db,
 		Authorizer:    engine,
 		Policy:        engine,
+		Compliance:    engine,
 		Logger:        log,
 		Registerer:    reg,
 		Self:          "spiffe://nvmegate.test/gateway/test",

@@ -115,3 +115,38 @@ func TestExportPathRefusesEscapes(t *testing.T) {
 		t.Errorf("exportPath: %q %v", got, err)
 	}
 }
+
+// `attest compliance` writes a bundle that `attest verify` checks offline
+// with the log's key, printing what it states.
+func TestAttestCompliance(t *testing.T) {
+	dir := startDevGateway(t)
+	mustCLI(t, dir, "admin", "inventory", "target", "add", "stor-eu-1", "--fabric", "fab-eu", "--region", "eu-west",
+		"--port", "id=1,transport=tcp,family=ipv4,address=10.0.0.10,service=4420")
+	mustCLI(t, dir, "admin", "inventory", "subsystem", "add", nqn, "--target", "stor-eu-1", "--tenant", "acme", "--ports", "1", "--dhchap")
+	mustCLI(t, dir, "admin", "inventory", "namespace", "add", nqn, "1", "--tenant", "acme", "--region", "eu-west",
+		"--class", "internal", "--dataset", "ds", "--digest", digest)
+	bundle := mustCLI(t, dir, "auditor", "attest", "compliance")
+	f := filepath.Join(t.TempDir(), "compliance.json")
+	if err := os.WriteFile(f, []byte(bundle), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	exp := filepath.Join(t.TempDir(), "export")
+	mustCLI(t, dir, "auditor", "audit", "export", "--out", exp)
+	pubs, err := filepath.Glob(filepath.Join(exp, "keys", "v*.pem"))
+	if err != nil || len(pubs) != 1 {
+		t.Fatalf("export keys: %v %v", pubs, err)
+	}
+	out := mustCLI(t, dir, "auditor", "attest", "verify", f, "--key", pubs[0])
+	if !strings.Contains(out, "1 namespace(s)") || !strings.Contains(out, "out of compliance: nothing") || !strings.Contains(out, "result:            OK") {
+		t.Fatalf("verify:\n%s", out)
+	}
+	if err := os.WriteFile(f, []byte(strings.Replace(bundle, `"index": `, `"index": 1`, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli(t, dir, "auditor", "attest", "verify", f, "--key", pubs[0]); err == nil || !strings.Contains(err.Error(), "verification failed") {
+		t.Fatalf("tampered bundle: %v", err)
+	}
+	if _, err := cli(t, dir, "acme-node-1", "attest", "compliance"); err == nil || !strings.Contains(err.Error(), "PermissionDenied") {
+		t.Fatalf("a node asking: %v", err)
+	}
+}

@@ -91,7 +91,7 @@ func startDevGatewayAs(t *testing.T, serverName string) string {
 		t.Fatal(err)
 	}
 	srv, err := gateway.New(gateway.Config{Credentials: identity.ServerCredentials(src, td), Store: db, Jobs: db, Lease: lc, Audit: alog,
-		ExportDir: dir, Keys: km, Targets: agent, LineageSigner: signer, Authorizer: engine, Policy: engine, Logger: log})
+		ExportDir: dir, Keys: km, Targets: agent, LineageSigner: signer, Authorizer: engine, Policy: engine, Compliance: engine, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
