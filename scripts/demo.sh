@@ -81,16 +81,20 @@ $out" ;;
 }
 
 echo "== starting the dev gateway (trust domain nvmegate.test, state in $DEMO)"
+# The security team's policy directory, hot-reloaded: the shipped policy.
+mkdir -p "$DEMO/policy"
+cp policy/*.rego policy/*.json "$DEMO/policy/" && rm -f "$DEMO/policy/"*_test.rego
+POLICY_FLAGS=(--policy-dir "$DEMO/policy" --policy-reload-interval 1s)
 # stor-eu-1 is programmed by its own target agent (started below), never by
 # the gateway's embedded one.
 if [ -n "$SPIFFE_SOCKET" ]; then
   echo "   (SVIDs from the SPIFFE Workload API at $SPIFFE_SOCKET)"
   "$BIN/nvmegated" --spiffe-socket "$SPIFFE_SOCKET" --spiffe-id "${ID[gateway]:?no SPIFFE ID for the gateway}" \
     --trust-domain nvmegate.test --state-dir "$DEMO/state" --ready-file "$DEMO/gateway.json" \
-    --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --log-format json --remote-targets stor-eu-1 2>"$log" &
+    --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --log-format json --remote-targets stor-eu-1 "${POLICY_FLAGS[@]}" 2>"$log" &
 else
   "$BIN/nvmegated" dev --dir "$DEMO" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --log-format json \
-    --remote-targets stor-eu-1 2>"$log" &
+    --remote-targets stor-eu-1 "${POLICY_FLAGS[@]}" 2>"$log" &
 fi
 gw=$!
 trap 'kill "$gw" 2>/dev/null' EXIT
@@ -221,6 +225,45 @@ hosts_left=$(ls "$CFS/subsystems/$ACME/allowed_hosts" | wc -l | tr -d ' ')
 echo "      no host is allowed on stor-eu-1 any more"
 ok "the admin lists the job's grants (released, revoked)" -- as admin grants list --job llm-pretrain-1
 
+echo "== decisions stay true: the security team moves us-west data off us-west targets"
+EVAL=nqn.2026-01.io.nvmegate.demo:acme-eval
+DIGEST_E=sha256:$(printf 'acme/eval-2026' | sha256sum | cut -d' ' -f1)
+ok "admin adds target stor-usw-1 (us-west, nvmet, programmed by the gateway itself)" -- \
+  as admin inventory target add stor-usw-1 --fabric fab-usw --region us-west --driver nvmet \
+    --port id=1,transport=tcp,family=ipv4,address=127.0.0.3,service=4420
+ok "admin adds acme's eval subsystem on stor-usw-1" -- \
+  as admin inventory subsystem add "$EVAL" --target stor-usw-1 --tenant acme --ports 1 --dhchap
+ok "admin adds acme's eval dataset (us-west)" -- \
+  as admin inventory namespace add "$EVAL" 1 --tenant acme --region us-west --class internal \
+    --dataset acme/eval-2026 --digest "$DIGEST_E"
+ok "acme's scheduler admits job llm-eval-1 (acme-node-2, the eval dataset, us-west)" -- \
+  as acme-scheduler job admit llm-eval-1 --tenant acme --node spiffe://nvmegate.test/node/acme-gpu-2 \
+    --namespace "$EVAL/1:ro" --region us-west --expires-in 12h
+ok "acme-node-2 connects to the eval subsystem" -- as acme-node-2 connect --job llm-eval-1 --subsystem "$EVAL"
+CAND="$DEMO/policy-candidate"
+cp -r "$DEMO/policy" "$CAND"
+sed -i 's/"us-west":    {"target_regions": \["us-west", "us-east"\]}/"us-west":    {"target_regions": ["us-east"]}/' "$CAND/data.json"
+grep -q '"us-west":    {"target_regions": \["us-east"\]}' "$CAND/data.json" || fail "the candidate's residency edit did not apply"
+ok "policy impact: the candidate (us-west data only on us-east targets) would revoke acme-node-2's grant, and says why" -- \
+  as admin policy impact --candidate "$CAND"
+refused "... so the security team's CI, with --fail-on-revoke, stops it" "would revoke 1" -- \
+  as admin policy impact --candidate "$CAND" --fail-on-revoke
+cp "$CAND/data.json" "$DEMO/policy/data.json" # loaded anyway: the site is being vacated
+echo "   (the candidate is copied into the live policy directory; the gateway hot-reloads it)"
+for _ in $(seq 100); do
+  as admin grants list --job llm-eval-1 --state revoked 2>/dev/null | grep -q revoked && break
+  sleep 0.2
+done
+ok "the reload re-decided the live grant: revoked, its entry naming the revision, the reasons and the change" -- \
+  as auditor audit query --kind revoke --job llm-eval-1
+usw_hosts=$(ls "$DEMO/state/configfs/stor-usw-1/subsystems/$EVAL/allowed_hosts" 2>/dev/null | wc -l | tr -d ' ')
+[ "$usw_hosts" = 0 ] || fail "hosts left on stor-usw-1 after the revocation: $usw_hosts"
+echo "      stor-usw-1 allows no host any more"
+refused "acme-node-2 connects again: refused by the new revision (residency)" PermissionDenied -- \
+  as acme-node-2 connect --job llm-eval-1 --subsystem "$EVAL"
+as auditor attest compliance > "$DEMO/compliance.json" 2>/dev/null || fail "attest compliance"
+echo "   (the auditor has the gateway sign a compliance attestation: $DEMO/compliance.json)"
+
 echo "== the security admin dry-runs job admissions against the live policy (Policy.Explain)"
 IN=scripts/demo-inputs
 decides "acme's scheduler admits a job reading acme's dataset in eu-west" ALLOW -- \
@@ -278,6 +321,9 @@ refused "offline: a copy with one entry edited is refused, naming the entry" mod
 as auditor attest lineage --job llm-pretrain-1 > "$DEMO/lineage-llm-pretrain-1.json" || fail "attest lineage"
 ok "the auditor verifies the job's signed lineage offline (datasets, every entry proved in the log)" -- \
   "$BIN/nvmegate" attest verify "$DEMO/lineage-llm-pretrain-1.json" --key "$key"
+
+ok "the auditor verifies the compliance attestation offline: signed, anchored, recorded in the log; it names the eval dataset outside its geo-fence" -- \
+  sh -c "'$BIN/nvmegate' attest verify '$DEMO/compliance.json' --key '$key' | tee /dev/stderr | grep -q 'may not be served from target stor-usw-1'"
 
 # Count what the gateway holds, from its own listings (header line excluded).
 count() { as admin inventory "$1" list --page-size 1000 | tail -n +2 | wc -l | tr -d ' '; }
