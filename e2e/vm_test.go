@@ -244,6 +244,10 @@ func TestRealKernel(t *testing.T) {
 	// globex's restricted class: bidirectional, sha384, ffdhe3072.
 	ok("grant-globex", "with a DH-HMAC-CHAP secret received")
 	kernelAccepts("nvme-connect-globex", "hmac(sha384) dhgroup ffdhe3072", "controller authenticated")
+	// A policy revision the gateway hot-reloads re-decides the live grant:
+	// revoked, and the kernel refuses the host it allowed a moment ago.
+	ok("policy-tighten", "globex's grant revoked by the reload")
+	kernelRefuses("nvme-after-policy", "not allowed")
 	ok("finish-jobs", "finished")
 	if tr := ok("tree-after-finish").Output; strings.Contains(tr, "allowed_hosts") || strings.Contains(tr, "d hosts/") {
 		t.Errorf("hosts left on the target after the jobs finished:\n%s", tr)

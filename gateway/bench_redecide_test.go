@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"io/fs"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/gateway"
 	"github.com/nvmegate/nvmegate/policy"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
@@ -93,4 +95,49 @@ func BenchmarkRedecideAfterPolicyLoad(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(grants)*float64(b.N)/b.Elapsed().Seconds(), "grants/s")
+}
+
+// BenchmarkAttestCompliance measures a compliance attestation of an
+// inventory of 10,000 namespaces (100 subsystems of 100 namespaces on one
+// target, each namespace with its data key): each op builds the
+// predicate, signs it and records it in the log. It reports the bundle's
+// size.
+//
+//	go test -run '^$' -bench AttestCompliance -benchtime 3x ./gateway
+func BenchmarkAttestCompliance(b *testing.B) {
+	g := startGateway(b)
+	ctx := b.Context()
+	if _, err := pb.NewInventoryClient(g.client(b, admin)).AddTarget(ctx, &pb.AddTargetRequest{Target: validTarget()}); err != nil {
+		b.Fatal(err)
+	}
+	for s := range 100 {
+		nqn := fmt.Sprintf("nqn.2026-01.io.nvmegate.test:bench-%d", s)
+		sub := &nvmegate.Subsystem{NQN: nqn, TargetID: "stor-eu-1", Tenant: "acme", PortIDs: []uint16{1}, DHCHAP: true}
+		if err := g.db.CreateSubsystem(ctx, sub); err != nil {
+			b.Fatal(err)
+		}
+		for n := 1; n <= 100; n++ {
+			ns := &nvmegate.Namespace{SubsystemNQN: nqn, NSID: uint32(n), Tenant: "acme", Region: "eu-west", DataClass: "internal",
+				Dataset: nvmegate.Dataset{Name: "ds", Digest: digest}}
+			if err := g.db.CreateNamespace(ctx, ns); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := g.keyStore.CreateDataKey(ctx, gateway.NamespaceKeyName(nqn, uint32(n))); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	var size int
+	for b.Loop() {
+		a, err := g.srv.AttestCompliance(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if n := len(a.Predicate.Tenants[0].Namespaces); n != 10000 || len(a.Predicate.OutOfCompliance) != 0 {
+			b.Fatalf("%d namespaces, findings %v", n, a.Predicate.OutOfCompliance[:min(3, len(a.Predicate.OutOfCompliance))])
+		}
+		raw, _ := json.Marshal(a.Bundle)
+		size = len(raw)
+	}
+	b.ReportMetric(float64(size), "bundle-bytes")
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the initramfs (a newc cpio archive) of the real-kernel e2e VM:
 # busybox (static), nvme-cli with the shared libraries ldd lists, the
-# project's three binaries built static, /init and /story.sh.
+# project's three binaries built static, the shipped policy, /init and
+# /story.sh.
 #
 #   e2e/vm/build-initramfs.sh OUT.cpio
 #
@@ -33,6 +34,12 @@ done
 
 (cd "$repo" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$root/bin/" \
   ./cmd/nvmegated ./cmd/nvmegate ./cmd/nvmegate-target)
+
+# The shipped policy (its sources, not its tests): the story hot-reloads a
+# tightened copy of it.
+mkdir -p "$root/policy"
+cp "$repo"/policy/*.rego "$repo"/policy/*.json "$root/policy/"
+rm -f "$root"/policy/*_test.rego
 
 install -m 0755 "$here/init" "$root/init"
 install -m 0755 "$here/story.sh" "$root/story.sh"

@@ -69,7 +69,9 @@ grant_id() { sed -n 's/^\(g-[A-Za-z0-9_-]*\) .*/\1/p' "/tmp/$1.args" | head -1; 
 # the story sees a rotation's grace end (the defaults are 1h and 30s).
 start_gateway() {
   printf 'keys:\n  grace: 15s\ntargets:\n  reconcile_interval: 500ms\n' > /tmp/nvmegated.yaml
-  nvmegated dev --config /tmp/nvmegated.yaml --dir "$G" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --remote-targets stor-eu-1 2>/tmp/gateway.log &
+  cp -r /policy /tmp/policy
+  nvmegated dev --config /tmp/nvmegated.yaml --dir "$G" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --remote-targets stor-eu-1 \
+    --policy-dir /tmp/policy --policy-reload-interval 500ms 2>/tmp/gateway.log &
   for _ in $(seq 300); do [ -f "$G/gateway.json" ] && { cat "$G/gateway.json"; return 0; }; sleep 0.1; done
   tail -20 /tmp/gateway.log; return 1
 }
@@ -93,6 +95,19 @@ wait_host_gone() {
     sleep 0.1
   done
   echo "host $1 still on the target"; return 1
+}
+
+# tighten_policy: eu-west data only over fabric f1; wait (up to 30 s) for
+# the reload to revoke globex's grant.
+tighten_policy() {
+  sed -i 's/"eu-west":    {"target_regions": \["eu-west", "eu-central"\]}/"eu-west":    {"target_regions": ["eu-west", "eu-central"], "fabrics": ["f1"]}/' /tmp/policy/data.json
+  grep -q '"fabrics": \["f1"\]' /tmp/policy/data.json || { echo "the policy edit did not apply"; return 1; }
+  for _ in $(seq 300); do
+    as admin grants list --job vm-ckpt-1 --state revoked 2>/dev/null | grep -q revoked && {
+      echo "globex's grant revoked by the reload"; grep -o 'grant revoked: no longer allowed[^"]*' /tmp/gateway.log | head -1; return 0; }
+    sleep 0.1
+  done
+  echo "globex's grant not revoked"; tail -5 /tmp/gateway.log; return 1
 }
 
 start_agent() {
@@ -193,6 +208,13 @@ step disconnect-after-revoke disconnect
 step grant-globex grant globex globex-node-1 connect --job vm-ckpt-1 --subsystem "$GLOBEX"
 step nvme-connect-globex nvme_connect globex
 step disconnect-globex disconnect
+# The security team tightens residency: eu-west data only over fabric f1
+# (the policy's own samples' fabric); the VM's target is on fab-vm. The hot
+# reload re-decides globex's live grant and revokes it; the kernel then
+# refuses the host.
+step policy-tighten tighten_policy
+step nvme-after-policy nvme_connect globex
+step disconnect-after-policy disconnect
 step finish-jobs sh -c "nvmegate --dev-dir $G --dev-identity acme-scheduler job finish vm-train-1 --reason done &&
   nvmegate --dev-dir $G --dev-identity globex-scheduler job finish vm-ckpt-1 --reason done"
 step tree-after-finish tree
