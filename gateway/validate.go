@@ -260,7 +260,7 @@ func validateExplain(r *pb.ExplainRequest) error {
 }
 
 // maxCandidateBytes bounds a candidate policy's files, together.
-const maxCandidateBytes = 8 << 20
+const maxCandidateBytes = 3 << 20 // under the server's 4 MiB message limit
 
 func validateImpact(r *pb.ImpactRequest) error {
 	if len(r.CandidateFiles) == 0 {

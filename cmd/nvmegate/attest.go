@@ -44,7 +44,9 @@ func (a *app) attestCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.call(cmd, func(ctx context.Context, c *grpc.ClientConn) error {
-				resp, err := pb.NewAuditClient(c).Compliance(ctx, &pb.ComplianceRequest{})
+				// A fabric of 10,000 namespaces makes a bundle of about
+				// 8 MB, past gRPC's default 4 MB.
+				resp, err := pb.NewAuditClient(c).Compliance(ctx, &pb.ComplianceRequest{}, grpc.MaxCallRecvMsgSize(maxComplianceBundle))
 				if err != nil {
 					return err
 				}
@@ -93,6 +95,9 @@ func (a *app) attestCmd() *cobra.Command {
 	cmd.AddCommand(get, comp, verify)
 	return cmd
 }
+
+// maxComplianceBundle bounds the compliance bundle the CLI accepts.
+const maxComplianceBundle = 256 << 20
 
 // isComplianceBundle tells a compliance bundle (an envelope with the proof
 // of its record) from a bare lineage envelope.
