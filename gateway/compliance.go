@@ -121,25 +121,18 @@ func (s *Server) AttestCompliance(ctx context.Context) (*Attested, error) {
 	}
 	// The active grants, decided again under the policy serving.
 	if s.lease != nil {
-		active, err := s.lease.ActiveGrants(ctx)
-		if err != nil {
-			return nil, err
-		}
 		red, err := s.Redecide(ctx, Change{All: true, Cause: "compliance attestation"}, nil, true)
 		if err != nil {
 			return nil, err
 		}
-		judged := map[string]compliance.Grant{}
-		for _, v := range red.Ending {
-			judged[v.Grant.ID] = compliance.Grant{Verdict: "revoke", Reasons: v.Reasons()}
-		}
-		for _, v := range red.Tightening {
-			judged[v.Grant.ID] = compliance.Grant{Verdict: "must_renew", Reasons: v.Reasons()}
-		}
-		for _, g := range active {
-			cg, ok := judged[g.ID]
-			if !ok {
-				cg.Verdict = "allowed"
+		for _, v := range red.Decided {
+			g := v.Grant
+			cg := compliance.Grant{Verdict: "allowed"}
+			switch {
+			case v.Ends():
+				cg = compliance.Grant{Verdict: "revoke", Reasons: v.Reasons()}
+			case len(v.Shortfalls) > 0:
+				cg = compliance.Grant{Verdict: "must_renew", Reasons: v.Reasons()}
 			}
 			cg.ID, cg.Job, cg.Tenant, cg.Node, cg.SubsystemNQN, cg.ExpiresAt, cg.ReauthBy = g.ID, g.JobID, g.Tenant, g.Node, g.SubsystemNQN, g.ExpiresAt, g.ReauthBy
 			p.Grants = append(p.Grants, cg)
@@ -245,6 +238,29 @@ func mapsKeys[V any](m map[string]V) func(func(string) bool) {
 			}
 		}
 	}
+}
+
+// minAttestationInterval is how long a caller of Audit.Compliance is given
+// the last attestation rather than a new one: each is a full pass over the
+// inventory, a signature and a log entry, and a caller in a loop must not
+// turn that into load or log growth.
+const minAttestationInterval = time.Minute
+
+// recentAttestation returns the last attestation if it is younger than
+// minAttestationInterval, else makes a new one. Concurrent callers share
+// one.
+func (s *Server) recentAttestation(ctx context.Context) (*Attested, error) {
+	s.attestMu.Lock()
+	defer s.attestMu.Unlock()
+	if a := s.lastAttested; a != nil && s.now().Sub(a.Predicate.Time) < minAttestationInterval {
+		return a, nil
+	}
+	a, err := s.AttestCompliance(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.lastAttested = a
+	return a, nil
 }
 
 // rootAge is the age of scope's current access root against period.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -12,6 +13,7 @@ import (
 	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/compliance"
+	"github.com/nvmegate/nvmegate/gateway"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
 
@@ -23,7 +25,8 @@ import (
 // tampered bundle, a wrong key and a caller who is not an auditor or admin
 // are refused.
 func TestComplianceAttestation(t *testing.T) {
-	g, ctx := usWestGateway(t)
+	var skew time.Duration
+	g, ctx := usWestGateway(t, func(c *gateway.Config) { c.Now = func() time.Time { return time.Now().Add(skew) } })
 	c, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
 	if err != nil {
 		t.Fatal(err)
@@ -64,10 +67,16 @@ func TestComplianceAttestation(t *testing.T) {
 		t.Fatalf("attestation entries %+v (%v)", recs, err)
 	}
 
+	// Within a minute, a caller gets the same attestation, not a new one.
+	if again, err := ac.Compliance(ctx, &pb.ComplianceRequest{}); err != nil || again.Index != resp.Index {
+		t.Fatalf("a second call within the minute: index %d (%v), want %d", again.GetIndex(), err, resp.Index)
+	}
+
 	// Tightened residency: the attestation names the namespace and the grant.
 	if err := g.engine.Reload(ctx, policyWith(t, usWest, usWestMoved), "residency-tightened"); err != nil {
 		t.Fatal(err)
 	}
+	skew = 2 * time.Minute
 	resp2, err := ac.Compliance(ctx, &pb.ComplianceRequest{})
 	if err != nil {
 		t.Fatal(err)

@@ -38,6 +38,7 @@ func (c Change) affects(g *nvmegate.Grant, sub *nvmegate.Subsystem) bool {
 // Redecision is what a re-decision found.
 type Redecision struct {
 	Checked        int             // active grants the change affects, decided again
+	Decided        []lease.Verdict // all of them, allowed ones included
 	Ending         []lease.Verdict // no longer allowed (or no longer possible)
 	Tightening     []lease.Verdict // allowed, under obligations they were not issued under
 	PolicyRevision string          // the revision that decided
@@ -69,6 +70,12 @@ func (s *Server) Redecide(ctx context.Context, change Change, a authz.Authorizer
 	if a == nil {
 		a = s.authorizer
 	}
+	if !dryRun {
+		// One re-decision acts at a time: two changes landing together
+		// must not revoke a grant twice.
+		s.redecideMu.Lock()
+		defer s.redecideMu.Unlock()
+	}
 	if err := s.openings.waitEarlier(ctx); err != nil {
 		return nil, fmt.Errorf("redecide: waiting for the connects in flight: %w", err)
 	}
@@ -83,8 +90,8 @@ func (s *Server) Redecide(ctx context.Context, change Change, a authz.Authorizer
 	now := s.now()
 	verdicts := make([]*lease.Verdict, len(all))
 	// Grants are listed by subsystem: each worker takes a run of them, so
-	// that a job's nodes on one subsystem share the records it reads and
-	// the sealed scope of their decisions.
+	// that a job's nodes on one subsystem share the sealed scope of their
+	// decisions.
 	workers := min(runtime.GOMAXPROCS(0), 1+len(all)/256)
 	var (
 		wg       sync.WaitGroup
@@ -96,9 +103,17 @@ func (s *Server) Redecide(ctx context.Context, change Change, a authz.Authorizer
 	for w := range workers {
 		lo, hi := w*chunk, min((w+1)*chunk, len(all))
 		wg.Go(func() {
-			d := &describer{ctx: ctx, store: s.store, jobs: s.jobs, members: &s.members, revisions: s.revisions}
+			defer func() {
+				// A panic (a candidate policy's evaluation, say) is
+				// this re-decision's error, not the gateway's end.
+				if p := recover(); p != nil {
+					mu.Lock()
+					firstErr = firstOf(firstErr, fmt.Errorf("redecide: panic: %v", p))
+					mu.Unlock()
+				}
+			}()
 			for i := lo; i < hi; i++ {
-				v, err := s.redecideOne(ctx, d, a, all[i], change, now)
+				v, err := s.redecideOne(ctx, a, all[i], change, now)
 				if err != nil {
 					mu.Lock()
 					firstErr = firstOf(firstErr, err)
@@ -107,9 +122,11 @@ func (s *Server) Redecide(ctx context.Context, change Change, a authz.Authorizer
 				}
 				if v != nil {
 					verdicts[i] = v
-					mu.Lock()
-					revs[v.Decision.PolicyRevision] = true
-					mu.Unlock()
+					if r := v.Decision.PolicyRevision; r != "" {
+						mu.Lock()
+						revs[r] = true
+						mu.Unlock()
+					}
 				}
 			}
 		})
@@ -131,6 +148,7 @@ func (s *Server) Redecide(ctx context.Context, change Change, a authz.Authorizer
 			continue
 		}
 		out.Checked++
+		out.Decided = append(out.Decided, *v)
 		switch {
 		case v.Ends():
 			out.Ending = append(out.Ending, *v)
@@ -159,22 +177,27 @@ func firstOf(first, err error) error {
 }
 
 // redecideOne decides g again if change affects it; nil if it does not.
-func (s *Server) redecideOne(ctx context.Context, d *describer, a authz.Authorizer, g *nvmegate.Grant, change Change, now time.Time) (*lease.Verdict, error) {
+// A grant whose records cannot be read or whose decision fails is not
+// allowed (fail closed): its verdict ends it, saying why. Only the
+// context's end is an error.
+func (s *Server) redecideOne(ctx context.Context, a authz.Authorizer, g *nvmegate.Grant, change Change, now time.Time) (*lease.Verdict, error) {
+	// A describer of its own per grant: one reads every record at the
+	// revision it reports, so a sealed scope it makes is exact.
+	d := &describer{ctx: ctx, store: s.store, jobs: s.jobs, members: &s.members, revisions: s.revisions, caller: g.Node}
 	sub, err := d.subsystemRec(g.SubsystemNQN)
 	if err != nil {
-		return nil, err
+		return unreadable(ctx, g, err)
 	}
 	if !change.affects(g, sub) {
 		return nil, nil
 	}
 	id, err := spiffeid.FromString(g.Node)
 	if err != nil {
-		return nil, fmt.Errorf("redecide: grant %s: node %q: %w", g.ID, g.Node, err)
+		return unreadable(ctx, g, err)
 	}
-	d.caller = g.Node
 	sc, rev, err := d.subsystemScope(g.JobID, g.SubsystemNQN, g.HostNQN, "")
 	if err != nil {
-		return nil, err
+		return unreadable(ctx, g, err)
 	}
 	var in *authz.Input
 	if typedCall(sc) {
@@ -188,9 +211,12 @@ func (s *Server) redecideOne(ctx context.Context, d *describer, a authz.Authoriz
 		in = authz.NewInput(authz.ParseCaller(id), connectMethod, "", scopeResource(sc))
 	}
 	dec, err := a.Authorize(ctx, in)
+	if dec == nil && err == nil {
+		err = errors.New("the authorizer returned no decision")
+	}
 	if err != nil {
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-			return nil, err
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
 		}
 		// Fail closed: a grant policy cannot decide is not allowed.
 		if dec == nil {
@@ -215,6 +241,15 @@ func (s *Server) redecideOne(ctx context.Context, d *describer, a authz.Authoriz
 		v.Shortfalls = short
 	}
 	return v, nil
+}
+
+// unreadable is the verdict on a grant whose records or node cannot be
+// read: it ends (fail closed), naming why; the context's end is an error.
+func unreadable(ctx context.Context, g *nvmegate.Grant, err error) (*lease.Verdict, error) {
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	return &lease.Verdict{Grant: g, Decision: &nvmegate.Decision{}, Refusal: "its scope could not be read: " + nvmegate.WithholdQuoted(err.Error())}, nil
 }
 
 // openings tracks the connects and renewals in flight, so that a

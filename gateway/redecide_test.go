@@ -10,11 +10,14 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/audit"
+	"github.com/nvmegate/nvmegate/authz"
 	"github.com/nvmegate/nvmegate/gateway"
+	"github.com/nvmegate/nvmegate/lease"
 	"github.com/nvmegate/nvmegate/policy"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
@@ -444,5 +447,56 @@ func TestPolicyImpact(t *testing.T) {
 		if name == "self-test" && err != nil && !strings.Contains(err.Error(), "self-test sample") {
 			t.Errorf("self-test: %v does not name the sample", err)
 		}
+	}
+}
+
+// A verdict acts only on the grant as it was decided: one released (or
+// renewed) meanwhile is not revoked, and nothing is recorded for it.
+func TestReconsiderSkipsGrantsChangedMeanwhile(t *testing.T) {
+	g, ctx := admittedGateway(t)
+	ac := pb.NewAccessClient(g.client(t, node))
+	c, err := ac.Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gr, err := g.lease.Grant(ctx, c.Grant.GrantId)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ac.Release(ctx, &pb.ReleaseRequest{GrantId: gr.ID}); err != nil {
+		t.Fatal(err)
+	}
+	deny := &nvmegate.Decision{ID: "d-test", PolicyRevision: "r-test", Reasons: []string{"test"}}
+	done, err := g.lease.Reconsider(ctx, []lease.Verdict{{Grant: gr, Decision: deny}}, "a test change", 1, "spiffe://nvmegate.test/gateway/test")
+	if err != nil || len(done.Revoked) != 0 {
+		t.Fatalf("reconsidered a released grant: %+v, %v", done, err)
+	}
+	if after, _ := g.lease.Grant(ctx, gr.ID); after.State != nvmegate.GrantReleased {
+		t.Fatalf("released grant now %s", after.State)
+	}
+	if es := entriesOf(t, g, audit.EventRevoke, gr.ID); len(es) != 0 {
+		t.Fatalf("revoke entries for a released grant: %+v", es)
+	}
+}
+
+// A panic while deciding (a candidate's evaluation, an authorizer's bug)
+// is the re-decision's error; the gateway keeps serving. An authorizer
+// that returns no decision does not allow.
+func TestRedecideSurvivesAuthorizerFaults(t *testing.T) {
+	g, ctx := admittedGateway(t)
+	if _, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN}); err != nil {
+		t.Fatal(err)
+	}
+	panicking := authz.AuthorizerFunc(func(context.Context, *authz.Input) (*nvmegate.Decision, error) { panic("evaluator bug") })
+	if _, err := g.srv.Redecide(ctx, gateway.Change{All: true, Cause: "test"}, panicking, true); err == nil || !strings.Contains(err.Error(), "panic") {
+		t.Fatalf("a panicking authorizer: %v", err)
+	}
+	none := authz.AuthorizerFunc(func(context.Context, *authz.Input) (*nvmegate.Decision, error) { return nil, nil })
+	d, err := g.srv.Redecide(ctx, gateway.Change{All: true, Cause: "test"}, none, true)
+	if err != nil || len(d.Ending) != 1 {
+		t.Fatalf("an authorizer with no decision: %+v, %v", d, err)
+	}
+	if _, err := healthpb.NewHealthClient(g.client(t, node)).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatalf("the gateway after the faults: %v", err)
 	}
 }

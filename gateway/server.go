@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -116,7 +117,8 @@ type Server struct {
 	members         memberSets     // job membership, for describe
 	revisions       ScopeRevisions // nil: scopes are not sealed
 	scopes          *sealedScopes
-	openings        openings // connects and renewals in flight, for Redecide
+	openings        openings   // connects and renewals in flight, for Redecide
+	redecideMu      sync.Mutex // one acting re-decision at a time
 	self            string
 	// What a compliance attestation reads and signs with (nil: none).
 	keys             KeyManager
@@ -125,6 +127,8 @@ type Server struct {
 	// The last attestation's time (Unix seconds, 0: none yet) and how much
 	// it found out of compliance, for the metrics.
 	lastAttestation, outOfCompliance atomic.Int64
+	attestMu                         sync.Mutex
+	lastAttested                     *Attested // what Audit.Compliance serves for a minute
 }
 
 // New builds a Server from cfg.
@@ -192,7 +196,7 @@ func New(cfg Config) (*Server, error) {
 		pb.RegisterKeysServer(s.grpc, pb.UnimplementedKeysServer{})
 	}
 	audits := &auditService{log: cfg.Audit, exportDir: cfg.ExportDir, jobs: s.jobs, store: cfg.Store, signer: cfg.LineageSigner,
-		attest: s.AttestCompliance}
+		attest: s.recentAttestation}
 	pb.RegisterAuditServer(s.grpc, audits)
 	// Without a job store (or a lease, for grants) these answer
 	// Unimplemented after validation and policy: never a fake success.

@@ -64,7 +64,14 @@ func (l *Lifecycle) Reconsider(ctx context.Context, verdicts []Verdict, cause st
 		marked  []audit.Entry
 	)
 	for _, v := range verdicts {
-		g, d := v.Grant, v.Decision
+		// Only a grant still as it was decided: one ended meanwhile, or
+		// renewed (a new decision, made after the change), is not the
+		// grant this verdict is about.
+		cur, err := l.grants.Grant(ctx, v.Grant.ID)
+		if err != nil || cur.State != nvmegate.GrantActive || cur.DecisionID != v.Grant.DecisionID {
+			continue
+		}
+		g, d := cur, v.Decision
 		ad := &audit.Decision{Allow: d.Allow, ID: d.ID, PolicyRevision: d.PolicyRevision, Reasons: d.Reasons}
 		switch {
 		case v.Ends():

@@ -101,7 +101,8 @@ revoked.`,
 				return err
 			}
 			return a.call(cmd, func(ctx context.Context, c *grpc.ClientConn) error {
-				resp, err := pb.NewPolicyClient(c).Impact(ctx, &pb.ImpactRequest{CandidateFiles: files})
+				// 10,000 affected grants are a few MB, past gRPC's default 4 MB.
+				resp, err := pb.NewPolicyClient(c).Impact(ctx, &pb.ImpactRequest{CandidateFiles: files}, grpc.MaxCallRecvMsgSize(maxComplianceBundle))
 				if err != nil {
 					return err
 				}

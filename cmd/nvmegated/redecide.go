@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/nvmegate/nvmegate/gateway"
 	"github.com/nvmegate/nvmegate/store"
@@ -40,25 +42,47 @@ func (r *redecider) policyLoaded(ctx context.Context, revision, digest string) {
 	r.redecide(ctx, gateway.Change{All: true, Cause: fmt.Sprintf("policy revision %s (digest %s) loaded", revision, digest)})
 }
 
+// maxRetries bounds the retries of a re-decision that failed before it
+// acted (the store or a policy evaluation unavailable).
+const maxRetries = 3
+
 // maxLogged bounds the grants a re-decision names in the log one by one.
 const maxLogged = 20
 
 func (r *redecider) redecide(ctx context.Context, c gateway.Change) {
 	d, err := r.server.Redecide(ctx, c, nil, false)
+	for try := 1; err != nil && d == nil && try <= maxRetries && ctx.Err() == nil; try++ {
+		r.log.Warn("grants not re-decided after a change; retrying", "cause", c.Cause, "try", try, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(try) * 2 * time.Second):
+		}
+		d, err = r.server.Redecide(ctx, c, nil, false)
+	}
 	if err != nil {
-		r.log.Error("grants not re-decided after a change; the next change or restart re-decides them", "cause", c.Cause, "err", err)
+		r.log.Error("grants not (all) re-decided after a change; the next policy load or restart re-decides them all", "cause", c.Cause, "err", err)
 		if d == nil {
 			return
 		}
 	}
-	for i, v := range append(d.Ending, d.Tightening...) {
-		if i == maxLogged {
-			r.log.Warn("more grants ended or tightened by the change", "cause", c.Cause, "not_listed", len(d.Ending)+len(d.Tightening)-maxLogged)
-			break
+	// What was done, not what was found: a grant that ended or renewed
+	// meanwhile, or a revocation that did not happen, is not named.
+	done := map[string]string{}
+	for _, id := range d.Done.Revoked {
+		done[id] = "revoked: no longer allowed"
+	}
+	for _, id := range d.Done.Marked {
+		done[id] = "must renew: obligations tightened"
+	}
+	n := 0
+	for _, v := range append(d.Ending, d.Tightening...) {
+		what, ok := done[v.Grant.ID]
+		if !ok {
+			continue
 		}
-		what := "revoked: no longer allowed"
-		if !v.Ends() {
-			what = "must renew: obligations tightened"
+		if n++; n > maxLogged {
+			r.log.Warn("more grants revoked or obliged to renew by the change", "cause", c.Cause, "not_listed", len(done)-maxLogged)
+			break
 		}
 		r.log.Warn("grant "+what, "cause", c.Cause, "grant", v.Grant.ID, "job", v.Grant.JobID, "node", v.Grant.Node,
 			"subsystem", v.Grant.SubsystemNQN, "policy_revision", v.Decision.PolicyRevision, "reasons", strings.Join(v.Reasons(), "; "))
@@ -101,6 +125,9 @@ func (m *Main) attestCompliance(ctx context.Context) {
 	if err == nil {
 		err = os.WriteFile(name, b, 0o640)
 	}
+	if err == nil {
+		pruneBundles(dir, keptBundles, m.log)
+	}
 	if err != nil {
 		m.log.Error("compliance attestation made and recorded, but not kept on disk", "index", a.Bundle.Index, "err", err)
 		return
@@ -111,4 +138,23 @@ func (m *Main) attestCompliance(ctx context.Context) {
 	}
 	m.log.Log(ctx, level, "compliance attestation signed", "file", name, "index", a.Bundle.Index,
 		"out_of_compliance", len(a.Predicate.OutOfCompliance), "policy_revision", a.Predicate.PolicyRevision)
+}
+
+// keptBundles is how many scheduled compliance bundles stay on disk (a
+// week of hourly ones); older ones are removed (their digests stay in the
+// log, and the gateway signs a fresh one on demand).
+const keptBundles = 168
+
+// pruneBundles removes all but the newest keep bundles of dir.
+func pruneBundles(dir string, keep int, log *slog.Logger) {
+	names, err := filepath.Glob(filepath.Join(dir, "*.json"))
+	if err != nil || len(names) <= keep {
+		return
+	}
+	slices.Sort(names) // named by time, so oldest first
+	for _, n := range names[:len(names)-keep] {
+		if err := os.Remove(n); err != nil {
+			log.Warn("old compliance bundle not removed", "file", n, "err", err)
+		}
+	}
 }
