@@ -83,3 +83,20 @@ func OpenStatement(envJSON []byte, predicateType string, keys []PublicKey) (*int
 	}
 	return &st, signer, nil
 }
+
+// OpenPredicate is OpenStatement that also decodes the statement's
+// predicate into v (a pointer to the predicate's Go type).
+func OpenPredicate(envJSON []byte, predicateType string, keys []PublicKey, v any) (*intoto.Statement, *PublicKey, error) {
+	st, signer, err := OpenStatement(envJSON, predicateType, keys)
+	if err != nil {
+		return nil, nil, err
+	}
+	raw, err := protojson.Marshal(st.Predicate)
+	if err != nil {
+		return nil, nil, fmt.Errorf("predicate: %w", err)
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return nil, nil, fmt.Errorf("predicate: %w", err)
+	}
+	return st, signer, nil
+}

@@ -244,17 +244,10 @@ func Verify(bundleJSON []byte, keys []attest.PublicKey) (*Report, error) {
 	if err := json.Unmarshal(bundleJSON, &b); err != nil {
 		return nil, fmt.Errorf("compliance: not a compliance bundle: %w", err)
 	}
-	st, signer, err := attest.OpenStatement(b.Envelope, PredicateType, keys)
+	var p Predicate
+	st, signer, err := attest.OpenPredicate(b.Envelope, PredicateType, keys, &p)
 	if err != nil {
 		return nil, fmt.Errorf("compliance: %w", err)
-	}
-	raw, err := protojson.Marshal(st.Predicate)
-	if err != nil {
-		return nil, err
-	}
-	var p Predicate
-	if err := json.Unmarshal(raw, &p); err != nil {
-		return nil, fmt.Errorf("compliance: predicate: %w", err)
 	}
 	anchor, _, err := audit.OpenCheckpoint([]byte(p.Log.Checkpoint), keys)
 	if err != nil {

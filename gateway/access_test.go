@@ -2,14 +2,12 @@ package gateway_test
 
 import (
 	"context"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
-	"testing/fstest"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -21,7 +19,6 @@ import (
 	"github.com/nvmegate/nvmegate/fabric"
 	"github.com/nvmegate/nvmegate/gateway"
 	"github.com/nvmegate/nvmegate/keys/nvmefmt"
-	"github.com/nvmegate/nvmegate/policy"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
 
@@ -517,28 +514,8 @@ func TestRenewAppliesNewObligations(t *testing.T) {
 
 	// The new policy data: internal now obliges what restricted's
 	// DH-HMAC-CHAP option does.
-	files := fstest.MapFS{}
-	if err := fs.WalkDir(policy.Default(), ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		data, err := fs.ReadFile(policy.Default(), p)
-		files[p] = &fstest.MapFile{Data: data}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	old := `"internal": {"max_ttl": "24h"}`
-	data := string(files["data.json"].Data)
-	if !strings.Contains(data, old) {
-		t.Fatalf("policy data.json no longer has %s", old)
-	}
-	files["data.json"].Data = []byte(strings.Replace(data, old,
-		`"internal": {"max_ttl": "24h", "auth_options": [{"auth_mode": "dhchap", "bidirectional": true, "min_dh_group": "ffdhe3072", "min_hash": "sha384"}]}`, 1))
-	b, err := policy.Load(files)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := policyWith(t, `"internal": {"max_ttl": "24h"}`,
+		`"internal": {"max_ttl": "24h", "auth_options": [{"auth_mode": "dhchap", "bidirectional": true, "min_dh_group": "ffdhe3072", "min_hash": "sha384"}]}`)
 	if err := g.engine.Reload(ctx, b, "tightened"); err != nil {
 		t.Fatal(err)
 	}

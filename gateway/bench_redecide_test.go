@@ -3,10 +3,8 @@ package gateway_test
 import (
 	"encoding/json"
 	"fmt"
-	"io/fs"
 	"runtime/debug"
 	"testing"
-	"testing/fstest"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -67,17 +65,7 @@ func BenchmarkRedecideAfterPolicyLoad(b *testing.B) {
 	if err := eg.Wait(); err != nil {
 		b.Fatal(err)
 	}
-	files := fstest.MapFS{}
-	if err := fs.WalkDir(policy.Default(), ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		data, err := fs.ReadFile(policy.Default(), p)
-		files[p] = &fstest.MapFile{Data: data}
-		return err
-	}); err != nil {
-		b.Fatal(err)
-	}
+	files := shippedPolicy(b)
 	rego := files["authz.rego"].Data
 	b.ReportAllocs()
 	rev := 0

@@ -22,9 +22,8 @@ import (
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
 
-// policyWith is the shipped policy with data.json's old text replaced by
-// new.
-func policyWith(t *testing.T, old, new string) *policy.Bundle {
+// shippedPolicy is a copy of the shipped policy's files, to edit.
+func shippedPolicy(t testing.TB) fstest.MapFS {
 	t.Helper()
 	files := fstest.MapFS{}
 	if err := fs.WalkDir(policy.Default(), ".", func(p string, d fs.DirEntry, err error) error {
@@ -37,6 +36,14 @@ func policyWith(t *testing.T, old, new string) *policy.Bundle {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	return files
+}
+
+// policyWith is the shipped policy with data.json's old text replaced by
+// new.
+func policyWith(t *testing.T, old, new string) *policy.Bundle {
+	t.Helper()
+	files := shippedPolicy(t)
 	data := string(files["data.json"].Data)
 	if !strings.Contains(data, old) {
 		t.Fatalf("policy data.json no longer has %s", old)
@@ -370,14 +377,10 @@ func (s *stalling) Program(ctx context.Context, targetID string, changed ...nvme
 func candidateFiles(t *testing.T, old, new string) map[string][]byte {
 	t.Helper()
 	files := map[string][]byte{}
-	if err := fs.WalkDir(policy.Default(), ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || strings.HasSuffix(p, "_test.rego") {
-			return err
+	for p, f := range shippedPolicy(t) {
+		if !strings.HasSuffix(p, "_test.rego") {
+			files[p] = f.Data
 		}
-		files[p], err = fs.ReadFile(policy.Default(), p)
-		return err
-	}); err != nil {
-		t.Fatal(err)
 	}
 	files["data.json"] = []byte(strings.Replace(string(files["data.json"]), old, new, 1))
 	return files

@@ -215,17 +215,10 @@ type Report struct {
 // Verify checks an envelope offline against the log's public keys and
 // returns what it attests; any failure is an error naming it.
 func Verify(envJSON []byte, keys []attest.PublicKey) (*Report, error) {
-	st, signer, err := attest.OpenStatement(envJSON, PredicateType, keys)
+	var p Predicate
+	st, signer, err := attest.OpenPredicate(envJSON, PredicateType, keys, &p)
 	if err != nil {
 		return nil, fmt.Errorf("lineage: %w", err)
-	}
-	raw, err := protojson.Marshal(st.Predicate)
-	if err != nil {
-		return nil, err
-	}
-	var p Predicate
-	if err := json.Unmarshal(raw, &p); err != nil {
-		return nil, fmt.Errorf("lineage: predicate: %w", err)
 	}
 	cp, _, err := audit.OpenCheckpoint([]byte(p.Log.Checkpoint), keys)
 	if err != nil {
