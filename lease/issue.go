@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/nvmegate/nvmegate"
@@ -125,12 +126,21 @@ func (l *Lifecycle) Renew(ctx context.Context, g *nvmegate.Grant, r Request) (Is
 	if len(moving) > 0 || g.HostEntry() != prev.HostEntry() || g.TLS != prev.TLS || g.ReadOnly != prev.ReadOnly {
 		hosts = nvmegate.HostRefs(append([]*nvmegate.Grant{g}, moving...)...)
 	}
+	// If the target refuses, g goes back as it was: weaker than the
+	// obligations in force, so it must renew within their reauth_within,
+	// as a re-decision would have required (one made while this renewal
+	// ran skipped it: its decision was changing).
+	undo := prev
+	if short, err := prev.Shortfalls(sub, t, d.Obligations, now); err == nil && len(short) > 0 && undo.ReauthBy.IsZero() {
+		undo.ReauthBy = now.Add(d.Obligations.Reauth())
+		undo.ReauthWhy = "its renewal under obligations it does not meet (" + strings.Join(short, "; ") + ") was refused by target " + t.ID
+	}
 	res := l.run(ctx, &change{
 		op:      "renew",
 		grant:   g,
 		entry:   grantEntry(audit.EventRenew, actionRenew, sc, d, g, creds, nil, moving, now),
 		moving:  moving,
-		undo:    &prev,
+		undo:    &undo,
 		deny:    denyEntry(actionRenew, sc, d, g),
 		refused: "target " + t.ID + " did not accept the new keys",
 		refusal: nvmegate.Errorf(nvmegate.EUNAVAILABLE, "target %s did not accept the new keys; the grant keeps its old ones", t.ID),

@@ -643,3 +643,21 @@ func TestIssueBindingChangedMeanwhile(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A renewal under stronger obligations that the target refuses leaves the
+// grant as it was, but obliged to renew within reauth_within: it does not
+// keep its weaker keys until its expiry.
+func TestRenewRefusedUnderStrongerObligationsMustRenew(t *testing.T) {
+	var ref *refusing
+	w := newWorld(t, func(w *world, c *lease.Config) { ref = &refusing{next: w.agent}; c.Targets = ref })
+	a := w.issue(node1, sub1)
+	ref.n.Store(1)
+	stronger := nvmegate.Obligations{Bidirectional: true, MinHash: "sha384", ReauthWithin: 90 * time.Second}
+	_, err := w.lc.Renew(w.ctx, w.grant(a.Grant.ID), w.request(node1, sub1, stronger))
+	wantCode(t, err, nvmegate.EUNAVAILABLE, "keeps its old ones")
+	g := w.grant(a.Grant.ID)
+	if g.State != nvmegate.GrantActive || g.Bidirectional || g.ReauthBy.IsZero() || time.Until(g.ReauthBy) > 90*time.Second ||
+		!strings.Contains(g.ReauthWhy, "bidirectional") {
+		t.Fatalf("after the refused renewal: %+v", g)
+	}
+}
