@@ -49,6 +49,11 @@ type Port struct {
 	Address       string // traddr: an IP address of that family
 	ServiceID     string // trsvcid: the TCP port, e.g. "4420"
 	SecureChannel string // SecureChannel*; "" means none
+	// Subnet is the fabric subnet the port serves (a canonical CIDR
+	// prefix holding Address, e.g. "10.0.1.0/24"); "" is none, and such
+	// a port is reachable only by nodes without a segment
+	// (HostBinding.Reaches).
+	Subnet string
 }
 
 // Validate checks the target on its own; the store checks uniqueness.
@@ -147,7 +152,29 @@ func (p *Port) Validate() error {
 	if p.SecureChannel != "" && p.SecureChannel != SecureChannelNone && p.Transport != TransportTCP {
 		return Invalid("secure_channel", "TLS secure channels exist only for the tcp transport")
 	}
+	if p.Subnet != "" {
+		pfx, err := ParseSubnet("subnet", p.Subnet)
+		if err != nil {
+			return err
+		}
+		if !pfx.Contains(addr) {
+			return Invalid("subnet", "must contain the port's address %s (got %s)", p.Address, show(p.Subnet))
+		}
+	}
 	return nil
+}
+
+// ParseSubnet parses a fabric subnet: a CIDR prefix in canonical form (its
+// host bits zero, as netip.Prefix.Masked writes it).
+func ParseSubnet(field, v string) (netip.Prefix, error) {
+	pfx, err := netip.ParsePrefix(v)
+	if err != nil || pfx.Addr().Zone() != "" || pfx.Addr().Is4In6() {
+		return netip.Prefix{}, Invalid(field, "must be a CIDR prefix like 10.0.1.0/24 (got %s)", show(v))
+	}
+	if m := pfx.Masked(); m != pfx {
+		return netip.Prefix{}, Invalid(field, "must be written canonically, %s (got %s)", m, show(v))
+	}
+	return pfx, nil
 }
 
 // TLS reports whether the port offers a TLS secure channel.

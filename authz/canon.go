@@ -185,9 +185,10 @@ var (
 	// The resource of a caller input: the request's but the namespaces and
 	// the subsystem, which valueOf skips.
 	shapeCallerResource = newShape(
-		[]string{"host_binding", "job", "kind", "request", "target", "tenant"},
+		[]string{"host_binding", "job", "kind", "ports", "request", "target", "tenant"},
 		map[string]*shape{
-			"host_binding": newShape([]string{"bound", "host_nqn", "spiffe_id", "tenant"}, nil),
+			"host_binding": newShape([]string{"bound", "host_nqn", "spiffe_id", "subnets", "tenant"}, nil),
+			"ports":        {elem: newShape([]string{"id", "subnet"}, nil)},
 			"job":          newShape([]string{"allowed_regions", "expires_at", "job_id", "nodes", "scheduler", "state", "tenant"}, nil),
 			"request":      newShape([]string{"host_nqn", "mode", "ttl"}, nil),
 			"target":       shapeTarget,

@@ -51,7 +51,7 @@ func scopeFromResource(res map[string]any) (s *Scope, err error) {
 			}
 		}
 	}
-	keys(res, "kind", "tenant", "job", "host_binding", "request", "subsystem", "target", "namespaces")
+	keys(res, "kind", "tenant", "job", "host_binding", "request", "subsystem", "target", "ports", "namespaces")
 	req := res["request"].(map[string]any)
 	keys(req, "host_nqn", "ttl", "mode")
 	s = &Scope{Kind: str(res, "kind"), Tenant: str(res, "tenant"),
@@ -70,8 +70,19 @@ func scopeFromResource(res map[string]any) (s *Scope, err error) {
 		keys(job, "job_id")
 	}
 	b := res["host_binding"].(map[string]any)
-	keys(b, "spiffe_id", "host_nqn", "tenant", "bound")
+	keys(b, "spiffe_id", "host_nqn", "tenant", "bound", "subnets")
 	s.Binding = ScopeBinding{SPIFFEID: str(b, "spiffe_id"), HostNQN: str(b, "host_nqn"), Tenant: str(b, "tenant"), Bound: b["bound"].(bool)}
+	if sn, ok := b["subnets"]; ok {
+		s.Binding.Subnets = append([]string{}, strs(sn)...)
+	}
+	if ps, ok := res["ports"]; ok {
+		s.Ports = []ScopePort{}
+		for _, x := range ps.([]any) {
+			m := x.(map[string]any)
+			keys(m, "id", "subnet")
+			s.Ports = append(s.Ports, ScopePort{ID: uint16(num(m["id"])), Subnet: str(m, "subnet")})
+		}
+	}
 	sub := res["subsystem"].(map[string]any)
 	s.Subsystem = ScopeSubsystem{NQN: str(sub, "nqn")}
 	if _, ok := sub["tenant"]; ok {

@@ -28,13 +28,17 @@ import (
 // record is the gateway's, key for key and type for type; a field that
 // record does not have is not in it.
 type Scope struct {
-	Kind       string           // resource.kind ("job" as the gateway describes a node's call)
-	Tenant     string           // resource.tenant
-	Job        ScopeJob         // resource.job
-	Binding    ScopeBinding     // resource.host_binding
-	Request    ScopeRequest     // resource.request
-	Subsystem  ScopeSubsystem   // resource.subsystem
-	Target     *ScopeTarget     // resource.target; nil if absent
+	Kind      string         // resource.kind ("job" as the gateway describes a node's call)
+	Tenant    string         // resource.tenant
+	Job       ScopeJob       // resource.job
+	Binding   ScopeBinding   // resource.host_binding
+	Request   ScopeRequest   // resource.request
+	Subsystem ScopeSubsystem // resource.subsystem
+	Target    *ScopeTarget   // resource.target; nil if absent
+	// Ports are resource.ports, the subsystem's ports with the subnets
+	// they serve (the fabric segmentation the caller's part checks): set
+	// with Target; nil (absent) without it.
+	Ports      []ScopePort
 	Namespaces []ScopeNamespace // resource.namespaces, in order
 
 	// seal, if set, is the scope part's encoding made once (Sealed).
@@ -47,6 +51,8 @@ func (s *Scope) clone() Scope {
 	out.Job.Nodes = slices.Clone(s.Job.Nodes)
 	out.Job.AllowedRegions = slices.Clone(s.Job.AllowedRegions)
 	out.Namespaces = slices.Clone(s.Namespaces)
+	out.Ports = slices.Clone(s.Ports)
+	out.Binding.Subnets = slices.Clone(s.Binding.Subnets)
 	if s.Target != nil {
 		t := *s.Target
 		out.Target = &t
@@ -95,11 +101,21 @@ type ScopeJob struct {
 }
 
 // ScopeBinding is the caller's host binding: {spiffe_id, host_nqn, tenant,
-// bound}, every key always present (bound false for the default the
-// gateway derives from the SPIFFE ID).
+// bound, subnets}, every key but subnets always present (bound false for
+// the default the gateway derives from the SPIFFE ID); subnets only if
+// Subnets is not nil (the gateway always sets it: [] for a node without a
+// fabric segment).
 type ScopeBinding struct {
 	SPIFFEID, HostNQN, Tenant string
 	Bound                     bool
+	Subnets                   []string
+}
+
+// ScopePort is one port of the subsystem: {id, subnet} (subnet "" for a
+// port that serves none).
+type ScopePort struct {
+	ID     uint16
+	Subnet string
 }
 
 // ScopeRequest is what the node asked for: {host_nqn, ttl, mode}.
@@ -269,8 +285,16 @@ func (c *canon) typedCaller(in *Input, action string, gw Gateway, s *Scope) {
 	c.str(b.HostNQN)
 	c.str(b.Tenant)
 	c.flag(b.Bound)
+	c.flag(b.Subnets != nil)
+	c.strs(b.Subnets)
 	c.str(s.Request.HostNQN)
 	c.str(s.Request.TTL)
+	c.flag(s.Ports != nil)
+	c.uvarint(uint64(len(s.Ports)))
+	for _, p := range s.Ports {
+		c.uvarint(uint64(p.ID))
+		c.str(p.Subnet)
+	}
 }
 
 // --- OPA values ---------------------------------------------------------------
@@ -323,7 +347,21 @@ func expiresAt(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
 func (b scopeTerms) binding(x *ScopeBinding) *ast.Term {
 	s := b.s
-	return b.obj(s("spiffe_id"), s(x.SPIFFEID), s("host_nqn"), s(x.HostNQN), s("tenant"), s(x.Tenant), s("bound"), ast.BooleanTerm(x.Bound))
+	kv := []*ast.Term{s("spiffe_id"), s(x.SPIFFEID), s("host_nqn"), s(x.HostNQN), s("tenant"), s(x.Tenant), s("bound"), ast.BooleanTerm(x.Bound)}
+	if x.Subnets != nil {
+		kv = append(kv, s("subnets"), b.strs(x.Subnets))
+	}
+	return b.obj(kv...)
+}
+
+// ports are the subsystem's ports: [{id, subnet}].
+func (b scopeTerms) ports(ps []ScopePort) *ast.Term {
+	s := b.s
+	ts := make([]*ast.Term, len(ps))
+	for i, p := range ps {
+		ts[i] = b.obj(s("id"), ast.InternedTerm(int(p.ID)), s("subnet"), s(p.Subnet))
+	}
+	return ast.ArrayTerm(ts...)
 }
 
 // request is the request: the whole record, or for the scope input
@@ -404,6 +442,9 @@ func (b scopeTerms) callerRecords(s *Scope) []*ast.Term {
 	if s.Target != nil {
 		kv = append(kv, b.s("target"), b.target(s.Target))
 	}
+	if s.Ports != nil {
+		kv = append(kv, b.s("ports"), b.ports(s.Ports))
+	}
 	return kv
 }
 
@@ -450,7 +491,18 @@ func (s *Scope) resourceMap() map[string]any {
 		}
 	}
 	b := &s.Binding
-	out["host_binding"] = map[string]any{"spiffe_id": b.SPIFFEID, "host_nqn": b.HostNQN, "tenant": b.Tenant, "bound": b.Bound}
+	hb := map[string]any{"spiffe_id": b.SPIFFEID, "host_nqn": b.HostNQN, "tenant": b.Tenant, "bound": b.Bound}
+	if b.Subnets != nil {
+		hb["subnets"] = strs(b.Subnets)
+	}
+	out["host_binding"] = hb
+	if s.Ports != nil {
+		ps := make([]any, len(s.Ports))
+		for i, p := range s.Ports {
+			ps[i] = map[string]any{"id": int64(p.ID), "subnet": p.Subnet}
+		}
+		out["ports"] = ps
+	}
 	out["request"] = map[string]any{"host_nqn": s.Request.HostNQN, "ttl": s.Request.TTL, "mode": s.Request.Mode}
 	sub := &s.Subsystem
 	out["subsystem"] = map[string]any{"nqn": sub.NQN}

@@ -72,7 +72,9 @@ func fullKeyed() *keyed {
 			Job: ScopeJob{ID: "j1", Found: true, Tenant: "acme", Scheduler: "spiffe://example.org/tenant/acme/scheduler/s",
 				Nodes: []string{"spiffe://example.org/node/n1"}, AllowedRegions: []string{"eu-west", "eu-central"},
 				ExpiresAt: time.Date(2026, 10, 2, 0, 0, 0, 500, time.UTC), State: "active"},
-			Binding:   ScopeBinding{SPIFFEID: "spiffe://example.org/node/n1", HostNQN: "nqn.2014-08.org.nvmexpress:uuid:1", Tenant: "acme", Bound: true},
+			Binding: ScopeBinding{SPIFFEID: "spiffe://example.org/node/n1", HostNQN: "nqn.2014-08.org.nvmexpress:uuid:1", Tenant: "acme", Bound: true,
+				Subnets: []string{"10.0.0.0/16"}},
+			Ports:     []ScopePort{{ID: 1, Subnet: "10.0.1.0/24"}, {ID: 2}},
 			Request:   ScopeRequest{HostNQN: "nqn.2014-08.org.nvmexpress:uuid:1", TTL: "2h", Mode: "ro"},
 			Subsystem: ScopeSubsystem{NQN: "nqn.s", Found: true, Tenant: "acme", TargetID: "t1", DHCHAP: true, TLS: true},
 			Target:    &ScopeTarget{ID: "t1", Region: "eu-west", Fabric: "f1", Driver: "nvmet"},
@@ -138,7 +140,7 @@ func mutate(v reflect.Value, r *rand.Rand) {
 		v.SetString([]string{"", "a", "ab", "b", "\x00", s + "a", s[:len(s)/2]}[r.IntN(7)])
 	case reflect.Bool:
 		v.SetBool(!v.Bool())
-	case reflect.Uint32, reflect.Uint64:
+	case reflect.Uint16, reflect.Uint32, reflect.Uint64:
 		v.SetUint(v.Uint() + 1 + uint64(pick(2)))
 	case reflect.Pointer:
 		if v.IsNil() {
@@ -214,9 +216,11 @@ func TestTypedKeysCoverEveryField(t *testing.T) {
 	}
 	// The caller's own: the caller (5), the RPC (3), the gateway, the kind,
 	// the job's scheduler, nodes (the list and its one element), expiry
-	// and state, the binding (4), the request's host NQN and TTL.
-	if callerOnly != 21 {
-		t.Errorf("%d fields are the caller's alone, want 21", callerOnly)
+	// and state, the binding (4, and its subnets: the list and its one
+	// element), the request's host NQN and TTL, the ports (the list and
+	// the id and subnet of its two).
+	if callerOnly != 28 {
+		t.Errorf("%d fields are the caller's alone, want 28", callerOnly)
 	}
 }
 
@@ -230,7 +234,7 @@ func TestTypedKeysAreExact(t *testing.T) {
 	r := rand.New(rand.NewPCG(11, 13))
 	sparse := fullKeyed()
 	sparse.Scope.Job = ScopeJob{ID: "j1", Tenant: "hidden", State: "hidden"}
-	sparse.Scope.Subsystem.Found, sparse.Scope.Target = false, nil
+	sparse.Scope.Subsystem.Found, sparse.Scope.Target, sparse.Scope.Ports = false, nil, nil
 	sparse.Scope.Namespaces[0].Found, sparse.Scope.Namespaces[1].Placed = false, false
 	callers := map[string]ast.Value{}
 	scopes := map[string]ast.Value{}

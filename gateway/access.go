@@ -52,18 +52,19 @@ func (s *accessService) Discover(ctx context.Context, r *pb.DiscoverRequest) (*p
 		if err != nil {
 			return nil, err
 		}
-		out.Entries = append(out.Entries, discoveryEntries(sub, t)...)
+		out.Entries = append(out.Entries, discoveryEntries(sub, t, &sc.Binding)...)
 	}
 	return out, nil
 }
 
-// discoveryEntries are a subsystem's ports as NVMe discovery log entries.
-func discoveryEntries(sub *nvmegate.Subsystem, t *nvmegate.Target) []*pb.DiscoveryEntry {
+// discoveryEntries are a subsystem's ports as NVMe discovery log entries:
+// those the node bound by b reaches from its fabric segment.
+func discoveryEntries(sub *nvmegate.Subsystem, t *nvmegate.Target, b *nvmegate.HostBinding) []*pb.DiscoveryEntry {
 	nqn := sub.NQN
 	var out []*pb.DiscoveryEntry
 	for _, pid := range sub.PortIDs {
 		for _, p := range t.Ports {
-			if p.ID != pid {
+			if p.ID != pid || !b.Reaches(p) {
 				continue
 			}
 			e := &pb.DiscoveryEntry{Trtype: p.Transport, Adrfam: p.AddressFamily, Traddr: p.Address, Trsvcid: p.ServiceID,
@@ -98,12 +99,12 @@ func (s *accessService) Connect(ctx context.Context, r *pb.ConnectRequest) (*pb.
 	if err != nil {
 		return nil, err
 	}
-	return connectResponse(is.Grant, sc.Subsystem, sc.Target, is.Credentials, d)
+	return connectResponse(is.Grant, sc.Subsystem, sc.Target, &sc.Binding, is.Credentials, d)
 }
 
-func connectResponse(g *nvmegate.Grant, sub *nvmegate.Subsystem, t *nvmegate.Target,
+func connectResponse(g *nvmegate.Grant, sub *nvmegate.Subsystem, t *nvmegate.Target, b *nvmegate.HostBinding,
 	c keys.Credentials, d *nvmegate.Decision) (*pb.ConnectResponse, error) {
-	entries := discoveryEntries(sub, t)
+	entries := discoveryEntries(sub, t, b)
 	conn := nvmefmt.Connection{HostNQN: g.HostNQN, SubsystemNQN: g.SubsystemNQN, DHCHAPKey: c.HostSecret,
 		DHCHAPCtrlKey: c.CtrlSecret, TLS: g.TLS, TLSKey: c.TLSPSK}
 	if c.TLSPSK != "" {
@@ -122,7 +123,7 @@ func connectResponse(g *nvmegate.Grant, sub *nvmegate.Subsystem, t *nvmegate.Tar
 	for _, p := range t.Ports {
 		// With TLS, the TLS ports; without, the ports that do not require it.
 		usable := g.TLS && p.TLS() || !g.TLS && p.SecureChannel != nvmegate.SecureChannelRequired
-		if usable && slices.Contains(sub.PortIDs, p.ID) {
+		if usable && slices.Contains(sub.PortIDs, p.ID) && b.Reaches(p) {
 			conn.Ports = append(conn.Ports, nvmefmt.Endpoint{Transport: p.Transport, Address: p.Address, ServiceID: p.ServiceID})
 		}
 	}
@@ -222,7 +223,7 @@ func (s *accessService) Renew(ctx context.Context, r *pb.RenewRequest) (*pb.Rene
 	if err != nil {
 		return nil, err
 	}
-	cr, err := connectResponse(is.Grant, sc.Subsystem, sc.Target, is.Credentials, d)
+	cr, err := connectResponse(is.Grant, sc.Subsystem, sc.Target, &sc.Binding, is.Credentials, d)
 	if err != nil {
 		return nil, err
 	}

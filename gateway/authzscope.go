@@ -91,6 +91,10 @@ func authzScope(sc *nvmegate.Scope) *authz.Scope {
 		out.Subsystem = authz.ScopeSubsystem{NQN: s.NQN, Found: true, Tenant: s.Tenant, TargetID: s.TargetID, DHCHAP: s.DHCHAP, TLS: s.TLS}
 		if t := sc.Target; t != nil {
 			out.Target = &authz.ScopeTarget{ID: t.ID, Region: t.Region, Fabric: t.Fabric, Driver: t.Driver}
+			out.Ports = []authz.ScopePort{}
+			for _, p := range subsystemPorts(s, t) {
+				out.Ports = append(out.Ports, authz.ScopePort{ID: p.ID, Subnet: p.Subnet})
+			}
 		}
 	}
 	out.Namespaces = make([]authz.ScopeNamespace, len(sc.Namespaces))
@@ -117,7 +121,8 @@ func authzScope(sc *nvmegate.Scope) *authz.Scope {
 // expired once its expiry passes, with no new store revision). None of it
 // is in a sealed scope part.
 func setCallerFields(out *authz.Scope, sc *nvmegate.Scope) {
-	out.Binding = authz.ScopeBinding{SPIFFEID: sc.Binding.SPIFFEID, HostNQN: sc.Binding.HostNQN, Tenant: sc.Binding.Tenant, Bound: sc.Bound}
+	out.Binding = authz.ScopeBinding{SPIFFEID: sc.Binding.SPIFFEID, HostNQN: sc.Binding.HostNQN, Tenant: sc.Binding.Tenant, Bound: sc.Bound,
+		Subnets: subnetsOf(&sc.Binding)}
 	out.Request.HostNQN, out.Request.TTL = sc.HostNQN, sc.TTL
 	out.Job.Nodes = nil
 	if sc.Job != nil {
@@ -126,4 +131,25 @@ func setCallerFields(out *authz.Scope, sc *nvmegate.Scope) {
 			out.Job.Nodes = []string{sc.Caller}
 		}
 	}
+}
+
+// subnetsOf is a binding's segment as policy sees it: never nil (a binding
+// without a segment has subnets []).
+func subnetsOf(b *nvmegate.HostBinding) []string {
+	if b.Subnets == nil {
+		return []string{}
+	}
+	return b.Subnets
+}
+
+// subsystemPorts are the ports of target t that subsystem sub listens on,
+// in the subsystem's order.
+func subsystemPorts(sub *nvmegate.Subsystem, t *nvmegate.Target) []nvmegate.Port {
+	var out []nvmegate.Port
+	for _, id := range sub.PortIDs {
+		if p, ok := t.Port(id); ok {
+			out = append(out, p)
+		}
+	}
+	return out
 }

@@ -29,7 +29,7 @@ func targetFromProto(p *pb.Target) (*nvmegate.Target, error) {
 		}
 		t.Ports = append(t.Ports, nvmegate.Port{
 			ID: uint16(pp.Id), Transport: pp.Transport, AddressFamily: pp.AddressFamily,
-			Address: pp.Address, ServiceID: pp.ServiceId, SecureChannel: pp.SecureChannel,
+			Address: pp.Address, ServiceID: pp.ServiceId, SecureChannel: pp.SecureChannel, Subnet: pp.Subnet,
 		})
 	}
 	return t, nil
@@ -40,7 +40,7 @@ func targetToProto(t *nvmegate.Target) *pb.Target {
 	for _, pt := range t.Ports {
 		p.Ports = append(p.Ports, &pb.Port{
 			Id: uint32(pt.ID), Transport: pt.Transport, AddressFamily: pt.AddressFamily,
-			Address: pt.Address, ServiceId: pt.ServiceID, SecureChannel: pt.SecureChannel,
+			Address: pt.Address, ServiceId: pt.ServiceID, SecureChannel: pt.SecureChannel, Subnet: pt.Subnet,
 		})
 	}
 	return p
@@ -97,11 +97,11 @@ func hostBindingFromProto(p *pb.HostBinding) (*nvmegate.HostBinding, error) {
 	if p == nil {
 		return nil, nvmegate.Invalid("", "is required")
 	}
-	return &nvmegate.HostBinding{SPIFFEID: p.SpiffeId, HostNQN: p.HostNqn, Tenant: p.Tenant}, nil
+	return &nvmegate.HostBinding{SPIFFEID: p.SpiffeId, HostNQN: p.HostNqn, Tenant: p.Tenant, Subnets: p.Subnets}, nil
 }
 
 func hostBindingToProto(h *nvmegate.HostBinding) *pb.HostBinding {
-	return &pb.HostBinding{SpiffeId: h.SPIFFEID, HostNqn: h.HostNQN, Tenant: h.Tenant, CreatedAt: ts(h.CreatedAt)}
+	return &pb.HostBinding{SpiffeId: h.SPIFFEID, HostNqn: h.HostNQN, Tenant: h.Tenant, Subnets: h.Subnets, CreatedAt: ts(h.CreatedAt)}
 }
 
 func ts(t time.Time) *timestamppb.Timestamp {

@@ -436,7 +436,7 @@ func (d *describer) binding(id string) (map[string]any, error) {
 }
 
 func bindingValue(b *nvmegate.HostBinding, bound bool) map[string]any {
-	return map[string]any{"spiffe_id": b.SPIFFEID, "host_nqn": b.HostNQN, "tenant": b.Tenant, "bound": bound}
+	return map[string]any{"spiffe_id": b.SPIFFEID, "host_nqn": b.HostNQN, "tenant": b.Tenant, "bound": bound, "subnets": anySlice(subnetsOf(b))}
 }
 
 // nodeBinding is the binding of node id, or its derived default when it has
@@ -686,6 +686,11 @@ func scopeResource(sc *nvmegate.Scope) map[string]any {
 			out["subsystem"] = subsystemValue(sc.Subsystem)
 			if sc.Target != nil {
 				out["target"] = targetValue(sc.Target)
+				ports := []any{}
+				for _, p := range subsystemPorts(sc.Subsystem, sc.Target) {
+					ports = append(ports, map[string]any{"id": int64(p.ID), "subnet": p.Subnet})
+				}
+				out["ports"] = ports
 			}
 		}
 	}

@@ -67,7 +67,7 @@ field_types := {
 		"job_id": "string", "tenant": "string", "nodes": "strings",
 		"allowed_regions": "strings", "expires_at": "time", "state": "string",
 	},
-	"binding": {"spiffe_id": "string", "host_nqn": "string", "tenant": "string", "bound": "boolean"},
+	"binding": {"spiffe_id": "string", "host_nqn": "string", "tenant": "string", "bound": "boolean", "subnets": "strings"},
 	"request": {"host_nqn": "string", "mode": "mode"},
 }
 

@@ -123,6 +123,49 @@ job_caller_ok(t) if {
 	is_object(object.get(res, "request", {}))
 	object.get(res, ["request", "host_nqn"], "") in {"", nqn}
 	object.get(res, ["request", "mode"], "") in {"", "ro", "rw"}
+	segment_ok
+}
+
+# --- job: fabric segmentation ------------------------------------------------------
+#
+# A node's host binding may carry its fabric segment (host_binding.subnets,
+# CIDR prefixes); the subsystem's ports the subnets they serve
+# (resource.ports, [{id, subnet}], for a connect or renew). A segmented
+# node may connect or renew only if a port of the subsystem serves a
+# subnet inside one of its subnets; a node without subnets is not
+# segmented. (The gateway lists only those ports in Discover and in the
+# connect's answer: nvmegate.HostBinding.Reaches, the same rule.)
+
+segment_actions := {"access.connect", "access.renew"}
+
+default segment_ok := false
+
+segment_ok if not input.action in segment_actions
+
+segment_ok if {
+	input.action in segment_actions
+	object.get(input.resource, ["host_binding", "subnets"], []) == []
+}
+
+segment_ok if {
+	input.action in segment_actions
+	some p in input.resource.ports
+	some s in input.resource.host_binding.subnets
+	is_string(s)
+	port_in_segment(p, s)
+}
+
+# port_in_segment(p, s): port p serves a subnet inside subnet s.
+port_in_segment(p, s) if {
+	non_empty(p.subnet)
+	net.cidr_contains(s, p.subnet)
+}
+
+# (The caller's part of a connect does not hold the subsystem, only its
+# ports: the reason names the node.)
+job_problems contains sprintf("no port of the subsystem serves node %s's fabric segment", [input.caller.id]) if {
+	node_in_job
+	not segment_ok
 }
 
 job_problems contains "request names no job" if not has_job_record

@@ -34,6 +34,7 @@ type portRecord struct {
 	Address       string `json:"address"`
 	ServiceID     string `json:"service_id"`
 	SecureChannel string `json:"secure_channel,omitempty"`
+	Subnet        string `json:"subnet,omitempty"`
 }
 
 type subsystemRecord struct {
@@ -67,6 +68,7 @@ type hostBindingRecord struct {
 	SPIFFEID  string    `json:"spiffe_id"`
 	HostNQN   string    `json:"host_nqn"`
 	Tenant    string    `json:"tenant,omitempty"`
+	Subnets   []string  `json:"subnets,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 }
 
@@ -144,7 +146,7 @@ func decodeNamespace(v []byte) (*nvmegate.Namespace, error) {
 func encodeHostBinding(h *nvmegate.HostBinding) ([]byte, error) {
 	return encode("host binding", &hostBindingRecord{
 		V: recordVersion, SPIFFEID: h.SPIFFEID, HostNQN: h.HostNQN, Tenant: h.Tenant,
-		CreatedAt: h.CreatedAt,
+		Subnets: h.Subnets, CreatedAt: h.CreatedAt,
 	})
 }
 
@@ -154,7 +156,7 @@ func decodeHostBinding(v []byte) (*nvmegate.HostBinding, error) {
 		return nil, err
 	}
 	return &nvmegate.HostBinding{
-		SPIFFEID: r.SPIFFEID, HostNQN: r.HostNQN, Tenant: r.Tenant, CreatedAt: r.CreatedAt,
+		SPIFFEID: r.SPIFFEID, HostNQN: r.HostNQN, Tenant: r.Tenant, Subnets: r.Subnets, CreatedAt: r.CreatedAt,
 	}, nil
 }
 

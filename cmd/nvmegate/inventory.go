@@ -67,7 +67,7 @@ func (a *app) targetCmd() *cobra.Command {
 	add.Flags().StringVar(&t.Region, "region", "", "region the server is in")
 	add.Flags().StringVar(&t.Rack, "rack", "", "rack (optional)")
 	add.Flags().StringVar(&t.Driver, "driver", "nvmet", "nvmet or spdk")
-	add.Flags().StringArrayVar(&ports, "port", nil, "port as id=N,transport=tcp,family=ipv4,address=IP,service=4420[,secure=none|optional|required] (repeatable)")
+	add.Flags().StringArrayVar(&ports, "port", nil, "port as id=N,transport=tcp,family=ipv4,address=IP,service=4420[,secure=none|optional|required][,subnet=CIDR] (repeatable)")
 
 	var region, fabric string
 	var page pageFlags
@@ -168,8 +168,10 @@ func parsePort(s string) (*pb.Port, error) {
 			p.ServiceId = v
 		case "secure":
 			p.SecureChannel = v
+		case "subnet":
+			p.Subnet = v
 		default:
-			return nil, fmt.Errorf("unknown key %q (want id, transport, family, address, service, secure)", k)
+			return nil, fmt.Errorf("unknown key %q (want id, transport, family, address, service, secure, subnet)", k)
 		}
 	}
 	return p, nil
@@ -408,6 +410,7 @@ without a binding uses its derived NQN, and its grants must be revoked
 	}
 	add.Flags().StringVar(&h.HostNqn, "nqn", "", "the node's host NQN")
 	add.Flags().StringVar(&h.Tenant, "tenant", "", "restrict the node to this tenant (optional)")
+	add.Flags().StringArrayVar(&h.Subnets, "subnet", nil, "a subnet of the node's fabric segment, as CIDR (repeatable; none: not segmented)")
 
 	var tenant string
 	var page pageFlags
@@ -458,10 +461,10 @@ without a binding uses its derived NQN, and its grants must be revoked
 	return cmd
 }
 
-var hostHeader = []string{"SPIFFE ID", "HOST NQN", "TENANT"}
+var hostHeader = []string{"SPIFFE ID", "HOST NQN", "TENANT", "SEGMENT"}
 
 func hostRow(h *pb.HostBinding) []string {
-	return []string{h.SpiffeId, h.HostNqn, dash(h.Tenant)}
+	return []string{h.SpiffeId, h.HostNqn, dash(h.Tenant), dash(strings.Join(h.Subnets, ","))}
 }
 
 func dash(s string) string {

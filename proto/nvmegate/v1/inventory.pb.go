@@ -137,6 +137,10 @@ type Port struct {
 	ServiceId string `protobuf:"bytes,5,opt,name=service_id,json=serviceId,proto3" json:"service_id,omitempty"`
 	// TLS secure channel: "none" (default), "optional" or "required"; tcp only.
 	SecureChannel string `protobuf:"bytes,6,opt,name=secure_channel,json=secureChannel,proto3" json:"secure_channel,omitempty"`
+	// The fabric subnet the port serves, a canonical CIDR prefix holding
+	// the address (e.g. "10.0.1.0/24"); empty: none (only nodes without a
+	// segment reach it).
+	Subnet        string `protobuf:"bytes,7,opt,name=subnet,proto3" json:"subnet,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -209,6 +213,13 @@ func (x *Port) GetServiceId() string {
 func (x *Port) GetSecureChannel() string {
 	if x != nil {
 		return x.SecureChannel
+	}
+	return ""
+}
+
+func (x *Port) GetSubnet() string {
+	if x != nil {
+		return x.Subnet
 	}
 	return ""
 }
@@ -551,7 +562,12 @@ type HostBinding struct {
 	// Optional tenant the node is restricted to.
 	Tenant string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	// When the binding was made; set by the gateway.
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// The node's fabric segment: the subnets (canonical CIDR prefixes, at
+	// most 16) it reaches targets from. A connect or renewal is allowed only
+	// if a port of the subsystem serves a subnet inside one of them, and
+	// Discover and Connect list only those ports. Empty: not segmented.
+	Subnets       []string `protobuf:"bytes,5,rep,name=subnets,proto3" json:"subnets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -610,6 +626,13 @@ func (x *HostBinding) GetTenant() string {
 func (x *HostBinding) GetCreatedAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *HostBinding) GetSubnets() []string {
+	if x != nil {
+		return x.Subnets
 	}
 	return nil
 }
@@ -2225,7 +2248,7 @@ const file_nvmegate_v1_inventory_proto_rawDesc = "" +
 	"\x06driver\x18\x05 \x01(\tR\x06driver\x12'\n" +
 	"\x05ports\x18\x06 \x03(\v2\x11.nvmegate.v1.PortR\x05ports\x129\n" +
 	"\n" +
-	"created_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\xbb\x01\n" +
+	"created_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\xd3\x01\n" +
 	"\x04Port\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x1c\n" +
 	"\ttransport\x18\x02 \x01(\tR\ttransport\x12%\n" +
@@ -2233,7 +2256,8 @@ const file_nvmegate_v1_inventory_proto_rawDesc = "" +
 	"\aaddress\x18\x04 \x01(\tR\aaddress\x12\x1d\n" +
 	"\n" +
 	"service_id\x18\x05 \x01(\tR\tserviceId\x12%\n" +
-	"\x0esecure_channel\x18\x06 \x01(\tR\rsecureChannel\"\xf4\x01\n" +
+	"\x0esecure_channel\x18\x06 \x01(\tR\rsecureChannel\x12\x16\n" +
+	"\x06subnet\x18\a \x01(\tR\x06subnet\"\xf4\x01\n" +
 	"\tSubsystem\x12\x10\n" +
 	"\x03nqn\x18\x01 \x01(\tR\x03nqn\x12\x1b\n" +
 	"\ttarget_id\x18\x02 \x01(\tR\btargetId\x12\x16\n" +
@@ -2260,13 +2284,14 @@ const file_nvmegate_v1_inventory_proto_rawDesc = "" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\";\n" +
 	"\x03QoS\x12\x19\n" +
 	"\bmax_iops\x18\x01 \x01(\x04R\amaxIops\x12\x19\n" +
-	"\bmax_mbps\x18\x02 \x01(\x04R\amaxMbps\"\x98\x01\n" +
+	"\bmax_mbps\x18\x02 \x01(\x04R\amaxMbps\"\xb2\x01\n" +
 	"\vHostBinding\x12\x1b\n" +
 	"\tspiffe_id\x18\x01 \x01(\tR\bspiffeId\x12\x19\n" +
 	"\bhost_nqn\x18\x02 \x01(\tR\ahostNqn\x12\x16\n" +
 	"\x06tenant\x18\x03 \x01(\tR\x06tenant\x129\n" +
 	"\n" +
-	"created_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"?\n" +
+	"created_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x18\n" +
+	"\asubnets\x18\x05 \x03(\tR\asubnets\"?\n" +
 	"\x10AddTargetRequest\x12+\n" +
 	"\x06target\x18\x01 \x01(\v2\x13.nvmegate.v1.TargetR\x06target\"@\n" +
 	"\x11AddTargetResponse\x12+\n" +
