@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -280,4 +281,33 @@ func beUint64(b []byte) uint64 {
 	}
 	return uint64(b[0])<<56 | uint64(b[1])<<48 | uint64(b[2])<<40 | uint64(b[3])<<32 |
 		uint64(b[4])<<24 | uint64(b[5])<<16 | uint64(b[6])<<8 | uint64(b[7])
+}
+
+// ExportRecords reads the first size entries of the export in dir (as
+// Export wrote it), with their leaf hashes: what a report renders after
+// Verify checked the export. An entry that is missing or does not decode
+// is an error naming it; Verify says more.
+func ExportRecords(dir string, size uint64) ([]Record, error) {
+	src := &dirSource{root: dir}
+	out := make([]Record, 0, size)
+	var buf []byte
+	for n := uint64(0); n*TileWidth < size; n++ {
+		width := int(min(size-n*TileWidth, TileWidth))
+		recs, loc, ok, err := src.bundle(n, width, &buf)
+		if err != nil {
+			return nil, fmt.Errorf("audit: export %s: %w", loc, err)
+		}
+		if !ok || len(recs) < width {
+			return nil, fmt.Errorf("audit: export %s: entries missing", loc)
+		}
+		for i, raw := range recs[:width] {
+			idx := n*TileWidth + uint64(i)
+			e, err := DecodeEntry(raw)
+			if err != nil {
+				return nil, fmt.Errorf("audit: export entry %d: %w", idx, err)
+			}
+			out = append(out, Record{Index: idx, LeafHash: LeafHash(raw), Entry: e, Raw: slices.Clone(raw)})
+		}
+	}
+	return out, nil
 }

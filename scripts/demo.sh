@@ -325,6 +325,10 @@ ok "the auditor verifies the job's signed lineage offline (datasets, every entry
 ok "the auditor verifies the compliance attestation offline: signed, anchored, recorded in the log; it names the eval dataset outside its geo-fence" -- \
   sh -c "'$BIN/nvmegate' attest verify '$DEMO/compliance.json' --key '$key' | tee /dev/stderr | grep -q 'may not be served from target stor-usw-1'"
 
+ok "the auditor's report of job llm-eval-1 (one HTML page: the log verified, then the grant and its revocation on a timeline)" -- \
+  as auditor audit report --job llm-eval-1 --export "$DEMO/audit-export" --key "$key" --html "$DEMO/report-llm-eval-1.html"
+grep -q 'class="grant revoke"' "$DEMO/report-llm-eval-1.html" || fail "the report does not show the revoked grant"
+
 # Count what the gateway holds, from its own listings (header line excluded).
 count() { as admin inventory "$1" list --page-size 1000 | tail -n +2 | wc -l | tr -d ' '; }
 counts="$(count target) targets, $(count subsystem) subsystems, $(count namespace) namespaces, $(count host) host bindings"
@@ -342,3 +346,4 @@ echo
 echo "Demo passed: $steps steps ($ok_steps succeeded or decided as expected, $refused_steps refused as expected)."
 echo "  inventory: $counts"
 echo "  state, SVIDs and the gateway log are in $DEMO/"
+echo "  the auditor's report: $DEMO/report-llm-eval-1.html"

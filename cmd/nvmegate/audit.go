@@ -29,7 +29,7 @@ import (
 
 func (a *app) auditCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "audit", Short: "Read, prove, export and verify the signed audit log"}
-	cmd.AddCommand(a.auditQueryCmd(), a.auditCheckpointCmd(), a.auditProofCmd(), a.auditExportCmd(), a.auditVerifyCmd())
+	cmd.AddCommand(a.auditQueryCmd(), a.auditCheckpointCmd(), a.auditProofCmd(), a.auditExportCmd(), a.auditVerifyCmd(), a.auditReportCmd())
 	return cmd
 }
 
@@ -294,36 +294,9 @@ func (a *app) auditExportCmd() *cobra.Command {
 			if ents, err := os.ReadDir(out); err == nil && len(ents) > 0 {
 				return fmt.Errorf("--out %s is not empty", out)
 			}
-			// The export is slower than one RPC: no per-call deadline.
-			conn, err := a.dial(cmd.Context())
+			files, bytes, err := a.exportTo(cmd.Context(), out, size)
 			if err != nil {
 				return err
-			}
-			stream, err := pb.NewAuditClient(conn).Export(cmd.Context(), &pb.ExportRequest{TreeSize: size})
-			if err != nil {
-				return statusErr(err)
-			}
-			files, bytes := 0, 0
-			for {
-				f, err := stream.Recv()
-				if errors.Is(err, io.EOF) {
-					break
-				}
-				if err != nil {
-					return statusErr(err)
-				}
-				p, err := exportPath(out, f.Path)
-				if err != nil {
-					return err
-				}
-				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-					return err
-				}
-				if err := os.WriteFile(p, f.Data, 0o644); err != nil {
-					return err
-				}
-				files++
-				bytes += len(f.Data)
 			}
 			cp, err := audit.ParseCheckpoint(mustRead(filepath.Join(out, "checkpoint")))
 			if err != nil {
@@ -340,6 +313,41 @@ func (a *app) auditExportCmd() *cobra.Command {
 	cmd.Flags().Uint64Var(&size, "tree-size", 0, "tree size of a stored checkpoint (default: a fresh checkpoint)")
 	cmd.MarkFlagRequired("out")
 	return cmd
+}
+
+// exportTo streams the gateway's export of the log at tree size size (0: a
+// fresh checkpoint) into dir.
+func (a *app) exportTo(ctx context.Context, dir string, size uint64) (files, bytes int, err error) {
+	// The export is slower than one RPC: no per-call deadline.
+	conn, err := a.dial(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	stream, err := pb.NewAuditClient(conn).Export(ctx, &pb.ExportRequest{TreeSize: size})
+	if err != nil {
+		return 0, 0, statusErr(err)
+	}
+	for {
+		f, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return files, bytes, nil
+		}
+		if err != nil {
+			return files, bytes, statusErr(err)
+		}
+		p, err := exportPath(dir, f.Path)
+		if err != nil {
+			return files, bytes, err
+		}
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return files, bytes, err
+		}
+		if err := os.WriteFile(p, f.Data, 0o644); err != nil {
+			return files, bytes, err
+		}
+		files++
+		bytes += len(f.Data)
+	}
 }
 
 // exportPath places a file the gateway named inside dir, refusing names

@@ -150,3 +150,41 @@ func TestAttestCompliance(t *testing.T) {
 		t.Fatalf("a node asking: %v", err)
 	}
 }
+
+// `audit report --job` writes one HTML page of the job's entries, the log
+// verified first; from the gateway (an export made for it) and from an
+// export directory alike.
+func TestAuditReport(t *testing.T) {
+	dir := startDevGateway(t)
+	mustCLI(t, dir, "admin", "inventory", "target", "add", "stor-eu-1", "--fabric", "fab-eu", "--region", "eu-west",
+		"--port", "id=1,transport=tcp,family=ipv4,address=10.0.0.10,service=4420")
+	mustCLI(t, dir, "admin", "inventory", "subsystem", "add", nqn, "--target", "stor-eu-1", "--tenant", "acme", "--ports", "1", "--dhchap")
+	mustCLI(t, dir, "admin", "inventory", "namespace", "add", nqn, "1", "--tenant", "acme", "--region", "eu-west",
+		"--class", "internal", "--dataset", "ds", "--digest", digest)
+	mustCLI(t, dir, "acme-scheduler", "job", "admit", "job-7", "--tenant", "acme",
+		"--node", "spiffe://nvmegate.test/node/acme-gpu-1", "--namespace", nqn+"/1:ro", "--region", "eu-west", "--expires-in", "2h")
+	mustCLI(t, dir, "acme-node-1", "connect", "--job", "job-7", "--subsystem", nqn)
+	exp := filepath.Join(t.TempDir(), "export")
+	mustCLI(t, dir, "auditor", "audit", "export", "--out", exp)
+	key := filepath.Join(exp, "keys", "v1.pem")
+	for _, extra := range [][]string{nil, {"--export", exp}} {
+		page := filepath.Join(t.TempDir(), "report.html")
+		out := mustCLI(t, dir, "auditor", append([]string{"audit", "report", "--job", "job-7", "--html", page, "--key", key}, extra...)...)
+		if !strings.Contains(out, "verified; written to") {
+			t.Fatalf("report %v: %s", extra, out)
+		}
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if html := string(b); !strings.Contains(html, `id="verdict">Verified<`) || strings.Count(html, `<rect class="grant`) != 1 {
+			t.Fatalf("report %v: no verdict or not one bar for the one grant", extra)
+		}
+	}
+	if _, err := cli(t, dir, "auditor", "audit", "report", "--html", "x.html", "--key", key); err == nil || !strings.Contains(err.Error(), "--job or --tenant") {
+		t.Fatalf("no selection: %v", err)
+	}
+	if _, err := cli(t, dir, "acme-scheduler", "audit", "report", "--job", "job-7", "--html", filepath.Join(t.TempDir(), "r.html"), "--key", key); err == nil {
+		t.Fatal("a scheduler exported the log for a report")
+	}
+}
