@@ -6,6 +6,7 @@ import (
 	"html/template"
 	"io"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nvmegate/nvmegate/audit"
@@ -109,8 +110,11 @@ func build(in Input) *model {
 			bars[e.GrantID] = b
 			order = append(order, e.GrantID)
 		case audit.EventRenew:
-			if b := bars[e.GrantID]; b != nil && e.ExpiresAt.After(b.End) {
-				b.End = e.ExpiresAt
+			if b := bars[e.GrantID]; b != nil {
+				if e.ExpiresAt.After(b.End) {
+					b.End = e.ExpiresAt
+				}
+				m.Marks = append(m.Marks, Mark{Kind: "renew", Row: b.Row, At: e.Time, Detail: fmt.Sprintf("grant %s renewed until %s", e.GrantID, e.ExpiresAt.UTC().Format(time.RFC3339))})
 			}
 		case audit.EventRelease, audit.EventRevoke, audit.EventExpire:
 			if b := bars[e.GrantID]; b != nil && b.EndKind == "" {
@@ -177,13 +181,24 @@ func build(in Input) *model {
 	return m
 }
 
-// rowOf is an entry's row: its node (the caller) and subsystem.
+// rowOf is an entry's row: its node (the caller) and the datasets it
+// concerns (else its subsystem).
 func rowOf(e audit.Entry) string {
 	who := cmp.Or(e.Caller, "(gateway)")
-	if e.SubsystemNQN == "" {
-		return who
+	var ds []string
+	for _, n := range e.Namespaces {
+		if n.Dataset != "" && n.Mode != "" && !slices.Contains(ds, n.Dataset) {
+			ds = append(ds, n.Dataset)
+		}
 	}
-	return who + " → " + e.SubsystemNQN
+	switch {
+	case len(ds) > 0:
+		slices.Sort(ds)
+		return who + " → " + strings.Join(ds, ", ")
+	case e.SubsystemNQN != "":
+		return who + " → " + e.SubsystemNQN
+	}
+	return who
 }
 
 func sortedKeys(m map[string]bool) []string {

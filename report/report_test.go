@@ -99,7 +99,7 @@ func TestReportPage(t *testing.T) {
 	for _, want := range []string{
 		`<strong id="verdict">Verified</strong>`, `<span id="tree-size">10</span>`,
 		`class="grant release" data-grant="g-aaaaaaaa"`, `class="grant revoke" data-grant="g-bbbbbbbb"`, `class="grant open" data-grant="g-cccccccc"`,
-		`<circle class="deny"`, `<circle class="reauth_required"`, "rev-1", "rev-2", "access_root target:t1 v1", "sha256:00",
+		`<circle class="deny"`, `<circle class="reauth_required"`, `<circle class="renew"`, "rev-1", "rev-2", "access_root target:t1 v1", "sha256:00",
 	} {
 		if !strings.Contains(page, want) {
 			t.Errorf("the page lacks %q", want)

@@ -23,6 +23,7 @@ rect.grant.expire { fill: #9aa3b5; }
 rect.grant.open { fill: #47a36b; }
 circle.deny { fill: #d9534c; }
 circle.reauth_required { fill: #e0a030; }
+circle.renew { fill: #ffffff; stroke: #1d2330; stroke-width: 1.5; }
 line.tick { stroke: #d5d9e2; }
 .legend span { display: inline-block; margin-right: 16px; }
 .sw { display: inline-block; width: 12px; height: 12px; margin-right: 4px; vertical-align: middle; }
@@ -48,6 +49,7 @@ signed by {{range .SignedBy}}<code>{{.Algorithm}} v{{.Version}} {{.KeyID}}</code
 <span><i class="sw" style="background:#9aa3b5"></i>expired</span>
 <span><i class="sw" style="background:#d9534c;border-radius:6px"></i>refusal</span>
 <span><i class="sw" style="background:#e0a030;border-radius:6px"></i>must renew</span>
+<span><i class="sw" style="background:#fff;border:1.5px solid #1d2330;border-radius:6px"></i>renewal</span>
 </div>
 <svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{{f .Width}}" height="{{f .Height}}" role="img" aria-label="grants over time">
 {{range .Ticks}}<line class="tick" x1="{{f .X}}" y1="20" x2="{{f .X}}" y2="{{f $.Height}}"/><text x="{{f .X}}" y="14" text-anchor="middle">{{.Label}}</text>
