@@ -120,11 +120,7 @@ func TestExportPathRefusesEscapes(t *testing.T) {
 // with the log's key, printing what it states.
 func TestAttestCompliance(t *testing.T) {
 	dir := startDevGateway(t)
-	mustCLI(t, dir, "admin", "inventory", "target", "add", "stor-eu-1", "--fabric", "fab-eu", "--region", "eu-west",
-		"--port", "id=1,transport=tcp,family=ipv4,address=10.0.0.10,service=4420")
-	mustCLI(t, dir, "admin", "inventory", "subsystem", "add", nqn, "--target", "stor-eu-1", "--tenant", "acme", "--ports", "1", "--dhchap")
-	mustCLI(t, dir, "admin", "inventory", "namespace", "add", nqn, "1", "--tenant", "acme", "--region", "eu-west",
-		"--class", "internal", "--dataset", "ds", "--digest", digest)
+	acmeInventory(t, dir, "eu-west")
 	bundle := mustCLI(t, dir, "auditor", "attest", "compliance")
 	f := filepath.Join(t.TempDir(), "compliance.json")
 	if err := os.WriteFile(f, []byte(bundle), 0o644); err != nil {
@@ -156,11 +152,7 @@ func TestAttestCompliance(t *testing.T) {
 // export directory alike.
 func TestAuditReport(t *testing.T) {
 	dir := startDevGateway(t)
-	mustCLI(t, dir, "admin", "inventory", "target", "add", "stor-eu-1", "--fabric", "fab-eu", "--region", "eu-west",
-		"--port", "id=1,transport=tcp,family=ipv4,address=10.0.0.10,service=4420")
-	mustCLI(t, dir, "admin", "inventory", "subsystem", "add", nqn, "--target", "stor-eu-1", "--tenant", "acme", "--ports", "1", "--dhchap")
-	mustCLI(t, dir, "admin", "inventory", "namespace", "add", nqn, "1", "--tenant", "acme", "--region", "eu-west",
-		"--class", "internal", "--dataset", "ds", "--digest", digest)
+	acmeInventory(t, dir, "eu-west")
 	mustCLI(t, dir, "acme-scheduler", "job", "admit", "job-7", "--tenant", "acme",
 		"--node", "spiffe://nvmegate.test/node/acme-gpu-1", "--namespace", nqn+"/1:ro", "--region", "eu-west", "--expires-in", "2h")
 	mustCLI(t, dir, "acme-node-1", "connect", "--job", "job-7", "--subsystem", nqn)

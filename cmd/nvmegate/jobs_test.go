@@ -11,11 +11,7 @@ import (
 
 func TestJobCommands(t *testing.T) {
 	dir := startDevGateway(t)
-	mustCLI(t, dir, "admin", "inventory", "target", "add", "stor-eu-1", "--fabric", "fab-eu", "--region", "eu-west",
-		"--port", "id=1,transport=tcp,family=ipv4,address=10.0.0.10,service=4420")
-	mustCLI(t, dir, "admin", "inventory", "subsystem", "add", nqn, "--target", "stor-eu-1", "--tenant", "acme", "--ports", "1", "--dhchap")
-	mustCLI(t, dir, "admin", "inventory", "namespace", "add", nqn, "1", "--tenant", "acme", "--region", "eu-west",
-		"--class", "internal", "--dataset", "ds", "--digest", digest)
+	acmeInventory(t, dir, "eu-west")
 	out := mustCLI(t, dir, "acme-scheduler", "job", "admit", "job-7", "--tenant", "acme",
 		"--node", "spiffe://nvmegate.test/node/acme-gpu-1", "--namespace", nqn+"/1:ro", "--region", "eu-west", "--expires-in", "2h")
 	if !strings.Contains(out, "job-7") || !strings.Contains(out, "active") || !strings.Contains(out, nqn+"/1:ro") {

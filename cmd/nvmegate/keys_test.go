@@ -144,11 +144,7 @@ func TestHostNQNCommand(t *testing.T) {
 
 func TestKeysRotateStatusCommands(t *testing.T) {
 	dir := startDevGateway(t)
-	mustCLI(t, dir, "admin", "inventory", "target", "add", "stor-eu-1", "--fabric", "fab-eu", "--region", "eu-west",
-		"--port", "id=1,transport=tcp,family=ipv4,address=10.0.0.10,service=4420")
-	mustCLI(t, dir, "admin", "inventory", "subsystem", "add", nqn, "--target", "stor-eu-1", "--tenant", "acme", "--ports", "1", "--dhchap")
-	mustCLI(t, dir, "admin", "inventory", "namespace", "add", nqn, "1", "--tenant", "acme", "--region", "eu-west",
-		"--class", "internal", "--dataset", "ds", "--digest", digest)
+	acmeInventory(t, dir, "eu-west")
 	out := mustCLI(t, dir, "admin", "keys", "rotate", "--subsystem", nqn, "--reason", "first")
 	if !strings.Contains(out, "access-root") || !strings.Contains(out, "current, rotates") {
 		t.Fatalf("rotate:\n%s", out)

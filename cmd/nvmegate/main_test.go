@@ -124,6 +124,18 @@ func cli(t *testing.T, dir, who string, args ...string) (string, error) {
 	return out.String(), err
 }
 
+// acmeInventory registers, through the CLI, a target in region with one
+// port, acme's subsystem nqn on it and namespace 1 (class internal) in
+// region.
+func acmeInventory(t *testing.T, dir, region string) {
+	t.Helper()
+	mustCLI(t, dir, "admin", "inventory", "target", "add", "stor-1", "--fabric", "fab-1", "--region", region,
+		"--port", "id=1,transport=tcp,family=ipv4,address=10.0.0.10,service=4420")
+	mustCLI(t, dir, "admin", "inventory", "subsystem", "add", nqn, "--target", "stor-1", "--tenant", "acme", "--ports", "1", "--dhchap")
+	mustCLI(t, dir, "admin", "inventory", "namespace", "add", nqn, "1", "--tenant", "acme", "--region", region,
+		"--class", "internal", "--dataset", "ds", "--digest", digest)
+}
+
 func mustCLI(t *testing.T, dir, who string, args ...string) string {
 	t.Helper()
 	out, err := cli(t, dir, who, args...)

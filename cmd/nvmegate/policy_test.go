@@ -83,11 +83,7 @@ func TestPolicyEvalOffline(t *testing.T) {
 // --fail-on-revoke fails; an unchanged candidate passes either way.
 func TestPolicyImpact(t *testing.T) {
 	dir := startDevGateway(t)
-	mustCLI(t, dir, "admin", "inventory", "target", "add", "stor-us-1", "--fabric", "fab-us", "--region", "us-west",
-		"--port", "id=1,transport=tcp,family=ipv4,address=10.0.0.10,service=4420")
-	mustCLI(t, dir, "admin", "inventory", "subsystem", "add", nqn, "--target", "stor-us-1", "--tenant", "acme", "--ports", "1", "--dhchap")
-	mustCLI(t, dir, "admin", "inventory", "namespace", "add", nqn, "1", "--tenant", "acme", "--region", "us-west",
-		"--class", "internal", "--dataset", "ds", "--digest", digest)
+	acmeInventory(t, dir, "us-west")
 	mustCLI(t, dir, "acme-scheduler", "job", "admit", "job-7", "--tenant", "acme",
 		"--node", "spiffe://nvmegate.test/node/acme-gpu-1", "--namespace", nqn+"/1:ro", "--region", "us-west", "--expires-in", "2h")
 	mustCLI(t, dir, "acme-node-1", "connect", "--job", "job-7", "--subsystem", nqn)
