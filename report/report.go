@@ -171,9 +171,13 @@ func build(in Input) *model {
 		k.X, k.Y = x(k.At), rowY[k.Row]+rowHeight/2
 	}
 	slices.SortFunc(m.Marks, func(a, b Mark) int { return a.At.Compare(b.At) })
+	layout := "01-02 15:04:05"
+	if last.Sub(first) < 2*time.Minute {
+		layout = "15:04:05.000" // a short span: the seconds alone would repeat
+	}
 	for i := 0; i <= 4; i++ {
 		t := first.Add(time.Duration(float64(last.Sub(first)) * float64(i) / 4))
-		m.Ticks = append(m.Ticks, tick{X: x(t), Label: t.UTC().Format("01-02 15:04:05")})
+		m.Ticks = append(m.Ticks, tick{X: x(t), Label: t.UTC().Format(layout)})
 	}
 	m.Width, m.Height = left+plotWidth+60, 50+float64(max(1, len(m.Rows)))*rowHeight
 	m.Revisions = sortedKeys(revs)

@@ -328,6 +328,7 @@ ok "the auditor verifies the compliance attestation offline: signed, anchored, r
 ok "the auditor's report of job llm-eval-1 (one HTML page: the log verified, then the grant and its revocation on a timeline)" -- \
   as auditor audit report --job llm-eval-1 --export "$DEMO/audit-export" --key "$key" --html "$DEMO/report-llm-eval-1.html"
 grep -q 'class="grant revoke"' "$DEMO/report-llm-eval-1.html" || fail "the report does not show the revoked grant"
+grep -q '<ul id="attestations"><li>index' "$DEMO/report-llm-eval-1.html" || fail "the report does not list the compliance attestation made after the change"
 
 # Count what the gateway holds, from its own listings (header line excluded).
 count() { as admin inventory "$1" list --page-size 1000 | tail -n +2 | wc -l | tr -d ' '; }

@@ -84,17 +84,23 @@ without, it exports the log from the gateway first. Times are RFC 3339.`,
 					title += fmt.Sprintf(", %s – %s", since, until)
 				}
 			}
+			var jobStart time.Time
 			for _, r := range all {
 				e := r.Entry
 				switch {
+				case e.Kind == audit.EventComplianceAttestation:
+					// The fabric's, not a tenant's or a job's: those of the
+					// period (for a job, from its first entry on).
+					if (from.IsZero() || !e.Time.Before(from)) && (to.IsZero() || e.Time.Before(to)) && (job == "" || !jobStart.IsZero()) {
+						sel = append(sel, r)
+					}
 				case job != "" && e.JobID != job:
 				case tenant != "" && e.Tenant != tenant:
 				case !from.IsZero() && e.Time.Before(from), !to.IsZero() && !e.Time.Before(to):
 				default:
-					sel = append(sel, r)
-				}
-				// The period's compliance attestations, whoever's.
-				if e.Kind == audit.EventComplianceAttestation && job == "" && (from.IsZero() || !e.Time.Before(from)) && (to.IsZero() || e.Time.Before(to)) && e.Tenant == "" {
+					if jobStart.IsZero() {
+						jobStart = e.Time
+					}
 					sel = append(sel, r)
 				}
 			}
