@@ -352,3 +352,29 @@ func (c *Checkpointer) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// Anchor is a signed checkpoint as an attestation's predicate carries it:
+// the statement's proofs are against it.
+type Anchor struct {
+	Origin     string `json:"origin"`
+	Checkpoint string `json:"checkpoint"` // the C2SP signed note
+	TreeSize   uint64 `json:"tree_size"`
+}
+
+// AnchorOf is cp as an Anchor.
+func AnchorOf(cp Checkpoint) Anchor {
+	return Anchor{Origin: cp.Origin, Checkpoint: string(cp.Note), TreeSize: cp.Size}
+}
+
+// Open verifies the anchor's note under keys and that it is of the origin
+// and size the anchor names.
+func (a Anchor) Open(keys []attest.PublicKey) (Checkpoint, error) {
+	cp, _, err := OpenCheckpoint([]byte(a.Checkpoint), keys)
+	if err != nil {
+		return Checkpoint{}, err
+	}
+	if cp.Size != a.TreeSize || cp.Origin != a.Origin {
+		return Checkpoint{}, fmt.Errorf("the checkpoint is of %s size %d, the predicate says %s size %d", cp.Origin, cp.Size, a.Origin, a.TreeSize)
+	}
+	return cp, nil
+}

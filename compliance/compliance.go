@@ -34,8 +34,8 @@ type Predicate struct {
 	Grants       []Grant  `json:"grants"`
 	// OutOfCompliance names everything that is not as the policy serving
 	// requires, one line each; empty when the fabric complies.
-	OutOfCompliance []string `json:"out_of_compliance"`
-	Log             Anchor   `json:"log"`
+	OutOfCompliance []string     `json:"out_of_compliance"`
+	Log             audit.Anchor `json:"log"`
 }
 
 // Tenant is one tenant's namespaces.
@@ -95,16 +95,9 @@ type Grant struct {
 	ReauthBy  time.Time `json:"reauth_by,omitzero"`
 }
 
-// Anchor is the signed checkpoint the attestation is anchored to.
-type Anchor struct {
-	Origin     string `json:"origin"`
-	Checkpoint string `json:"checkpoint"` // the C2SP signed note
-	TreeSize   uint64 `json:"tree_size"`
-}
-
 // Statement makes p's statement: its subject is the anchored log state.
 func Statement(p *Predicate, cp audit.Checkpoint) (*intoto.Statement, error) {
-	p.Log = Anchor{Origin: cp.Origin, Checkpoint: string(cp.Note), TreeSize: cp.Size}
+	p.Log = audit.AnchorOf(cp)
 	raw, err := json.Marshal(p)
 	if err != nil {
 		return nil, err
@@ -249,12 +242,9 @@ func Verify(bundleJSON []byte, keys []attest.PublicKey) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("compliance: %w", err)
 	}
-	anchor, _, err := audit.OpenCheckpoint([]byte(p.Log.Checkpoint), keys)
+	anchor, err := p.Log.Open(keys)
 	if err != nil {
 		return nil, fmt.Errorf("compliance: anchor checkpoint: %w", err)
-	}
-	if anchor.Size != p.Log.TreeSize || anchor.Origin != p.Log.Origin {
-		return nil, fmt.Errorf("compliance: the anchor is of %s size %d, the predicate says %s size %d", anchor.Origin, anchor.Size, p.Log.Origin, p.Log.TreeSize)
 	}
 	if len(st.Subject) != 1 || st.Subject[0].Digest["sha256"] != hex.EncodeToString(anchor.Hash[:]) {
 		return nil, fmt.Errorf("compliance: the subject is not the anchor checkpoint's root")

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -78,9 +80,7 @@ func (s *Server) AttestCompliance(ctx context.Context) (*Attested, error) {
 			Dataset: n.Dataset.Name, DatasetDigest: n.Dataset.Digest,
 			Residency: compliance.Verdict{OK: len(verdicts[i].ResidencyProblems) == 0, Problems: verdicts[i].ResidencyProblems}}
 		label := fmt.Sprintf("namespace %s/%d", n.SubsystemNQN, n.NSID)
-		for _, pr := range verdicts[i].ResidencyProblems {
-			out = append(out, pr)
-		}
+		out = append(out, verdicts[i].ResidencyProblems...)
 		period := verdicts[i].RotateEvery
 		if period > 0 {
 			ns.RotateEvery = period.String()
@@ -116,7 +116,7 @@ func (s *Server) AttestCompliance(ctx context.Context) (*Attested, error) {
 		}
 		t.Namespaces = append(t.Namespaces, ns)
 	}
-	for _, name := range slices.Sorted(mapsKeys(tenants)) {
+	for _, name := range slices.Sorted(maps.Keys(tenants)) {
 		p.Tenants = append(p.Tenants, *tenants[name])
 	}
 	// The active grants, decided again under the policy serving.
@@ -227,17 +227,7 @@ func joinReasons(rs []string) string {
 	if len(rs) == 0 {
 		return "no reason given"
 	}
-	return fmt.Sprint(rs)
-}
-
-func mapsKeys[V any](m map[string]V) func(func(string) bool) {
-	return func(y func(string) bool) {
-		for k := range m {
-			if !y(k) {
-				return
-			}
-		}
-	}
+	return strings.Join(rs, "; ")
 }
 
 // minAttestationInterval is how long a caller of Audit.Compliance is given

@@ -111,7 +111,8 @@ func (s *Server) unaryInterceptors() []grpc.UnaryServerInterceptor {
 			if opensAccess[info.FullMethod] {
 				// Before policy decides: a re-decision after a change
 				// waits for it (Server.Redecide).
-				defer s.openings.enter()()
+				seq := s.openings.enter()
+				defer s.openings.exit(seq)
 			}
 			if err := validate(req, s.now()); err != nil {
 				s.recordInvalid(ctx, info.FullMethod, err)

@@ -259,26 +259,33 @@ type openings struct {
 	mu       sync.Mutex
 	next     uint64
 	inflight map[uint64]struct{}
-	changed  chan struct{} // closed and replaced when one ends
+	// changed is made by a waiting re-decision and closed (and dropped)
+	// when an opening ends: a connect with no one waiting allocates
+	// nothing.
+	changed chan struct{}
 }
 
-// enter registers a connect or renewal; the func ends it.
-func (o *openings) enter() func() {
+// enter registers a connect or renewal; exit ends it.
+func (o *openings) enter() uint64 {
 	o.mu.Lock()
 	if o.inflight == nil {
-		o.inflight, o.changed = map[uint64]struct{}{}, make(chan struct{})
+		o.inflight = map[uint64]struct{}{}
 	}
 	seq := o.next
 	o.next++
 	o.inflight[seq] = struct{}{}
 	o.mu.Unlock()
-	return func() {
-		o.mu.Lock()
-		delete(o.inflight, seq)
+	return seq
+}
+
+func (o *openings) exit(seq uint64) {
+	o.mu.Lock()
+	delete(o.inflight, seq)
+	if o.changed != nil {
 		close(o.changed)
-		o.changed = make(chan struct{})
-		o.mu.Unlock()
+		o.changed = nil
 	}
+	o.mu.Unlock()
 }
 
 // waitEarlier returns once every opening that entered before the call has
@@ -296,11 +303,15 @@ func (o *openings) waitEarlier(ctx context.Context) error {
 				break
 			}
 		}
-		ch := o.changed
-		o.mu.Unlock()
 		if !busy {
+			o.mu.Unlock()
 			return nil
 		}
+		if o.changed == nil {
+			o.changed = make(chan struct{})
+		}
+		ch := o.changed
+		o.mu.Unlock()
 		select {
 		case <-ch:
 		case <-ctx.Done():

@@ -35,7 +35,7 @@ type Predicate struct {
 	LastAccess      time.Time      `json:"last_access,omitzero"`
 	PolicyRevisions []string       `json:"policy_revisions"`
 	KeyVersions     []audit.KeyRef `json:"key_versions"`
-	Log             LogInfo        `json:"log"`
+	Log             audit.Anchor   `json:"log"`
 	Entries         []LogEntry     `json:"entries"`
 }
 
@@ -58,13 +58,6 @@ type NamespaceUse struct {
 	Mode          string `json:"mode"`
 	Dataset       string `json:"dataset"`
 	DatasetDigest string `json:"dataset_digest"`
-}
-
-// LogInfo names the log and the signed checkpoint the proofs are against.
-type LogInfo struct {
-	Origin     string `json:"origin"`
-	Checkpoint string `json:"checkpoint"` // the C2SP signed note
-	TreeSize   uint64 `json:"tree_size"`
 }
 
 // LogEntry is one audit entry of the job with its inclusion proof.
@@ -109,7 +102,7 @@ func Build(ctx context.Context, log Log, j *nvmegate.Job, datasets map[string]Na
 	p := Predicate{
 		Job: JobInfo{ID: j.ID, Tenant: j.Tenant, Scheduler: j.Scheduler, Nodes: j.Nodes, State: j.State,
 			AdmittedAt: j.AdmittedAt, FinishedAt: j.FinishedAt, ExpiresAt: j.ExpiresAt},
-		Log: LogInfo{Origin: cp.Origin, Checkpoint: string(cp.Note), TreeSize: cp.Size},
+		Log: audit.AnchorOf(cp),
 	}
 	for _, jn := range j.Namespaces {
 		u := datasets[NamespaceKey(jn.SubsystemNQN, jn.NSID)]
@@ -220,12 +213,9 @@ func Verify(envJSON []byte, keys []attest.PublicKey) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("lineage: %w", err)
 	}
-	cp, _, err := audit.OpenCheckpoint([]byte(p.Log.Checkpoint), keys)
+	cp, err := p.Log.Open(keys)
 	if err != nil {
 		return nil, fmt.Errorf("lineage: checkpoint: %w", err)
-	}
-	if cp.Size != p.Log.TreeSize || cp.Origin != p.Log.Origin {
-		return nil, fmt.Errorf("lineage: checkpoint is of %s size %d, the predicate says %s size %d", cp.Origin, cp.Size, p.Log.Origin, p.Log.TreeSize)
 	}
 	named := map[string]bool{}
 	for _, e := range p.Entries {

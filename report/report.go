@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"html/template"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -149,13 +150,7 @@ func build(in Input) *model {
 	for _, k := range m.Marks {
 		rows[k.Row] = true
 	}
-	m.Rows = slices.Sorted(func(y func(string) bool) {
-		for r := range rows {
-			if !y(r) {
-				return
-			}
-		}
-	})
+	m.Rows = slices.Sorted(maps.Keys(rows))
 	rowY := map[string]float64{}
 	for i, r := range m.Rows {
 		rowY[r] = 30 + float64(i)*rowHeight
@@ -180,8 +175,8 @@ func build(in Input) *model {
 		m.Ticks = append(m.Ticks, tick{X: x(t), Label: t.UTC().Format(layout)})
 	}
 	m.Width, m.Height = left+plotWidth+60, 50+float64(max(1, len(m.Rows)))*rowHeight
-	m.Revisions = sortedKeys(revs)
-	m.KeyVers = sortedKeys(keys)
+	m.Revisions = slices.Sorted(maps.Keys(revs))
+	m.KeyVers = slices.Sorted(maps.Keys(keys))
 	return m
 }
 
@@ -203,15 +198,6 @@ func rowOf(e audit.Entry) string {
 		return who + " → " + e.SubsystemNQN
 	}
 	return who
-}
-
-func sortedKeys(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
 }
 
 var page = template.Must(template.New("report").Funcs(template.FuncMap{

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"sync"
 )
@@ -50,17 +51,8 @@ func (f *ScopeFeed) Next(ctx context.Context) (ScopeChange, error) {
 	defer f.mu.Unlock()
 	p := f.pending
 	f.pending = scopeKeys{}
-	return ScopeChange{Revision: f.rev, Targets: sorted(p.targets), Subsystems: sorted(p.subsystems),
-		Bindings: sorted(p.bindings), Jobs: sorted(p.jobs)}, nil
-}
-
-func sorted(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
+	return ScopeChange{Revision: f.rev, Targets: slices.Sorted(maps.Keys(p.targets)), Subsystems: slices.Sorted(maps.Keys(p.subsystems)),
+		Bindings: slices.Sorted(maps.Keys(p.bindings)), Jobs: slices.Sorted(maps.Keys(p.jobs))}, nil
 }
 
 // add records the scope records of ops, committed at rev.
