@@ -129,7 +129,7 @@ func TestApplyDeltaRefusals(t *testing.T) {
 		"unknown subsystem": {add(sub+"-3", host(hostB, keyB1, "")), "not in the applied state"},
 		"two credentials":   {add(sub, host(hostA, keyA2, "")), "different credentials"},
 		"no key":            {add(sub, fabric.Host{NQN: hostB}), "no DH-HMAC-CHAP key"},
-		"a psk":             {add(sub, fabric.Host{NQN: hostB, DHCHAPKey: keyB1, TLSPSK: "NVMeTLSkey-1:01:x:"}), "cannot install"},
+		"a psk":             {add(sub, fabric.Host{NQN: hostB, DHCHAPKey: keyB1, TLSPSK: "NVMeTLSkey-1:01:x:"}), "no keyring"},
 	} {
 		err := d.ApplyDelta(ctx, tc.d)
 		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "DHHC-1") || strings.Contains(err.Error(), "NVMeTLSkey") {

@@ -32,6 +32,9 @@ type Driver struct {
 	// the agent's alone; this bounds how long a change made behind its
 	// back survives.
 	Recheck time.Duration
+	// PSKs holds the TLS PSKs of hosts granted on TLS ports (the kernel's
+	// ".nvme" keyring); nil: this driver lets in no host with a PSK.
+	PSKs PSKs
 
 	mu   sync.Mutex
 	seen map[string]seenEntry // path → a digest of what is there, and when it was checked
@@ -48,6 +51,7 @@ type Driver struct {
 type applied struct {
 	subs  map[string]bool         // the subsystems the state owns
 	hosts map[string]*appliedHost // host NQN → its entry
+	psks  map[string][]string     // hostSub(host, subsystem) → the PSK identities in the ring
 }
 
 // appliedHost is one entry under hosts/: the digest of its credentials,
@@ -145,7 +149,7 @@ func stateSum(s fabric.State) ([32]byte, error) {
 // hostSum digests a host entry (secrets included, so a re-key is seen;
 // only the digest is kept).
 func hostSum(h fabric.Host) [32]byte {
-	return sha256.Sum256([]byte(strings.Join([]string{h.NQN, h.DHCHAPKey, h.DHCHAPCtrlKey, h.DHCHAPHash, h.DHCHAPGroup}, "\x00")))
+	return sha256.Sum256([]byte(strings.Join([]string{h.NQN, h.DHCHAPKey, h.DHCHAPCtrlKey, h.DHCHAPHash, h.DHCHAPGroup, h.TLSPSK}, "\x00")))
 }
 
 // stateKey is where the driver remembers the last state it applied whole.
@@ -169,7 +173,7 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) (err error) {
 	}
 	d.forget(stateKey)
 	d.state = nil
-	st := &applied{subs: map[string]bool{}, hosts: map[string]*appliedHost{}}
+	st := &applied{subs: map[string]bool{}, hosts: map[string]*appliedHost{}, psks: map[string][]string{}}
 	defer func() {
 		if err == nil {
 			d.remember(stateKey, sum)
@@ -185,7 +189,7 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) (err error) {
 	for _, sub := range s.Subsystems {
 		st.subs[sub.NQN] = true // the subsystems this state owns
 		for _, h := range sub.Hosts {
-			if err := checkHost(h, sub.NQN); err != nil {
+			if err := d.checkHost(h, sub.NQN); err != nil {
 				return err
 			}
 			e := st.hosts[h.NQN]
@@ -238,6 +242,46 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) (err error) {
 			}
 		}
 	}
+	return d.syncPSKs(s, st)
+}
+
+// syncPSKs makes the ring hold exactly the PSK identities of the state's
+// TLS hosts on the subsystems it owns; keys of other subsystems are not
+// ours and stay.
+func (d *Driver) syncPSKs(s fabric.State, st *applied) error {
+	if d.PSKs == nil {
+		return nil // checkHost let no host with a PSK through
+	}
+	want := map[string]bool{}
+	for _, sub := range s.Subsystems {
+		for _, h := range sub.Hosts {
+			if h.TLSPSK == "" {
+				continue
+			}
+			keys, err := pskKeys(h, sub.NQN)
+			if err != nil {
+				return err
+			}
+			for desc := range keys {
+				want[desc] = true
+				st.psks[hostSub(h.NQN, sub.NQN)] = append(st.psks[hostSub(h.NQN, sub.NQN)], desc)
+			}
+			if err := d.setPSKs(keys); err != nil {
+				return err
+			}
+		}
+	}
+	have, err := d.PSKs.List()
+	if err != nil {
+		return fmt.Errorf("nvmet: list TLS PSKs: %w", err)
+	}
+	for desc := range have {
+		if !want[desc] && st.subs[pskSubsystem(desc)] {
+			if err := d.removePSK(desc); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
 }
 
@@ -268,6 +312,7 @@ func (d *Driver) ApplyDelta(ctx context.Context, dl fabric.Delta) (err error) {
 		old   *appliedHost
 		subs  map[string][32]byte
 		hosts map[[32]byte]fabric.Host // the credentials set, by digest
+		set   map[string]fabric.Host   // the subsystems the delta sets the host on
 	}
 	var order []string
 	changes := map[string]*hostChange{}
@@ -277,7 +322,7 @@ func (d *Driver) ApplyDelta(ctx context.Context, dl fabric.Delta) (err error) {
 		}
 		ch := changes[c.Host.NQN]
 		if ch == nil {
-			ch = &hostChange{old: st.hosts[c.Host.NQN], subs: map[string][32]byte{}, hosts: map[[32]byte]fabric.Host{}}
+			ch = &hostChange{old: st.hosts[c.Host.NQN], subs: map[string][32]byte{}, hosts: map[[32]byte]fabric.Host{}, set: map[string]fabric.Host{}}
 			if ch.old != nil {
 				for _, s := range ch.old.subs {
 					ch.subs[s] = ch.old.sum
@@ -288,13 +333,14 @@ func (d *Driver) ApplyDelta(ctx context.Context, dl fabric.Delta) (err error) {
 		}
 		if c.Remove {
 			delete(ch.subs, c.Subsystem)
+			delete(ch.set, c.Subsystem)
 			continue
 		}
-		if err := checkHost(c.Host, c.Subsystem); err != nil {
+		if err := d.checkHost(c.Host, c.Subsystem); err != nil {
 			return err
 		}
 		sum := hostSum(c.Host)
-		ch.subs[c.Subsystem], ch.hosts[sum] = sum, c.Host
+		ch.subs[c.Subsystem], ch.hosts[sum], ch.set[c.Subsystem] = sum, c.Host, c.Host
 	}
 	final := make([][32]byte, len(order))
 	for i, nqn := range order {
@@ -332,6 +378,15 @@ func (d *Driver) ApplyDelta(ctx context.Context, dl fabric.Delta) (err error) {
 				}
 			}
 		}
+		if ch.old != nil {
+			for _, s := range ch.old.subs {
+				if _, ok := ch.subs[s]; !ok {
+					if err := d.dropPSKs(st, nqn, s); err != nil {
+						return err
+					}
+				}
+			}
+		}
 		dir := filepath.Join(d.Root, "hosts", nqn)
 		if len(ch.subs) == 0 {
 			delete(st.hosts, nqn)
@@ -359,6 +414,11 @@ func (d *Driver) ApplyDelta(ctx context.Context, dl fabric.Delta) (err error) {
 			}
 		}
 		st.hosts[nqn] = e
+		for s, h := range ch.set {
+			if err := d.putPSKs(st, h, s); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -374,14 +434,18 @@ func (d *Driver) unlink(path string) error {
 
 // checkHost refuses a host entry this driver cannot make safe. Fail
 // closed: an entry without a DH-HMAC-CHAP key would let anyone presenting
-// its (not secret) NQN in, and this driver does not install TLS PSKs, so
-// DH-HMAC-CHAP is the only way it can authenticate a host.
-func checkHost(h fabric.Host, sub string) error {
+// its (not secret) NQN in. That holds on TLS ports too: nvmet does not
+// check that the PSK a queue's TLS session was keyed with names the host
+// NQN its Connect command claims (Linux 6.12 keeps the PSK's serial, never
+// compares its identity), so a host holding any PSK the target knows could
+// connect as another host; DH-HMAC-CHAP inside the TLS session is what
+// authenticates the host NQN. A host with a PSK needs a keyring for it.
+func (d *Driver) checkHost(h fabric.Host, sub string) error {
 	if h.DHCHAPKey == "" {
 		return fmt.Errorf("nvmet: host %s on %s has no DH-HMAC-CHAP key; nvmet would admit it unauthenticated", h.NQN, sub)
 	}
-	if h.TLSPSK != "" {
-		return fmt.Errorf("nvmet: host %s on %s needs a TLS PSK, which this driver cannot install", h.NQN, sub)
+	if h.TLSPSK != "" && d.PSKs == nil {
+		return fmt.Errorf("nvmet: host %s on %s needs a TLS PSK, and this driver has no keyring to install it in", h.NQN, sub)
 	}
 	return nil
 }
@@ -496,8 +560,14 @@ func (d *Driver) writeSubsystem(sub fabric.Subsystem) error {
 		if err := mkdir(filepath.Join(pdir, "subsystems")); err != nil {
 			return err
 		}
-		for name, v := range map[string]string{"addr_trtype": p.Trtype, "addr_adrfam": p.Adrfam, "addr_traddr": p.Traddr,
-			"addr_trsvcid": p.Trsvcid, "addr_treq": p.Treq, "addr_tsas": p.Tsas} {
+		// In this order (Linux 6.12, configfs.c): writing addr_trtype
+		// resets addr_tsas, and addr_tsas "tls1.3" sets addr_treq to
+		// "required" (a TLS port refuses "not specified"); all of them
+		// only before the port is enabled, when its first subsystem is
+		// linked below.
+		for _, a := range [...]struct{ name, v string }{{"addr_trtype", p.Trtype}, {"addr_adrfam", p.Adrfam},
+			{"addr_traddr", p.Traddr}, {"addr_trsvcid", p.Trsvcid}, {"addr_tsas", p.Tsas}, {"addr_treq", p.Treq}} {
+			name, v := a.name, a.v
 			if name == "addr_tsas" && (v == "" || v == "none") {
 				// Kernels before 6.7 have no addr_tsas (found on a real
 				// 6.1 target: the write fails), and on later ones "none"
