@@ -128,17 +128,20 @@ func GrantExpiry(now time.Time, ttl, maxTTL time.Duration, jobExpiry time.Time) 
 // programmed from a decision's obligations and what subsystem sub on
 // target t supports: hash, DH group, bidirectional authentication, TLS,
 // read-only. It refuses (ECONFLICT) what sub or t cannot enforce: TLS on a
-// subsystem without a TLS port, DH-HMAC-CHAP on one without it, and TLS on
-// an nvmet target — the nvmet driver authenticates hosts with DH-HMAC-CHAP
-// only (it installs no TLS PSK), so a grant that relies on TLS would be
-// open there.
+// subsystem without a TLS port, DH-HMAC-CHAP on one without it, and TLS
+// without DH-HMAC-CHAP on an nvmet target. nvmet does not compare a TLS
+// session's PSK identity with the host NQN of the Connect command, so
+// there TLS alone would let a host holding its own PSK connect as any
+// other host the port allows: DH-HMAC-CHAP inside the session is what
+// authenticates the host NQN (the shipped policy asks for auth_mode
+// "both" on nvmet).
 func (g *Grant) ApplyObligations(sub *Subsystem, t *Target, ob Obligations) error {
 	g.ReadOnly = ob.ReadOnly
 	if err := g.credentialParams(sub, ob); err != nil {
 		return err
 	}
-	if t.Driver == DriverNVMet && (g.TLS || g.DHCHAPHash == "none") {
-		return Errorf(ECONFLICT, "policy requires TLS for %s, which its nvmet target cannot enforce; not granted", sub.NQN)
+	if t.Driver == DriverNVMet && g.DHCHAPHash == "none" {
+		return Errorf(ECONFLICT, "policy asks for TLS without DH-HMAC-CHAP on %s; its nvmet target does not bind a TLS PSK to the host NQN, so a grant there needs DH-HMAC-CHAP too (auth_mode both); not granted", sub.NQN)
 	}
 	return nil
 }

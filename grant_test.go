@@ -48,7 +48,9 @@ func TestApplyObligations(t *testing.T) {
 		{"tls and chap", both, spdk, nvmegate.Obligations{RequireTLS: true}, nvmegate.Grant{DHCHAPHash: "sha256", DHGroup: "ffdhe2048", TLS: true}, ""},
 		{"tls only", both, spdk, nvmegate.Obligations{AuthMode: nvmegate.AuthTLS, Bidirectional: true}, nvmegate.Grant{DHCHAPHash: "none", TLS: true}, ""},
 		{"no tls port", chap, spdk, nvmegate.Obligations{RequireTLS: true}, nvmegate.Grant{}, "has no TLS port"},
-		{"tls on nvmet", both, nvmet, nvmegate.Obligations{RequireTLS: true}, nvmegate.Grant{}, "cannot enforce"},
+		{"tls and chap on nvmet", both, nvmet, nvmegate.Obligations{AuthMode: nvmegate.AuthBoth, RequireTLS: true},
+			nvmegate.Grant{DHCHAPHash: "sha256", DHGroup: "ffdhe2048", TLS: true}, ""},
+		{"tls only on nvmet", both, nvmet, nvmegate.Obligations{AuthMode: nvmegate.AuthTLS}, nvmegate.Grant{}, "needs DH-HMAC-CHAP too"},
 		{"no chap", &nvmegate.Subsystem{NQN: "nqn.2026-01.io.test:tls", TLS: true}, spdk, nvmegate.Obligations{}, nvmegate.Grant{}, "does not do DH-HMAC-CHAP"},
 	} {
 		g := &nvmegate.Grant{}

@@ -106,8 +106,12 @@ func TestRules(t *testing.T) {
 		{"node connect", connect, true, []string{"role node may perform access.connect in job j1"},
 			ob(nvmegate.Obligations{MaxTTL: 24 * time.Hour, ReadOnly: true})},
 		{"node connect rw", connectInput(oneNS("internal", "rw")), true, nil, ob(nvmegate.Obligations{MaxTTL: 24 * time.Hour})},
+		// The fixtures' target is nvmet, where a TLS grant carries
+		// DH-HMAC-CHAP too (nvmet does not bind the PSK to the host NQN).
 		{"node connect restricted over TLS", connectInput(oneNS("restricted", "ro")), true, nil,
-			ob(nvmegate.Obligations{MaxTTL: time.Hour, RequireTLS: true, AuthMode: "tls", ReadOnly: true})},
+			ob(nvmegate.Obligations{MaxTTL: time.Hour, RequireTLS: true, AuthMode: "both", ReadOnly: true})},
+		{"node connect restricted over TLS on SPDK", with(connectInput(oneNS("restricted", "ro")), func(r map[string]any) { obj(r, "target")["driver"] = "spdk" }),
+			true, nil, ob(nvmegate.Obligations{MaxTTL: time.Hour, RequireTLS: true, AuthMode: "tls", ReadOnly: true})},
 		{"node connect restricted over DH-HMAC-CHAP", with(connectInput(oneNS("restricted", "rw")), func(r map[string]any) { obj(r, "subsystem")["tls"] = false }),
 			true, nil, ob(nvmegate.Obligations{MaxTTL: time.Hour, AuthMode: "dhchap", Bidirectional: true, MinDHGroup: "ffdhe3072", MinHash: "sha384"})},
 		{"node connect restricted, no capable subsystem", with(connectInput(oneNS("restricted", "rw")), func(r map[string]any) {
@@ -115,7 +119,7 @@ func TestRules(t *testing.T) {
 			obj(r, "subsystem")["dhchap"] = false
 		}), false, []string{"subsystem nqn.2026-01.org.example:acme-train supports no authentication option of data class restricted"}, nil},
 		{"node connect QoS caps", connectInput(benchNamespaces(3, "rw")), true, nil,
-			ob(nvmegate.Obligations{MaxTTL: time.Hour, RequireTLS: true, AuthMode: "tls", MaxIOPS: 10000})},
+			ob(nvmegate.Obligations{MaxTTL: time.Hour, RequireTLS: true, AuthMode: "both", MaxIOPS: 10000})},
 		{"node connect immutable rw", connectInput(oneNS("immutable", "rw")), false,
 			[]string{ns1 + " is read-only (data class immutable): mode rw is not allowed"}, nil},
 		{"node connect residency", with(connect, func(r map[string]any) { obj(ns0(r), "target")["region"] = "us-east" }),

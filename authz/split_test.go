@@ -163,7 +163,7 @@ func TestSplitMemo(t *testing.T) {
 		{"a namespace's target", func(r map[string]any) { obj(ns0(r), "target")["region"] = "us-east" },
 			[]string{"namespace nqn.2026-01.org.example:acme-train/1 (region eu-west) may not be served from target t1 in region us-east"}, nvmegate.Obligations{}},
 		{"the job's namespaces (mode rw)", func(r map[string]any) { ns0(r)["mode"] = "rw" },
-			nil, nvmegate.Obligations{MaxTTL: time.Hour, RequireTLS: true, AuthMode: "tls", MaxIOPS: 10000}},
+			nil, nvmegate.Obligations{MaxTTL: time.Hour, RequireTLS: true, AuthMode: "both", MaxIOPS: 10000}},
 		{"the job's allowed regions", func(r map[string]any) { obj(r, "job")["allowed_regions"] = []any{"eu-central"} }, nil, nvmegate.Obligations{}},
 		{"a namespace's class", func(r map[string]any) { ns0(r)["data_class"] = "immutable"; ns0(r)["mode"] = "rw" },
 			[]string{"namespace nqn.2026-01.org.example:acme-train/1 is read-only (data class immutable): mode rw is not allowed"}, nvmegate.Obligations{}},
@@ -260,6 +260,9 @@ func TestSplitMatchesDecisionQuery(t *testing.T) {
 	}
 	var typed int
 	for i, in := range ins {
+		if _, ok := in.Resource["target"].(map[string]any); ok { // the gateway's targets have a driver
+			in.Resource["target"].(map[string]any)["driver"] = "nvmet"
+		}
 		d, err := e.Authorize(ctx, in)
 		if err != nil {
 			t.Fatalf("%d: %v", i, err)
@@ -268,9 +271,6 @@ func TestSplitMatchesDecisionQuery(t *testing.T) {
 		if d.Allow != want.Allow || !slices.Equal(d.Reasons, want.Reasons) || d.Obligations != want.Obligations {
 			raw, _ := json.Marshal(in.Resource)
 			t.Fatalf("%d: engine %+v\n%s %+v\nresource %s", i, d, authz.DecisionQuery, want, raw)
-		}
-		if _, ok := in.Resource["target"].(map[string]any); ok { // the gateway's targets have a driver
-			in.Resource["target"].(map[string]any)["driver"] = "nvmet"
 		}
 		if s, err := authz.ScopeFromResource(in.Resource); err == nil {
 			typed++

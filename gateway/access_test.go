@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -469,31 +470,61 @@ func (r *recordingDriver) host(nqn string) *fabric.Host {
 	return nil
 }
 
-// An nvmet target cannot enforce TLS (its driver installs no PSK): a grant
-// the policy wants on TLS is refused rather than left open.
-func TestConnectTLSOnNVMetRefused(t *testing.T) {
-	g := startGateway(t)
-	inv := pb.NewInventoryClient(g.client(t, admin))
-	ctx := ctxT(t)
-	if _, err := inv.AddTarget(ctx, &pb.AddTargetRequest{Target: validTarget()}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := inv.AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: &pb.Subsystem{Nqn: subNQN, TargetId: "stor-eu-1", Tenant: "acme",
-		PortIds: []uint32{1, 2}, Tls: true}}); err != nil {
-		t.Fatal(err)
-	}
-	ns := validNamespace()
-	ns.DataClass = "restricted"
-	if _, err := inv.AddNamespace(ctx, &pb.AddNamespaceRequest{Namespace: ns}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
-		t.Fatal(err)
-	}
-	_, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
-	wantCode(t, err, codes.FailedPrecondition, "cannot enforce")
-	if hs, _ := os.ReadDir(filepath.Join(g.configfs, "stor-eu-1", "hosts")); len(hs) != 0 {
-		t.Fatalf("hosts on the nvmet target: %v", hs)
+// On an nvmet target a TLS grant carries DH-HMAC-CHAP too: nvmet does not
+// bind a TLS PSK to the host NQN of the Connect command, so DH-HMAC-CHAP
+// inside the session authenticates the host. The shipped policy asks for
+// auth_mode both there; the target gets the host's PSK and its DH-HMAC-CHAP
+// key. A TLS subsystem without DH-HMAC-CHAP on nvmet is refused, and no
+// host reaches the target.
+func TestConnectTLSOnNVMet(t *testing.T) {
+	for _, dhchap := range []bool{true, false} {
+		t.Run(fmt.Sprint("dhchap=", dhchap), func(t *testing.T) {
+			g := startGateway(t)
+			inv := pb.NewInventoryClient(g.client(t, admin))
+			ctx := ctxT(t)
+			if _, err := inv.AddTarget(ctx, &pb.AddTargetRequest{Target: validTarget()}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := inv.AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: &pb.Subsystem{Nqn: subNQN, TargetId: "stor-eu-1", Tenant: "acme",
+				PortIds: []uint32{1, 2}, Tls: true, Dhchap: dhchap}}); err != nil {
+				t.Fatal(err)
+			}
+			rec := &recordingDriver{}
+			waitApplied(t, startRemote(t, g, "stor-eu-1", rec))
+			ns := validNamespace()
+			ns.DataClass = "restricted"
+			if _, err := inv.AddNamespace(ctx, &pb.AddNamespaceRequest{Namespace: ns}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
+				t.Fatal(err)
+			}
+			c, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+			if !dhchap {
+				wantCode(t, err, codes.FailedPrecondition, "does not do DH-HMAC-CHAP")
+				rec.mu.Lock()
+				defer rec.mu.Unlock()
+				for _, sub := range rec.last.Subsystems {
+					if len(sub.Hosts) != 0 {
+						t.Fatalf("hosts reached the target: %v", sub.Hosts)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Decision.Obligations.AuthMode != "both" || !strings.HasPrefix(c.Credentials.TlsPsk, "NVMeTLSkey-1:") ||
+				!strings.HasPrefix(c.Credentials.DhchapHostSecret, "DHHC-1:") {
+				t.Fatalf("auth_mode %q, psk given %v, dhchap given %v", c.Decision.Obligations.AuthMode, c.Credentials.TlsPsk != "", c.Credentials.DhchapHostSecret != "")
+			}
+			if !slices.Contains(c.ConnectArgs, "--tls") || !slices.ContainsFunc(c.ConnectArgs, func(a string) bool { return strings.HasPrefix(a, "--dhchap-secret=") }) {
+				t.Fatalf("connect args carry TLS and DH-HMAC-CHAP: %d args", len(c.ConnectArgs))
+			}
+			if h := rec.host(c.Grant.HostNqn); h == nil || h.TLSPSK != c.Credentials.TlsPsk || h.DHCHAPKey != c.Credentials.DhchapHostSecret {
+				t.Fatalf("the target's host entry lacks the PSK or the DH-HMAC-CHAP key")
+			}
+		})
 	}
 }
 

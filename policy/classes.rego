@@ -159,11 +159,25 @@ merged_obligations := object.union_n([
 	{"read_only": true | not "rw" in scope_modes},
 	{"max_iops": min(iops) | count(iops) > 0},
 	{"max_mbps": min(mbps) | count(mbps) > 0},
+	nvmet_tls_auth(ob),
 ]) if {
 	ob := class_set_entry.obligations
 	iops := (iops_caps | {object.get(ob, "max_iops", 0)}) - {0}
 	mbps := (mbps_caps | {object.get(ob, "max_mbps", 0)}) - {0}
 }
+
+# nvmet_tls_auth(ob): on a Linux nvmet target, TLS alone does not
+# authenticate the host. nvmet keys the session with whatever PSK the
+# target's keyring holds for the identity the host presents, and never
+# compares that identity with the host NQN of the Connect command (Linux
+# 6.12), so a host holding its own PSK could connect as any other host
+# allowed on the port. A TLS grant there carries DH-HMAC-CHAP inside the
+# TLS session too: auth_mode "both" (the gateway refuses it on a subsystem
+# without DH-HMAC-CHAP).
+nvmet_tls_auth(ob) := {"auth_mode": "both"} if {
+	target.driver == "nvmet"
+	object.get(ob, "auth_mode", "") == "tls"
+} else := {}
 
 # derived_data: what the engine stores at data.nvmegate.derived once per
 # revision: the class set entries of every set of classes and every

@@ -24,11 +24,22 @@ test_public_obligations_are_the_defaults if {
 	obligations_of(connect({"namespaces": [ns(1, {"data_class": "public", "mode": "rw"})]})) == {"max_ttl": "24h"}
 }
 
+spdk_target := object.union(target_rec, {"driver": "spdk"})
+
 test_restricted_prefers_tls if {
-	x := {"namespaces": [ns(1, {"data_class": "restricted"})]}
+	x := {"namespaces": [ns(1, {"data_class": "restricted"})], "target": spdk_target}
 	want := {"auth_mode": "tls", "require_tls": true, "max_ttl": "1h", "read_only": true}
 	obligations_of(connect(x)) == want
 	obligations_of(connect(object.union(x, {"subsystem": tls_only}))) == want
+}
+
+# nvmet does not bind a TLS PSK to the host NQN of the Connect command: a
+# TLS grant there carries DH-HMAC-CHAP inside the session (auth_mode both).
+test_restricted_tls_on_nvmet_carries_dhchap if {
+	x := {"namespaces": [ns(1, {"data_class": "restricted"})]}
+	target_rec.driver == "nvmet" # the fixtures' target
+	obligations_of(connect(x)) == {"auth_mode": "both", "require_tls": true, "max_ttl": "1h", "read_only": true}
+	obligations_of(connect(object.union(x, {"subsystem": dhchap_only}))).auth_mode == "dhchap"
 }
 
 test_restricted_falls_back_to_bidirectional_dhchap if {
@@ -61,7 +72,7 @@ test_obligations_merge_to_the_most_restrictive if {
 		ns(4, {"data_class": "public", "mode": "rw", "qos": {"max_iops": 5000, "max_mbps": 0}}),
 		ns(5, {"data_class": "public", "mode": "rw", "qos": {"max_iops": 2000, "max_mbps": 800}}),
 	]
-	obligations_of(connect({"namespaces": nss})) == {
+	obligations_of(connect({"namespaces": nss, "target": spdk_target})) == {
 		"auth_mode": "tls", "require_tls": true, "max_ttl": "1h", "read_only": true,
 		"max_iops": 2000, "max_mbps": 800,
 	}
@@ -77,7 +88,7 @@ test_merge_rules if {
 		"max_ttl": "1h30m", "min_hash": "sha512", "min_dh_group": "ffdhe4096", "auth_mode": "both",
 		"bidirectional": true, "max_iops": 300,
 	} with data.nvmegate.classes as classes
-	obligations_of(connect({"namespaces": [ns(1, {"data_class": "a"})]})) == {
+	obligations_of(connect({"namespaces": [ns(1, {"data_class": "a"})], "target": spdk_target})) == {
 		"max_ttl": "90m", "min_hash": "sha256", "min_dh_group": "ffdhe2048", "auth_mode": "tls",
 		"max_iops": 300, "read_only": true,
 	} with data.nvmegate.classes as classes

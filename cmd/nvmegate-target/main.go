@@ -29,6 +29,7 @@ import (
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
 	"github.com/nvmegate/nvmegate/fabric/spdk"
 	"github.com/nvmegate/nvmegate/internal/clientconn"
+	"github.com/nvmegate/nvmegate/keyring"
 	"github.com/nvmegate/nvmegate/targetagent"
 )
 
@@ -67,7 +68,17 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	var d targetagent.Driver
 	switch {
 	case *nvmetRoot != "" && *spdkSocket == "":
-		d = &nvmet.Driver{Root: *nvmetRoot}
+		nd := &nvmet.Driver{Root: *nvmetRoot}
+		// The kernel's .nvme keyring, where nvmet's TLS handshakes find
+		// the hosts' PSKs: there on Linux 6.7 and later once nvmet-tcp
+		// (or nvme-tcp) is loaded with TLS. Without it the agent still
+		// serves DH-HMAC-CHAP hosts and refuses hosts with a PSK.
+		if r, err := keyring.NVMe(); err == nil {
+			nd.PSKs = r
+		} else {
+			fmt.Fprintf(stderr, "nvmegate-target: no TLS PSKs (%v): hosts granted with TLS will be refused\n", err)
+		}
+		d = nd
 	case *spdkSocket != "" && *spdkKeyDir != "" && *nvmetRoot == "":
 		d = &spdk.Driver{Socket: *spdkSocket, KeyDir: *spdkKeyDir}
 	default:
