@@ -28,6 +28,13 @@ func NVMe() (*Ring, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Possess the ring (link it into the process keyring): the kernel
+	// grants the owner of a key only view on it, and this process must set
+	// its keys' permissions and invalidate them, which needs possession
+	// (found on Linux 6.12: EACCES from KEYCTL_SETPERM otherwise).
+	if _, err := unix.KeyctlInt(unix.KEYCTL_LINK, id, unix.KEY_SPEC_PROCESS_KEYRING, 0, 0); err != nil {
+		return nil, fmt.Errorf("keyring: possess %s: %w", NVMeRing, err)
+	}
 	return &Ring{id: id, name: NVMeRing, keyType: PSKType}, nil
 }
 

@@ -5,6 +5,12 @@
 # /story.sh.
 #
 #   e2e/vm/build-initramfs.sh OUT.cpio
+#   VM_MODULES=DIR VM_USERLAND=DIR VM_STORY=FILE e2e/vm/build-initramfs.sh OUT.cpio
+#
+# The Linux 6.12 tier gives VM_MODULES (fetch-kernel-6.12.sh's modules/,
+# loaded by /init in load.order), VM_USERLAND (fetch-userland-trixie.sh's
+# tree: tlshd, nvme-cli 2.13 and keyctl with their libraries, used instead
+# of the machine's nvme-cli) and VM_STORY (its story, e.g. story-6.12.sh).
 #
 # Needs: busybox-static nvme-cli cpio. Takes seconds once Go's build cache
 # is warm; it is rebuilt on every run because it holds the code under test.
@@ -23,14 +29,22 @@ busybox=/bin/busybox
 [ -x "$busybox" ] || { echo "build-initramfs: $busybox missing: apt-get install busybox-static" >&2; exit 1; }
 cp "$busybox" "$root/bin/busybox"
 
-nvme="$(command -v nvme || true)"
-[ -n "$nvme" ] || { echo "build-initramfs: nvme missing: apt-get install nvme-cli" >&2; exit 1; }
-cp "$nvme" "$root/usr/sbin/nvme"
-# The loader and every library, at the paths the binary asks for.
-for lib in $(ldd "$nvme" | grep -o '/[^ ]*'); do
-  mkdir -p "$root$(dirname "$lib")"
-  cp -L "$lib" "$root$lib"
-done
+if [ -n "${VM_USERLAND:-}" ]; then
+  cp -a "$VM_USERLAND"/. "$root/"
+else
+  nvme="$(command -v nvme || true)"
+  [ -n "$nvme" ] || { echo "build-initramfs: nvme missing: apt-get install nvme-cli" >&2; exit 1; }
+  cp "$nvme" "$root/usr/sbin/nvme"
+  # The loader and every library, at the paths the binary asks for.
+  for lib in $(ldd "$nvme" | grep -o '/[^ ]*'); do
+    mkdir -p "$root$(dirname "$lib")"
+    cp -L "$lib" "$root$lib"
+  done
+fi
+if [ -n "${VM_MODULES:-}" ]; then
+  mkdir -p "$root/lib/modules"
+  cp "$VM_MODULES"/* "$root/lib/modules/"
+fi
 
 (cd "$repo" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$root/bin/" \
   ./cmd/nvmegated ./cmd/nvmegate ./cmd/nvmegate-target)
@@ -42,6 +56,7 @@ cp "$repo"/policy/*.rego "$repo"/policy/*.json "$root/policy/"
 rm -f "$root"/policy/*_test.rego
 
 install -m 0755 "$here/init" "$root/init"
-install -m 0755 "$here/story.sh" "$root/story.sh"
+install -m 0755 "${VM_STORY:-$here/story.sh}" "$root/story.sh"
+install -m 0644 "$here/lib.sh" "$root/lib.sh"
 (cd "$root" && find . | cpio -o -H newc --quiet) > "$out.tmp"
 mv "$out.tmp" "$out"

@@ -26,7 +26,12 @@ if [ -z "$pkg" ]; then
 fi
 [ -n "$pkg" ] || { echo "fetch-kernel-6.12: no linux-image-6.12 cloud kernel in the apt lists (bookworm-security)" >&2; exit 1; }
 version="$(apt-cache policy "$pkg" | sed -n 's/^  Candidate: //p')"
-out="$CACHE/$pkg-$version"
+# The modules the story needs (their dependencies come along): TLS is done
+# by kTLS with AES-GCM, whose crypto templates are modules too (without
+# them tlshd's handshake ends in "The kernel does not support the
+# requested algorithm"), and the VM has no modprobe to load them on demand.
+MODULES="configfs tls ghash-generic gcm nvme-fabrics nvme-tcp nvmet nvmet-tcp null-blk dm-crypt"
+out="$CACHE/$pkg-$version-$(echo "$MODULES" | sha256sum | cut -c1-8)"
 if [ -s "$out/vmlinuz" ] && [ -s "$out/modules/load.order" ]; then
   echo "$out"
   exit 0
@@ -61,7 +66,7 @@ add() {
   xz -dc "${path[$n]}" > "$work/out/modules/$n.ko"
   order+=("$n")
 }
-for m in configfs tls nvme-fabrics nvme-tcp nvmet nvmet-tcp null-blk dm-crypt; do add "$m"; done
+for m in $MODULES; do add "$m"; done
 printf '%s\n' "${order[@]}" > "$work/out/modules/load.order"
 
 mkdir -p "$(dirname "$out")"

@@ -24,7 +24,8 @@ type PSKs interface {
 // configured PSK h.TLSPSK, the identity Linux hosts look up by default
 // (v0, "NVMe0R<hh> <hostnqn> <subnqn>") and the TP 8018 identity with the
 // PSK digest (v1, what the gateway hands out with --tls-key-identity),
-// each with its TLS PSK. The caller clears the payloads.
+// each with its TLS PSK, and the v1 identity older nvme-cli derives. The
+// caller clears the payloads.
 func pskKeys(h fabric.Host, sub string) (map[string][]byte, error) {
 	k, err := nvmefmt.ParseTLSPSK(h.TLSPSK)
 	if err != nil {
@@ -35,7 +36,19 @@ func pskKeys(h fabric.Host, sub string) (map[string][]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nvmet: host %s on %s: TLS PSK identities: %w", h.NQN, sub, err)
 	}
-	return map[string][]byte{c.IdentityV0: c.PSKV0, c.IdentityV1: c.PSKV1}, nil
+	// nvme-cli up to 2.15 (libnvme up to 1.15: Debian 13's nvme-cli 2.13
+	// among them) derives with non-RFC labels and inserts the result under
+	// a v1 identity of its own digest: a third key, under its own name, so
+	// that hosts connecting with the `nvme connect --tls-key` the gateway
+	// prints get in too.
+	compat, err := nvmefmt.DeriveTLS(k, h.NQN, sub, nvmefmt.CompatLabels())
+	if err != nil {
+		clear(c.PSKV0)
+		clear(c.PSKV1)
+		return nil, fmt.Errorf("nvmet: host %s on %s: TLS PSK identities: %w", h.NQN, sub, err)
+	}
+	clear(compat.PSKV0)
+	return map[string][]byte{c.IdentityV0: c.PSKV0, c.IdentityV1: c.PSKV1, compat.IdentityV1: compat.PSKV1}, nil
 }
 
 // pskSubsystem returns the subsystem NQN of a PSK identity

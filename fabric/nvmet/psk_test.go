@@ -54,7 +54,11 @@ func wantKeys(t *testing.T, h fabric.Host, s string) map[string][]byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return map[string][]byte{c.IdentityV0: c.PSKV0, c.IdentityV1: c.PSKV1}
+	compat, err := nvmefmt.DeriveTLS(k, h.NQN, s, nvmefmt.CompatLabels())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string][]byte{c.IdentityV0: c.PSKV0, c.IdentityV1: c.PSKV1, compat.IdentityV1: compat.PSKV1}
 }
 
 func tlsState(hosts ...fabric.Host) fabric.State {

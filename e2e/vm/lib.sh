@@ -1,0 +1,130 @@
+# Helpers shared by the VM tiers' stories (story.sh: Linux 6.1; story-6.12.sh),
+# sourced by them from /lib.sh. See story.sh for the step protocol.
+# Secrets pass between steps in files under /tmp and are never printed.
+G=/tmp/gw
+CFS=/sys/kernel/config/nvmet
+ACME=nqn.2026-01.io.nvmegate.vm:acme-train
+GLOBEX=nqn.2026-01.io.nvmegate.vm:globex-ckpt
+DIGEST=sha256:$(printf 'vm-dataset' | sha256sum | cut -d' ' -f1)
+
+as() { local who=$1; shift; nvmegate --dev-dir "$G" --dev-identity "$who" "$@"; }
+
+# step NAME CMD...: run CMD as one recorded step.
+step() {
+  local name=$1; shift
+  dmesg -c >/dev/null
+  echo "@@BEGIN $name"
+  "$@" 2>&1
+  local rc=$?
+  echo "@@EXIT $rc"
+  sleep 0.2 # let the kernel finish logging what the step started
+  echo "@@KERNEL"
+  dmesg -c
+  echo "@@END $name"
+}
+
+# nvme_connect NAME: nvme connect with the arguments a grant printed (the
+# secrets stay in the file), then wait for the namespace's block device and
+# read its first block through the fabric.
+nvme_connect() {
+  set -- $(sed -n 's/^nvme connect //p' "/tmp/$1.args")
+  [ $# -gt 0 ] || { echo "no nvme connect line in the grant's output"; return 2; }
+  nvme connect "$@" >/dev/null || return $?
+  for _ in $(seq 300); do
+    dev=$(ls /sys/block 2>/dev/null | grep -E '^nvme[0-9]+n[0-9]+$' | head -1)
+    [ -n "$dev" ] && [ -b "/dev/$dev" ] && break
+    sleep 0.1
+  done
+  [ -n "$dev" ] || { echo "connected, but no namespace block device appeared"; return 3; }
+  echo "block device /dev/$dev"
+  dd if="/dev/$dev" of=/dev/null bs=4096 count=1 2>&1 | tail -1
+}
+
+# disconnect: drop every NVMe-oF controller of this host.
+disconnect() { nvme disconnect-all >/dev/null 2>&1; sleep 0.2; ls /sys/block | grep '^nvme' || echo "no nvme block devices"; }
+
+# grant NODE ARGS...: run a node's connect/renew with --print-connect into
+# /tmp/NAME.args (secrets), echoing the grant's table without the secrets.
+grant() {
+  local name=$1 who=$2; shift 2
+  as "$who" "$@" --print-connect > "/tmp/$name.args" || { cat "/tmp/$name.args"; return 1; }
+  grep -v '^nvme connect' "/tmp/$name.args"
+  grep -q '^nvme connect .*--dhchap-secret=DHHC-1:' "/tmp/$name.args" && echo "(nvme connect line with a DH-HMAC-CHAP secret received)"
+}
+grant_id() { sed -n 's/^\(g-[A-Za-z0-9_-]*\) .*/\1/p' "/tmp/$1.args" | head -1; }
+
+# A short grace for superseded access roots and a fast reconcile, so that
+# the story sees a rotation's grace end (the defaults are 1h and 30s).
+start_gateway() {
+  printf 'keys:\n  grace: 15s\ntargets:\n  reconcile_interval: 500ms\n' > /tmp/nvmegated.yaml
+  cp -r /policy /tmp/policy
+  nvmegated dev --config /tmp/nvmegated.yaml --dir "$G" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --remote-targets stor-eu-1 \
+    --policy-dir /tmp/policy --policy-reload-interval 500ms 2>/tmp/gateway.log &
+  for _ in $(seq 300); do [ -f "$G/gateway.json" ] && { cat "$G/gateway.json"; return 0; }; sleep 0.1; done
+  tail -20 /tmp/gateway.log; return 1
+}
+
+# The storage operator's part: the namespaces and their backing devices
+# (null_blk), which nvmegate does not manage.
+operator_namespaces() {
+  for pair in "$ACME:nullb0" "$GLOBEX:nullb1"; do
+    nqn=${pair%:*} dev=${pair##*:}
+    mkdir -p "$CFS/subsystems/$nqn/namespaces/1" || return 1
+    echo "/dev/$dev" > "$CFS/subsystems/$nqn/namespaces/1/device_path" || return 1
+    echo 1 > "$CFS/subsystems/$nqn/namespaces/1/enable" || return 1
+  done
+  ls "$CFS/subsystems"
+}
+
+# wait_host_gone NQN: wait (up to 2 min) until the target no longer has the host.
+wait_host_gone() {
+  for _ in $(seq 1200); do
+    [ -d "$CFS/hosts/$1" ] || { echo "host $1 removed from the target"; return 0; }
+    sleep 0.1
+  done
+  echo "host $1 still on the target"; return 1
+}
+
+# tighten_policy: eu-west data only over fabric f1; wait (up to 30 s) for
+# the reload to revoke globex's grant.
+tighten_policy() {
+  sed -i 's/"eu-west":    {"target_regions": \["eu-west", "eu-central"\]}/"eu-west":    {"target_regions": ["eu-west", "eu-central"], "fabrics": ["f1"]}/' /tmp/policy/data.json
+  grep -q '"fabrics": \["f1"\]' /tmp/policy/data.json || { echo "the policy edit did not apply"; return 1; }
+  for _ in $(seq 300); do
+    as admin grants list --job vm-ckpt-1 --state revoked 2>/dev/null | grep -q revoked && {
+      echo "globex's grant revoked by the reload"; grep -o 'grant revoked: no longer allowed[^"]*' /tmp/gateway.log | head -1; return 0; }
+    sleep 0.1
+  done
+  echo "globex's grant not revoked"; tail -5 /tmp/gateway.log; return 1
+}
+
+start_agent() {
+  nvmegate-target --dev-dir "$G" --dev-identity target-stor-eu-1 --nvmet-root "$CFS" >/tmp/agent.log 2>&1 &
+  for _ in $(seq 300); do grep -q applied /tmp/agent.log && { grep applied /tmp/agent.log | head -1; return 0; }; sleep 0.1; done
+  cat /tmp/agent.log; return 1
+}
+
+# tree: what the agent wrote in the nvmet configfs tree, in the golden trees'
+# notation, secrets replaced by their length.
+tree() (
+  cd "$CFS" || exit 1
+  for h in hosts/*; do
+    [ -d "$h" ] || continue
+    echo "d $h"
+    for a in dhchap_ctrl_key dhchap_key; do
+      v=$(cat "$h/$a")
+      [ -n "$v" ] && echo "f $h/$a <${#v}-byte secret, sha256 $(printf %s "$v" | sha256sum | cut -c1-12)>" || echo "f $h/$a <none>"
+    done
+    for a in dhchap_dhgroup dhchap_hash; do echo "f $h/$a $(cat "$h/$a")"; done
+  done
+  for p in ports/*; do
+    for a in adrfam traddr treq trsvcid trtype; do echo "f $p/addr_$a $(cat "$p/addr_$a")"; done
+    for l in "$p"/subsystems/*; do [ -L "$l" ] && echo "l $l -> $(readlink "$l")"; done
+  done
+  for s in subsystems/*; do
+    echo "f $s/attr_allow_any_host $(cat "$s/attr_allow_any_host")"
+    for l in "$s"/allowed_hosts/*; do [ -L "$l" ] && echo "l $l -> $(readlink "$l")"; done
+  done
+  true
+)
+

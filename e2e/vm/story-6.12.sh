@@ -1,0 +1,135 @@
+# The story of the Linux 6.12 tier (Debian's own kernel, tlshd from Debian
+# 13), run by /init inside the VM on its loopback: NVMe/TCP with TLS, the
+# PSKs in the kernel's .nvme keyring, the TLS handshakes done by tlshd for
+# host and target alike. Same step protocol as story.sh (see lib.sh); the
+# host judges (e2e/vm_test.go).
+. /lib.sh
+
+SUBX=nqn.2026-01.io.nvmegate.vm:tls-only
+NODE1=spiffe://nvmegate.test/node/acme-gpu-1
+NODE2=spiffe://nvmegate.test/node/acme-gpu-2
+
+start_tlshd() {
+  printf '[debug]\nloglevel=1\ntls=0\nnl=0\n[authenticate]\nkeyrings=.nvme\n[authenticate.client]\n[authenticate.server]\n' > /etc/tlshd.conf
+  grep -q 'keyring   .nvme:' /proc/keys || { echo "no .nvme keyring"; return 1; }
+  tlshd -s >/tmp/tlshd.log 2>&1 &
+  sleep 0.5
+  kill -0 $! && echo "tlshd running ($(tlshd --version 2>&1 | head -1))"
+}
+# tlshd_says: what tlshd logged since the last call (handshake results).
+tlshd_seen=0
+tlshd_says() {
+  local n; n=$(wc -l < /tmp/tlshd.log)
+  sed -n "$((tlshd_seen+1)),${n}p" /tmp/tlshd.log | grep -iE 'handshake|psk' | sed 's/^/tlshd: /'
+  tlshd_seen=$n
+}
+# connect_args NAME: nvme connect with a grant's printed arguments, then
+# what tlshd logged.
+tls_connect() { nvme_connect "$1"; local rc=$?; sleep 0.3; tlshd_says; return $rc; }
+
+# The impersonation, as an nvmet TLS target without nvmegate's rule is
+# configured: a TLS port (4421), a subsystem allowing two hosts A and B by
+# TLS alone, A's PSK in the .nvme keyring. A host holding A's PSK connects
+# claiming to be B.
+HA=nqn.2014-08.org.nvmexpress:uuid:0000000a-0000-4000-8000-000000000000
+HB=nqn.2014-08.org.nvmexpress:uuid:0000000b-0000-4000-8000-000000000000
+tls_only_target() {
+  mkdir -p "$CFS/ports/2" "$CFS/subsystems/$SUBX/namespaces/1" "$CFS/hosts/$HA" "$CFS/hosts/$HB" || return 1
+  echo /dev/nullb1 > "$CFS/subsystems/$SUBX/namespaces/1/device_path"; echo 1 > "$CFS/subsystems/$SUBX/namespaces/1/enable"
+  echo 0 > "$CFS/subsystems/$SUBX/attr_allow_any_host"
+  ln -s "$CFS/hosts/$HA" "$CFS/subsystems/$SUBX/allowed_hosts/$HA"
+  ln -s "$CFS/hosts/$HB" "$CFS/subsystems/$SUBX/allowed_hosts/$HB"
+  echo tcp > "$CFS/ports/2/addr_trtype"; echo ipv4 > "$CFS/ports/2/addr_adrfam"
+  echo 127.0.0.1 > "$CFS/ports/2/addr_traddr"; echo 4421 > "$CFS/ports/2/addr_trsvcid"
+  echo tls1.3 > "$CFS/ports/2/addr_tsas" || return 1
+  ln -s "$CFS/subsystems/$SUBX" "$CFS/ports/2/subsystems/$SUBX" || return 1
+  key=$(nvme gen-tls-key --hmac=1 2>/dev/null | grep -o 'NVMeTLSkey-1:[^ ]*') || return 1
+  nvme check-tls-key --keydata="$key" --hostnqn="$HA" --subsysnqn="$SUBX" --identity=1 --insert >/tmp/tlsonly.insert 2>&1 || { cat /tmp/tlsonly.insert; return 1; }
+  grep -o "psk *NVMe1R01 $HA $SUBX" /proc/keys | head -1
+  printf 'port 2: addr_tsas %s, addr_treq %s\n' "$(cat "$CFS/ports/2/addr_tsas")" "$(cat "$CFS/ports/2/addr_treq")"
+}
+serial_of() { grep "psk .*NVMe1R01 $1 $2" /proc/keys | head -1 | cut -d' ' -f1; }
+impersonate() { # SUB HOSTNQN-CLAIMED KEY-OWNER PORT [dhchap args]
+  local sub=$1 claim=$2 owner=$3 port=$4; shift 4
+  local s; s=$(serial_of "$owner" "$sub")
+  [ -n "$s" ] || { echo "no PSK of $owner for $sub in the keyring"; return 2; }
+  echo "connecting as $claim with the PSK of $owner (key 0x$s)"
+  nvme connect -t tcp -a 127.0.0.1 -s "$port" -n "$sub" --hostnqn="$claim" --tls --tls-key="0x$s" "$@" >/dev/null 2>/tmp/imp.err
+  local rc=$?
+  sleep 0.3
+  [ $rc -eq 0 ] && { dev=$(ls /sys/block | grep -E '^nvme[0-9]+n[0-9]+$' | head -1); echo "connected: block device /dev/$dev"; dd if="/dev/$dev" of=/dev/null bs=4096 count=1 2>&1 | tail -1; } || cat /tmp/imp.err
+  tlshd_says
+  return $rc
+}
+tls_only_teardown() {
+  nvme disconnect-all >/dev/null 2>&1
+  rm -f "$CFS/ports/2/subsystems/$SUBX" "$CFS/subsystems/$SUBX/allowed_hosts/"*
+  echo 0 > "$CFS/subsystems/$SUBX/namespaces/1/enable"
+  rmdir "$CFS/subsystems/$SUBX/namespaces/1" "$CFS/subsystems/$SUBX" "$CFS/hosts/$HA" "$CFS/hosts/$HB" "$CFS/ports/2" && echo "removed"
+}
+
+acme_namespace() {
+  mkdir -p "$CFS/subsystems/$ACME/namespaces/1" || return 1
+  echo /dev/nullb0 > "$CFS/subsystems/$ACME/namespaces/1/device_path" || return 1
+  echo 1 > "$CFS/subsystems/$ACME/namespaces/1/enable" || return 1
+  ls "$CFS/subsystems"
+}
+# keys: the PSK identities in the .nvme keyring (descriptions, no payloads).
+keys() { grep ' psk ' /proc/keys | sed 's/^.* psk *//; s/: [0-9]*$//' | sort; true; }
+# wrong_psk NAME: the grant's connect line with another, valid PSK.
+wrong_psk() {
+  other=$(nvme gen-tls-key --hmac=1 2>/dev/null | grep -o 'NVMeTLSkey-1:[^ ]*')
+  sed "s|--tls-key=[^ ]*|--tls-key=$other|; s| --tls-key-identity=[^ ]*||" "/tmp/$1.args" > "/tmp/$1-wrong.args"
+  tls_connect "$1-wrong"
+}
+
+echo "== story 6.12"
+step kernel sh -c 'uname -r; grep " .nvme:" /proc/keys | sed "s/^.*keyring/keyring/"; nvme version | head -2'
+step tlshd start_tlshd
+step impersonation-before-setup tls_only_target
+step impersonation-before impersonate "$SUBX" "$HB" "$HA" 4421
+step keyring-before sh -c "grep -E ' psk |nvme' /proc/keys"
+step disconnect-before disconnect
+step impersonation-before-teardown tls_only_teardown
+step gateway start_gateway
+step target-add as admin inventory target add stor-eu-1 --fabric fab-vm --region eu-west --driver nvmet \
+  --port id=1,transport=tcp,family=ipv4,address=127.0.0.1,service=4420,secure=required
+step acme-subsystem-add as admin inventory subsystem add "$ACME" --target stor-eu-1 --tenant acme --ports 1 --dhchap --tls
+step acme-namespace-add as admin inventory namespace add "$ACME" 1 --tenant acme --region eu-west --class restricted \
+  --dataset vm/acme --digest "$DIGEST"
+for n in 1 2; do
+  step "acme-host-$n" as admin inventory host add "spiffe://nvmegate.test/node/acme-gpu-$n" \
+    --nqn "$(nvmegate hostnqn "spiffe://nvmegate.test/node/acme-gpu-$n")" --tenant acme
+done
+step operator-namespace acme_namespace
+step agent start_agent
+step acme-job as acme-scheduler job admit vm-train-1 --tenant acme --node "$NODE1" --node "$NODE2" \
+  --namespace "$ACME/1:ro" --region eu-west --expires-in 2h
+step grant-node1 grant node1 acme-node-1 connect --job vm-train-1 --subsystem "$ACME"
+step agent-log-grant sh -c "tail -5 /tmp/agent.log"
+step keys-after-grant keys
+step tree-after-grant tree
+step tls-connect-node1 tls_connect node1
+step tls-key-node1 sh -c 'for c in /sys/class/nvme/nvme*; do echo "$(basename $c): tls_key $(cat $c/tls_key 2>/dev/null) state $(cat $c/state)"; done'
+step disconnect-node1 disconnect
+step tls-wrong-psk wrong_psk node1
+step disconnect-wrong disconnect
+step grant-node2 grant node2 acme-node-2 connect --job vm-train-1 --subsystem "$ACME"
+step tls-connect-node2 tls_connect node2
+step disconnect-node2 disconnect
+# node 1 holds its own PSK (inserted by nvme-cli on its connect) and claims
+# to be node 2: TLS succeeds, DH-HMAC-CHAP inside it does not.
+N1=$(nvmegate hostnqn "$NODE1"); N2=$(nvmegate hostnqn "$NODE2")
+step impersonation-after impersonate "$ACME" "$N2" "$N1" 4420
+step disconnect-imp-after disconnect
+impersonate_own_secret() { impersonate "$ACME" "$N2" "$N1" 4420 $(grep -o -- '--dhchap-secret=[^ ]*' /tmp/node1.args); }
+step impersonation-after-own-secret impersonate_own_secret
+step disconnect-imp-own disconnect
+step revoke-node1 as admin revoke --node "$NODE1" --reason "vm revocation"
+step keys-after-revoke keys
+step tls-after-revoke tls_connect node1
+step disconnect-after-revoke disconnect
+step finish-job as acme-scheduler job finish vm-train-1 --reason done
+step keys-after-finish keys
+step tree-after-finish tree
+step gateway-log sh -c "grep -c . /tmp/gateway.log; grep -ciE 'panic|DHHC-1|NVMeTLSkey' /tmp/gateway.log /tmp/agent.log /tmp/tlshd.log || true"
