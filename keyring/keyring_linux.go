@@ -8,32 +8,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Permissions of the keys this package adds: everything for a possessor
-// (tlshd possesses the ring it is handed, and through it the key), view
-// and search for the owner, nothing for anyone else. The payload is
-// readable only through possession.
-const pskPerm = keyPosAll | keyUsrView | keyUsrSearch
-
-// From <linux/key.h> (x/sys/unix does not carry them).
-const (
-	keyPosAll    = 0x3f000000
-	keyUsrView   = 0x00010000
-	keyUsrSearch = 0x00080000
-)
-
 // NVMe returns the kernel's ".nvme" keyring, where nvmet finds the PSKs of
 // the hosts it lets in; ErrNoRing if no NVMe TLS module is loaded.
 func NVMe() (*Ring, error) {
 	id, err := procKeysRing(NVMeRing)
 	if err != nil {
 		return nil, err
-	}
-	// Possess the ring (link it into the process keyring): the kernel
-	// grants the owner of a key only view on it, and this process must set
-	// its keys' permissions and invalidate them, which needs possession
-	// (found on Linux 6.12: EACCES from KEYCTL_SETPERM otherwise).
-	if _, err := unix.KeyctlInt(unix.KEYCTL_LINK, id, unix.KEY_SPEC_PROCESS_KEYRING, 0, 0); err != nil {
-		return nil, fmt.Errorf("keyring: possess %s: %w", NVMeRing, err)
 	}
 	return &Ring{id: id, name: NVMeRing, keyType: PSKType}, nil
 }
@@ -63,26 +43,29 @@ func (r *Ring) Set(desc string, payload []byte) (int, error) {
 	if desc == "" || len(payload) == 0 {
 		return 0, fmt.Errorf("keyring: set: empty description or payload")
 	}
+	// The kernel's default permissions: everything for a possessor (tlshd
+	// possesses the ring it is handed, and the key through it), view for
+	// the owner. They are not changed: that needs possession, which a Go
+	// process cannot give all its threads (the process keyring reaches only
+	// threads made after it; found on Linux 6.12).
 	id, err := unix.AddKey(r.keyType, desc, payload, r.id)
 	if err != nil {
 		return 0, fmt.Errorf("keyring: add %s key %q to %s: %w", r.keyType, desc, r, err)
 	}
-	if err := unix.KeyctlSetperm(id, pskPerm); err != nil {
-		_, _ = unix.KeyctlInt(unix.KEYCTL_INVALIDATE, id, 0, 0, 0)
-		return 0, fmt.Errorf("keyring: set permissions of %q: %w", desc, err)
-	}
 	return id, nil
 }
 
-// Remove invalidates the key desc in the ring, if it is there: the kernel
-// drops it from every ring at once, so no later handshake finds it.
+// Remove unlinks the key desc from the ring, if it is there: no later
+// search of the ring (a handshake's) finds it, and the kernel frees it once
+// nothing holds it. Unlinking needs write on the ring only, not possession
+// of the key (which invalidating it would).
 func (r *Ring) Remove(desc string) error {
 	id, err := r.Lookup(desc)
 	if err != nil || id == 0 {
 		return err
 	}
-	if _, err := unix.KeyctlInt(unix.KEYCTL_INVALIDATE, id, 0, 0, 0); err != nil && !errors.Is(err, unix.ENOKEY) {
-		return fmt.Errorf("keyring: invalidate %q: %w", desc, err)
+	if _, err := unix.KeyctlInt(unix.KEYCTL_UNLINK, id, r.id, 0, 0); err != nil && !errors.Is(err, unix.ENOKEY) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("keyring: unlink %q from %s: %w", desc, r, err)
 	}
 	return nil
 }

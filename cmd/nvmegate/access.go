@@ -88,7 +88,7 @@ the "nvme connect" command line, -o json prints the whole answer.`,
 					fmt.Fprintf(a.stdout, "config.json with the credentials written to %s (0600)\n", writeConfig)
 				}
 				if printConnect {
-					fmt.Fprintf(a.stdout, "nvme connect %s\n", strings.Join(resp.ConnectArgs, " "))
+					fmt.Fprintf(a.stdout, "nvme connect %s\n", shellJoin(resp.ConnectArgs))
 				}
 				return nil
 			})
@@ -164,7 +164,7 @@ func (a *app) renewCmd() *cobra.Command {
 					return err
 				}
 				if printConnect {
-					fmt.Fprintf(a.stdout, "nvme connect %s\n", strings.Join(resp.ConnectArgs, " "))
+					fmt.Fprintf(a.stdout, "nvme connect %s\n", shellJoin(resp.ConnectArgs))
 				}
 				return nil
 			})
@@ -275,4 +275,19 @@ func (a *app) revokeCmd() *cobra.Command {
 	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log")
 	cmd.MarkFlagRequired("reason")
 	return cmd
+}
+
+// shellJoin joins args into a line a POSIX shell splits back into args:
+// an argument with a space or a shell metacharacter (a TLS PSK identity
+// has spaces) is single-quoted.
+func shellJoin(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if a != "" && strings.Trim(a, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_=:./,+@%") == "" {
+			out[i] = a
+			continue
+		}
+		out[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return strings.Join(out, " ")
 }

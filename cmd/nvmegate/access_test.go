@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -33,5 +34,19 @@ func TestCLIRefusesNonPositiveTTL(t *testing.T) {
 				t.Errorf("%s %v: %v, want it to reach the call", base[0], extra, err)
 			}
 		}
+	}
+}
+
+// The printed nvme connect line splits back into the same arguments in a
+// shell: a PSK identity has spaces.
+func TestShellJoin(t *testing.T) {
+	args := []string{"--nqn=nqn.2026-01.io.x:s", "--tls-key-identity=NVMe1R01 h s d=", "it's", ""}
+	line := shellJoin(args)
+	got, err := exec.Command("sh", "-c", "eval \"set -- $0\"; for a in \"$@\"; do printf '[%s]' \"$a\"; done", line).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "[--nqn=nqn.2026-01.io.x:s][--tls-key-identity=NVMe1R01 h s d=][it's][]"; string(got) != want {
+		t.Errorf("%q splits into %s, want %s", line, got, want)
 	}
 }

@@ -27,9 +27,9 @@ step() {
 # secrets stay in the file), then wait for the namespace's block device and
 # read its first block through the fabric.
 nvme_connect() {
-  set -- $(sed -n 's/^nvme connect //p' "/tmp/$1.args")
+  eval "set -- $(sed -n 's/^nvme connect //p' "/tmp/$1.args")"
   [ $# -gt 0 ] || { echo "no nvme connect line in the grant's output"; return 2; }
-  nvme connect "$@" >/dev/null || return $?
+  nvme connect "$@" $NVME_CONNECT_EXTRA >/dev/null || return $?
   for _ in $(seq 300); do
     dev=$(ls /sys/block 2>/dev/null | grep -E '^nvme[0-9]+n[0-9]+$' | head -1)
     [ -n "$dev" ] && [ -b "/dev/$dev" ] && break

@@ -6,12 +6,18 @@
 . /lib.sh
 
 SUBX=nqn.2026-01.io.nvmegate.vm:tls-only
+NVME_CONNECT_EXTRA=--keyring=nvmegate-host
 NODE1=spiffe://nvmegate.test/node/acme-gpu-1
 NODE2=spiffe://nvmegate.test/node/acme-gpu-2
 
 start_tlshd() {
   printf '[debug]\nloglevel=1\ntls=0\nnl=0\n[authenticate]\nkeyrings=.nvme\n[authenticate.client]\n[authenticate.server]\n' > /etc/tlshd.conf
   grep -q 'keyring   .nvme:' /proc/keys || { echo "no .nvme keyring"; return 1; }
+  # The nodes' PSKs go to a keyring of their own: host and target share
+  # this kernel, and a key a host put in .nvme would be the target's too.
+  # (root's own ring: search and link for its uid, which nvme-cli needs to
+  # hand it to the kernel.)
+  ring=$(keyctl newring nvmegate-host @u) && keyctl setperm "$ring" 0x3f3f0000 || return 1
   tlshd -s >/tmp/tlshd.log 2>&1 &
   sleep 0.5
   kill -0 $! && echo "tlshd running ($(tlshd --version 2>&1 | head -1))"
@@ -65,6 +71,8 @@ tls_only_teardown() {
   nvme disconnect-all >/dev/null 2>&1
   rm -f "$CFS/ports/2/subsystems/$SUBX" "$CFS/subsystems/$SUBX/allowed_hosts/"*
   echo 0 > "$CFS/subsystems/$SUBX/namespaces/1/enable"
+  ring=$(grep 'keyring   .nvme:' /proc/keys | cut -d' ' -f1)
+  keyctl unlink "$((0x$(serial_of "$HA" "$SUBX")))" "$((0x$ring))" >/dev/null || return 1
   rmdir "$CFS/subsystems/$SUBX/namespaces/1" "$CFS/subsystems/$SUBX" "$CFS/hosts/$HA" "$CFS/hosts/$HB" "$CFS/ports/2" && echo "removed"
 }
 
@@ -79,7 +87,7 @@ keys() { grep ' psk ' /proc/keys | sed 's/^.* psk *//; s/: [0-9]*$//' | sort; tr
 # wrong_psk NAME: the grant's connect line with another, valid PSK.
 wrong_psk() {
   other=$(nvme gen-tls-key --hmac=1 2>/dev/null | grep -o 'NVMeTLSkey-1:[^ ]*')
-  sed "s|--tls-key=[^ ]*|--tls-key=$other|; s| --tls-key-identity=[^ ]*||" "/tmp/$1.args" > "/tmp/$1-wrong.args"
+  sed "s|--tls-key=[^ ]*|--tls-key=$other|; s| '--tls-key-identity=[^']*'||" "/tmp/$1.args" > "/tmp/$1-wrong.args"
   tls_connect "$1-wrong"
 }
 
@@ -106,11 +114,10 @@ step agent start_agent
 step acme-job as acme-scheduler job admit vm-train-1 --tenant acme --node "$NODE1" --node "$NODE2" \
   --namespace "$ACME/1:ro" --region eu-west --expires-in 2h
 step grant-node1 grant node1 acme-node-1 connect --job vm-train-1 --subsystem "$ACME"
-step agent-log-grant sh -c "tail -5 /tmp/agent.log"
 step keys-after-grant keys
 step tree-after-grant tree
 step tls-connect-node1 tls_connect node1
-step tls-key-node1 sh -c 'for c in /sys/class/nvme/nvme*; do echo "$(basename $c): tls_key $(cat $c/tls_key 2>/dev/null) state $(cat $c/state)"; done'
+step tls-key-node1 sh -c 'for c in /sys/class/nvme/nvme*; do k=$(cat $c/tls_key); echo "$(basename $c): state $(cat $c/state), TLS key $k: $(grep "^$k " /proc/keys | sed "s/^.* psk *//")"; done'
 step disconnect-node1 disconnect
 step tls-wrong-psk wrong_psk node1
 step disconnect-wrong disconnect

@@ -155,7 +155,7 @@ func (c *Connection) ConfigJSON() ([]byte, error) {
 
 // ConnectArgs returns the arguments of `nvme connect` (after "connect") for
 // port i, in the long --option=value form that nvme-cli 2.x and 3.x accept.
-// --tls-key and --tls-key-identity need nvme-cli 2.11 or newer (Debian 12's
+// --tls-key needs nvme-cli 2.11 or newer (Debian 12's
 // nvme-cli 2.3 has no TLS options). nvme-cli 3 renamed --dhchap-secret to
 // --kxchap-secret and still accepts the old names.
 func (c *Connection) ConnectArgs(i int) ([]string, error) {
@@ -186,8 +186,11 @@ func (c *Connection) ConnectArgs(i int) ([]string, error) {
 	if c.TLSKey != "" {
 		args = append(args, "--tls-key="+c.TLSKey)
 	}
-	if c.TLSKeyIdentity != "" {
-		args = append(args, "--tls-key-identity="+c.TLSKeyIdentity)
-	}
+	// No --tls-key-identity: given one, nvme-cli up to 2.15 files the PSK
+	// it derives with its own (non-RFC) labels under that identity, and
+	// the target, keyed per RFC 8446, refuses the handshake (seen with
+	// Debian 13's nvme-cli 2.13 on Linux 6.12). Without it every nvme-cli
+	// derives the identity and its key consistently, and nvmet targets
+	// hold both derivations (fabric/nvmet).
 	return args, nil
 }
