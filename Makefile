@@ -32,11 +32,15 @@ build:
 # The real-kernel tier (e2e/vm) boots a Linux 6.1 built once per machine
 # from Debian's linux-source-6.1 (e2e/vm/build-kernel.sh: ~6-9 minutes on 2
 # cores the first time, cached under ~/.cache/nvmegate/vm after that).
+# The Linux 6.12 tier boots Debian's prebuilt 6.12 cloud kernel with tlshd
+# and nvme-cli 2.13 from Debian 13 (e2e/vm/fetch-*.sh: downloads, ~1 minute
+# the first time, cached beside it).
 test: deps $(OPA) $(VAULT) $(SPIRE)/spire-server
 	$(GO) vet ./...
-	kernel=$$(./e2e/vm/build-kernel.sh) && \
+	kernel=$$(./e2e/vm/build-kernel.sh) && k612=$$(./e2e/vm/fetch-kernel-6.12.sh) && u612=$$(./e2e/vm/fetch-userland-trixie.sh) && \
 		NVMEGATE_VAULT=$(VAULT) NVMEGATE_VM_KERNEL=$$kernel $(GO) test $$($(GO) list ./... | grep -v /e2e) && \
-		NVMEGATE_VAULT=$(VAULT) NVMEGATE_VM_KERNEL=$$kernel NVMEGATE_SPIRE=$(SPIRE) $(GO) test -count=1 -timeout 30m ./e2e/...
+		NVMEGATE_VAULT=$(VAULT) NVMEGATE_VM_KERNEL=$$kernel NVMEGATE_VM612_KERNEL=$$k612 NVMEGATE_VM612_USERLAND=$$u612 \
+		NVMEGATE_SPIRE=$(SPIRE) $(GO) test -count=1 -timeout 30m ./e2e/...
 	$(OPA) test policy/
 
 # Debian packages the tests use (nvme-cli, the kernel tier's toolchain,

@@ -7,7 +7,7 @@
 set -euo pipefail
 
 pkgs=(make git nvme-cli linux-source-6.1 bc flex bison libelf-dev libssl-dev
-  qemu-system-x86 busybox-static cpio chromium)
+  qemu-system-x86 busybox-static cpio chromium binutils xz-utils)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -54,13 +54,21 @@ tls_only_target() {
   grep -o "psk *NVMe1R01 $HA $SUBX" /proc/keys | head -1
   printf 'port 2: addr_tsas %s, addr_treq %s\n' "$(cat "$CFS/ports/2/addr_tsas")" "$(cat "$CFS/ports/2/addr_treq")"
 }
-serial_of() { grep "psk .*NVMe1R01 $1 $2" /proc/keys | head -1 | cut -d' ' -f1; }
-impersonate() { # SUB HOSTNQN-CLAIMED KEY-OWNER PORT [dhchap args]
-  local sub=$1 claim=$2 owner=$3 port=$4; shift 4
-  local s; s=$(serial_of "$owner" "$sub")
+# serial_of HOST SUB [RING]: the hex serial of HOST's v1 PSK for SUB in
+# RING (default .nvme) itself.
+serial_of() {
+  local ring k
+  ring=$(grep "keyring   ${3:-.nvme}:" /proc/keys | cut -d' ' -f1)
+  for k in $(keyctl rlist "$((0x$ring))"); do
+    keyctl rdescribe "$k" | grep -q "^psk;.*;NVMe1R01 $1 $2 " && { printf '%08x\n' "$k"; return; }
+  done
+}
+impersonate() { # SUB HOSTNQN-CLAIMED KEY-OWNER PORT RING [dhchap args]
+  local sub=$1 claim=$2 owner=$3 port=$4 ring=$5; shift 5
+  local s; s=$(serial_of "$owner" "$sub" "$ring")
   [ -n "$s" ] || { echo "no PSK of $owner for $sub in the keyring"; return 2; }
   echo "connecting as $claim with the PSK of $owner (key 0x$s)"
-  nvme connect -t tcp -a 127.0.0.1 -s "$port" -n "$sub" --hostnqn="$claim" --tls --tls-key="0x$s" "$@" >/dev/null 2>/tmp/imp.err
+  nvme connect -t tcp -a 127.0.0.1 -s "$port" -n "$sub" --hostnqn="$claim" --tls --keyring="$ring" --tls-key="0x$s" "$@" >/dev/null 2>/tmp/imp.err
   local rc=$?
   sleep 0.3
   [ $rc -eq 0 ] && { dev=$(ls /sys/block | grep -E '^nvme[0-9]+n[0-9]+$' | head -1); echo "connected: block device /dev/$dev"; dd if="/dev/$dev" of=/dev/null bs=4096 count=1 2>&1 | tail -1; } || cat /tmp/imp.err
@@ -82,8 +90,13 @@ acme_namespace() {
   echo 1 > "$CFS/subsystems/$ACME/namespaces/1/enable" || return 1
   ls "$CFS/subsystems"
 }
-# keys: the PSK identities in the .nvme keyring (descriptions, no payloads).
-keys() { grep ' psk ' /proc/keys | sed 's/^.* psk *//; s/: [0-9]*$//' | sort; true; }
+# keys: the PSK identities in the .nvme keyring itself (descriptions, no
+# payloads; the nodes' own ring is not listed).
+keys() {
+  local ring k
+  ring=$(grep 'keyring   .nvme:' /proc/keys | cut -d' ' -f1)
+  for k in $(keyctl rlist "$((0x$ring))"); do keyctl rdescribe "$k" | sed -n 's/^psk;[^;]*;[^;]*;[^;]*;//p'; done | sort
+}
 # wrong_psk NAME: the grant's connect line with another, valid PSK.
 wrong_psk() {
   other=$(nvme gen-tls-key --hmac=1 2>/dev/null | grep -o 'NVMeTLSkey-1:[^ ]*')
@@ -95,7 +108,7 @@ echo "== story 6.12"
 step kernel sh -c 'uname -r; grep " .nvme:" /proc/keys | sed "s/^.*keyring/keyring/"; nvme version | head -2'
 step tlshd start_tlshd
 step impersonation-before-setup tls_only_target
-step impersonation-before impersonate "$SUBX" "$HB" "$HA" 4421
+step impersonation-before impersonate "$SUBX" "$HB" "$HA" 4421 .nvme
 step keyring-before sh -c "grep -E ' psk |nvme' /proc/keys"
 step disconnect-before disconnect
 step impersonation-before-teardown tls_only_teardown
@@ -124,12 +137,13 @@ step disconnect-wrong disconnect
 step grant-node2 grant node2 acme-node-2 connect --job vm-train-1 --subsystem "$ACME"
 step tls-connect-node2 tls_connect node2
 step disconnect-node2 disconnect
-# node 1 holds its own PSK (inserted by nvme-cli on its connect) and claims
-# to be node 2: TLS succeeds, DH-HMAC-CHAP inside it does not.
+# A host holding node 1's PSK (the same key as the node's, here by its
+# serial in .nvme: host and target share this kernel) claims to be node 2:
+# TLS succeeds, DH-HMAC-CHAP inside it does not.
 N1=$(nvmegate hostnqn "$NODE1"); N2=$(nvmegate hostnqn "$NODE2")
-step impersonation-after impersonate "$ACME" "$N2" "$N1" 4420
+step impersonation-after impersonate "$ACME" "$N2" "$N1" 4420 .nvme
 step disconnect-imp-after disconnect
-impersonate_own_secret() { impersonate "$ACME" "$N2" "$N1" 4420 $(grep -o -- '--dhchap-secret=[^ ]*' /tmp/node1.args); }
+impersonate_own_secret() { impersonate "$ACME" "$N2" "$N1" 4420 .nvme $(grep -o -- '--dhchap-secret=[^ ]*' /tmp/node1.args); }
 step impersonation-after-own-secret impersonate_own_secret
 step disconnect-imp-own disconnect
 step revoke-node1 as admin revoke --node "$NODE1" --reason "vm revocation"

@@ -1,0 +1,162 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRealKernel612 boots Debian's own Linux 6.12 (e2e/vm/fetch-kernel-6.12.sh)
+// with tlshd, nvme-cli 2.13 and keyctl from Debian 13 and runs
+// e2e/vm/story-6.12.sh: NVMe/TCP with TLS end to end. The target agent puts
+// each granted host's PSK in the kernel's .nvme keyring; tlshd keys the
+// sessions with it; a wrong PSK is refused; after a revocation the host is
+// refused. And the host NQN under TLS: on a TLS-only nvmet subsystem a host
+// holding host A's PSK connects as host B (Linux 6.12 does not compare the
+// PSK's identity with the Connect's host NQN); with nvmegate's grants,
+// which carry DH-HMAC-CHAP inside the TLS session on nvmet, the same
+// attempt is refused by the kernel.
+func TestRealKernel612(t *testing.T) {
+	if testing.Short() {
+		t.Skip("e2e: boots a VM")
+	}
+	kdir := builtByMake(t, "NVMEGATE_VM612_KERNEL", "the 6.12 kernel with e2e/vm/fetch-kernel-6.12.sh")
+	userland := builtByMake(t, "NVMEGATE_VM612_USERLAND", "the 6.12 tier's user space with e2e/vm/fetch-userland-trixie.sh")
+	qemu, err := exec.LookPath("qemu-system-x86_64")
+	if err != nil {
+		t.Fatalf("qemu-system-x86_64: %v (apt-get install qemu-system-x86)", err)
+	}
+	root := repoRoot(t)
+	initrd := filepath.Join(t.TempDir(), "initramfs.cpio")
+	build := exec.Command(filepath.Join(root, "e2e", "vm", "build-initramfs.sh"), initrd)
+	build.Dir = root
+	build.Env = append(os.Environ(), "VM_MODULES="+filepath.Join(kdir, "modules"), "VM_USERLAND="+userland,
+		"VM_STORY="+filepath.Join(root, "e2e", "vm", "story-6.12.sh"))
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build-initramfs: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, qemu, "-accel", "tcg", "-cpu", "max", "-m", "2048", "-smp", "2",
+		"-nic", "none", "-nographic", "-no-reboot", "-kernel", filepath.Join(kdir, "vmlinuz"), "-initrd", initrd,
+		"-append", fmt.Sprintf("console=ttyS0 loglevel=4 panic=-1 nvmegate.epoch=%d", time.Now().Unix()))
+	var console bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &console, &console
+	start := time.Now()
+	runErr := cmd.Run()
+	out := strings.ReplaceAll(console.String(), "\r", "")
+	t.Logf("VM ran %s", time.Since(start).Round(time.Second))
+	if dir := os.Getenv("NVMEGATE_VM612_CONSOLE"); dir != "" {
+		_ = os.WriteFile(dir, console.Bytes(), 0o644)
+	}
+	if !strings.Contains(out, "@@VM done rc=0") {
+		t.Fatalf("the VM did not finish the story (qemu: %v); console tail:\n%s", runErr, tail(out, 60))
+	}
+	scanBytes(t.Name()+": VM console", console.Bytes())
+	steps, order := parseConsole(out)
+	t.Logf("%d steps: %s", len(order), strings.Join(order, " "))
+
+	get := func(name string) vmStep {
+		t.Helper()
+		s, ok := steps[name]
+		if !ok {
+			t.Fatalf("step %s missing from the console", name)
+		}
+		return s
+	}
+	has := func(s vmStep, where, text string) {
+		t.Helper()
+		if !strings.Contains(map[string]string{"output": s.Output, "kernel": s.Kernel}[where], text) {
+			t.Errorf("step %s: the %s lacks %q:\n%s", s.Name, where, text, s.excerpt())
+		}
+	}
+	ok := func(name string, outputHas ...string) vmStep {
+		t.Helper()
+		s := get(name)
+		if s.Exit != 0 {
+			t.Errorf("step %s failed:\n%s", name, s.excerpt())
+		}
+		for _, w := range outputHas {
+			has(s, "output", w)
+		}
+		return s
+	}
+	refused := func(name string) vmStep {
+		t.Helper()
+		s := get(name)
+		if s.Exit == 0 || s.Exit == 2 || strings.Contains(s.Output, "block device") {
+			t.Errorf("step %s: want the connect refused by the kernel:\n%s", name, s.excerpt())
+		}
+		return s
+	}
+
+	ok("kernel", "6.12.", "keyring   .nvme:", "nvme version 2.13")
+	ok("tlshd", "tlshd running", "ktls-utils 1.0.0")
+
+	// Before: TLS alone on nvmet; A's PSK, B's name: the kernel lets it in.
+	ok("impersonation-before-setup", "addr_tsas tls1.3, addr_treq required")
+	before := ok("impersonation-before", "was successful", "block device /dev/nvme", "1+0 records out")
+	has(before, "kernel", "for NQN nqn.2014-08.org.nvmexpress:uuid:0000000b-")
+	if strings.Contains(before.Kernel, "with DH-HMAC-CHAP") {
+		t.Errorf("the TLS-only subsystem authenticated with DH-HMAC-CHAP:\n%s", before.excerpt())
+	}
+	ok("impersonation-before-teardown", "removed")
+
+	for _, n := range []string{"gateway", "target-add", "acme-subsystem-add", "acme-namespace-add", "acme-host-1", "acme-host-2",
+		"operator-namespace", "agent", "acme-job", "grant-node1", "grant-node2"} {
+		ok(n)
+	}
+	node1 := hostNQNIn(t, ok("acme-host-1").Output)
+	// The target agent put node 1's PSK in .nvme under the identities a
+	// host may present: v0, and v1 by either derivation.
+	keys := ok("keys-after-grant").Output
+	if n := strings.Count(keys, "R01 "+node1+" nqn.2026-01.io.nvmegate.vm:acme-train"); n != 3 || !strings.Contains(keys, "NVMe0R01 "+node1) {
+		t.Errorf("keys after the grant: %d identities of node 1, want 3 (v0 and two v1):\n%s", n, keys)
+	}
+	has(ok("tree-after-grant"), "output", "f ports/1/addr_treq required")
+
+	// TLS and DH-HMAC-CHAP inside it: both sides of tlshd report the
+	// handshake, the kernel authenticates the host, a block is read.
+	c1 := ok("tls-connect-node1", "block device /dev/nvme", "1+0 records out", "was successful")
+	has(c1, "kernel", "qid 0: authenticated with hash hmac(sha256) dhgroup ffdhe2048")
+	has(c1, "kernel", "with DH-HMAC-CHAP")
+	has(ok("tls-key-node1", "state live, TLS key"), "output", node1)
+	wrong := refused("tls-wrong-psk")
+	has(wrong, "output", "failed to search 'psk' key")
+	has(wrong, "kernel", "TLS handshake complete, error")
+	ok("tls-connect-node2", "block device /dev/nvme", "was successful")
+
+	// After: node 1's PSK, node 2's name. TLS succeeds, DH-HMAC-CHAP does
+	// not: without a secret, and with node 1's own secret.
+	noKey := refused("impersonation-after")
+	has(noKey, "output", "was successful")
+	has(noKey, "kernel", "authentication setup failed")
+	own := refused("impersonation-after-own-secret")
+	has(own, "kernel", "host response mismatch")
+	has(own, "kernel", "authentication failed")
+
+	// Revocation: node 1's keys leave .nvme and the host leaves the target.
+	ok("revoke-node1", "revoked 1 grant(s)")
+	if k := ok("keys-after-revoke").Output; strings.Contains(k, node1) {
+		t.Errorf("node 1's PSKs are still in .nvme after its revocation:\n%s", k)
+	}
+	// Refused at the handshake (its PSK left .nvme) or, had it got
+	// through, at the Connect (the host left the subsystem).
+	if r := refused("tls-after-revoke"); !strings.Contains(r.Output, "failed to search 'psk' key") && !strings.Contains(r.Kernel, "not allowed") {
+		t.Errorf("tls-after-revoke: neither tlshd nor the kernel says why it refused:\n%s", r.excerpt())
+	}
+	ok("finish-job", "finished")
+	if k := ok("keys-after-finish").Output; strings.Contains(k, "acme-train") {
+		t.Errorf("PSKs left in .nvme after the job finished:\n%s", k)
+	}
+	if tr := ok("tree-after-finish").Output; strings.Contains(tr, "allowed_hosts") {
+		t.Errorf("hosts left on the target after the job finished:\n%s", tr)
+	}
+	ok("gateway-log", "/tmp/gateway.log:0", "/tmp/agent.log:0", "/tmp/tlshd.log:0")
+}
