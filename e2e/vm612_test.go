@@ -127,6 +127,16 @@ func TestRealKernel612(t *testing.T) {
 	has(c1, "kernel", "qid 0: authenticated with hash hmac(sha256) dhgroup ffdhe2048")
 	has(c1, "kernel", "with DH-HMAC-CHAP")
 	has(ok("tls-key-node1", "state live, TLS key"), "output", node1)
+	// A live re-key: rotation, renewal, the new secret written to the
+	// controller's sysfs attribute; the kernel re-authenticates the live
+	// controller, and the read loop over the fabric saw no error.
+	rk := ok("rekey-live", "errors 0", "state live")
+	has(rk, "kernel", "re-authenticating controller")
+	has(rk, "kernel", "qid 0: authenticated with hash hmac(sha256)")
+	if strings.Contains(rk.Kernel, "new ctrl") || strings.Contains(rk.Output, "reads 0 ") {
+		t.Errorf("rekey-live: a reconnect, or no reads:\n%s", rk.excerpt())
+	}
+	refused("tls-old-after-rekey")
 	wrong := refused("tls-wrong-psk")
 	has(wrong, "output", "failed to search 'psk' key")
 	has(wrong, "kernel", "TLS handshake complete, error")
