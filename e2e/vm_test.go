@@ -254,6 +254,21 @@ func TestRealKernel(t *testing.T) {
 	}
 	kernelRefuses("nvme-after-finish", "not allowed")
 
+	// A live re-key on 6.1: the kernel re-authenticates the live
+	// controller with the new secret; the read loop saw no error; the old
+	// secret fails DH-HMAC-CHAP after.
+	kernelAccepts("nvme-connect-rekey", "hmac(sha256) dhgroup ffdhe2048")
+	rk := ok("rekey-live", "errors 0", "state live")
+	for _, want := range []string{"re-authenticating controller", "qid 0: authenticated with hash hmac(sha256)"} {
+		if !strings.Contains(rk.Kernel, want) {
+			t.Errorf("rekey-live: the kernel log lacks %q:\n%s", want, rk.excerpt())
+		}
+	}
+	if strings.Contains(rk.Kernel, "new ctrl") || strings.Contains(rk.Output, "reads 0 ") {
+		t.Errorf("rekey-live: a reconnect, or no reads:\n%s", rk.excerpt())
+	}
+	kernelRefuses("nvme-old-after-rekey", "host response mismatch")
+
 	// The gateway's and the agent's logs hold no secret and no panic.
 	ok("gateway-log", "/tmp/gateway.log:0", "/tmp/agent.log:0")
 }

@@ -128,3 +128,28 @@ tree() (
   true
 )
 
+# rekey_live NAME WHO: with NAME's grant connected and a read loop running
+# over the fabric, the subsystem's root rotates, WHO renews (the target's host
+# entry gets the new key at once) and the new DH-HMAC-CHAP secret is
+# written to the live controller's sysfs attribute: the kernel
+# re-authenticates it in place. The loop reads a new block each time (no
+# page cache) and counts errors.
+rekey_live() {
+  local dev ctrl new
+  dev=/dev/$(ls /sys/block | grep -E '^nvme[0-9]+n[0-9]+$' | head -1)
+  ctrl=$(ls /sys/class/nvme | head -1)
+  rm -f /tmp/stop-reads /tmp/reads
+  ( n=0; e=0; while [ ! -f /tmp/stop-reads ]; do
+      dd if="$dev" of=/dev/null bs=4096 count=1 skip=$((n + e)) 2>/dev/null && n=$((n+1)) || e=$((e+1)); sleep 0.05
+    done; echo "reads $n errors $e" > /tmp/reads ) &
+  sleep 1
+  as admin keys rotate --subsystem "$ACME" --reason "live re-key" >/dev/null || return 1
+  grant "$1-renewed" "$2" renew "$(grant_id "$1")" >/dev/null || return 1
+  new=$(grep -o -- "--dhchap-secret=[^ ']*" "/tmp/$1-renewed.args" | cut -d= -f2-)
+  [ -n "$new" ] || { echo "no new secret in the renewal"; return 1; }
+  printf %s "$new" > "/sys/class/nvme/$ctrl/dhchap_secret" || return 1
+  sleep 2
+  touch /tmp/stop-reads; sleep 0.5
+  cat /tmp/reads
+  echo "controller $ctrl state $(cat "/sys/class/nvme/$ctrl/state")"
+}

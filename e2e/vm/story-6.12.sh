@@ -104,32 +104,6 @@ wrong_psk() {
   tls_connect "$1-wrong"
 }
 
-# rekey_live: with node 1 connected and a read loop running over the
-# fabric, the subsystem's root rotates, node 1 renews (the target's host
-# entry gets the new key at once) and the new DH-HMAC-CHAP secret is
-# written to the live controller's sysfs attribute: the kernel
-# re-authenticates it in place. The loop reads a new block each time (no
-# page cache) and counts errors.
-rekey_live() {
-  local dev ctrl new
-  dev=/dev/$(ls /sys/block | grep -E '^nvme[0-9]+n[0-9]+$' | head -1)
-  ctrl=$(ls /sys/class/nvme | head -1)
-  rm -f /tmp/stop-reads /tmp/reads
-  ( n=0; e=0; while [ ! -f /tmp/stop-reads ]; do
-      dd if="$dev" of=/dev/null bs=4096 count=1 skip=$((n + e)) 2>/dev/null && n=$((n+1)) || e=$((e+1)); sleep 0.05
-    done; echo "reads $n errors $e" > /tmp/reads ) &
-  sleep 1
-  as admin keys rotate --subsystem "$ACME" --reason "live re-key" >/dev/null || return 1
-  grant node1-renewed acme-node-1 renew "$(grant_id node1)" >/dev/null || return 1
-  new=$(grep -o -- "--dhchap-secret=[^ ']*" /tmp/node1-renewed.args | cut -d= -f2-)
-  [ -n "$new" ] || { echo "no new secret in the renewal"; return 1; }
-  printf %s "$new" > "/sys/class/nvme/$ctrl/dhchap_secret" || return 1
-  sleep 2
-  touch /tmp/stop-reads; sleep 0.5
-  cat /tmp/reads
-  echo "controller $ctrl state $(cat "/sys/class/nvme/$ctrl/state")"
-}
-
 echo "== story 6.12"
 step kernel sh -c 'uname -r; grep " .nvme:" /proc/keys | sed "s/^.*keyring/keyring/"; nvme version | head -2'
 step tlshd start_tlshd
@@ -157,7 +131,7 @@ step keys-after-grant keys
 step tree-after-grant tree
 step tls-connect-node1 tls_connect node1
 step tls-key-node1 sh -c 'for c in /sys/class/nvme/nvme*; do k=$(cat $c/tls_key); echo "$(basename $c): state $(cat $c/state), TLS key $k: $(grep "^$k " /proc/keys | sed "s/^.* psk *//")"; done'
-step rekey-live rekey_live
+step rekey-live rekey_live node1 acme-node-1
 step disconnect-node1 disconnect
 step tls-old-after-rekey tls_connect node1
 step disconnect-old-after-rekey disconnect

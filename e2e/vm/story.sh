@@ -82,6 +82,19 @@ step disconnect-after-revoke disconnect
 step grant-globex grant globex globex-node-1 connect --job vm-ckpt-1 --subsystem "$GLOBEX"
 step nvme-connect-globex nvme_connect globex
 step disconnect-globex disconnect
+# A live re-key on 6.1: a new job, node 1 connected with a read loop
+# running; rotation, renewal, the new secret written to the controller's
+# sysfs attribute: re-authenticated in place, no read error; the old
+# secret is refused after.
+step rekey-job as acme-scheduler job admit vm-rekey-1 --tenant acme \
+  --node spiffe://nvmegate.test/node/acme-gpu-1 --namespace "$ACME/1:ro" --region eu-west --expires-in 2h
+step grant-rekey grant rekey acme-node-1 connect --job vm-rekey-1 --subsystem "$ACME"
+step nvme-connect-rekey nvme_connect rekey
+step rekey-live rekey_live rekey acme-node-1
+step disconnect-rekey disconnect
+step nvme-old-after-rekey nvme_connect rekey
+step disconnect-old-after-rekey disconnect
+step finish-rekey as acme-scheduler job finish vm-rekey-1 --reason done
 # The security team tightens residency: eu-west data only over fabric f1
 # (the policy's own samples' fabric); the VM's target is on fab-vm. The hot
 # reload re-decides globex's live grant and revokes it; the kernel then
