@@ -1,15 +1,9 @@
 package e2e
 
 import (
-	"bytes"
-	"context"
-	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 )
 
 // TestRealKernel612 boots Debian's own Linux 6.12 (e2e/vm/fetch-kernel-6.12.sh)
@@ -28,39 +22,10 @@ func TestRealKernel612(t *testing.T) {
 	}
 	kdir := builtByMake(t, "NVMEGATE_VM612_KERNEL", "the 6.12 kernel with e2e/vm/fetch-kernel-6.12.sh")
 	userland := builtByMake(t, "NVMEGATE_VM612_USERLAND", "the 6.12 tier's user space with e2e/vm/fetch-userland-trixie.sh")
-	qemu, err := exec.LookPath("qemu-system-x86_64")
-	if err != nil {
-		t.Fatalf("qemu-system-x86_64: %v (apt-get install qemu-system-x86)", err)
-	}
 	root := repoRoot(t)
-	initrd := filepath.Join(t.TempDir(), "initramfs.cpio")
-	build := exec.Command(filepath.Join(root, "e2e", "vm", "build-initramfs.sh"), initrd)
-	build.Dir = root
-	build.Env = append(os.Environ(), "VM_MODULES="+filepath.Join(kdir, "modules"), "VM_USERLAND="+userland,
-		"VM_STORY="+filepath.Join(root, "e2e", "vm", "story-6.12.sh"))
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build-initramfs: %v\n%s", err, out)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, qemu, "-accel", "tcg", "-cpu", "max", "-m", "2048", "-smp", "2",
-		"-nic", "none", "-nographic", "-no-reboot", "-kernel", filepath.Join(kdir, "vmlinuz"), "-initrd", initrd,
-		"-append", fmt.Sprintf("console=ttyS0 loglevel=4 panic=-1 nvmegate.epoch=%d", time.Now().Unix()))
-	var console bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &console, &console
-	start := time.Now()
-	runErr := cmd.Run()
-	out := strings.ReplaceAll(console.String(), "\r", "")
-	t.Logf("VM ran %s", time.Since(start).Round(time.Second))
-	if dir := os.Getenv("NVMEGATE_VM612_CONSOLE"); dir != "" {
-		_ = os.WriteFile(dir, console.Bytes(), 0o644)
-	}
-	if !strings.Contains(out, "@@VM done rc=0") {
-		t.Fatalf("the VM did not finish the story (qemu: %v); console tail:\n%s", runErr, tail(out, 60))
-	}
-	scanBytes(t.Name()+": VM console", console.Bytes())
-	steps, order := parseConsole(out)
-	t.Logf("%d steps: %s", len(order), strings.Join(order, " "))
+	steps := runVM(t, vmRun{Kernel: filepath.Join(kdir, "vmlinuz"), ConsoleEnv: "NVMEGATE_VM612_CONSOLE", Env: []string{
+		"VM_MODULES=" + filepath.Join(kdir, "modules"), "VM_USERLAND=" + userland,
+		"VM_STORY=" + filepath.Join(root, "e2e", "vm", "story-6.12.sh")}})
 
 	get := func(name string) vmStep {
 		t.Helper()

@@ -69,44 +69,7 @@ func TestRealKernel(t *testing.T) {
 		t.Skip("e2e: boots a VM")
 	}
 	kernel := builtByMake(t, "NVMEGATE_VM_KERNEL", "the kernel with e2e/vm/build-kernel.sh")
-	qemu, err := exec.LookPath("qemu-system-x86_64")
-	if err != nil {
-		t.Fatalf("qemu-system-x86_64: %v (apt-get install qemu-system-x86)", err)
-	}
-	root := repoRoot(t)
-	initrd := filepath.Join(t.TempDir(), "initramfs.cpio")
-	build := exec.Command(filepath.Join(root, "e2e", "vm", "build-initramfs.sh"), initrd)
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build-initramfs: %v\n%s", err, out)
-	}
-
-	// Software emulation (TCG): deterministic and available everywhere; the
-	// story takes about half a minute. The clock comes from the host (the
-	// grants and SVIDs made inside carry real times).
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, qemu, "-accel", "tcg", "-cpu", "max", "-m", "2048", "-smp", "2",
-		"-nic", "none", "-nographic", "-no-reboot", "-kernel", kernel, "-initrd", initrd,
-		"-append", fmt.Sprintf("console=ttyS0 loglevel=4 panic=-1 null_blk.nr_devices=2 nvmegate.epoch=%d", time.Now().Unix()))
-	var console bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &console, &console
-	start := time.Now()
-	runErr := cmd.Run()
-	out := console.String()
-	t.Logf("VM ran %s", time.Since(start).Round(time.Second))
-	if dir := os.Getenv("NVMEGATE_VM_CONSOLE"); dir != "" {
-		// Keep the console for reading (CI artifacts, the closing note).
-		_ = os.WriteFile(dir, console.Bytes(), 0o644)
-	}
-	if !strings.Contains(out, "@@VM done rc=0") {
-		t.Fatalf("the VM did not finish the story (qemu: %v); console tail:\n%s", runErr, tail(out, 60))
-	}
-	// Not one secret on the console: the story passes them through files
-	// (the scan after the run checks it with everything else).
-	scanBytes(t.Name()+": VM console", console.Bytes())
-	steps, order := parseConsole(out)
-	t.Logf("%d steps: %s", len(order), strings.Join(order, " "))
+	steps := runVM(t, vmRun{Kernel: kernel, Append: "null_blk.nr_devices=2", ConsoleEnv: "NVMEGATE_VM_CONSOLE"})
 
 	step := func(name string) (vmStep, bool) {
 		s, ok := steps[name]
@@ -271,6 +234,61 @@ func TestRealKernel(t *testing.T) {
 
 	// The gateway's and the agent's logs hold no secret and no panic.
 	ok("gateway-log", "/tmp/gateway.log:0", "/tmp/agent.log:0")
+}
+
+// vmRun is one boot of a VM tier: its kernel, what build-initramfs.sh
+// takes from the environment (VM_MODULES, VM_USERLAND, VM_STORY), extra
+// kernel arguments, and the variable naming where to keep the console.
+type vmRun struct {
+	Kernel     string
+	Env        []string
+	Append     string
+	ConsoleEnv string
+}
+
+// runVM builds the initramfs, boots the kernel under qemu (software
+// emulation, TCG: deterministic and available everywhere; the clock comes
+// from the host, so the grants and SVIDs made inside carry real times),
+// checks the story finished and its console holds no secret, and returns
+// the story's steps.
+func runVM(t *testing.T, r vmRun) map[string]vmStep {
+	t.Helper()
+	qemu, err := exec.LookPath("qemu-system-x86_64")
+	if err != nil {
+		t.Fatalf("qemu-system-x86_64: %v (apt-get install qemu-system-x86)", err)
+	}
+	root := repoRoot(t)
+	initrd := filepath.Join(t.TempDir(), "initramfs.cpio")
+	build := exec.Command(filepath.Join(root, "e2e", "vm", "build-initramfs.sh"), initrd)
+	build.Dir = root
+	build.Env = append(os.Environ(), r.Env...)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build-initramfs: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, qemu, "-accel", "tcg", "-cpu", "max", "-m", "2048", "-smp", "2",
+		"-nic", "none", "-nographic", "-no-reboot", "-kernel", r.Kernel, "-initrd", initrd,
+		"-append", fmt.Sprintf("console=ttyS0 loglevel=4 panic=-1 %s nvmegate.epoch=%d", r.Append, time.Now().Unix()))
+	var console bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &console, &console
+	start := time.Now()
+	runErr := cmd.Run()
+	out := strings.ReplaceAll(console.String(), "\r", "")
+	t.Logf("VM ran %s", time.Since(start).Round(time.Second))
+	if dir := os.Getenv(r.ConsoleEnv); dir != "" {
+		// Keep the console for reading (CI artifacts, the closing note).
+		_ = os.WriteFile(dir, console.Bytes(), 0o644)
+	}
+	if !strings.Contains(out, "@@VM done rc=0") {
+		t.Fatalf("the VM did not finish the story (qemu: %v); console tail:\n%s", runErr, tail(out, 60))
+	}
+	// Not one secret on the console: the story passes them through files
+	// (the scan after the run checks it with everything else).
+	scanBytes(t.Name()+": VM console", console.Bytes())
+	steps, order := parseConsole(out)
+	t.Logf("%d steps: %s", len(order), strings.Join(order, " "))
+	return steps
 }
 
 // hostNQNIn finds the host NQN in an inventory host listing.
