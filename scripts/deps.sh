@@ -2,7 +2,9 @@
 # Installs the Debian packages the tests use, when any is missing (as root,
 # or through sudo): nvme-cli to check the NVMe formats we emit, and for the
 # real-kernel tier (e2e/vm) Debian's kernel source and what builds it, qemu,
-# busybox and cpio, and chromium, in which the auditor's report is rendered
+# busybox and cpio (and for the 6.12 tier binutils' readelf and xz, which
+# unpack Debian's kernel modules and Debian 13's tlshd and nvme-cli), and
+# chromium, in which the auditor's report is rendered
 # and checked (report package). Instant when all are there.
 set -euo pipefail
 
