@@ -60,6 +60,10 @@ func TestSetReplacesInPlaceAndRemove(t *testing.T) {
 	if err := r.Remove(desc); err != nil {
 		t.Errorf("removing a key that is not there: %v", err)
 	}
+	// A description that is a prefix of a key's is another key.
+	if id, err := r.Lookup("oth"); err != nil || id != 0 {
+		t.Errorf("Lookup of a prefix of a key's description = %d, %v; want 0", id, err)
+	}
 	if _, err := r.Set("", []byte("x")); err == nil {
 		t.Errorf("Set with an empty description succeeded")
 	}
