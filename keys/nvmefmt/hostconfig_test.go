@@ -254,3 +254,35 @@ func nvmeCLI(t *testing.T) string {
 	}
 	return path
 }
+
+func TestKernelOptions(t *testing.T) {
+	c := testConnection(t)
+	got, err := c.KernelOptions(1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "nqn=nqn.2026-01.io.nvmegate.demo:acme-train,transport=tcp,traddr=fd00::10,trsvcid=4420," +
+		"hostnqn=nqn.2014-08.org.nvmexpress:uuid:a2d4ee77-c9d9-5e75-88d8-17c29342d6f1,hostid=a2d4ee77-c9d9-5e75-88d8-17c29342d6f1," +
+		"dhchap_secret=" + c.DHCHAPKey + ",dhchap_ctrl_secret=" + c.DHCHAPCtrlKey
+	if got != want {
+		t.Fatalf("KernelOptions:\n got %q\nwant %q", got, want)
+	}
+	c.TLS = true
+	if _, err := c.KernelOptions(0, 0); !errors.Is(err, nvmefmt.ErrConnection) {
+		t.Fatalf("TLS without a keyring: %v, want ErrConnection", err)
+	}
+	got, err = c.KernelOptions(0, 0x1234)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(got, ",tls,keyring=4660") || strings.Contains(got, "tls_key") {
+		t.Fatalf("TLS options: %q", got)
+	}
+	if _, err := c.KernelOptions(2, 1); err == nil {
+		t.Fatal("KernelOptions(out of range) succeeded")
+	}
+	c.SubsystemNQN = "nqn.2026-01.io.nvmegate.demo:a,tls_key=1"
+	if _, err := c.KernelOptions(0, 1); !errors.Is(err, nvmefmt.ErrConnection) {
+		t.Fatalf("an NQN with a comma: %v, want ErrConnection", err)
+	}
+}

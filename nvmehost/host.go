@@ -1,0 +1,234 @@
+package nvmehost
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// Host is the NVMe-oF host of this machine's kernel.
+type Host struct {
+	// Fabrics is the fabrics control device; "" is /dev/nvme-fabrics.
+	Fabrics string
+	// Class is the NVMe controller class directory; "" is /sys/class/nvme.
+	Class string
+}
+
+// Controller is one NVMe controller the kernel made: its device name
+// ("nvme3") and controller ID on the subsystem.
+type Controller struct {
+	Name   string
+	CntlID int
+}
+
+// Info is what sysfs says about a controller. It holds no secret.
+type Info struct {
+	Name      string // nvme3
+	State     string // live, connecting, resetting, deleting, ...
+	Transport string // tcp, rdma, loop
+	Address   string // traddr=...,trsvcid=...
+	SubNQN    string
+	HostNQN   string
+}
+
+// ErrNoController reports a controller that is not (or no longer) there.
+var ErrNoController = errors.New("nvmehost: no such controller")
+
+func (h *Host) fabrics() string {
+	if h.Fabrics != "" {
+		return h.Fabrics
+	}
+	return "/dev/nvme-fabrics"
+}
+
+func (h *Host) class() string {
+	if h.Class != "" {
+		return h.Class
+	}
+	return "/sys/class/nvme"
+}
+
+// Connect creates a controller from the option string opts (see
+// nvmefmt.Connection.KernelOptions): the kernel connects the admin and I/O
+// queues, authenticating as opts say, before the write returns, and the
+// answer read back on the same descriptor names the controller. The error
+// is the kernel's (ECONNREFUSED, EKEYREJECTED, EIO, ...), never opts.
+func (h *Host) Connect(opts string) (Controller, error) {
+	f, err := os.OpenFile(h.fabrics(), os.O_RDWR, 0)
+	if err != nil {
+		return Controller{}, fmt.Errorf("nvmehost: %w (is nvme-fabrics loaded?)", err)
+	}
+	defer f.Close()
+	return connect(f, opts)
+}
+
+// connect is Connect on an open fabrics device: one write of the whole
+// option string, then one read of the answer.
+func connect(f io.ReadWriter, opts string) (Controller, error) {
+	if _, err := io.WriteString(f, opts); err != nil {
+		return Controller{}, fmt.Errorf("nvmehost: connect: %w", unwrapPath(err))
+	}
+	buf := make([]byte, 256)
+	n, err := f.Read(buf)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return Controller{}, fmt.Errorf("nvmehost: connect: read the new controller: %w", unwrapPath(err))
+	}
+	return ParseReply(string(buf[:n]))
+}
+
+// unwrapPath drops the *PathError's path and operation: the errno is what
+// the kernel said.
+func unwrapPath(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// ParseReply parses what /dev/nvme-fabrics answers after a connect:
+// "instance=<n>,cntlid=<id>" and a line break.
+func ParseReply(s string) (Controller, error) {
+	var c Controller
+	instance := -1
+	c.CntlID = -1
+	for _, kv := range strings.Split(strings.TrimSpace(s), ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		n, err := strconv.Atoi(v)
+		if !ok || err != nil || n < 0 {
+			return Controller{}, fmt.Errorf("nvmehost: unexpected fabrics answer %q", truncate(s))
+		}
+		switch k {
+		case "instance":
+			instance = n
+		case "cntlid":
+			c.CntlID = n
+		}
+	}
+	if instance < 0 || c.CntlID < 0 {
+		return Controller{}, fmt.Errorf("nvmehost: unexpected fabrics answer %q", truncate(s))
+	}
+	c.Name = "nvme" + strconv.Itoa(instance)
+	return c, nil
+}
+
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}
+
+var nameRE = regexp.MustCompile(`^nvme[0-9]+$`)
+
+func (h *Host) attr(name, a string) (string, error) {
+	if !nameRE.MatchString(name) {
+		return "", fmt.Errorf("nvmehost: %q is not a controller name", name)
+	}
+	return filepath.Join(h.class(), name, a), nil
+}
+
+func (h *Host) write(name, a, v string) error {
+	p, err := h.attr(name, a)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("%w: %s", ErrNoController, name)
+	}
+	if err != nil {
+		return fmt.Errorf("nvmehost: %s: %w", name, err)
+	}
+	// One write: sysfs takes an attribute's value in a single store.
+	_, werr := io.WriteString(f, v)
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr != nil {
+		return fmt.Errorf("nvmehost: %s: write %s: %w", name, a, unwrapPath(werr))
+	}
+	return nil
+}
+
+// SetDHCHAP hands the live controller name new DH-HMAC-CHAP secrets: the
+// controller's (for bidirectional authentication; "" for none) and then
+// the host's. Each store queues a re-authentication of the controller's
+// queues, which the kernel runs in place; a store of the secret the
+// controller already holds re-authenticates too. The controller's secret
+// goes first, so that the re-authentication the host's secret starts has
+// both new secrets (the kernel folds a store made while one is queued).
+func (h *Host) SetDHCHAP(name, hostSecret, ctrlSecret string) error {
+	if hostSecret == "" {
+		return errors.New("nvmehost: no DH-HMAC-CHAP secret to set")
+	}
+	if ctrlSecret != "" {
+		if err := h.write(name, "dhchap_ctrl_secret", ctrlSecret); err != nil {
+			return err
+		}
+	}
+	// Without a trailing newline: the kernel compares and parses what it
+	// is given as is.
+	return h.write(name, "dhchap_secret", hostSecret)
+}
+
+// Delete deletes the controller name: the kernel tears down its queues and
+// block devices and returns once it is gone. A controller already gone is
+// ErrNoController.
+func (h *Host) Delete(name string) error {
+	return h.write(name, "delete_controller", "1")
+}
+
+// Controllers lists the controllers sysfs shows, with what they connect.
+func (h *Host) Controllers() ([]Info, error) {
+	ents, err := os.ReadDir(h.class())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("nvmehost: %w", err)
+	}
+	var out []Info
+	for _, e := range ents {
+		if !nameRE.MatchString(e.Name()) {
+			continue
+		}
+		in, err := h.Info(e.Name())
+		if errors.Is(err, ErrNoController) {
+			continue // deleted while listed
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, in)
+	}
+	return out, nil
+}
+
+// Info reads controller name's attributes.
+func (h *Host) Info(name string) (Info, error) {
+	in := Info{Name: name}
+	for _, a := range []struct {
+		attr string
+		to   *string
+	}{{"state", &in.State}, {"transport", &in.Transport}, {"address", &in.Address}, {"subsysnqn", &in.SubNQN}, {"hostnqn", &in.HostNQN}} {
+		p, err := h.attr(name, a.attr)
+		if err != nil {
+			return Info{}, err
+		}
+		b, err := os.ReadFile(p)
+		if errors.Is(err, os.ErrNotExist) {
+			return Info{}, fmt.Errorf("%w: %s", ErrNoController, name)
+		}
+		if err != nil {
+			return Info{}, fmt.Errorf("nvmehost: %s: %w", name, err)
+		}
+		*a.to = strings.TrimSpace(string(b))
+	}
+	return in, nil
+}

@@ -1,0 +1,129 @@
+package nvmehost
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+func TestParseReply(t *testing.T) {
+	for in, want := range map[string]Controller{
+		"instance=3,cntlid=1\n":  {Name: "nvme3", CntlID: 1},
+		"instance=0,cntlid=65519": {Name: "nvme0", CntlID: 65519},
+	} {
+		got, err := ParseReply(in)
+		if err != nil || got != want {
+			t.Errorf("ParseReply(%q) = %+v, %v; want %+v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "instance=3", "cntlid=1", "instance=-1,cntlid=1", "instance=x,cntlid=1", "garbage"} {
+		if _, err := ParseReply(in); err == nil {
+			t.Errorf("ParseReply(%q) succeeded", in)
+		}
+	}
+}
+
+func FuzzParseReply(f *testing.F) {
+	f.Add("instance=3,cntlid=1\n")
+	f.Add("instance=,cntlid=")
+	f.Fuzz(func(t *testing.T, s string) {
+		c, err := ParseReply(s)
+		if err == nil && (!nameRE.MatchString(c.Name) || c.CntlID < 0) {
+			t.Fatalf("ParseReply(%q) = %+v", s, c)
+		}
+	})
+}
+
+// fabricsDev follows /dev/nvme-fabrics: a write of an option string
+// creates a controller (or fails with the kernel's errno) and the next
+// read answers with it.
+type fabricsDev struct {
+	wrote  string
+	err    error
+	answer string
+}
+
+func (d *fabricsDev) Write(p []byte) (int, error) {
+	if d.err != nil {
+		return 0, d.err
+	}
+	d.wrote = string(p)
+	d.answer = "instance=4,cntlid=2\n"
+	return len(p), nil
+}
+
+func (d *fabricsDev) Read(p []byte) (int, error) {
+	return copy(p, d.answer), nil
+}
+
+func TestConnect(t *testing.T) {
+	d := &fabricsDev{}
+	c, err := connect(d, "nqn=n,transport=tcp,dhchap_secret=DHHC-1:00:secret:")
+	if err != nil || c.Name != "nvme4" || c.CntlID != 2 {
+		t.Fatalf("connect = %+v, %v", c, err)
+	}
+	d = &fabricsDev{err: &os.PathError{Op: "write", Path: "/dev/nvme-fabrics", Err: syscall.EKEYREJECTED}}
+	_, err = connect(d, "nqn=n,dhchap_secret=DHHC-1:00:secret:")
+	if !errors.Is(err, syscall.EKEYREJECTED) {
+		t.Fatalf("a refused connect: %v, want EKEYREJECTED", err)
+	}
+	if strings.Contains(err.Error(), "secret") || strings.Contains(err.Error(), "/dev/") {
+		t.Fatalf("the error repeats the options or the path: %v", err)
+	}
+}
+
+// sysfsCtrl makes a controller directory with the attributes Info reads.
+func sysfsCtrl(t *testing.T, class, name, sub string) {
+	t.Helper()
+	d := filepath.Join(class, name)
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for a, v := range map[string]string{"state": "live\n", "transport": "tcp\n", "address": "traddr=127.0.0.1,trsvcid=4420\n",
+		"subsysnqn": sub + "\n", "hostnqn": "nqn.2014-08.org.nvmexpress:uuid:0000000a-0000-4000-8000-000000000000\n",
+		"dhchap_secret": "old\n", "dhchap_ctrl_secret": "old\n", "delete_controller": ""} {
+		if err := os.WriteFile(filepath.Join(d, a), []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestSysfs(t *testing.T) {
+	class := t.TempDir()
+	h := &Host{Class: class}
+	sysfsCtrl(t, class, "nvme1", "nqn.2026-01.io.example:a")
+	sysfsCtrl(t, class, "nvme0", "nqn.2026-01.io.example:b")
+	os.MkdirAll(filepath.Join(class, "nvme-subsys0"), 0o755) // not a controller
+	cs, err := h.Controllers()
+	if err != nil || len(cs) != 2 || cs[0].Name != "nvme0" || cs[1].SubNQN != "nqn.2026-01.io.example:a" || cs[1].State != "live" {
+		t.Fatalf("Controllers = %+v, %v", cs, err)
+	}
+	if err := h.SetDHCHAP("nvme1", "DHHC-1:01:new:", "DHHC-1:01:newctrl:"); err != nil {
+		t.Fatal(err)
+	}
+	for a, want := range map[string]string{"dhchap_secret": "DHHC-1:01:new:", "dhchap_ctrl_secret": "DHHC-1:01:newctrl:"} {
+		if b, _ := os.ReadFile(filepath.Join(class, "nvme1", a)); string(b) != want {
+			t.Errorf("%s = %q, want %q (no newline)", a, b, want)
+		}
+	}
+	if err := h.SetDHCHAP("nvme1", "", ""); err == nil {
+		t.Error("SetDHCHAP without a secret succeeded")
+	}
+	if err := h.Delete("nvme0"); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(class, "nvme0", "delete_controller")); string(b) != "1" {
+		t.Errorf("delete_controller = %q", b)
+	}
+	if err := h.Delete("nvme7"); !errors.Is(err, ErrNoController) {
+		t.Errorf("Delete(gone) = %v, want ErrNoController", err)
+	}
+	for _, bad := range []string{"../nvme0", "nvme0/..", "nvme-subsys0", ""} {
+		if err := h.Delete(bad); err == nil || errors.Is(err, ErrNoController) {
+			t.Errorf("Delete(%q) = %v, want a refusal of the name", bad, err)
+		}
+	}
+}
