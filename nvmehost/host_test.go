@@ -11,7 +11,7 @@ import (
 
 func TestParseReply(t *testing.T) {
 	for in, want := range map[string]Controller{
-		"instance=3,cntlid=1\n":  {Name: "nvme3", CntlID: 1},
+		"instance=3,cntlid=1\n":   {Name: "nvme3", CntlID: 1},
 		"instance=0,cntlid=65519": {Name: "nvme0", CntlID: 65519},
 	} {
 		got, err := ParseReply(in)
