@@ -33,8 +33,19 @@ func Named(name string) (*Ring, error) {
 	if err != nil {
 		return nil, fmt.Errorf("keyring: make %s: %w", name, err)
 	}
+	// tlshd, handed the ring by the kernel with a handshake, links it to
+	// its session to read the PSK: the owner (root, as tlshd runs) may
+	// view, read, search and link it, not only a possessor. Best effort:
+	// a process that does not possess the ring (a service whose session
+	// keyring does not reach the user keyring) cannot change it, and then
+	// the ring keeps the kernel's defaults.
+	_ = unix.KeyctlSetperm(id, ringPerm)
 	return &Ring{id: id, name: name, keyType: PSKType}, nil
 }
+
+// ringPerm: everything for a possessor; view, read, write, search and
+// link for the owner (KEY_POS_ALL | KEY_USR_VIEW|READ|WRITE|SEARCH|LINK).
+const ringPerm = 0x3f1f0000
 
 // Set puts payload in the ring under desc, replacing the payload of a key
 // already there under desc (it keeps its serial). It returns the key's
