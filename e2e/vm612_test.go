@@ -133,5 +133,16 @@ func TestRealKernel612(t *testing.T) {
 	if tr := ok("tree-after-finish").Output; strings.Contains(tr, "allowed_hosts") {
 		t.Errorf("hosts left on the target after the job finished:\n%s", tr)
 	}
-	ok("gateway-log", "/tmp/gateway.log:0", "/tmp/agent.log:0", "/tmp/tlshd.log:0")
+	// The node agent with TLS: its own keyring holds the PSK under the
+	// identity the kernel looks up; the controller is keyed by it; a live
+	// re-key, the old secret refused (inside a TLS session the new PSK
+	// opens), nothing left after SIGTERM, and no key left in its ring.
+	kernelRefuses := func(name, why string) {
+		t.Helper()
+		has(refused(name), "kernel", why)
+	}
+	checkNodeAgent(t, ok, kernelRefuses, "acme-gpu-1", "qid 0: authenticated with hash hmac(sha256) dhgroup ffdhe2048")
+	has(ok("agent-tls", "state live", "NVMe0R01 "+node1+" nqn.2026-01.io.nvmegate.vm:acme-train"), "output", "was successful")
+	ok("agent-keys-after-stop", "nvmegate-node ring: 0 key(s)")
+	ok("gateway-log", "/tmp/gateway.log:0", "/tmp/agent.log:0", "/tmp/tlshd.log:0", "/tmp/node.log:0")
 }

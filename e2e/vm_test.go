@@ -232,8 +232,45 @@ func TestRealKernel(t *testing.T) {
 	}
 	kernelRefuses("nvme-old-after-rekey", "host response mismatch")
 
-	// The gateway's and the agent's logs hold no secret and no panic.
-	ok("gateway-log", "/tmp/gateway.log:0", "/tmp/agent.log:0")
+	// The node agent, for globex's bidirectional class: it connects by
+	// itself, hands the live controller both new secrets after a rotation
+	// (re-authenticated in place, no read error), the old secret is
+	// refused, and its SIGTERM leaves no controller and no host.
+	checkNodeAgent(t, ok, kernelRefuses, "globex-gpu-2", "qid 0: authenticated with hash hmac(sha384) dhgroup ffdhe3072",
+		"the controller holds the new controller secret")
+
+	// The gateway's, the target agent's and the node agent's logs hold no
+	// secret and no panic.
+	ok("gateway-log", "/tmp/gateway.log:0", "/tmp/agent.log:0", "/tmp/node.log:0")
+}
+
+// checkNodeAgent judges the node agent's steps of a VM story (lib.sh:
+// start_node_agent, agent_rekey, agent_old_secret, agent_stop): connected
+// with auth, re-keyed live with the rekey output, the old secret refused,
+// nothing left after SIGTERM.
+func checkNodeAgent(t *testing.T, ok func(string, ...string) vmStep, kernelRefuses func(name, why string), node, auth string, rekeyHas ...string) {
+	t.Helper()
+	ok("agent-job")
+	start := ok("agent-start", "vm-agent-1", " live ")
+	for _, want := range []string{auth, "with DH-HMAC-CHAP"} {
+		if !strings.Contains(start.Kernel, want) {
+			t.Errorf("agent-start: the kernel log lacks %q:\n%s", want, start.excerpt())
+		}
+	}
+	rk := ok("agent-rekey", append([]string{"errors 0", "state live, re-keys 1", "the controller holds the new secret", "re-keyed the live controller"}, rekeyHas...)...)
+	for _, want := range []string{"re-authenticating controller", auth} {
+		if !strings.Contains(rk.Kernel, want) {
+			t.Errorf("agent-rekey: the kernel log lacks %q:\n%s", want, rk.excerpt())
+		}
+	}
+	if strings.Contains(rk.Kernel, "new ctrl") || strings.Contains(rk.Output, "reads 0 ") || strings.Contains(rk.Kernel, "authentication failed") {
+		t.Errorf("agent-rekey: a reconnect, no reads, or a failed re-authentication:\n%s", rk.excerpt())
+	}
+	kernelRefuses("agent-old-secret", "host response mismatch")
+	stop := ok("agent-stop", "agent exit 0", "msg=released", "not allowed on", "no host entry")
+	if strings.Contains(stop.Output, "controllers: nvme") || strings.Contains(stop.Output, "still") || strings.Contains(stop.Output, "left behind") {
+		t.Errorf("agent-stop: something of node %s left after SIGTERM:\n%s", node, stop.excerpt())
+	}
 }
 
 // vmRun is one boot of a VM tier: its kernel, what build-initramfs.sh

@@ -133,17 +133,25 @@ func (h *Host) attr(name, a string) (string, error) {
 	return filepath.Join(h.class(), name, a), nil
 }
 
-func (h *Host) write(name, a, v string) error {
+func (h *Host) open(name, a string) (*os.File, error) {
 	p, err := h.attr(name, a)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	f, err := os.OpenFile(p, os.O_WRONLY, 0)
 	if errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("%w: %s", ErrNoController, name)
+		return nil, fmt.Errorf("%w: %s", ErrNoController, name)
 	}
 	if err != nil {
-		return fmt.Errorf("nvmehost: %s: %w", name, err)
+		return nil, fmt.Errorf("nvmehost: %s: %w", name, err)
+	}
+	return f, nil
+}
+
+func (h *Host) write(name, a, v string) error {
+	f, err := h.open(name, a)
+	if err != nil {
+		return err
 	}
 	// One write: sysfs takes an attribute's value in a single store.
 	_, werr := io.WriteString(f, v)
@@ -157,24 +165,45 @@ func (h *Host) write(name, a, v string) error {
 }
 
 // SetDHCHAP hands the live controller name new DH-HMAC-CHAP secrets: the
-// controller's (for bidirectional authentication; "" for none) and then
-// the host's. Each store queues a re-authentication of the controller's
-// queues, which the kernel runs in place; a store of the secret the
-// controller already holds re-authenticates too. The controller's secret
-// goes first, so that the re-authentication the host's secret starts has
-// both new secrets (the kernel folds a store made while one is queued).
+// host's and then the controller's (for bidirectional authentication; ""
+// for none). Each store starts a re-authentication of the controller,
+// which the kernel runs in place. Their order matters when both change,
+// as a rotation changes both: the target already holds both new keys, and
+// a re-authentication that presents the old host secret fails on the
+// target, which then drops the controller (a reconnect; seen on Linux 6.1
+// with ctrl-first). Host-first, the first re-authentication presents the
+// new host secret and checks the controller's answer only a DH exchange
+// and two round trips later, by when the second store has replaced the
+// controller's secret; the second re-authentication uses both.
 func (h *Host) SetDHCHAP(name, hostSecret, ctrlSecret string) error {
 	if hostSecret == "" {
 		return errors.New("nvmehost: no DH-HMAC-CHAP secret to set")
 	}
+	// Both attributes are opened before either is written: the second
+	// store follows the first as closely as it can.
+	hf, err := h.open(name, "dhchap_secret")
+	if err != nil {
+		return err
+	}
+	defer hf.Close()
+	var cf *os.File
 	if ctrlSecret != "" {
-		if err := h.write(name, "dhchap_ctrl_secret", ctrlSecret); err != nil {
+		if cf, err = h.open(name, "dhchap_ctrl_secret"); err != nil {
 			return err
 		}
+		defer cf.Close()
 	}
 	// Without a trailing newline: the kernel compares and parses what it
 	// is given as is.
-	return h.write(name, "dhchap_secret", hostSecret)
+	if _, err := io.WriteString(hf, hostSecret); err != nil {
+		return fmt.Errorf("nvmehost: %s: write dhchap_secret: %w", name, unwrapPath(err))
+	}
+	if cf != nil {
+		if _, err := io.WriteString(cf, ctrlSecret); err != nil {
+			return fmt.Errorf("nvmehost: %s: write dhchap_ctrl_secret: %w", name, unwrapPath(err))
+		}
+	}
+	return nil
 }
 
 // Delete deletes the controller name: the kernel tears down its queues and

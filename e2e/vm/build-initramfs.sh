@@ -47,7 +47,7 @@ if [ -n "${VM_MODULES:-}" ]; then
 fi
 
 (cd "$repo" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$root/bin/" \
-  ./cmd/nvmegated ./cmd/nvmegate ./cmd/nvmegate-target)
+  ./cmd/nvmegated ./cmd/nvmegate ./cmd/nvmegate-target ./cmd/nvmegate-node)
 
 # The shipped policy (its sources, not its tests): the story hot-reloads a
 # tightened copy of it.

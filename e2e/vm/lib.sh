@@ -153,3 +153,83 @@ rekey_live() {
   cat /tmp/reads
   echo "controller $ctrl state $(cat "/sys/class/nvme/$ctrl/state")"
 }
+
+# The node agent (nvmegate-node): it connects a job's subsystems through
+# /dev/nvme-fabrics itself, renews every 2 s, and serves its status on
+# /tmp/node.sock.
+NODE_SOCK=/tmp/node.sock
+node_status() { nvmegate-node status --status-socket "$NODE_SOCK" "$@"; }
+node_json() { node_status -o json | sed -n "s/^ *\"$1\": \"*\([^\",]*\)\"*,*$/\1/p" | head -1; }
+
+# start_node_agent JOB WHO [ARGS]: run the agent as WHO for JOB, and wait
+# (up to 60 s) until its status shows a live controller.
+start_node_agent() {
+  local job=$1 who=$2; shift 2
+  nvmegate-node run --dev-dir "$G" --dev-identity "$who" --job "$job" --renew-every 2s --status-socket "$NODE_SOCK" "$@" >/tmp/node.log 2>&1 &
+  NODE_PID=$!
+  for _ in $(seq 600); do
+    [ "$(node_json state 2>/dev/null)" = live ] && { node_status; return 0; }
+    kill -0 "$NODE_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  node_status; cat /tmp/node.log; return 1
+}
+
+# agent_rekey: with the agent's controller live and a read loop running
+# over the fabric, the subsystem SUB's root rotates; the agent's next
+# renewal gets the new secrets and hands them to the live controller. Wait
+# for that and two more renewals, then report the reads. The secret the
+# controller held before is kept (never shown) for agent_old_secret.
+agent_rekey() {
+  local sub=$1 ctrl dev n
+  ctrl=$(node_json controller)
+  dev=/dev/$(ls /sys/block | grep -E '^nvme[0-9]+n[0-9]+$' | head -1)
+  cat "/sys/class/nvme/$ctrl/dhchap_secret" > /tmp/agent-old-secret
+  cat "/sys/class/nvme/$ctrl/dhchap_ctrl_secret" > /tmp/agent-old-ctrl-secret
+  rm -f /tmp/stop-reads /tmp/reads
+  ( n=0; e=0; while [ ! -f /tmp/stop-reads ]; do
+      dd if="$dev" of=/dev/null bs=4096 count=1 skip=$((n + e)) 2>/dev/null && n=$((n+1)) || e=$((e+1)); sleep 0.05
+    done; echo "reads $n errors $e" > /tmp/reads ) &
+  sleep 1
+  as admin keys rotate --subsystem "$sub" --reason "agent live re-key" >/dev/null || return 1
+  for _ in $(seq 300); do [ "$(node_json rekeys)" = 1 ] && break; sleep 0.1; done
+  [ "$(node_json rekeys)" = 1 ] || { echo "the agent did not re-key"; node_status; tail -5 /tmp/node.log; return 1; }
+  sleep 5 # two more renewals, nothing new
+  touch /tmp/stop-reads; sleep 0.5
+  cat /tmp/reads
+  node_status
+  grep -o 'msg="re-keyed the live controller".*' /tmp/node.log | head -1
+  echo "controller $ctrl state $(cat "/sys/class/nvme/$ctrl/state"), re-keys $(node_json rekeys)"
+  cmp -s /tmp/agent-old-secret "/sys/class/nvme/$ctrl/dhchap_secret" && { echo "the controller still holds the old secret"; return 1; }
+  echo "the controller holds the new secret"
+  grep -q '^DHHC-1' /tmp/agent-old-ctrl-secret || return 0
+  cmp -s /tmp/agent-old-ctrl-secret "/sys/class/nvme/$ctrl/dhchap_ctrl_secret" && { echo "the controller still holds the old controller secret"; return 1; }
+  echo "the controller holds the new controller secret"
+}
+
+# agent_old_secret SUB [OPTIONS]: a second controller to SUB (a duplicate
+# connect, through /dev/nvme-fabrics as the agent connects) with the
+# DH-HMAC-CHAP secret the agent's controller held before the rotation;
+# OPTIONS are more fabrics options (",tls,keyring=N").
+agent_old_secret() {
+  local sub=$1 ctrl rc; ctrl=$(node_json controller)
+  printf '%s' "nqn=$sub,transport=tcp,traddr=127.0.0.1,trsvcid=4420,hostnqn=$(cat "/sys/class/nvme/$ctrl/hostnqn"),hostid=$(cat "/sys/class/nvme/$ctrl/hostid"),dhchap_secret=$(cat /tmp/agent-old-secret),duplicate_connect$2" \
+    > /dev/nvme-fabrics 2>/tmp/old.err
+  rc=$?
+  sed 's/^.*: //' /tmp/old.err
+  sleep 0.3
+  echo "controllers: $(ls /sys/class/nvme | tr '\n' ' ')"
+  return $rc
+}
+
+# agent_stop SUB HOSTNQN: SIGTERM; the agent deletes its controller,
+# removes its PSKs and releases its grant: no controller, no host left.
+agent_stop() {
+  local sub=$1 host=$2
+  kill -TERM "$NODE_PID"; wait "$NODE_PID"; echo "agent exit $?"
+  grep -E 'msg=released' /tmp/node.log | sed 's/^time=[^ ]* //'
+  echo "controllers: $(ls /sys/class/nvme | tr '\n' ' ')"
+  [ -e "$CFS/subsystems/$sub/allowed_hosts/$host" ] && echo "host $host still allowed" || echo "host $host not allowed on $sub"
+  [ -d "$CFS/hosts/$host" ] && echo "host entry $host still there" || echo "no host entry $host"
+  [ -e "$NODE_SOCK" ] && echo "status socket left behind" || true
+}

@@ -156,4 +156,22 @@ step disconnect-after-revoke disconnect
 step finish-job as acme-scheduler job finish vm-train-1 --reason done
 step keys-after-finish keys
 step tree-after-finish tree
-step gateway-log sh -c "grep -c . /tmp/gateway.log; grep -ciE 'panic|DHHC-1|NVMeTLSkey' /tmp/gateway.log /tmp/agent.log /tmp/tlshd.log || true"
+# The node agent: a new job for node 1; nvmegate-node connects it by
+# itself (its PSK in a keyring of its own, TLS and DH-HMAC-CHAP through
+# /dev/nvme-fabrics), re-keys the live controller after a rotation, and
+# on SIGTERM leaves nothing behind.
+agent_tls() {
+  local ctrl k; ctrl=$(node_json controller); k=$(cat "/sys/class/nvme/$ctrl/tls_key")
+  echo "$ctrl: state $(cat "/sys/class/nvme/$ctrl/state"), TLS key $k: $(grep "^$k " /proc/keys | sed 's/^.* psk *//')"
+  tlshd_says
+}
+agent_keys() { ring=$(grep 'keyring   nvmegate-node:' /proc/keys | cut -d' ' -f1); [ -n "$ring" ] || { echo "no nvmegate-node keyring"; return 0; }
+  echo "nvmegate-node ring: $(keyctl rlist "$((0x$ring))" | wc -w) key(s)"; }
+step agent-job as acme-scheduler job admit vm-agent-1 --tenant acme --node "$NODE1" --namespace "$ACME/1:ro" --region eu-west --expires-in 2h
+step agent-start start_node_agent vm-agent-1 acme-node-1 --keyring nvmegate-node
+step agent-tls agent_tls
+step agent-rekey agent_rekey "$ACME"
+step agent-old-secret agent_old_secret "$ACME" ",tls,keyring=$((0x$(grep 'keyring   nvmegate-node:' /proc/keys | cut -d' ' -f1)))"
+step agent-stop agent_stop "$ACME" "$N1"
+step agent-keys-after-stop agent_keys
+step gateway-log sh -c "grep -c . /tmp/gateway.log; grep -ciE 'panic|DHHC-1|NVMeTLSkey' /tmp/gateway.log /tmp/agent.log /tmp/tlshd.log /tmp/node.log || true"

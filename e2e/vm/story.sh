@@ -95,6 +95,19 @@ step disconnect-rekey disconnect
 step nvme-old-after-rekey nvme_connect rekey
 step disconnect-old-after-rekey disconnect
 step finish-rekey as acme-scheduler job finish vm-rekey-1 --reason done
+# The node agent on 6.1, for globex's restricted class (bidirectional
+# DH-HMAC-CHAP): a new globex node and job; nvmegate-node connects it by
+# itself, hands the live controller both new secrets after a rotation, and
+# on SIGTERM leaves nothing behind.
+GN2=nqn.2014-08.org.nvmexpress:uuid:00000002-bbbb-4000-8000-000000000000
+step globex-host-2 as admin inventory host add spiffe://nvmegate.test/node/globex-gpu-2 --nqn "$GN2" --tenant globex
+step agent-job as globex-scheduler job admit vm-agent-1 --tenant globex \
+  --node spiffe://nvmegate.test/node/globex-gpu-2 --namespace "$GLOBEX/1:ro" --region eu-west --expires-in 2h
+step agent-start start_node_agent vm-agent-1 globex-node-2
+step agent-rekey agent_rekey "$GLOBEX"
+step agent-old-secret agent_old_secret "$GLOBEX"
+step agent-stop agent_stop "$GLOBEX" "$GN2"
+step finish-agent-job as globex-scheduler job finish vm-agent-1 --reason done
 # The security team tightens residency: eu-west data only over fabric f1
 # (the policy's own samples' fabric); the VM's target is on fab-vm. The hot
 # reload re-decides globex's live grant and revokes it; the kernel then
@@ -107,4 +120,4 @@ step finish-jobs sh -c "nvmegate --dev-dir $G --dev-identity acme-scheduler job 
 step tree-after-finish tree
 step nvme-after-finish nvme_connect globex
 step disconnect-after-finish disconnect
-step gateway-log sh -c "grep -c . /tmp/gateway.log; grep -ciE 'panic|DHHC-1' /tmp/gateway.log /tmp/agent.log || true"
+step gateway-log sh -c "grep -c . /tmp/gateway.log; grep -ciE 'panic|DHHC-1' /tmp/gateway.log /tmp/agent.log /tmp/node.log || true"
