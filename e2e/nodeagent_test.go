@@ -33,7 +33,8 @@ import (
 // programmed: the subsystem must allow the host NQN, and the host's
 // dhchap_key there must be the secret presented.
 type targetKernel struct {
-	cfs string // the target's nvmet tree
+	cfs    string // the target's nvmet tree
+	refuse error  // every connect fails with this (a fabric down)
 
 	mu      sync.Mutex
 	next    int
@@ -78,6 +79,9 @@ func (k *targetKernel) Connect(opts string) (nvmehost.Controller, error) {
 	o, err := parseOptions(opts)
 	if err != nil {
 		return nvmehost.Controller{}, err
+	}
+	if k.refuse != nil {
+		return nvmehost.Controller{}, k.refuse
 	}
 	if err := k.check(o); err != nil {
 		return nvmehost.Controller{}, err
@@ -127,6 +131,9 @@ func (k *targetKernel) Info(name string) (nvmehost.Info, error) {
 	}
 	return nvmehost.Info{Name: name, State: "live", Transport: o["transport"], SubNQN: o["nqn"], HostNQN: o["hostnqn"]}, nil
 }
+
+// Multipath: one block device per namespace, whatever the paths.
+func (k *targetKernel) Multipath() bool { return true }
 
 func (k *targetKernel) snapshot() (ctrls map[string]map[string]string, reauths []error) {
 	k.mu.Lock()
@@ -259,8 +266,31 @@ func TestNodeAgent(t *testing.T) {
 		t.Fatalf("controllers for nodes outside the job: %v", c)
 	}
 
+	// A grant the kernel cannot use is released at once: no grant stays
+	// open (and no host on the target) for a connection that did not
+	// happen. The agent keeps trying and says why in its status.
+	down := &targetKernel{cfs: cfs, refuse: syscall.ECONNREFUSED}
+	rd := startNodeAgent(t, dir, "acme-node-1", "job-1", down)
+	st := waitStatus(t, rd, "the refused connect", func(s nodeagent.Status) bool {
+		return len(s.Subsystems) == 1 && strings.Contains(s.Subsystems[0].Error, "connection refused")
+	})
+	if st.Subsystems[0].Grant != "" || st.Subsystems[0].Controller != "" {
+		t.Fatalf("status after a refused connect: %+v", st.Subsystems[0])
+	}
+	rd.cancel()
+	if err := <-rd.done; err != nil {
+		t.Fatalf("shutdown after a refused connect: %v", err)
+	}
+	rd.done <- nil
+	if out := must("admin", "grants", "list", "--job", "job-1", "--state", "active"); strings.Contains(out, "g-") {
+		t.Fatalf("a grant stays active after the kernel refused the connect:\n%s", out)
+	}
+	if _, err := os.Lstat(filepath.Join(cfs, "subsystems", sub, "allowed_hosts", hostNQN)); !os.IsNotExist(err) {
+		t.Fatalf("the host is allowed on the target after the kernel refused the connect (%v)", err)
+	}
+
 	r := startNodeAgent(t, dir, "acme-node-1", "job-1", k)
-	st := waitStatus(t, r, "the connect", func(s nodeagent.Status) bool {
+	st = waitStatus(t, r, "the connect", func(s nodeagent.Status) bool {
 		return len(s.Subsystems) == 1 && s.Subsystems[0].Controller != "" && s.Subsystems[0].State == "live"
 	})
 	s0 := st.Subsystems[0]

@@ -141,7 +141,7 @@ func TestRealKernel612(t *testing.T) {
 		t.Helper()
 		has(refused(name), "kernel", why)
 	}
-	checkNodeAgent(t, ok, kernelRefuses, "acme-gpu-1", "qid 0: authenticated with hash hmac(sha256) dhgroup ffdhe2048")
+	checkNodeAgent(t, ok, kernelRefuses, "acme-gpu-1", "qid 0: authenticated with hash hmac(sha256) dhgroup ffdhe2048", false)
 	has(ok("agent-tls", "state live", "NVMe0R01 "+node1+" nqn.2026-01.io.nvmegate.vm:acme-train"), "output", "was successful")
 	ok("agent-keys-after-stop", "nvmegate-node ring: 0 key(s)")
 	ok("gateway-log", "/tmp/gateway.log:0", "/tmp/agent.log:0", "/tmp/tlshd.log:0", "/tmp/node.log:0")

@@ -233,10 +233,11 @@ func TestRealKernel(t *testing.T) {
 	kernelRefuses("nvme-old-after-rekey", "host response mismatch")
 
 	// The node agent, for globex's bidirectional class: it connects by
-	// itself, hands the live controller both new secrets after a rotation
-	// (re-authenticated in place, no read error), the old secret is
-	// refused, and its SIGTERM leaves no controller and no host.
-	checkNodeAgent(t, ok, kernelRefuses, "globex-gpu-2", "qid 0: authenticated with hash hmac(sha384) dhgroup ffdhe3072",
+	// itself; after a rotation it connects a second path with both new
+	// secrets and deletes the old one (no read error: the block device
+	// stays); the old secret is refused; its SIGTERM leaves no controller
+	// and no host.
+	checkNodeAgent(t, ok, kernelRefuses, "globex-gpu-2", "qid 0: authenticated with hash hmac(sha384) dhgroup ffdhe3072", true,
 		"the controller holds the new controller secret")
 
 	// The gateway's, the target agent's and the node agent's logs hold no
@@ -246,9 +247,10 @@ func TestRealKernel(t *testing.T) {
 
 // checkNodeAgent judges the node agent's steps of a VM story (lib.sh:
 // start_node_agent, agent_rekey, agent_old_secret, agent_stop): connected
-// with auth, re-keyed live with the rekey output, the old secret refused,
-// nothing left after SIGTERM.
-func checkNodeAgent(t *testing.T, ok func(string, ...string) vmStep, kernelRefuses func(name, why string), node, auth string, rekeyHas ...string) {
+// with auth; re-keyed with no read error, in place or (newPath, for
+// bidirectional grants) by a new path under the same block device; the
+// old secret refused; nothing left after SIGTERM.
+func checkNodeAgent(t *testing.T, ok func(string, ...string) vmStep, kernelRefuses func(name, why string), node, auth string, newPath bool, rekeyHas ...string) {
 	t.Helper()
 	ok("agent-job")
 	start := ok("agent-start", "vm-agent-1", " live ")
@@ -257,14 +259,24 @@ func checkNodeAgent(t *testing.T, ok func(string, ...string) vmStep, kernelRefus
 			t.Errorf("agent-start: the kernel log lacks %q:\n%s", want, start.excerpt())
 		}
 	}
-	rk := ok("agent-rekey", append([]string{"errors 0", "state live, re-keys 1", "the controller holds the new secret", "re-keyed the live controller"}, rekeyHas...)...)
-	for _, want := range []string{"re-authenticating controller", auth} {
+	rekeyHas = append(rekeyHas, "errors 0", "re-keys 1", "state live", "the controller holds the new secret", "re-keyed the live controller", ": there")
+	kernelHas := []string{auth}
+	if newPath {
+		rekeyHas = append(rekeyHas, `how="new path`, "gone: yes")
+		kernelHas = append(kernelHas, "new ctrl")
+	} else {
+		rekeyHas = append(rekeyHas, `how="in place"`)
+		kernelHas = append(kernelHas, "re-authenticating controller")
+	}
+	rk := ok("agent-rekey", rekeyHas...)
+	for _, want := range kernelHas {
 		if !strings.Contains(rk.Kernel, want) {
 			t.Errorf("agent-rekey: the kernel log lacks %q:\n%s", want, rk.excerpt())
 		}
 	}
-	if strings.Contains(rk.Kernel, "new ctrl") || strings.Contains(rk.Output, "reads 0 ") || strings.Contains(rk.Kernel, "authentication failed") {
-		t.Errorf("agent-rekey: a reconnect, no reads, or a failed re-authentication:\n%s", rk.excerpt())
+	if strings.Contains(rk.Output, "reads 0 ") || strings.Contains(rk.Kernel, "authentication failed") || strings.Contains(rk.Kernel, "fatal error") ||
+		!newPath && strings.Contains(rk.Kernel, "new ctrl") {
+		t.Errorf("agent-rekey: no reads, a failed authentication, or a reconnect:\n%s", rk.excerpt())
 	}
 	kernelRefuses("agent-old-secret", "host response mismatch")
 	stop := ok("agent-stop", "agent exit 0", "msg=released", "not allowed on", "no host entry")

@@ -35,6 +35,7 @@ type Kernel interface {
 	SetDHCHAP(name, hostSecret, ctrlSecret string) error
 	Delete(name string) error
 	Info(name string) (nvmehost.Info, error)
+	Multipath() bool
 }
 
 // Keys is the node's keyring for TLS PSKs (a keyring.Ring).
@@ -206,7 +207,7 @@ func (a *Agent) attach(s *sub, g *pb.Grant, conn nvmefmt.Connection) error {
 	if err != nil {
 		return err
 	}
-	ctrl, err := a.kernelConnect(conn)
+	ctrl, err := a.kernelConnect(conn, false)
 	if err != nil {
 		a.dropPSK(desc)
 		return err
@@ -219,15 +220,16 @@ func (a *Agent) attach(s *sub, g *pb.Grant, conn nvmefmt.Connection) error {
 	return nil
 }
 
-// kernelConnect tries the grant's ports in order until one connects.
-func (a *Agent) kernelConnect(conn nvmefmt.Connection) (string, error) {
+// kernelConnect tries the grant's ports in order until one connects;
+// duplicate adds a controller beside a live one (a second path).
+func (a *Agent) kernelConnect(conn nvmefmt.Connection, duplicate bool) (string, error) {
 	ring := 0
 	if a.Keys != nil {
 		ring = a.Keys.ID()
 	}
 	var errs []error
 	for i, p := range conn.Ports {
-		opts, err := conn.KernelOptions(i, ring)
+		opts, err := conn.KernelOptions(i, ring, duplicate)
 		if err != nil {
 			return "", err
 		}
@@ -406,19 +408,21 @@ func (a *Agent) renewed(s *sub, resp *pb.RenewResponse) error {
 		if err != nil {
 			return fmt.Errorf("re-key: %w", err)
 		}
-		if err := a.Kernel.SetDHCHAP(ctrl, conn.DHCHAPKey, conn.DHCHAPCtrlKey); err != nil && !errors.Is(err, nvmehost.ErrNoController) {
-			return fmt.Errorf("re-key controller %s: %w", ctrl, err)
+		how, err := a.rekey(ctrl, conn)
+		if err != nil {
+			return err
 		}
 		a.mu.Lock()
 		s.conn, s.credSum, s.pskDesc, s.lastRekey = conn, credSum(conn), desc, now
-		s.rekeys++
+		ctrl, s.rekeys = how.ctrl, s.rekeys+1
+		s.ctrl = ctrl
 		a.mu.Unlock()
-		a.log().Info("re-keyed the live controller", "subsystem", s.nqn, "controller", ctrl, "key_version", resp.Grant.KeyVersion)
+		a.log().Info("re-keyed the live controller", "subsystem", s.nqn, "controller", ctrl, "how", how.how, "key_version", resp.Grant.KeyVersion)
 	}
 	if _, err := a.Kernel.Info(ctrl); errors.Is(err, nvmehost.ErrNoController) {
 		// Gone (the kernel gave up reconnecting): connect again with the
 		// grant's current credentials.
-		c, err := a.kernelConnect(conn)
+		c, err := a.kernelConnect(conn, false)
 		if err != nil {
 			return fmt.Errorf("reconnect: %w", err)
 		}
@@ -428,6 +432,37 @@ func (a *Agent) renewed(s *sub, resp *pb.RenewResponse) error {
 		a.log().Info("reconnected a lost controller", "subsystem", s.nqn, "controller", c)
 	}
 	return nil
+}
+
+type rekeyed struct{ ctrl, how string }
+
+// rekey hands the live controller ctrl the new secrets of conn. With the
+// host's secret alone, in place: the kernel re-authenticates the live
+// controller. When the controller's secret changes too (bidirectional
+// authentication), no order of the two stores works in place: the
+// re-authentication between them fails, and nvmet drops the controller on
+// a failed re-authentication (seen on Linux 6.1). Then, with native
+// multipath, a second path connects with the new secrets and the old one
+// is deleted: the block device stays, I/O moves to the new path. Without
+// multipath, in place all the same, and the kernel's reconnect (with the
+// new secrets) follows the failure.
+func (a *Agent) rekey(ctrl string, conn nvmefmt.Connection) (rekeyed, error) {
+	if conn.DHCHAPCtrlKey != "" && a.Kernel.Multipath() {
+		next, err := a.kernelConnect(conn, true)
+		if err != nil {
+			return rekeyed{}, fmt.Errorf("re-key: a path with the new secrets: %w", err)
+		}
+		if err := a.Kernel.Delete(ctrl); err != nil && !errors.Is(err, nvmehost.ErrNoController) {
+			// The new path serves; the old one fails its next
+			// re-authentication or reconnect on its own.
+			a.log().Error("re-key: the old path stays", "controller", ctrl, "err", err)
+		}
+		return rekeyed{ctrl: next, how: "new path " + next + " replaced " + ctrl}, nil
+	}
+	if err := a.Kernel.SetDHCHAP(ctrl, conn.DHCHAPKey, conn.DHCHAPCtrlKey); err != nil && !errors.Is(err, nvmehost.ErrNoController) {
+		return rekeyed{}, fmt.Errorf("re-key controller %s: %w", ctrl, err)
+	}
+	return rekeyed{ctrl: ctrl, how: "in place"}, nil
 }
 
 // detach deletes s's controller and removes its PSK; the grant is left to

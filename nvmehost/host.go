@@ -17,6 +17,9 @@ type Host struct {
 	Fabrics string
 	// Class is the NVMe controller class directory; "" is /sys/class/nvme.
 	Class string
+	// Params is nvme_core's module parameters; "" is
+	// /sys/module/nvme_core/parameters.
+	Params string
 }
 
 // Controller is one NVMe controller the kernel made: its device name
@@ -211,6 +214,18 @@ func (h *Host) SetDHCHAP(name, hostSecret, ctrlSecret string) error {
 // ErrNoController.
 func (h *Host) Delete(name string) error {
 	return h.write(name, "delete_controller", "1")
+}
+
+// Multipath reports whether native NVMe multipath is on: controllers to
+// one subsystem are paths under one block device (nvme_core's multipath
+// parameter; distributions build it in and turn it on).
+func (h *Host) Multipath() bool {
+	dir := h.Params
+	if dir == "" {
+		dir = "/sys/module/nvme_core/parameters"
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "multipath"))
+	return err == nil && strings.TrimSpace(string(b)) == "Y"
 }
 
 // Controllers lists the controllers sysfs shows, with what they connect.

@@ -91,6 +91,20 @@ func sysfsCtrl(t *testing.T, class, name, sub string) {
 	}
 }
 
+func TestMultipath(t *testing.T) {
+	dir := t.TempDir()
+	h := &Host{Params: dir}
+	if h.Multipath() {
+		t.Fatal("Multipath without the parameter")
+	}
+	for v, want := range map[string]bool{"Y\n": true, "N\n": false} {
+		os.WriteFile(filepath.Join(dir, "multipath"), []byte(v), 0o644)
+		if h.Multipath() != want {
+			t.Errorf("multipath %q: Multipath() = %v", v, !want)
+		}
+	}
+}
+
 func TestSysfs(t *testing.T) {
 	class := t.TempDir()
 	h := &Host{Class: class}

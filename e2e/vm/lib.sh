@@ -199,7 +199,11 @@ agent_rekey() {
   cat /tmp/reads
   node_status
   grep -o 'msg="re-keyed the live controller".*' /tmp/node.log | head -1
+  now=$(node_json controller)
+  [ "$now" = "$ctrl" ] || echo "controller $ctrl replaced by $now (gone: $([ -e "/sys/class/nvme/$ctrl" ] && echo no || echo yes))"
+  ctrl=$now
   echo "controller $ctrl state $(cat "/sys/class/nvme/$ctrl/state"), re-keys $(node_json rekeys)"
+  echo "block device $dev: $([ -b "$dev" ] && echo there || echo gone)"
   cmp -s /tmp/agent-old-secret "/sys/class/nvme/$ctrl/dhchap_secret" && { echo "the controller still holds the old secret"; return 1; }
   echo "the controller holds the new secret"
   grep -q '^DHHC-1' /tmp/agent-old-ctrl-secret || return 0

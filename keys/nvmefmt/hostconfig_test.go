@@ -257,7 +257,7 @@ func nvmeCLI(t *testing.T) string {
 
 func TestKernelOptions(t *testing.T) {
 	c := testConnection(t)
-	got, err := c.KernelOptions(1, 0)
+	got, err := c.KernelOptions(1, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,21 +268,21 @@ func TestKernelOptions(t *testing.T) {
 		t.Fatalf("KernelOptions:\n got %q\nwant %q", got, want)
 	}
 	c.TLS = true
-	if _, err := c.KernelOptions(0, 0); !errors.Is(err, nvmefmt.ErrConnection) {
+	if _, err := c.KernelOptions(0, 0, false); !errors.Is(err, nvmefmt.ErrConnection) {
 		t.Fatalf("TLS without a keyring: %v, want ErrConnection", err)
 	}
-	got, err = c.KernelOptions(0, 0x1234)
+	got, err = c.KernelOptions(0, 0x1234, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasSuffix(got, ",tls,keyring=4660") || strings.Contains(got, "tls_key") {
+	if !strings.HasSuffix(got, ",tls,keyring=4660,duplicate_connect") || strings.Contains(got, "tls_key") {
 		t.Fatalf("TLS options: %q", got)
 	}
-	if _, err := c.KernelOptions(2, 1); err == nil {
+	if _, err := c.KernelOptions(2, 1, false); err == nil {
 		t.Fatal("KernelOptions(out of range) succeeded")
 	}
 	c.SubsystemNQN = "nqn.2026-01.io.nvmegate.demo:a,tls_key=1"
-	if _, err := c.KernelOptions(0, 1); !errors.Is(err, nvmefmt.ErrConnection) {
+	if _, err := c.KernelOptions(0, 1, false); !errors.Is(err, nvmefmt.ErrConnection) {
 		t.Fatalf("an NQN with a comma: %v, want ErrConnection", err)
 	}
 }

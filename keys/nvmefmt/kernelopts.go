@@ -16,7 +16,11 @@ import (
 // <subnqn>"; no tls_key is named, so that a PSK replaced in the ring after
 // a rotation is the one the next reconnect uses (a named key would be held
 // by the controller, and reconnects would present the old one).
-func (c *Connection) KernelOptions(i, keyring int) (string, error) {
+//
+// duplicate asks for a controller beside a live one to the same subsystem,
+// port and host (duplicate_connect): a second path, which native
+// multipath puts under the same block device.
+func (c *Connection) KernelOptions(i, keyring int, duplicate bool) (string, error) {
 	if err := c.Validate(); err != nil {
 		return "", err
 	}
@@ -61,6 +65,9 @@ func (c *Connection) KernelOptions(i, keyring int) (string, error) {
 	if c.TLS {
 		add("tls", "")
 		add("keyring", strconv.Itoa(keyring))
+	}
+	if duplicate {
+		add("duplicate_connect", "")
 	}
 	return b.String(), nil
 }
