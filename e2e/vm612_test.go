@@ -144,5 +144,11 @@ func TestRealKernel612(t *testing.T) {
 	checkNodeAgent(t, ok, kernelRefuses, "acme-gpu-1", "qid 0: authenticated with hash hmac(sha256) dhgroup ffdhe2048", false)
 	has(ok("agent-tls", "state live", "NVMe0R01 "+node1+" nqn.2026-01.io.nvmegate.vm:acme-train"), "output", "was successful")
 	ok("agent-keys-after-stop", "nvmegate-node ring: 0 key(s)")
+	// The figures: connect time with and without TLS and DH-HMAC-CHAP
+	// (logged for docs/PERFORMANCE.md; only their presence is checked:
+	// this machine's speed is not the test's business).
+	ok("timing-target", "2 PSKs in .nvme")
+	tm := ok("timing", "timing plain: mean", "timing dhchap: mean", "timing tls: mean", "timing tls+dhchap: mean", "queues per connect")
+	t.Logf("connect times (Linux 6.12 under TCG):\n%s", tm.Output)
 	ok("gateway-log", "/tmp/gateway.log:0", "/tmp/agent.log:0", "/tmp/tlshd.log:0", "/tmp/node.log:0")
 }

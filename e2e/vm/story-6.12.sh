@@ -174,4 +174,57 @@ step agent-rekey agent_rekey "$ACME"
 step agent-old-secret agent_old_secret "$ACME" ",tls,keyring=$((0x$(grep 'keyring   nvmegate-node:' /proc/keys | cut -d' ' -f1)))"
 step agent-stop agent_stop "$ACME" "$N1"
 step agent-keys-after-stop agent_keys
+# Figures: NVMe/TCP connect time without and with TLS, without and with
+# DH-HMAC-CHAP, on a hand-made subsystem with a plain port (4422) and a
+# TLS port (4423): host T1 without a DH-HMAC-CHAP key, T2 with one, both
+# with a PSK in .nvme (v0 identity: the kernel's default lookup). Each
+# variant connects 10 times; /proc/uptime has centiseconds, so the mean
+# of 10 is good to a millisecond. Every connect sets up the admin queue
+# and one I/O queue per CPU: with TLS, a handshake each.
+SUBT=nqn.2026-01.io.nvmegate.vm:timing
+T1=nqn.2014-08.org.nvmexpress:uuid:000000c1-0000-4000-8000-000000000000
+T2=nqn.2014-08.org.nvmexpress:uuid:000000c2-0000-4000-8000-000000000000
+timing_target() {
+  mkdir -p "$CFS/ports/3" "$CFS/ports/4" "$CFS/subsystems/$SUBT/namespaces/1" "$CFS/hosts/$T1" "$CFS/hosts/$T2" || return 1
+  echo /dev/nullb1 > "$CFS/subsystems/$SUBT/namespaces/1/device_path"; echo 1 > "$CFS/subsystems/$SUBT/namespaces/1/enable"
+  echo 0 > "$CFS/subsystems/$SUBT/attr_allow_any_host"
+  for h in "$T1" "$T2"; do
+    ln -s "$CFS/hosts/$h" "$CFS/subsystems/$SUBT/allowed_hosts/$h" || return 1
+    nvme check-tls-key --keydata="$(nvme gen-tls-key --hmac=1 2>/dev/null | grep -o 'NVMeTLSkey-1:[^ ]*')" \
+      --hostnqn="$h" --subsysnqn="$SUBT" --identity=0 --insert >/dev/null 2>&1 || return 1
+  done
+  nvme gen-dhchap-key --nqn="$T2" --hmac=1 2>/dev/null | grep -o 'DHHC-1:[^ ]*' > /tmp/t2.secret || return 1
+  cat /tmp/t2.secret > "$CFS/hosts/$T2/dhchap_key"; echo 'hmac(sha256)' > "$CFS/hosts/$T2/dhchap_hash"; echo ffdhe2048 > "$CFS/hosts/$T2/dhchap_dhgroup"
+  for p in 3:4422 4:4423; do
+    id=${p%:*}; svc=${p#*:}
+    echo tcp > "$CFS/ports/$id/addr_trtype"; echo ipv4 > "$CFS/ports/$id/addr_adrfam"
+    echo 127.0.0.1 > "$CFS/ports/$id/addr_traddr"; echo "$svc" > "$CFS/ports/$id/addr_trsvcid"
+    [ "$id" = 4 ] && { echo tls1.3 > "$CFS/ports/$id/addr_tsas" || return 1; }
+    ln -s "$CFS/subsystems/$SUBT" "$CFS/ports/$id/subsystems/$SUBT" || return 1
+  done
+  grep -c "psk *NVMe0R01 .* $SUBT" /proc/keys | sed 's/$/ PSKs in .nvme/'
+}
+uptime_cs() { local u _; read -r u _ < /proc/uptime; echo "${u%.*}${u#*.}"; }
+# time_connects NAME ARGS...: 10 connects with ARGS, each disconnected after.
+time_connects() {
+  local name=$1 total=0 t0 t1; shift
+  for _ in $(seq 10); do
+    t0=$(uptime_cs)
+    nvme connect -t tcp -a 127.0.0.1 -n "$SUBT" "$@" >/tmp/tc.err 2>&1 || { echo "$name: connect failed"; cat /tmp/tc.err; return 1; }
+    t1=$(uptime_cs)
+    total=$((total + t1 - t0))
+    nvme disconnect -n "$SUBT" >/dev/null 2>&1
+  done
+  # total centiseconds over 10 connects = the mean in milliseconds
+  echo "timing $name: mean $total ms over 10 connects"
+}
+tls_timing() {
+  time_connects plain -s 4422 --hostnqn="$T1" || return 1
+  time_connects dhchap -s 4422 --hostnqn="$T2" --dhchap-secret="$(cat /tmp/t2.secret)" || return 1
+  time_connects tls -s 4423 --hostnqn="$T1" --tls || return 1
+  time_connects tls+dhchap -s 4423 --hostnqn="$T2" --tls --dhchap-secret="$(cat /tmp/t2.secret)" || return 1
+  echo "queues per connect: 1 admin + $(nproc 2>/dev/null || grep -c ^processor /proc/cpuinfo) I/O"
+}
+step timing-target timing_target
+step timing tls_timing
 step gateway-log sh -c "grep -c . /tmp/gateway.log; grep -ciE 'panic|DHHC-1|NVMeTLSkey' /tmp/gateway.log /tmp/agent.log /tmp/tlshd.log /tmp/node.log || true"
