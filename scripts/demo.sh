@@ -225,6 +225,36 @@ hosts_left=$(ls "$CFS/subsystems/$ACME/allowed_hosts" | wc -l | tr -d ' ')
 echo "      no host is allowed on stor-eu-1 any more"
 ok "the admin lists the job's grants (released, revoked)" -- as admin grants list --job llm-pretrain-1
 
+echo "== the node agent fails safe: a grant the kernel cannot use is released at once"
+# nvmegate-node connects a job's subsystems through the kernel's NVMe host
+# (/dev/nvme-fabrics), renews, re-keys live controllers and releases at the
+# end; the VM tiers of make test run it on Linux 6.1 and 6.12. Here it is
+# pointed at a fabrics device that does not exist, as on a machine without
+# the NVMe host: it takes the grant, cannot connect, and releases it again.
+ok "acme's scheduler admits job llm-agent-1 (acme-node-3, acme's dataset)" -- \
+  as acme-scheduler job admit llm-agent-1 --tenant acme --node spiffe://nvmegate.test/node/acme-gpu-3 \
+    --namespace "$ACME/1:ro" --region eu-west --expires-in 1h
+if [ -n "$SPIFFE_SOCKET" ]; then
+  node_id=(--spiffe-socket "$SPIFFE_SOCKET" --spiffe-id "${ID[acme-node-3]:?no SPIFFE ID for acme-node-3}" --addr "$ADDR")
+else
+  node_id=(--dev-dir "$DEMO" --dev-identity acme-node-3)
+fi
+"$BIN/nvmegate-node" run "${node_id[@]}" --job llm-agent-1 --keyring "" --status-socket "$DEMO/node-agent.sock" \
+  --fabrics-dev "$DEMO/no-nvme-fabrics" --sysfs-class "$DEMO/no-sysfs" > "$DEMO/node-agent.log" 2>&1 &
+node_agent=$!
+for _ in $(seq 100); do
+  "$BIN/nvmegate-node" status --status-socket "$DEMO/node-agent.sock" 2>/dev/null | grep -q 'no such file' && break
+  sleep 0.1
+done
+ok "its status says why it is not connected, and holds no grant" -- \
+  sh -c "'$BIN/nvmegate-node' status --status-socket '$DEMO/node-agent.sock' | tee /dev/stderr | grep -q 'nvme-fabrics: no such file'"
+kill -TERM "$node_agent"; wait "$node_agent" || fail "the node agent exited with status $? on SIGTERM"
+active=$(as admin grants list --job llm-agent-1 --state active | tail -n +2 | wc -l | tr -d ' ')
+[ "$active" = 0 ] || fail "the node agent left $active active grant(s)"
+ok "no grant of the job stays active, and no host on the target" -- as admin grants list --job llm-agent-1
+[ -z "$(ls "$CFS/subsystems/$ACME/allowed_hosts")" ] || fail "a host is allowed on stor-eu-1 after the agent's failed connect"
+ok "acme's scheduler finishes job llm-agent-1" -- as acme-scheduler job finish llm-agent-1 --reason "demo"
+
 echo "== decisions stay true: the security team moves us-west data off us-west targets"
 EVAL=nqn.2026-01.io.nvmegate.demo:acme-eval
 DIGEST_E=sha256:$(printf 'acme/eval-2026' | sha256sum | cut -d' ' -f1)

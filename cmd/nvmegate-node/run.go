@@ -55,10 +55,12 @@ keys and release the grants (exit 1 if one of those did not happen).`,
 			a.Gateway = pb.NewAccessClient(conn)
 			a.Kernel = &nvmehost.Host{Fabrics: fabrics, Class: class}
 			a.Log = log
-			if r, err := keyring.Named(ring); err == nil {
-				a.Keys = r
-			} else {
-				log.Warn("no keyring for TLS PSKs: grants that require TLS will fail", "keyring", ring, "err", err)
+			if ring != "" {
+				if r, err := keyring.Named(ring); err == nil {
+					a.Keys = r
+				} else {
+					log.Warn("no keyring for TLS PSKs: grants that require TLS will fail", "keyring", ring, "err", err)
+				}
 			}
 			stop, err := serveStatus(socket, &a, log)
 			if err != nil {
@@ -78,7 +80,7 @@ keys and release the grants (exit 1 if one of those did not happen).`,
 	f.StringVar(&a.Job, "job", "", "the training job whose subsystems to connect")
 	f.DurationVar(&a.TTL, "ttl", 0, "lifetime asked for each grant (default: the gateway's; capped by policy and the job)")
 	f.DurationVar(&a.RenewEvery, "renew-every", time.Minute, "renewal interval; shorter than the gateway's rotation grace")
-	f.StringVar(&ring, "keyring", "nvmegate-node", "the keyring (in root's user keyring) for the TLS PSKs")
+	f.StringVar(&ring, "keyring", "nvmegate-node", "the keyring (in root's user keyring) for the TLS PSKs ('' for none: TLS grants fail)")
 	f.StringVar(&socket, "status-socket", defaultSocket, "unix socket for the status command ('' for none)")
 	f.StringVar(&fabrics, "fabrics-dev", "/dev/nvme-fabrics", "the kernel's fabrics control device")
 	f.StringVar(&class, "sysfs-class", "/sys/class/nvme", "the kernel's NVMe controller class directory")
