@@ -42,4 +42,3 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(runCmd(stderr), statusCmd(stdout))
 	return root
 }
-
