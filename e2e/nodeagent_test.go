@@ -132,6 +132,22 @@ func (k *targetKernel) Info(name string) (nvmehost.Info, error) {
 	return nvmehost.Info{Name: name, State: "live", Transport: o["transport"], SubNQN: o["nqn"], HostNQN: o["hostnqn"]}, nil
 }
 
+func (k *targetKernel) Controllers() ([]nvmehost.Info, error) {
+	k.mu.Lock()
+	var names []string
+	for n := range k.ctrls {
+		names = append(names, n)
+	}
+	k.mu.Unlock()
+	var out []nvmehost.Info
+	for _, n := range names {
+		if in, err := k.Info(n); err == nil {
+			out = append(out, in)
+		}
+	}
+	return out, nil
+}
+
 // Multipath: one block device per namespace, whatever the paths.
 func (k *targetKernel) Multipath() bool { return true }
 
@@ -341,6 +357,30 @@ func TestNodeAgent(t *testing.T) {
 		t.Fatalf("a renewal without new credentials re-authenticated: %v", reauths)
 	}
 
+	// An agent that died (here: its gateway connection gone, so it
+	// neither renews nor tears down) leaves its controller; the agent
+	// that restarts takes it over with a new grant's secrets rather than
+	// failing a second connect to the same port.
+	r.cancel()
+	if err := <-r.done; err != nil {
+		t.Fatalf("agent shutdown: %v\n%s", err, r.log)
+	}
+	r.done <- nil
+	k.mu.Lock()
+	orphan := map[string]string{}
+	for a, v := range first {
+		orphan[a] = v
+	}
+	k.ctrls = map[string]map[string]string{"nvme9": orphan}
+	k.mu.Unlock()
+	must("acme-scheduler", "job", "admit", "job-2", "--tenant", "acme", "--node", node1, "--namespace", sub+"/1:rw", "--region", "eu-west", "--expires-in", "2h")
+	r = startNodeAgent(t, dir, "acme-node-1", "job-2", k)
+	st = waitStatus(t, r, "the take-over", func(s nodeagent.Status) bool { return len(s.Subsystems) == 1 && s.Subsystems[0].Controller != "" })
+	if c, reauths := k.snapshot(); st.Subsystems[0].Controller != "nvme9" || len(c) != 1 || len(reauths) != 2 || reauths[1] != nil {
+		t.Fatalf("the restarted agent did not take over nvme9: status %+v, controllers %v, re-authentications %v", st.Subsystems[0], c, reauths)
+	}
+	s0.Grant = st.Subsystems[0].Grant
+
 	// Shutdown: the controller goes, the grant is released, the host
 	// leaves the target.
 	r.cancel()
@@ -354,7 +394,7 @@ func TestNodeAgent(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(cfs, "subsystems", sub, "allowed_hosts", hostNQN)); !os.IsNotExist(err) {
 		t.Fatalf("the host is still allowed on the target after the shutdown (%v)", err)
 	}
-	if out := must("admin", "grants", "list", "--job", "job-1", "--state", "released"); !strings.Contains(out, s0.Grant) {
+	if out := must("admin", "grants", "list", "--job", "job-2", "--state", "released"); !strings.Contains(out, s0.Grant) {
 		t.Fatalf("grant %s not released:\n%s", s0.Grant, out)
 	}
 

@@ -35,6 +35,7 @@ type Kernel interface {
 	SetDHCHAP(name, hostSecret, ctrlSecret string) error
 	Delete(name string) error
 	Info(name string) (nvmehost.Info, error)
+	Controllers() ([]nvmehost.Info, error)
 	Multipath() bool
 }
 
@@ -207,10 +208,16 @@ func (a *Agent) attach(s *sub, g *pb.Grant, conn nvmefmt.Connection) error {
 	if err != nil {
 		return err
 	}
-	ctrl, err := a.kernelConnect(conn, false)
+	ctrl, adopted, err := a.adopt(conn)
+	if err == nil && ctrl == "" {
+		ctrl, err = a.kernelConnect(conn, false)
+	}
 	if err != nil {
 		a.dropPSK(desc)
 		return err
+	}
+	if adopted != "" {
+		a.log().Info("took over a live controller", "subsystem", s.nqn, "controller", ctrl, "how", adopted)
 	}
 	now := a.now()
 	a.mu.Lock()
@@ -218,6 +225,28 @@ func (a *Agent) attach(s *sub, g *pb.Grant, conn nvmefmt.Connection) error {
 	s.grant, s.conn, s.ctrl, s.pskDesc = g, conn, ctrl, desc
 	s.credSum, s.lifetime, s.lastRenew = credSum(conn), g.ExpiresAt.AsTime().Sub(now), now
 	return nil
+}
+
+// adopt finds a controller of this host to conn's subsystem that is
+// already there (an agent that restarted after a crash left it) and hands
+// it the grant's secrets: the connection lives on, and the kernel would
+// refuse a second one to the same port anyway. "" if there is none.
+func (a *Agent) adopt(conn nvmefmt.Connection) (ctrl, how string, err error) {
+	cs, err := a.Kernel.Controllers()
+	if err != nil {
+		return "", "", err
+	}
+	for _, c := range cs {
+		if c.SubNQN != conn.SubsystemNQN || c.HostNQN != conn.HostNQN || c.State == "deleting" || c.State == "dead" {
+			continue
+		}
+		r, err := a.rekey(c.Name, conn)
+		if err != nil {
+			return "", "", err
+		}
+		return r.ctrl, r.how, nil
+	}
+	return "", "", nil
 }
 
 // kernelConnect tries the grant's ports in order until one connects;
