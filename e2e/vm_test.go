@@ -278,6 +278,11 @@ func checkNodeAgent(t *testing.T, ok func(string, ...string) vmStep, kernelRefus
 		!newPath && strings.Contains(rk.Kernel, "new ctrl") {
 		t.Errorf("agent-rekey: no reads, a failed authentication, or a reconnect:\n%s", rk.excerpt())
 	}
+	// Killed and restarted: the new agent takes the live controller over.
+	rs := ok("agent-restart", "errors 0", "took over a live controller", "state live", ": there")
+	if strings.Contains(rs.Output, "reads 0 ") || strings.Contains(rs.Kernel, "authentication failed") || strings.Contains(rs.Kernel, "fatal error") {
+		t.Errorf("agent-restart: no reads or a failed authentication:\n%s", rs.excerpt())
+	}
 	kernelRefuses("agent-old-secret", "host response mismatch")
 	stop := ok("agent-stop", "agent exit 0", "msg=released", "not allowed on", "no host entry")
 	if strings.Contains(stop.Output, "controllers: nvme") || strings.Contains(stop.Output, "still") || strings.Contains(stop.Output, "left behind") {

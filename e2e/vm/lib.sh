@@ -237,3 +237,27 @@ agent_stop() {
   [ -d "$CFS/hosts/$host" ] && echo "host entry $host still there" || echo "no host entry $host"
   [ -e "$NODE_SOCK" ] && echo "status socket left behind" || true
 }
+
+# agent_restart JOB WHO [ARGS]: with a read loop running, the agent dies
+# (SIGKILL: no release, no clean-up) and starts again; the new agent takes
+# over the live controller with a new grant's secrets.
+agent_restart() {
+  local ctrl dev
+  ctrl=$(node_json controller)
+  dev=/dev/$(ls /sys/block | grep -E '^nvme[0-9]+n[0-9]+$' | head -1)
+  rm -f /tmp/stop-reads /tmp/reads
+  ( n=0; e=0; while [ ! -f /tmp/stop-reads ]; do
+      dd if="$dev" of=/dev/null bs=4096 count=1 skip=$((n + e)) 2>/dev/null && n=$((n+1)) || e=$((e+1)); sleep 0.05
+    done; echo "reads $n errors $e" > /tmp/reads ) &
+  sleep 1
+  kill -KILL "$NODE_PID"; wait "$NODE_PID" 2>/dev/null
+  echo "agent killed; controllers: $(ls /sys/class/nvme | tr '\n' ' ')"
+  mv /tmp/node.log /tmp/node-1.log
+  start_node_agent "$@" >/dev/null || { cat /tmp/node.log; return 1; }
+  sleep 3
+  touch /tmp/stop-reads; sleep 0.5
+  cat /tmp/reads
+  grep -o 'msg="took over a live controller".*' /tmp/node.log | head -1
+  echo "controller before $ctrl, now $(node_json controller), state $(node_json state); block device $dev: $([ -b "$dev" ] && echo there || echo gone)"
+  cat /tmp/node-1.log >> /tmp/node.log
+}

@@ -171,6 +171,7 @@ step agent-job as acme-scheduler job admit vm-agent-1 --tenant acme --node "$NOD
 step agent-start start_node_agent vm-agent-1 acme-node-1 --keyring nvmegate-node
 step agent-tls agent_tls
 step agent-rekey agent_rekey "$ACME"
+step agent-restart agent_restart vm-agent-1 acme-node-1 --keyring nvmegate-node
 step agent-old-secret agent_old_secret "$ACME" ",tls,keyring=$((0x$(grep 'keyring   nvmegate-node:' /proc/keys | cut -d' ' -f1)))"
 step agent-stop agent_stop "$ACME" "$N1"
 step agent-keys-after-stop agent_keys

@@ -105,6 +105,7 @@ step agent-job as globex-scheduler job admit vm-agent-1 --tenant globex \
   --node spiffe://nvmegate.test/node/globex-gpu-2 --namespace "$GLOBEX/1:ro" --region eu-west --expires-in 2h
 step agent-start start_node_agent vm-agent-1 globex-node-2
 step agent-rekey agent_rekey "$GLOBEX"
+step agent-restart agent_restart vm-agent-1 globex-node-2
 step agent-old-secret agent_old_secret "$GLOBEX"
 step agent-stop agent_stop "$GLOBEX" "$GN2"
 step finish-agent-job as globex-scheduler job finish vm-agent-1 --reason done
