@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -21,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/nvmegate/nvmegate/internal/clientconn"
+	"github.com/nvmegate/nvmegate/internal/logbuf"
 	"github.com/nvmegate/nvmegate/nodeagent"
 	"github.com/nvmegate/nvmegate/nvmehost"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
@@ -168,7 +168,7 @@ func (k *targetKernel) snapshot() (ctrls map[string]map[string]string, reauths [
 // agentRun is one agent running in this process.
 type agentRun struct {
 	a      *nodeagent.Agent
-	log    *bytes.Buffer
+	log    *logbuf.Buffer
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -180,35 +180,18 @@ func startNodeAgent(t *testing.T, dir, who, job string, k *targetKernel) *agentR
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close(); src.Close() })
-	var log syncBuffer
+	log := &logbuf.Buffer{}
 	r := &agentRun{a: &nodeagent.Agent{Gateway: pb.NewAccessClient(conn), Kernel: k, Job: job, RenewEvery: 100 * time.Millisecond,
-		Log: slog.New(slog.NewTextHandler(&log, nil))}, log: &log.buf, done: make(chan error, 1)}
+		Log: slog.New(slog.NewTextHandler(log, nil))}, log: log, done: make(chan error, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	go func() { r.done <- r.a.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
 		<-r.done
-		scanBytes(t.Name()+": agent log "+who, log.bytes())
+		scanBytes(t.Name()+": agent log "+who, []byte(log.String()))
 	})
 	return r
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) bytes() []byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return bytes.Clone(b.buf.Bytes())
 }
 
 // waitStatus waits until the agent's status satisfies ok.
