@@ -1,6 +1,11 @@
 package nvmegate
 
-import "time"
+import (
+	"path"
+	"strconv"
+	"strings"
+	"time"
+)
 
 // Data classes of the default policy. Sites may define others in policy data;
 // the inventory only checks the spelling.
@@ -24,6 +29,12 @@ type Namespace struct {
 	DataClass    string    // drives policy obligations (e.g. restricted, immutable)
 	Dataset      Dataset   // what the namespace holds
 	QoS          QoS       // reservation/cap on the target; zero means none
+	// BackingDevice is the block device on the target that holds the
+	// namespace ("/dev/nvme0n1", "/dev/md/ds1"). When set, the target
+	// agent exports it encrypted at rest: a dm-crypt mapping keyed with the
+	// namespace's data key, which nvmet serves. "" leaves the namespace to
+	// the storage operator (not encrypted by nvmegate).
+	BackingDevice string
 	CreatedAt    time.Time // set by the store
 }
 
@@ -58,6 +69,11 @@ type NamespaceKey struct {
 	NSID         uint32
 }
 
+// KeyName names the namespace in the key store: "<subsystem NQN>/<NSID>".
+func (k NamespaceKey) KeyName() string {
+	return k.SubsystemNQN + "/" + strconv.FormatUint(uint64(k.NSID), 10)
+}
+
 // Validate checks the namespace on its own; the store checks the subsystem
 // exists and has the same tenant.
 func (n *Namespace) Validate() error {
@@ -81,6 +97,22 @@ func (n *Namespace) Validate() error {
 	}
 	if err := ValidateDigest("dataset.digest", n.Dataset.Digest); err != nil {
 		return err
+	}
+	return ValidateDevicePath("backing_device", n.BackingDevice)
+}
+
+// ValidateDevicePath checks a block device path on a target: "" or an
+// absolute, clean path under /dev/ of printable characters without spaces
+// or commas (it becomes a configfs attribute and a device-mapper table).
+func ValidateDevicePath(field, v string) error {
+	if v == "" {
+		return nil
+	}
+	if err := ValidateString(field, v); err != nil {
+		return err
+	}
+	if len(v) > 255 || !strings.HasPrefix(v, "/dev/") || path.Clean(v) != v || strings.ContainsAny(v, " ,\t") {
+		return Invalid(field, "must be a clean absolute path under /dev/ of at most 255 bytes, without spaces or commas (got %s)", show(v))
 	}
 	return nil
 }

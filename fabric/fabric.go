@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 )
@@ -85,12 +86,31 @@ type Subsystem struct {
 	Namespaces []Namespace // QoS caps; drivers without QoS ignore them
 }
 
-// Namespace is a namespace's QoS caps (0: no cap).
+// Namespace is a namespace's QoS caps (0: no cap) and, for a namespace
+// the driver exports encrypted at rest, its backing device and data key.
+// It prints redacted.
 type Namespace struct {
 	NSID    uint32
 	MaxIOPS uint64
 	MaxMBps uint64
+	// BackingDevice is the block device holding the namespace; "" leaves
+	// the namespace to the operator (drivers neither create nor encrypt it).
+	BackingDevice string
+	// DataKey is the namespace's data key, unwrapped (secret), with
+	// BackingDevice.
+	DataKey []byte
 }
+
+// String redacts the data key.
+func (n Namespace) String() string {
+	if n.BackingDevice == "" {
+		return fmt.Sprintf("namespace %d", n.NSID)
+	}
+	return fmt.Sprintf("namespace %d on %s (%d-byte data key redacted)", n.NSID, n.BackingDevice, len(n.DataKey))
+}
+
+// Format prints the namespace redacted for every verb.
+func (n Namespace) Format(f fmt.State, _ rune) { io.WriteString(f, n.String()) }
 
 // Host is a host allowed on a subsystem, with its credentials. Host and
 // controller secrets are DHHC-1 strings. It prints redacted.

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"strconv"
 
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/keys"
@@ -27,7 +26,7 @@ type KeyManager interface {
 
 // NamespaceKeyName names a namespace's data key in the key store.
 func NamespaceKeyName(subsystemNQN string, nsid uint32) string {
-	return subsystemNQN + "/" + strconv.FormatUint(uint64(nsid), 10)
+	return nvmegate.NamespaceKey{SubsystemNQN: subsystemNQN, NSID: nsid}.KeyName()
 }
 
 // keysService answers Keys.Rotate and Keys.Status; it never returns key

@@ -60,6 +60,7 @@ type namespaceRecord struct {
 	DatasetDigest string    `json:"dataset_digest"`
 	QoSMaxIOPS    uint64    `json:"qos_max_iops,omitempty"`
 	QoSMaxMBps    uint64    `json:"qos_max_mbps,omitempty"`
+	BackingDevice string    `json:"backing_device,omitempty"`
 	CreatedAt     time.Time `json:"created_at"`
 }
 
@@ -125,7 +126,7 @@ func encodeNamespace(n *nvmegate.Namespace) ([]byte, error) {
 		Region: n.Region, DataClass: n.DataClass,
 		DatasetName: n.Dataset.Name, DatasetDigest: n.Dataset.Digest,
 		QoSMaxIOPS: n.QoS.MaxIOPS, QoSMaxMBps: n.QoS.MaxMBps,
-		CreatedAt: n.CreatedAt,
+		BackingDevice: n.BackingDevice, CreatedAt: n.CreatedAt,
 	})
 }
 
@@ -138,8 +139,8 @@ func decodeNamespace(v []byte) (*nvmegate.Namespace, error) {
 		SubsystemNQN: r.SubsystemNQN, NSID: r.NSID, Tenant: r.Tenant,
 		Region: r.Region, DataClass: r.DataClass,
 		Dataset:   nvmegate.Dataset{Name: r.DatasetName, Digest: r.DatasetDigest},
-		QoS:       nvmegate.QoS{MaxIOPS: r.QoSMaxIOPS, MaxMBps: r.QoSMaxMBps},
-		CreatedAt: r.CreatedAt,
+		QoS:           nvmegate.QoS{MaxIOPS: r.QoSMaxIOPS, MaxMBps: r.QoSMaxMBps},
+		BackingDevice: r.BackingDevice, CreatedAt: r.CreatedAt,
 	}, nil
 }
 

@@ -35,6 +35,9 @@ type Driver struct {
 	// PSKs holds the TLS PSKs of hosts granted on TLS ports (the kernel's
 	// ".nvme" keyring); nil: this driver lets in no host with a PSK.
 	PSKs PSKs
+	// Crypt exports namespaces that have a backing device encrypted at
+	// rest (cryptdev.Cryptsetup); nil: it refuses them.
+	Crypt Crypt
 
 	mu   sync.Mutex
 	seen map[string]seenEntry // path → a digest of what is there, and when it was checked
@@ -139,6 +142,8 @@ func stateSum(s fabric.State) ([32]byte, error) {
 			num(uint64(n.NSID))
 			num(n.MaxIOPS)
 			num(n.MaxMBps)
+			field(n.BackingDevice)
+			field(string(n.DataKey))
 		}
 	}
 	var out [32]byte
@@ -212,8 +217,14 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) (err error) {
 		}
 	}
 	portSubs := map[uint16]map[string]bool{} // the subsystems each port serves
+	mapped := map[string]bool{}               // the dm-crypt mappings in use
 	for _, sub := range s.Subsystems {
 		if err := d.writeSubsystem(sub); err != nil {
+			return err
+		}
+		// Its namespaces of ours: mapped, then enabled (nvmet serves a
+		// namespace enabled after its ports were).
+		if err := d.writeNamespaces(sub, mapped); err != nil {
 			return err
 		}
 		for _, p := range sub.Ports {
@@ -241,6 +252,9 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) (err error) {
 				return err
 			}
 		}
+	}
+	if err := d.closeUnused(mapped); err != nil {
+		return err
 	}
 	return d.syncPSKs(s, st)
 }

@@ -17,7 +17,7 @@ func TestStateSumCoversEveryField(t *testing.T) {
 			NQN:        "nqn.2026-01.test:s",
 			Hosts:      []fabric.Host{{NQN: "h", DHCHAPKey: "k", DHCHAPCtrlKey: "c", DHCHAPHash: "hmac(sha256)", DHCHAPGroup: "ffdhe2048", TLSPSK: "p"}},
 			Ports:      []fabric.Port{{ID: 1, Trtype: "tcp", Adrfam: "ipv4", Traddr: "a", Trsvcid: "4420", Treq: "r", Tsas: "none"}},
-			Namespaces: []fabric.Namespace{{NSID: 1, MaxIOPS: 2, MaxMBps: 3}},
+			Namespaces: []fabric.Namespace{{NSID: 1, MaxIOPS: 2, MaxMBps: 3, BackingDevice: "/dev/d", DataKey: []byte{1, 2, 3}}},
 		}}}
 	}
 	want, _ := stateSum(base())
@@ -31,6 +31,14 @@ func TestStateSumCoversEveryField(t *testing.T) {
 				visit(v.Field(i), path+"."+v.Type().Field(i).Name)
 			}
 		case reflect.Slice:
+			if v.Type().Elem().Kind() == reflect.Uint8 { // a key: one leaf
+				st := base()
+				f := leaf(reflect.ValueOf(&st).Elem(), path)
+				f.SetBytes(append(append([]byte(nil), f.Bytes()...), 'x'))
+				check(t, st, want, path)
+				checked++
+				return
+			}
 			for i := range v.Len() {
 				visit(v.Index(i), path)
 			}
@@ -56,8 +64,8 @@ func TestStateSumCoversEveryField(t *testing.T) {
 		}
 	}
 	visit(reflect.ValueOf(base()), "")
-	if checked != 17 { // a subsystem's NQN, 6 host, 7 port and 3 namespace fields
-		t.Fatalf("%d fields checked, want 17", checked)
+	if checked != 19 { // a subsystem's NQN, 6 host, 7 port and 5 namespace fields
+		t.Fatalf("%d fields checked, want 19", checked)
 	}
 }
 

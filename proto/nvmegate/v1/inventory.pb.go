@@ -351,7 +351,11 @@ type Namespace struct {
 	// QoS limits applied on the target.
 	Qos *QoS `protobuf:"bytes,7,opt,name=qos,proto3" json:"qos,omitempty"`
 	// When the namespace was registered; set by the gateway.
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// Block device on the target that holds the namespace. When set, the
+	// target agent exports it encrypted at rest (dm-crypt keyed with the
+	// namespace's data key); empty leaves the namespace to the operator.
+	BackingDevice string `protobuf:"bytes,9,opt,name=backing_device,json=backingDevice,proto3" json:"backing_device,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -440,6 +444,13 @@ func (x *Namespace) GetCreatedAt() *timestamppb.Timestamp {
 		return x.CreatedAt
 	}
 	return nil
+}
+
+func (x *Namespace) GetBackingDevice() string {
+	if x != nil {
+		return x.BackingDevice
+	}
+	return ""
 }
 
 // Dataset names the data in a namespace.
@@ -2267,7 +2278,7 @@ const file_nvmegate_v1_inventory_proto_rawDesc = "" +
 	"\x03tls\x18\x06 \x01(\bR\x03tls\x12 \n" +
 	"\vdescription\x18\a \x01(\tR\vdescription\x129\n" +
 	"\n" +
-	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\xa2\x02\n" +
+	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\xc9\x02\n" +
 	"\tNamespace\x12#\n" +
 	"\rsubsystem_nqn\x18\x01 \x01(\tR\fsubsystemNqn\x12\x12\n" +
 	"\x04nsid\x18\x02 \x01(\rR\x04nsid\x12\x16\n" +
@@ -2278,7 +2289,8 @@ const file_nvmegate_v1_inventory_proto_rawDesc = "" +
 	"\adataset\x18\x06 \x01(\v2\x14.nvmegate.v1.DatasetR\adataset\x12\"\n" +
 	"\x03qos\x18\a \x01(\v2\x10.nvmegate.v1.QoSR\x03qos\x129\n" +
 	"\n" +
-	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"5\n" +
+	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12%\n" +
+	"\x0ebacking_device\x18\t \x01(\tR\rbackingDevice\"5\n" +
 	"\aDataset\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\";\n" +

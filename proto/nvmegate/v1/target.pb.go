@@ -351,7 +351,8 @@ func (x *TargetSubsystem) GetNamespaces() []*TargetNamespace {
 	return nil
 }
 
-// TargetNamespace is a namespace's QoS caps (0: no cap).
+// TargetNamespace is a namespace's QoS caps (0: no cap) and, for a
+// namespace the agent exports encrypted, its backing device and data key.
 type TargetNamespace struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Namespace ID.
@@ -359,7 +360,12 @@ type TargetNamespace struct {
 	// I/O operations per second.
 	MaxIops uint64 `protobuf:"varint,2,opt,name=max_iops,json=maxIops,proto3" json:"max_iops,omitempty"`
 	// Megabytes per second.
-	MaxMbps       uint64 `protobuf:"varint,3,opt,name=max_mbps,json=maxMbps,proto3" json:"max_mbps,omitempty"`
+	MaxMbps uint64 `protobuf:"varint,3,opt,name=max_mbps,json=maxMbps,proto3" json:"max_mbps,omitempty"`
+	// Block device holding the namespace; empty: the operator's namespace.
+	BackingDevice string `protobuf:"bytes,4,opt,name=backing_device,json=backingDevice,proto3" json:"backing_device,omitempty"`
+	// The namespace's data key, unwrapped (secret: never log). Sent only to
+	// the agent of the namespace's own target, with backing_device.
+	DataKey       []byte `protobuf:"bytes,5,opt,name=data_key,json=dataKey,proto3" json:"data_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -413,6 +419,20 @@ func (x *TargetNamespace) GetMaxMbps() uint64 {
 		return x.MaxMbps
 	}
 	return 0
+}
+
+func (x *TargetNamespace) GetBackingDevice() string {
+	if x != nil {
+		return x.BackingDevice
+	}
+	return ""
+}
+
+func (x *TargetNamespace) GetDataKey() []byte {
+	if x != nil {
+		return x.DataKey
+	}
+	return nil
 }
 
 // TargetHost is an allowed host with its credentials.
@@ -737,11 +757,13 @@ const file_nvmegate_v1_target_proto_rawDesc = "" +
 	"\x05ports\x18\x03 \x03(\v2\x17.nvmegate.v1.TargetPortR\x05ports\x12<\n" +
 	"\n" +
 	"namespaces\x18\x04 \x03(\v2\x1c.nvmegate.v1.TargetNamespaceR\n" +
-	"namespaces\"[\n" +
+	"namespaces\"\x9d\x01\n" +
 	"\x0fTargetNamespace\x12\x12\n" +
 	"\x04nsid\x18\x01 \x01(\rR\x04nsid\x12\x19\n" +
 	"\bmax_iops\x18\x02 \x01(\x04R\amaxIops\x12\x19\n" +
-	"\bmax_mbps\x18\x03 \x01(\x04R\amaxMbps\"\xc6\x01\n" +
+	"\bmax_mbps\x18\x03 \x01(\x04R\amaxMbps\x12%\n" +
+	"\x0ebacking_device\x18\x04 \x01(\tR\rbackingDevice\x12\x19\n" +
+	"\bdata_key\x18\x05 \x01(\fR\adataKey\"\xc6\x01\n" +
 	"\n" +
 	"TargetHost\x12\x10\n" +
 	"\x03nqn\x18\x01 \x01(\tR\x03nqn\x12\x1d\n" +
