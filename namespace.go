@@ -22,20 +22,20 @@ const MaxNSID = 0xFFFFFFFE
 // Namespace is one namespace of a subsystem, holding one dataset (or a
 // checkpoint area) of one tenant.
 type Namespace struct {
-	SubsystemNQN string    // the subsystem it belongs to
-	NSID         uint32    // 1-MaxNSID, unique within the subsystem
-	Tenant       string    // owner; must equal the subsystem's tenant
-	Region       string    // residency region of the data
-	DataClass    string    // drives policy obligations (e.g. restricted, immutable)
-	Dataset      Dataset   // what the namespace holds
-	QoS          QoS       // reservation/cap on the target; zero means none
+	SubsystemNQN string  // the subsystem it belongs to
+	NSID         uint32  // 1-MaxNSID, unique within the subsystem
+	Tenant       string  // owner; must equal the subsystem's tenant
+	Region       string  // residency region of the data
+	DataClass    string  // drives policy obligations (e.g. restricted, immutable)
+	Dataset      Dataset // what the namespace holds
+	QoS          QoS     // reservation/cap on the target; zero means none
 	// BackingDevice is the block device on the target that holds the
 	// namespace ("/dev/nvme0n1", "/dev/md/ds1"). When set, the target
 	// agent exports it encrypted at rest: a dm-crypt mapping keyed with the
 	// namespace's data key, which nvmet serves. "" leaves the namespace to
 	// the storage operator (not encrypted by nvmegate).
 	BackingDevice string
-	CreatedAt    time.Time // set by the store
+	CreatedAt     time.Time // set by the store
 }
 
 // Dataset names the data in a namespace for lineage: auditors match these

@@ -138,7 +138,7 @@ func decodeNamespace(v []byte) (*nvmegate.Namespace, error) {
 	return &nvmegate.Namespace{
 		SubsystemNQN: r.SubsystemNQN, NSID: r.NSID, Tenant: r.Tenant,
 		Region: r.Region, DataClass: r.DataClass,
-		Dataset:   nvmegate.Dataset{Name: r.DatasetName, Digest: r.DatasetDigest},
+		Dataset:       nvmegate.Dataset{Name: r.DatasetName, Digest: r.DatasetDigest},
 		QoS:           nvmegate.QoS{MaxIOPS: r.QoSMaxIOPS, MaxMBps: r.QoSMaxMBps},
 		BackingDevice: r.BackingDevice, CreatedAt: r.CreatedAt,
 	}, nil

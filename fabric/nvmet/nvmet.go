@@ -217,7 +217,7 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) (err error) {
 		}
 	}
 	portSubs := map[uint16]map[string]bool{} // the subsystems each port serves
-	mapped := map[string]bool{}               // the dm-crypt mappings in use
+	mapped := map[string]bool{}              // the dm-crypt mappings in use
 	for _, sub := range s.Subsystems {
 		if err := d.writeSubsystem(sub); err != nil {
 			return err
