@@ -74,6 +74,7 @@ func namespaceFromProto(p *pb.Namespace) (*nvmegate.Namespace, error) {
 	}
 	n := &nvmegate.Namespace{
 		SubsystemNQN: p.SubsystemNqn, NSID: p.Nsid, Tenant: p.Tenant, Region: p.Region, DataClass: p.DataClass,
+		BackingDevice: p.BackingDevice,
 	}
 	if p.Dataset != nil {
 		n.Dataset = nvmegate.Dataset{Name: p.Dataset.Name, Digest: p.Dataset.Digest}
@@ -87,9 +88,10 @@ func namespaceFromProto(p *pb.Namespace) (*nvmegate.Namespace, error) {
 func namespaceToProto(n *nvmegate.Namespace) *pb.Namespace {
 	return &pb.Namespace{
 		SubsystemNqn: n.SubsystemNQN, Nsid: n.NSID, Tenant: n.Tenant, Region: n.Region, DataClass: n.DataClass,
-		Dataset:   &pb.Dataset{Name: n.Dataset.Name, Digest: n.Dataset.Digest},
-		Qos:       &pb.QoS{MaxIops: n.QoS.MaxIOPS, MaxMbps: n.QoS.MaxMBps},
-		CreatedAt: ts(n.CreatedAt),
+		Dataset:       &pb.Dataset{Name: n.Dataset.Name, Digest: n.Dataset.Digest},
+		Qos:           &pb.QoS{MaxIops: n.QoS.MaxIOPS, MaxMbps: n.QoS.MaxMBps},
+		BackingDevice: n.BackingDevice,
+		CreatedAt:     ts(n.CreatedAt),
 	}
 }
 

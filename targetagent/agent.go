@@ -37,6 +37,9 @@ type Store interface {
 // Credentials derives a grant's credentials.
 type Credentials interface {
 	CredentialsAt(ctx context.Context, hostNQN, subNQN string, version uint64, p keys.CredentialParams) (keys.Credentials, error)
+	// DataKey returns a namespace's data key, unwrapped (made on first
+	// use), for the namespaces the target exports encrypted at rest.
+	DataKey(ctx context.Context, namespace string) ([]byte, keys.Wrapped, error)
 }
 
 // Driver programs one target (fabric/nvmet, fabric/spdk). Both methods

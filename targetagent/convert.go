@@ -44,7 +44,8 @@ func StateToProto(id string, st fabric.State) *pb.WatchResponse {
 			ps.Hosts = append(ps.Hosts, hostToProto(h))
 		}
 		for _, n := range sub.Namespaces {
-			ps.Namespaces = append(ps.Namespaces, &pb.TargetNamespace{Nsid: n.NSID, MaxIops: n.MaxIOPS, MaxMbps: n.MaxMBps})
+			ps.Namespaces = append(ps.Namespaces, &pb.TargetNamespace{Nsid: n.NSID, MaxIops: n.MaxIOPS, MaxMbps: n.MaxMBps,
+				BackingDevice: n.BackingDevice, DataKey: n.DataKey})
 		}
 		for _, p := range sub.Ports {
 			ps.Ports = append(ps.Ports, &pb.TargetPort{Id: uint32(p.ID), Trtype: p.Trtype, Adrfam: p.Adrfam, Traddr: p.Traddr,
@@ -65,7 +66,8 @@ func StateFromProto(p *pb.WatchResponse) fabric.State {
 			sub.Hosts = append(sub.Hosts, hostFromProto(h))
 		}
 		for _, n := range ps.Namespaces {
-			sub.Namespaces = append(sub.Namespaces, fabric.Namespace{NSID: n.Nsid, MaxIOPS: n.MaxIops, MaxMBps: n.MaxMbps})
+			sub.Namespaces = append(sub.Namespaces, fabric.Namespace{NSID: n.Nsid, MaxIOPS: n.MaxIops, MaxMBps: n.MaxMbps,
+				BackingDevice: n.BackingDevice, DataKey: n.DataKey})
 		}
 		for _, p := range ps.Ports {
 			sub.Ports = append(sub.Ports, fabric.Port{ID: uint16(p.Id), Trtype: p.Trtype, Adrfam: p.Adrfam, Traddr: p.Traddr,

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -76,7 +77,15 @@ func (a *Agent) build(ctx context.Context, t *nvmegate.Target) (*desired, error)
 			return nil, err
 		}
 		for _, n := range nss {
-			ss.Namespaces = append(ss.Namespaces, fabric.Namespace{NSID: n.NSID, MaxIOPS: n.QoS.MaxIOPS, MaxMBps: n.QoS.MaxMBps})
+			fn := fabric.Namespace{NSID: n.NSID, MaxIOPS: n.QoS.MaxIOPS, MaxMBps: n.QoS.MaxMBps, BackingDevice: n.BackingDevice}
+			if n.BackingDevice != "" {
+				// Only a namespace of this target's own subsystems, only
+				// into the state of this target: its agent's stream.
+				if fn.DataKey, _, err = a.Keys.DataKey(ctx, n.Key().KeyName()); err != nil {
+					return nil, fmt.Errorf("targetagent: data key of namespace %d of %s: %w", n.NSID, n.SubsystemNQN, err)
+				}
+			}
+			ss.Namespaces = append(ss.Namespaces, fn)
 		}
 		grants, err := a.Store.SubsystemGrants(ctx, sub.NQN)
 		if err != nil {

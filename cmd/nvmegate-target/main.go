@@ -23,9 +23,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"os/signal"
 	"syscall"
 
+	"github.com/nvmegate/nvmegate/cryptdev"
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
 	"github.com/nvmegate/nvmegate/fabric/spdk"
 	"github.com/nvmegate/nvmegate/internal/clientconn"
@@ -59,6 +61,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	nvmetRoot := fs.String("nvmet-root", "", "the nvmet configfs root (e.g. /sys/kernel/config/nvmet)")
 	spdkSocket := fs.String("spdk-socket", "", "the SPDK JSON-RPC socket (e.g. /var/tmp/spdk.sock)")
 	spdkKeyDir := fs.String("spdk-key-dir", "", "absolute directory for SPDK key files")
+	cryptsetup := fs.String("cryptsetup", "cryptsetup", "cryptsetup binary, for namespaces exported encrypted at rest ('' for none: they are refused)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -77,6 +80,14 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			nd.PSKs = r
 		} else {
 			fmt.Fprintf(stderr, "nvmegate-target: no TLS PSKs (%v): hosts granted with TLS will be refused\n", err)
+		}
+		// Namespaces with a backing device go out through dm-crypt,
+		// opened by cryptsetup; without it they are refused, never
+		// exported in the clear.
+		if bin, err := exec.LookPath(*cryptsetup); *cryptsetup != "" && err == nil {
+			nd.Crypt = &cryptdev.Cryptsetup{Binary: bin}
+		} else {
+			fmt.Fprintf(stderr, "nvmegate-target: no cryptsetup (%v): namespaces to encrypt at rest will be refused\n", err)
 		}
 		d = nd
 	case *spdkSocket != "" && *spdkKeyDir != "" && *nvmetRoot == "":

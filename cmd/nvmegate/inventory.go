@@ -307,6 +307,7 @@ func (a *app) namespaceCmd() *cobra.Command {
 	add.Flags().StringVar(&n.Dataset.Name, "dataset", "", "dataset name")
 	add.Flags().StringVar(&n.Dataset.Digest, "digest", "", "dataset digest sha256:<hex>")
 	add.Flags().Uint64Var(&n.Qos.MaxIops, "max-iops", 0, "QoS cap in IOPS (0: none)")
+	add.Flags().StringVar(&n.BackingDevice, "backing-device", "", "block device on the target holding the namespace: the target agent exports it encrypted at rest (dm-crypt, the namespace's data key)")
 	add.Flags().Uint64Var(&n.Qos.MaxMbps, "max-mbps", 0, "QoS cap in MB/s (0: none)")
 
 	var tenant, subsys, region string

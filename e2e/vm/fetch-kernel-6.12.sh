@@ -30,7 +30,7 @@ version="$(apt-cache policy "$pkg" | sed -n 's/^  Candidate: //p')"
 # by kTLS with AES-GCM, whose crypto templates are modules too (without
 # them tlshd's handshake ends in "The kernel does not support the
 # requested algorithm"), and the VM has no modprobe to load them on demand.
-MODULES="configfs tls ghash-generic gcm nvme-fabrics nvme-tcp nvmet nvmet-tcp null-blk dm-crypt"
+MODULES="configfs tls ghash-generic gcm nvme-fabrics nvme-tcp nvmet nvmet-tcp null-blk dm-crypt xts loop algif-skcipher"
 out="$CACHE/$pkg-$version-$(echo "$MODULES" | sha256sum | cut -c1-8)"
 if [ -s "$out/vmlinuz" ] && [ -s "$out/modules/load.order" ]; then
   echo "$out"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fetches the user space of the Linux 6.12 VM tier once per machine: tlshd
 # (ktls-utils 1.0.0, which does the NVMe/TCP TLS handshakes for the kernel),
-# nvme-cli 2.13 with libnvme 1.13 (TLS options), and keyctl, from Debian 13
+# nvme-cli 2.13 with libnvme 1.13 (TLS options), keyctl, and cryptsetup and
+# dmsetup (encryption at rest under nvmet namespaces), from Debian 13
 # (trixie) — bookworm has no ktls-utils. The packages are downloaded with a
 # private apt configuration (the machine's own Debian mirror, the suite
 # name changed; signatures checked with the machine's archive keyring) and
@@ -11,19 +12,20 @@
 #
 #   e2e/vm/fetch-userland-trixie.sh    # prints .../trixie-userland-<hash>/ (a root tree)
 #
-# About 30 seconds the first time (24 packages, ~10 MB), instant after.
+# About 30 seconds the first time (36 packages, ~14 MB), instant after.
 # Needs apt-get, dpkg-deb, readelf (binutils).
 set -euo pipefail
 
 CACHE="${VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nvmegate/vm}"
 SUITE=trixie
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
-BINARIES="/usr/sbin/tlshd /usr/sbin/nvme /usr/bin/keyctl"
+BINARIES="/usr/sbin/tlshd /usr/sbin/nvme /usr/bin/keyctl /usr/sbin/cryptsetup /usr/sbin/dmsetup"
 # The packages owning those binaries and every library they load.
 PKGS="ktls-utils nvme-cli keyutils libnvme1t64 libkeyutils1 libc6 libatomic1 libffi8
   libglib2.0-0t64 libgmp10 libgnutls30t64 libhogweed6t64 libidn2-0 libjson-c5 libnettle8t64
   libnl-3-200 libnl-genl-3-200 libp11-kit0 libpcre2-8-0 libssl3t64 libtasn1-6 libunistring5
-  libzstd1 zlib1g"
+  libzstd1 zlib1g cryptsetup-bin dmsetup libcryptsetup12 libdevmapper1.02.1 libargon2-1 libblkid1 libuuid1
+  libpopt0 libselinux1 libudev1 libcap2"
 
 mirror="$(awk '/^URIs:/ && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)"
 [ -n "$mirror" ] || mirror="$(awk '/^deb / && $0 !~ /security/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)"

@@ -99,7 +99,8 @@ tighten_policy() {
 }
 
 start_agent() {
-  nvmegate-target --dev-dir "$G" --dev-identity target-stor-eu-1 --nvmet-root "$CFS" >/tmp/agent.log 2>&1 &
+  # No udev in the VM: device-mapper makes its own /dev/mapper nodes.
+  DM_DISABLE_UDEV=1 nvmegate-target --dev-dir "$G" --dev-identity target-stor-eu-1 --nvmet-root "$CFS" >/tmp/agent.log 2>&1 &
   for _ in $(seq 300); do grep -q applied /tmp/agent.log && { grep applied /tmp/agent.log | head -1; return 0; }; sleep 0.1; done
   cat /tmp/agent.log; return 1
 }
