@@ -369,10 +369,16 @@ func (a *app) namespaceCmd() *cobra.Command {
 	return cmd
 }
 
-var namespaceHeader = []string{"SUBSYSTEM", "NSID", "TENANT", "REGION", "CLASS", "DATASET"}
+var namespaceHeader = []string{"SUBSYSTEM", "NSID", "TENANT", "REGION", "CLASS", "DATASET", "AT REST"}
 
 func namespaceRow(n *pb.Namespace) []string {
-	return []string{n.SubsystemNqn, strconv.FormatUint(uint64(n.Nsid), 10), n.Tenant, n.Region, n.DataClass, n.GetDataset().GetName()}
+	// AT REST: encrypted by the target agent (dm-crypt over the backing
+	// device), or the operator's to answer for.
+	atRest := "operator's"
+	if n.BackingDevice != "" {
+		atRest = "dm-crypt on " + n.BackingDevice
+	}
+	return []string{n.SubsystemNqn, strconv.FormatUint(uint64(n.Nsid), 10), n.Tenant, n.Region, n.DataClass, n.GetDataset().GetName(), atRest}
 }
 
 func parseNSID(s string) (uint32, error) {

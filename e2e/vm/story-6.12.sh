@@ -203,6 +203,7 @@ at_rest_mapped() {
     echo "namespace $n: device_path /dev/mapper/$m, enable $(cat "$CFS/subsystems/$ENC/namespaces/$n/enable")"
     cryptsetup status "$m" | grep -E 'type|cipher|keysize|device:' | sed 's/^ */  /'
   done
+  [ -n "$(mapping_of 2)" ] || { ls -l /dev/mapper; grep -iE 'error|warn' /tmp/agent.log | tail -5; return 1; }
 }
 # ns_dev NSID: the node's block device of namespace NSID of ENC.
 ns_dev() {

@@ -68,8 +68,9 @@ func (d *Driver) writeNamespaces(sub fabric.Subsystem, used map[string]bool) err
 			return err
 		}
 		cur, _ := os.ReadFile(filepath.Join(ns, "device_path"))
-		if strings.TrimSpace(string(cur)) != path {
-			if cur, prev := ours(string(cur)); !prev && cur != "" && cur != "." {
+		// A new namespace's device_path reads "(null)" (Linux 6.12).
+		if dp := strings.TrimSpace(string(cur)); dp != path {
+			if _, prev := ours(dp); !prev && dp != "" && dp != "(null)" {
 				// Another device, not one of ours: the operator's namespace
 				// under the same NSID. Refuse rather than take it over.
 				return fmt.Errorf("nvmet: namespace %d of %s exists on another device; remove it or its backing_device", n.NSID, sub.NQN)

@@ -69,6 +69,11 @@ func TestEncryptedNamespaces(t *testing.T) {
 	os.WriteFile(filepath.Join(op, "device_path"), []byte("/dev/nullb1\n"), 0o644)
 	os.WriteFile(filepath.Join(op, "enable"), []byte("1\n"), 0o644)
 
+	// configfs makes a namespace's attributes with its directory; a new
+	// one's device_path reads "(null)".
+	ns1 := filepath.Join(root, "subsystems", sub, "namespaces", "1")
+	os.MkdirAll(ns1, 0o755)
+	os.WriteFile(filepath.Join(ns1, "device_path"), []byte("(null)\n"), 0o644)
 	if err := d.Apply(context.Background(), state(fabric.Namespace{NSID: 1, BackingDevice: "/dev/loop0", DataKey: key}, fabric.Namespace{NSID: 2})); err != nil {
 		t.Fatal(err)
 	}
