@@ -86,6 +86,10 @@ type Backend interface {
 	RotateDataKey(ctx context.Context, namespace string) (Wrapped, error)
 	// KEKVersions lists the namespace KEK's versions, oldest first.
 	KEKVersions(ctx context.Context, namespace string) ([]KEKVersion, error)
+	// DestroyDataKey destroys the namespace's data key and every version
+	// of its KEK (crypto-erase): no copy of the wrapped key, a backup's
+	// included, can be unwrapped after. ErrNotFound if it has neither.
+	DestroyDataKey(ctx context.Context, namespace string) error
 
 	Close() error
 }

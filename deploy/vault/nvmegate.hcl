@@ -4,15 +4,20 @@
 # you change them in the gateway's config.
 #
 # "+" matches exactly one path segment: nvmegate-kek/keys/+ is a key, never
-# its /config, /trim, /export or deletion, which the gateway must not reach
-# (it could make a KEK exportable or destroy old versions). That is why the
-# KEKs have a Transit mount of their own.
+# its /trim or /export, which the gateway must not reach (it could export a
+# KEK or destroy old versions piecemeal); of /config it may set
+# deletion_allowed only, for crypto-erase. That is why the KEKs have a
+# Transit mount of their own.
 
 # Access-credential roots and wrapped data keys: read, create, and
 # check-and-set updates. No delete, no destroy, no metadata writes: history
-# stays in Vault.
+# stays in Vault — but for a crypto-erased namespace's wrapped data key,
+# whose KEK is deleted first (below): its history goes too.
 path "secret/data/nvmegate/*" {
   capabilities = ["create", "read", "update"]
+}
+path "secret/metadata/nvmegate/deks/*" {
+  capabilities = ["delete"]
 }
 
 # Listing the subsystems that have roots (the key manager warms its cache).
@@ -23,7 +28,16 @@ path "secret/metadata/nvmegate/roots/" {
 # Per-namespace key-encryption keys: create (a write to keys/<name>),
 # read versions, rotate; make, unwrap and rewrap data keys.
 path "nvmegate-kek/keys/+" {
-  capabilities = ["read", "update"]
+  capabilities = ["read", "update", "delete"]
+}
+# Crypto-erase (namespace remove --erase): a KEK may be made deletable and
+# then deleted. Only deletion_allowed may be set on its config: never
+# exportable, never plaintext backup.
+path "nvmegate-kek/keys/+/config" {
+  capabilities = ["update"]
+  allowed_parameters = {
+    "deletion_allowed" = ["true"]
+  }
 }
 path "nvmegate-kek/keys/+/rotate" {
   capabilities = ["update"]

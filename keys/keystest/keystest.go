@@ -178,6 +178,33 @@ func testDataKeys(t *testing.T, open Opener, ns string) {
 	if _, err := b.RotateDataKey(ctx, ns+"-absent"); !errors.Is(err, keys.ErrNotFound) {
 		t.Fatalf("rotate absent: %v", err)
 	}
+
+	// Crypto-erase: the data key and every KEK version go; no wrapped
+	// copy unwraps after; a new data key for the name is a new key.
+	if err := b.DestroyDataKey(ctx, ns); err != nil {
+		t.Fatalf("destroy: %v", err)
+	}
+	if _, err := b.DataKey(ctx, ns); !errors.Is(err, keys.ErrNotFound) {
+		t.Fatalf("data key after destroy: %v", err)
+	}
+	for _, w := range []keys.Wrapped{w1, w2} {
+		if d, err := b.Unwrap(ctx, ns, w); err == nil || bytes.Equal(d, dek) {
+			t.Fatalf("a wrapped copy (KEK v%d) unwrapped after destroy", w.KEKVersion)
+		}
+	}
+	if vs, err := b.KEKVersions(ctx, ns); err != nil || len(vs) != 0 {
+		t.Fatalf("KEK versions after destroy: %+v %v", vs, err)
+	}
+	if err := b.DestroyDataKey(ctx, ns); !errors.Is(err, keys.ErrNotFound) {
+		t.Fatalf("second destroy: %v", err)
+	}
+	w3, err := b.CreateDataKey(ctx, ns)
+	if err != nil {
+		t.Fatalf("create after destroy: %v", err)
+	}
+	if d, err := b.Unwrap(ctx, ns, w3); err != nil || bytes.Equal(d, dek) {
+		t.Fatalf("the new data key after destroy: equal to the old one, or %v", err)
+	}
 }
 
 func testRestart(t *testing.T, open Opener, sub string) {

@@ -427,6 +427,26 @@ func (s *Store) RotateDataKey(ctx context.Context, namespace string) (keys.Wrapp
 	return w, err
 }
 
+// DestroyDataKey implements keys.Backend: the wrapped data key and the
+// KEK versions leave the database in one transaction. bbolt may keep the
+// freed pages (sealed under the key file) until it reuses them; the Vault
+// backend, which deletes the KEK in Transit, is the one to rely on.
+func (s *Store) DestroyDataKey(ctx context.Context, namespace string) error {
+	if err := keys.CheckName("namespace", namespace); err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		d, k := tx.Bucket(bucketDEKs), tx.Bucket(bucketKEKs)
+		if d.Get([]byte(namespace)) == nil && k.Get([]byte(namespace)) == nil {
+			return fmt.Errorf("%w: %s has no data key", keys.ErrNotFound, namespace)
+		}
+		if err := d.Delete([]byte(namespace)); err != nil {
+			return err
+		}
+		return k.Delete([]byte(namespace))
+	})
+}
+
 // KEKVersions implements keys.Backend.
 func (s *Store) KEKVersions(ctx context.Context, namespace string) ([]keys.KEKVersion, error) {
 	var keks []kek

@@ -558,6 +558,49 @@ func (s *Store) RotateDataKey(ctx context.Context, namespace string) (keys.Wrapp
 	return w, s.putJSON(ctx, s.dekPath(namespace), kv, w)
 }
 
+// DestroyDataKey implements keys.Backend: the namespace's Transit KEK is
+// deleted (every version: whatever it wrapped, in KV history or a backup,
+// can no longer be unwrapped), then the wrapped key's KV history. The
+// gateway's policy lets it set deletion_allowed and nothing else on a KEK's
+// config (deploy/vault/nvmegate.hcl).
+func (s *Store) DestroyDataKey(ctx context.Context, namespace string) error {
+	if err := keys.CheckName("namespace", namespace); err != nil {
+		return err
+	}
+	vs, err := s.KEKVersions(ctx, namespace)
+	if err != nil {
+		return err
+	}
+	var w keys.Wrapped
+	kv, err := s.getJSON(ctx, s.dekPath(namespace), &w)
+	if err != nil {
+		return err
+	}
+	if len(vs) == 0 && kv == 0 {
+		return fmt.Errorf("%w: %s has no data key", keys.ErrNotFound, namespace)
+	}
+	name := s.kekName(namespace)
+	if len(vs) > 0 {
+		// "true" as a string: the policy allows exactly this value.
+		if _, err := s.write(ctx, s.cfg.TransitMount+"/keys/"+name+"/config", map[string]any{"deletion_allowed": "true"}); err != nil {
+			return err
+		}
+		if err := s.delete(ctx, s.cfg.TransitMount+"/keys/"+name); err != nil {
+			return err
+		}
+	}
+	return s.delete(ctx, s.cfg.KVMount+"/metadata/"+s.dekPath(namespace))
+}
+
+func (s *Store) delete(ctx context.Context, path string) error {
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	if _, err := s.c.Logical().DeleteWithContext(ctx, path); err != nil {
+		return fmt.Errorf("vaultstore: delete %s: %w", path, classify(err))
+	}
+	return nil
+}
+
 // KEKVersions implements keys.Backend from transit/keys/<name>.
 func (s *Store) KEKVersions(ctx context.Context, namespace string) ([]keys.KEKVersion, error) {
 	ctx, cancel := s.ctx(ctx)

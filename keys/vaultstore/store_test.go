@@ -110,21 +110,27 @@ func TestConformanceAppRoleLeastPrivilege(t *testing.T) {
 		func() error { _, err := c.Logical().Write("transit/keys/other", nil); return err },
 		func() error { _, err := c.Logical().Delete("secret/metadata/nvmegate/roots/x"); return err },
 		func() error { _, err := c.Logical().Write("transit/keys/nvmegate-audit/rotate", nil); return err },
-		// A KEK's config, trim and deletion are out of reach: no making it
-		// exportable, no destroying old versions.
+		// Of a KEK's config only deletion_allowed may be set (crypto-erase
+		// deletes a KEK whole): never exportable, not even alongside it;
+		// trim (destroying old versions piecemeal) is out of reach.
 		func() error {
 			_, err := c.Logical().Write("nvmegate-kek/keys/"+kekName+"/config", map[string]any{"exportable": true})
 			return err
 		},
 		func() error {
-			_, err := c.Logical().Write("nvmegate-kek/keys/"+kekName+"/config", map[string]any{"deletion_allowed": true})
+			_, err := c.Logical().Write("nvmegate-kek/keys/"+kekName+"/config", map[string]any{"deletion_allowed": "true", "exportable": true})
+			return err
+		},
+		func() error {
+			_, err := c.Logical().Write("nvmegate-kek/keys/"+kekName+"/config", map[string]any{"allow_plaintext_backup": true})
 			return err
 		},
 		func() error {
 			_, err := c.Logical().Write("nvmegate-kek/keys/"+kekName+"/trim", map[string]any{"min_available_version": 2})
 			return err
 		},
-		func() error { _, err := c.Logical().Delete("nvmegate-kek/keys/" + kekName); return err },
+		// Deleting a wrapped root's history is not crypto-erase's to do.
+		func() error { _, err := c.Logical().Delete("secret/metadata/nvmegate/roots/" + "x"); return err },
 		func() error { _, err := c.Logical().Read("nvmegate-kek/export/encryption-key/" + kekName); return err },
 		func() error {
 			_, err := c.Logical().Write("sys/policies/acl/nvmegate", map[string]any{"policy": ""})
