@@ -2,9 +2,11 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/keys"
 	"github.com/nvmegate/nvmegate/lease"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 	"github.com/nvmegate/nvmegate/store"
@@ -49,6 +51,13 @@ type inventoryService struct {
 	// before the NQN is bound (lease.Lifecycle.Rebind), and ends a node's
 	// grants when its binding is removed.
 	rebind Rebinder
+	// erase, if set, destroys a removed namespace's data key (crypto-erase).
+	erase DataKeyEraser
+}
+
+// DataKeyEraser destroys a namespace's data key and KEK (keys.Manager).
+type DataKeyEraser interface {
+	DestroyDataKey(ctx context.Context, namespace, reason string) error
 }
 
 // Rebinder prepares a host NQN for a new holder and ends the grants of a
@@ -182,8 +191,50 @@ func (s *inventoryService) ListNamespaces(ctx context.Context, r *pb.ListNamespa
 }
 
 func (s *inventoryService) RemoveNamespace(ctx context.Context, r *pb.RemoveNamespaceRequest) (*pb.RemoveNamespaceResponse, error) {
+	if r.Erase {
+		return s.eraseNamespace(ctx, r)
+	}
 	defer s.changed(s.targetOf(ctx, r.SubsystemNqn))
 	return &pb.RemoveNamespaceResponse{}, s.store.DeleteNamespace(ctx, r.SubsystemNqn, r.Nsid)
+}
+
+// eraseNamespace removes a namespace and crypto-erases it: the target
+// applies a state without it (its agent disables the namespace and closes
+// the dm-crypt mapping, the only place the key was held unwrapped) and
+// acknowledges it; only then are the data key and its KEK destroyed,
+// recorded in the audit log. A target that does not confirm leaves the
+// key, and says so (UNAVAILABLE); the call may be repeated on the removed
+// namespace until the key is gone.
+func (s *inventoryService) eraseNamespace(ctx context.Context, r *pb.RemoveNamespaceRequest) (*pb.RemoveNamespaceResponse, error) {
+	if s.erase == nil {
+		return nil, nvmegate.Errorf(nvmegate.EUNIMPLEMENTED, "this gateway keeps no data keys: nothing to erase")
+	}
+	target := s.targetOf(ctx, r.SubsystemNqn)
+	err := s.store.DeleteNamespace(ctx, r.SubsystemNqn, r.Nsid)
+	gone := nvmegate.ErrorCode(err) == nvmegate.ENOTFOUND // a repeated erase
+	if err != nil && !gone {
+		return nil, err
+	}
+	if target != "" && s.targets != nil {
+		s.targets.InventoryChanged(target)
+		if err := s.targets.Program(ctx, target); err != nil {
+			return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE,
+				"namespace %d of %s is removed, but its data key is kept: target %s has not confirmed closing its mapping (%v); repeat the removal with erase",
+				r.Nsid, r.SubsystemNqn, target, err)
+		}
+	}
+	name := NamespaceKeyName(r.SubsystemNqn, r.Nsid)
+	err = s.erase.DestroyDataKey(ctx, name, "namespace removed with erase by "+callerID(ctx))
+	switch {
+	case errors.Is(err, keys.ErrNotFound) && gone:
+		return nil, nvmegate.Errorf(nvmegate.ENOTFOUND, "namespace %d of %s: no such namespace and no data key", r.Nsid, r.SubsystemNqn)
+	case errors.Is(err, keys.ErrNotFound):
+		// It never had a data key (never exported by nvmegate): nothing
+		// of it to erase.
+	case err != nil:
+		return nil, keyErr(err)
+	}
+	return &pb.RemoveNamespaceResponse{}, nil
 }
 
 // AddHostBinding binds a node to a host NQN. Besides validation (the NQN

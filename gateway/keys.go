@@ -22,6 +22,7 @@ type KeyManager interface {
 	// Usable is nil while root version v may still be used, ErrExpired
 	// after its grace.
 	Usable(ctx context.Context, subNQN string, v uint64) error
+	DestroyDataKey(ctx context.Context, namespace, reason string) error
 }
 
 // NamespaceKeyName names a namespace's data key in the key store.

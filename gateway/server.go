@@ -185,6 +185,9 @@ func New(cfg Config) (*Server, error) {
 		grpc.ChainStreamInterceptor(s.streamInterceptors()...),
 	)...)
 	inv := &inventoryService{store: cfg.Store, targets: cfg.Targets}
+	if cfg.Keys != nil {
+		inv.erase = cfg.Keys
+	}
 	if cfg.Lease != nil {
 		inv.rebind = cfg.Lease
 	}

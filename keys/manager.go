@@ -15,7 +15,7 @@ import (
 // RotationEvent describes a rotation for the audit hook. It carries
 // versions and fingerprints, never keys.
 type RotationEvent struct {
-	Kind        string // "access_root" or "data_key"
+	Kind        string // "access_root", "data_key" or "data_key_erase" (KindDataKeyErase)
 	Name        string // subsystem NQN, or namespace "<NQN>/<NSID>"
 	Version     uint64 // the new version; 0 for a data key before Transit picks it
 	Fingerprint string // of the new root; "" for data keys
@@ -556,6 +556,35 @@ func (m *Manager) RotateDataKey(ctx context.Context, namespace, reason string) (
 	}
 	return w, err
 }
+
+// DestroyDataKey crypto-erases a namespace: its data key and every
+// version of its KEK are destroyed in the backend, and the namespace
+// leaves the scheduled rotation. The audit hook hears of it before (and
+// may veto: nothing is destroyed unrecorded) and after. The caller makes
+// sure nothing holds the key any more (the target closed its mapping).
+func (m *Manager) DestroyDataKey(ctx context.Context, namespace, reason string) error {
+	ev := RotationEvent{Kind: KindDataKeyErase, Name: namespace, Reason: reason, Time: m.opts.Now()}
+	if err := m.record(ctx, ev); err != nil {
+		return fmt.Errorf("keys: %s's data key not destroyed: it could not be recorded: %w", namespace, err)
+	}
+	err := m.b.DestroyDataKey(ctx, namespace)
+	if err != nil {
+		ev.Outcome = "not applied: " + outcome(err)
+	} else {
+		ev.Outcome = "applied"
+		m.mu.Lock()
+		delete(m.dataKeys, namespace)
+		m.mu.Unlock()
+	}
+	ev.Time = m.opts.Now()
+	if rerr := m.record(ctx, ev); rerr != nil {
+		m.log.Error("keys: data key destruction outcome not recorded", "namespace", namespace, "err", rerr)
+	}
+	return err
+}
+
+// KindDataKeyErase is the RotationEvent kind of a crypto-erase.
+const KindDataKeyErase = "data_key_erase"
 
 // KEKVersions lists a namespace's key-encryption key versions.
 func (m *Manager) KEKVersions(ctx context.Context, namespace string) ([]KEKVersion, error) {

@@ -349,22 +349,31 @@ func (a *app) namespaceCmd() *cobra.Command {
 			})
 		},
 	}
+	var erase bool
 	remove := &cobra.Command{
-		Use: "remove SUBSYSTEM_NQN NSID", Short: "Remove a namespace", Args: cobra.ExactArgs(2),
+		Use: "remove SUBSYSTEM_NQN NSID [--erase]", Short: "Remove a namespace; --erase also destroys its data key (crypto-erase)", Args: cobra.ExactArgs(2),
+		Long: `Remove a namespace. With --erase, once the target has closed the namespace's
+dm-crypt mapping, its data key and KEK are destroyed (recorded in the audit
+log): what is left on the backing device can never be read again. If the
+target does not confirm, the key is kept and the command fails; repeat it.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			nsid, err := parseNSID(args[1])
 			if err != nil {
 				return err
 			}
 			return a.call(cmd, func(ctx context.Context, c *grpc.ClientConn) error {
-				resp, err := pb.NewInventoryClient(c).RemoveNamespace(ctx, &pb.RemoveNamespaceRequest{SubsystemNqn: args[0], Nsid: nsid})
+				resp, err := pb.NewInventoryClient(c).RemoveNamespace(ctx, &pb.RemoveNamespaceRequest{SubsystemNqn: args[0], Nsid: nsid, Erase: erase})
 				if err != nil {
 					return err
+				}
+				if erase {
+					return a.done(resp, fmt.Sprintf("removed namespace %s/%d; its data key is destroyed (crypto-erase)", args[0], nsid))
 				}
 				return a.done(resp, fmt.Sprintf("removed namespace %s/%d", args[0], nsid))
 			})
 		},
 	}
+	remove.Flags().BoolVar(&erase, "erase", false, "destroy the namespace's data key once its target has closed the mapping (crypto-erase)")
 	cmd.AddCommand(add, list, get, remove)
 	return cmd
 }

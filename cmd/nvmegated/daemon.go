@@ -438,6 +438,15 @@ func rotationDetail(ev keys.RotationEvent) string {
 	if ev.Version != 0 {
 		to = fmt.Sprintf(" to v%d", ev.Version)
 	}
+	if ev.Kind == keys.KindDataKeyErase {
+		switch ev.Outcome {
+		case "":
+			return fmt.Sprintf("data key of %s: destroying it and its KEK (crypto-erase; %s)", ev.Name, ev.Reason)
+		case "applied":
+			return fmt.Sprintf("data key of %s destroyed with its KEK (crypto-erase; %s)", ev.Name, ev.Reason)
+		}
+		return fmt.Sprintf("data key of %s: crypto-erase %s (%s)", ev.Name, ev.Outcome, ev.Reason)
+	}
 	switch {
 	case ev.Outcome == "":
 		return fmt.Sprintf("%s of %s: rotating%s (%s)", ev.Kind, ev.Name, to, ev.Reason)
@@ -451,7 +460,7 @@ func rotationDetail(ev keys.RotationEvent) string {
 // subsystem's root, none for a target's root, the part before the last "/"
 // of a data key's "<NQN>/<NSID>".
 func subsystemOf(ev keys.RotationEvent) string {
-	if i := strings.LastIndexByte(ev.Name, '/'); ev.Kind == "data_key" && i > 0 {
+	if i := strings.LastIndexByte(ev.Name, '/'); (ev.Kind == "data_key" || ev.Kind == keys.KindDataKeyErase) && i > 0 {
 		return ev.Name[:i]
 	}
 	if strings.HasPrefix(ev.Name, "target:") {

@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/nvmegate/nvmegate/internal/vaulttest"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
@@ -87,5 +90,47 @@ func TestDaemonVaultKeysSetUpByScript(t *testing.T) {
 	list, err := v.Client.Logical().List("secret/metadata/nvmegate/roots")
 	if err != nil || list == nil || len(list.Data["keys"].([]any)) != 1 {
 		t.Fatalf("roots in Vault: %v %v", list, err)
+	}
+	keks := func() int {
+		l, err := v.Client.Logical().List("nvmegate-kek/keys")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l == nil {
+			return 0
+		}
+		return len(l.Data["keys"].([]any))
+	}
+	if n := keks(); n != 1 {
+		t.Fatalf("%d KEKs in Transit, want the namespace's", n)
+	}
+
+	// Crypto-erase, through the least-privilege policy: not a node's to
+	// ask; the admin's removal with erase deletes the namespace's KEK in
+	// Transit and records it; a second erase finds nothing.
+	node := devConn(t, m.GRPCAddr(), filepath.Join(dir, "dev"), "acme-node-1")
+	if _, err := pb.NewInventoryClient(node).RemoveNamespace(ctxT(t), &pb.RemoveNamespaceRequest{SubsystemNqn: sub, Nsid: 1, Erase: true}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a node's erase: %v, want PermissionDenied", err)
+	}
+	if _, err := inv.RemoveNamespace(ctxT(t), &pb.RemoveNamespaceRequest{SubsystemNqn: sub, Nsid: 1, Erase: true}); err != nil {
+		t.Fatalf("erase: %v", err)
+	}
+	if n := keks(); n != 0 {
+		t.Fatalf("%d KEKs in Transit after the erase", n)
+	}
+	q, err := pb.NewAuditClient(conn).Query(ctxT(t), &pb.QueryRequest{SubsystemNqn: sub, Kinds: []string{"key_rotation"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, after bool
+	for _, e := range q.Entries {
+		before = before || strings.Contains(string(e.Entry), "destroying it and its KEK (crypto-erase")
+		after = after || strings.Contains(string(e.Entry), "destroyed with its KEK (crypto-erase")
+	}
+	if !before || !after {
+		t.Fatalf("the erase is not in the log before and after (%v, %v): %d entries", before, after, len(q.Entries))
+	}
+	if _, err := inv.RemoveNamespace(ctxT(t), &pb.RemoveNamespaceRequest{SubsystemNqn: sub, Nsid: 1, Erase: true}); status.Code(err) != codes.NotFound {
+		t.Fatalf("a second erase: %v, want NotFound", err)
 	}
 }

@@ -1774,7 +1774,13 @@ type RemoveNamespaceRequest struct {
 	// NQN of its subsystem.
 	SubsystemNqn string `protobuf:"bytes,1,opt,name=subsystem_nqn,json=subsystemNqn,proto3" json:"subsystem_nqn,omitempty"`
 	// Namespace ID.
-	Nsid          uint32 `protobuf:"varint,2,opt,name=nsid,proto3" json:"nsid,omitempty"`
+	Nsid uint32 `protobuf:"varint,2,opt,name=nsid,proto3" json:"nsid,omitempty"`
+	// Crypto-erase: once the target has closed the namespace's mapping,
+	// destroy its data key and KEK (recorded in the audit log), so that the
+	// data left on the backing device can never be read. The answer is
+	// success only once the key is destroyed; a target that did not confirm
+	// leaves the key (UNAVAILABLE) and the call may be repeated.
+	Erase         bool `protobuf:"varint,3,opt,name=erase,proto3" json:"erase,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1821,6 +1827,13 @@ func (x *RemoveNamespaceRequest) GetNsid() uint32 {
 		return x.Nsid
 	}
 	return 0
+}
+
+func (x *RemoveNamespaceRequest) GetErase() bool {
+	if x != nil {
+		return x.Erase
+	}
+	return false
 }
 
 // RemoveNamespaceResponse is empty on success.
@@ -2366,10 +2379,11 @@ const file_nvmegate_v1_inventory_proto_rawDesc = "" +
 	"\n" +
 	"namespaces\x18\x01 \x03(\v2\x16.nvmegate.v1.NamespaceR\n" +
 	"namespaces\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"Q\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"g\n" +
 	"\x16RemoveNamespaceRequest\x12#\n" +
 	"\rsubsystem_nqn\x18\x01 \x01(\tR\fsubsystemNqn\x12\x12\n" +
-	"\x04nsid\x18\x02 \x01(\rR\x04nsid\"\x19\n" +
+	"\x04nsid\x18\x02 \x01(\rR\x04nsid\x12\x14\n" +
+	"\x05erase\x18\x03 \x01(\bR\x05erase\"\x19\n" +
 	"\x17RemoveNamespaceResponse\"K\n" +
 	"\x15AddHostBindingRequest\x122\n" +
 	"\abinding\x18\x01 \x01(\v2\x18.nvmegate.v1.HostBindingR\abinding\"L\n" +
