@@ -169,6 +169,14 @@ func TestRealKernel612(t *testing.T) {
 	ok("at-rest-other-key", "read with namespace 2's key: 0")
 	ok("at-rest-restart", "mappings open after the stop: 0", "after the restart, namespace 1 reads the same data over the fabric")
 	ok("at-rest-stop", "agent exit 0", "not allowed on")
+	// Crypto-erase: the mapping closed, the key destroyed and logged; the
+	// ciphertext is still there, and a new key reads none of it.
+	ok("at-rest-erase", "data key is destroyed (crypto-erase)", "mapping closed", "namespace 1 gone from the target",
+		"the ciphertext is still on /dev/loop0 (0 pattern lines in it)")
+	if e := ok("at-rest-erase"); strings.Contains(e.Output, "audit: 0 ") || !strings.Contains(e.Output, " crypto-erase entries") {
+		t.Errorf("at-rest-erase: the erase is not in the audit log:\n%s", e.excerpt())
+	}
+	ok("at-rest-after-erase", "with a new data key: pattern lines through its mapping: 0", "data key is destroyed")
 
 	// The figures: connect time with and without TLS and DH-HMAC-CHAP
 	// (logged for docs/PERFORMANCE.md; only their presence is checked:

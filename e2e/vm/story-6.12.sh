@@ -274,6 +274,30 @@ step at-rest-raw at_rest_raw
 step at-rest-other-key at_rest_other_key
 step at-rest-restart at_rest_restart
 step at-rest-stop agent_stop "$ENC" "$N1"
+# Crypto-erase: namespace 1 removed with --erase; the target closes the
+# mapping, then the gateway destroys the data key (logged). The ciphertext
+# stays on the device; a namespace made again on it gets a new key, which
+# reads none of it.
+at_rest_erase() {
+  local m before after
+  m=$(mapping_of 1)
+  before=$(head -c 1048576 /dev/loop0 | sha256sum | cut -c1-16)
+  as admin inventory namespace remove "$ENC" 1 --erase || return 1
+  [ -e "/dev/mapper/$m" ] && echo "mapping $m still open" || echo "mapping closed"
+  [ -d "$CFS/subsystems/$ENC/namespaces/1" ] && echo "namespace 1 still on the target" || echo "namespace 1 gone from the target"
+  after=$(head -c 1048576 /dev/loop0 | sha256sum | cut -c1-16)
+  [ "$before" = "$after" ] && echo "the ciphertext is still on /dev/loop0 ($(count /dev/loop0) pattern lines in it)"
+  echo "audit: $(as auditor audit query --subsystem "$ENC" --kind key_rotation | grep -c 'crypto-erase') crypto-erase entries"
+}
+at_rest_after_erase() {
+  as admin inventory namespace add "$ENC" 1 --tenant acme --region eu-west --class restricted \
+    --dataset vm/enc1 --digest "$DIGEST" --backing-device /dev/loop0 >/dev/null || return 1
+  for _ in $(seq 300); do [ "$(cat "$CFS/subsystems/$ENC/namespaces/1/enable" 2>/dev/null)" = 1 ] && break; sleep 0.1; done
+  echo "namespace 1 made again on /dev/loop0, with a new data key: pattern lines through its mapping: $(count "/dev/mapper/$(mapping_of 1)")"
+  as admin inventory namespace remove "$ENC" 1 --erase
+}
+step at-rest-erase at_rest_erase
+step at-rest-after-erase at_rest_after_erase
 
 # Figures: NVMe/TCP connect time without and with TLS, without and with
 # DH-HMAC-CHAP, on a hand-made subsystem with a plain port (4422) and a
