@@ -61,6 +61,21 @@ type Namespace struct {
 	RotateEvery string `json:"rotate_every,omitempty"`
 	AccessRoot  KeyAge `json:"access_root"`
 	KEK         KeyAge `json:"kek"`
+	AtRest      AtRest `json:"at_rest"`
+}
+
+// AtRest says whether nvmegate encrypts a namespace at rest, and how old
+// its data key is: the key the data is encrypted under, unchanged by KEK
+// rotations (which rewrap it), so its age is that of the KEK's first
+// version.
+type AtRest struct {
+	// Encrypted: the target agent exports the namespace through dm-crypt
+	// keyed with the data key. False: the operator's namespace, whose
+	// encryption nvmegate cannot vouch for.
+	Encrypted     bool   `json:"encrypted"`
+	Cipher        string `json:"cipher,omitempty"`
+	BackingDevice string `json:"backing_device,omitempty"`
+	DataKey       KeyAge `json:"data_key"`
 }
 
 // Verdict is a check's outcome.

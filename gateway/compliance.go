@@ -14,6 +14,7 @@ import (
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/authz"
 	"github.com/nvmegate/nvmegate/compliance"
+	"github.com/nvmegate/nvmegate/cryptdev"
 	"github.com/nvmegate/nvmegate/keys"
 	"github.com/nvmegate/nvmegate/store"
 )
@@ -108,6 +109,9 @@ func (s *Server) AttestCompliance(ctx context.Context) (*Attested, error) {
 		case !ns.KEK.WithinPeriod:
 			out = append(out, fmt.Sprintf("%s: key-encryption key v%d is %s old, past its class's rotation period of %s", label, ns.KEK.Version,
 				time.Duration(ns.KEK.AgeSeconds)*time.Second, period))
+		}
+		if ns.AtRest, err = s.atRest(ctx, n, now); err != nil {
+			return nil, err
 		}
 		t := tenants[n.Tenant]
 		if t == nil {
@@ -289,6 +293,26 @@ func (s *Server) kekAge(ctx context.Context, name string, period time.Duration, 
 	}
 	age(&ka, period, now)
 	return ka, nil
+}
+
+// atRest says how namespace n is encrypted at rest and how old its data
+// key is: the data key never changes under a KEK rotation, so it is as old
+// as the KEK's first version.
+func (s *Server) atRest(ctx context.Context, n *nvmegate.Namespace, now time.Time) (compliance.AtRest, error) {
+	name := NamespaceKeyName(n.SubsystemNQN, n.NSID)
+	ar := compliance.AtRest{Encrypted: n.BackingDevice != "", BackingDevice: n.BackingDevice, DataKey: compliance.KeyAge{Name: name, WithinPeriod: true}}
+	if ar.Encrypted {
+		ar.Cipher = cryptdev.Cipher
+	}
+	vs, err := s.keys.KEKVersions(ctx, name)
+	if err != nil && !errors.Is(err, keys.ErrNotFound) && nvmegate.ErrorCode(err) != nvmegate.ENOTFOUND {
+		return ar, err
+	}
+	if len(vs) > 0 {
+		ar.DataKey.Version, ar.DataKey.CreatedAt = 1, vs[0].Created.UTC()
+		age(&ar.DataKey, 0, now)
+	}
+	return ar, nil
 }
 
 func age(ka *compliance.KeyAge, period time.Duration, now time.Time) {

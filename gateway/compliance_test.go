@@ -58,6 +58,12 @@ func TestComplianceAttestation(t *testing.T) {
 		ns.AccessRoot.Version != 1 || !ns.AccessRoot.WithinPeriod || ns.AccessRoot.Name != "target:stor-eu-1" || ns.KEK.Version == 0 {
 		t.Fatalf("namespace %+v", ns)
 	}
+	// The operator's namespace (no backing device): not vouched for as
+	// encrypted; its data key's age is stated all the same.
+	if ns.AtRest.Encrypted || ns.AtRest.Cipher != "" || ns.AtRest.DataKey.Version != 1 || ns.AtRest.DataKey.CreatedAt.IsZero() ||
+		ns.AtRest.DataKey.Name != subNQN+"/1" {
+		t.Fatalf("at rest %+v", ns.AtRest)
+	}
 	if gr := p.Grants[0]; gr.ID != c.Grant.GrantId || gr.Verdict != "allowed" {
 		t.Fatalf("grant %+v", gr)
 	}
