@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
@@ -120,6 +121,16 @@ func (a *app) printCompliance(bundle []byte, keys []attest.PublicKey) error {
 	fmt.Fprintf(a.stdout, "stated:            %d namespace(s), %d active grant(s)\n", rep.Namespaces, rep.Grants)
 	fmt.Fprintf(a.stdout, "anchored to:       the signed log at size %d; recorded at index %d (proved under size %d)\n", rep.AnchorSize, rep.RecordedAt, rep.TreeSize)
 	fmt.Fprintf(a.stdout, "signed by:         %s\n", rep.SignedBy)
+	enc, oldest := 0, int64(0)
+	for _, t := range rep.Predicate.Tenants {
+		for _, n := range t.Namespaces {
+			if n.AtRest.Encrypted {
+				enc++
+				oldest = max(oldest, n.AtRest.DataKey.AgeSeconds)
+			}
+		}
+	}
+	fmt.Fprintf(a.stdout, "encrypted at rest: %d of %d namespace(s) (dm-crypt); oldest data key %s\n", enc, rep.Namespaces, time.Duration(oldest)*time.Second)
 	if len(rep.OutOfCompliance) == 0 {
 		fmt.Fprintln(a.stdout, "out of compliance: nothing")
 	} else {
