@@ -262,3 +262,6 @@ agent_restart() {
   echo "controller before $ctrl, now $(node_json controller), state $(node_json state); block device $dev: $([ -b "$dev" ] && echo there || echo gone)"
   cat /tmp/node-1.log >> /tmp/node.log
 }
+
+# uptime_cs: the uptime in centiseconds (busybox has no date +%N).
+uptime_cs() { local u _; read -r u _ < /proc/uptime; echo "${u%.*}${u#*.}"; }

@@ -298,6 +298,33 @@ at_rest_after_erase() {
 }
 step at-rest-erase at_rest_erase
 step at-rest-after-erase at_rest_after_erase
+# Figures: throughput over the fabric to namespace 2 (encrypted, on
+# /dev/loop1) and to namespace 3, which the operator adds by hand on
+# /dev/loop2 without encryption (the agent leaves it alone); 16 MiB written
+# (fsync) and read (caches dropped) each, timed with /proc/uptime. And the
+# target agent's memory while it holds the data keys.
+at_rest_figures() {
+  local ns3="$CFS/subsystems/$ENC/namespaces/3" dev t0 t1
+  dd if=/dev/zero of=/tmp/disk2.img bs=1M count=32 2>/dev/null && losetup /dev/loop2 /tmp/disk2.img || return 1
+  mkdir "$ns3" && echo /dev/loop2 > "$ns3/device_path" && echo 1 > "$ns3/enable" || return 1
+  # A job of its own: vm-enc-1 names namespace 1, which is erased.
+  as acme-scheduler job admit vm-fig-1 --tenant acme --node "$NODE1" --namespace "$ENC/2:rw" --region eu-west --expires-in 1h >/dev/null || return 1
+  start_node_agent vm-fig-1 acme-node-1 --keyring nvmegate-node >/tmp/fig-agent.out || { cat /tmp/fig-agent.out; return 1; }
+  head -c 16777216 /dev/urandom > /tmp/rand.bin
+  for n in 2 3; do
+    dev=$(ns_dev $n) || { echo "no block device for namespace $n"; return 1; }
+    t0=$(uptime_cs); dd if=/tmp/rand.bin of="$dev" bs=1M conv=fsync 2>/dev/null || return 1; t1=$(uptime_cs)
+    w=$((t1 - t0))
+    echo 3 > /proc/sys/vm/drop_caches
+    t0=$(uptime_cs); dd if="$dev" of=/dev/null bs=1M count=16 2>/dev/null || return 1; t1=$(uptime_cs)
+    r=$((t1 - t0))
+    echo "throughput namespace $n ($([ $n = 2 ] && echo "dm-crypt" || echo "plain")): write 16 MiB in $((w * 10)) ms, read 16 MiB in $((r * 10)) ms"
+  done
+  echo "target agent memory: $(grep -E 'VmRSS' "/proc/$(pidof nvmegate-target)/status" | tr -s ' \t' ' ')"
+  kill -TERM "$NODE_PID"; wait "$NODE_PID"
+  echo 0 > "$ns3/enable"; rmdir "$ns3"
+}
+step at-rest-figures at_rest_figures
 
 # Figures: NVMe/TCP connect time without and with TLS, without and with
 # DH-HMAC-CHAP, on a hand-made subsystem with a plain port (4422) and a
@@ -329,7 +356,6 @@ timing_target() {
   done
   grep -c "psk *NVMe0R01 .* $SUBT" /proc/keys | sed 's/$/ PSKs in .nvme/'
 }
-uptime_cs() { local u _; read -r u _ < /proc/uptime; echo "${u%.*}${u#*.}"; }
 # time_connects NAME ARGS...: 10 connects with ARGS, each disconnected after.
 time_connects() {
   local name=$1 total=0 t0 t1; shift
