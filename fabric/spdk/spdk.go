@@ -126,6 +126,16 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) error {
 	if !filepath.IsAbs(d.KeyDir) {
 		return errors.New("spdk: KeyDir must be an absolute path (keyring_file_add_key requires one)")
 	}
+	// Namespaces to encrypt at rest are not exported by this driver yet
+	// (SPDK's crypto bdev would be the way): refused, never served in the
+	// clear.
+	for _, sub := range s.Subsystems {
+		for _, n := range sub.Namespaces {
+			if n.BackingDevice != "" {
+				return fmt.Errorf("spdk: namespace %d of %s is to be encrypted at rest, which this driver does not do yet", n.NSID, sub.NQN)
+			}
+		}
+	}
 	if err := os.MkdirAll(d.KeyDir, 0o700); err != nil {
 		return fmt.Errorf("spdk: %w", err)
 	}

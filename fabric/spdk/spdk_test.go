@@ -149,6 +149,12 @@ func TestApplyRefusals(t *testing.T) {
 	if err := (&spdk.Driver{Socket: sock, KeyDir: "relative"}).Apply(ctx, state()); err == nil {
 		t.Fatal("relative key dir accepted")
 	}
+	// A namespace to encrypt at rest is refused, not served in the clear.
+	enc := state()
+	enc.Subsystems[0].Namespaces = []fabric.Namespace{{NSID: 1, BackingDevice: "/dev/nvme0n1", DataKey: make([]byte, 32)}}
+	if err := d.Apply(ctx, enc); err == nil || !strings.Contains(err.Error(), "encrypted at rest") {
+		t.Fatalf("a namespace to encrypt: %v", err)
+	}
 	if err := (&spdk.Driver{Socket: sock + ".none", KeyDir: t.TempDir()}).Apply(ctx, state()); err == nil {
 		t.Fatal("no socket: no error")
 	}
