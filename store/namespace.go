@@ -68,6 +68,9 @@ func (db *DB) CreateNamespace(ctx context.Context, n *nvmegate.Namespace) error 
 		if n.Region != t.Region {
 			return nvmegate.Invalid("region", "namespace region %q differs from region %q of its target %q: a namespace's data resides where its target is", n.Region, t.Region, t.ID)
 		}
+		if err := backingDeviceFree(tx, n, t.ID); err != nil {
+			return err
+		}
 		tx.record(op{namespace: stored})
 		return put(tx, bucketNamespaces, k, val)
 	})
@@ -146,5 +149,32 @@ func (db *DB) DeleteNamespace(ctx context.Context, nqn string, nsid uint32) erro
 		}
 		tx.record(op{del: true, namespace: &nvmegate.Namespace{SubsystemNQN: nqn, NSID: nsid}})
 		return del(tx, bucketNamespaces, k)
+	})
+}
+
+// backingDeviceFree refuses a backing device another namespace of the same
+// target already has: two dm-crypt mappings with two keys over one device
+// would each destroy what the other wrote.
+func backingDeviceFree(tx *txn, n *nvmegate.Namespace, targetID string) error {
+	if n.BackingDevice == "" {
+		return nil
+	}
+	return tx.Bucket(bucketNamespaces).ForEach(func(_, v []byte) error {
+		o, err := decodeNamespace(v)
+		if err != nil || o.BackingDevice != n.BackingDevice {
+			return err
+		}
+		sv := tx.Bucket(bucketSubsystems).Get([]byte(o.SubsystemNQN))
+		if sv == nil {
+			return nil
+		}
+		os, err := decodeSubsystem(sv)
+		if err != nil {
+			return err
+		}
+		if os.TargetID == targetID {
+			return nvmegate.Errorf(nvmegate.ECONFLICT, "backing device %s of target %s already holds namespace %d of %s", n.BackingDevice, targetID, o.NSID, o.SubsystemNQN)
+		}
+		return nil
 	})
 }

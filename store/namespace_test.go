@@ -96,6 +96,23 @@ func TestCreateNamespaceRules(t *testing.T) {
 	t.Run("same nsid in another subsystem", func(t *testing.T) {
 		must(t, db.CreateNamespace(ctx, newNamespace(subNQN(1), 1, "globex")))
 	})
+	t.Run("backing device", func(t *testing.T) {
+		n := newNamespace(subNQN(0), 4, "acme")
+		n.BackingDevice = "/dev/nvme0n1"
+		must(t, db.CreateNamespace(ctx, n))
+		got, err := db.Namespace(ctx, subNQN(0), 4)
+		if err != nil || got.BackingDevice != "/dev/nvme0n1" {
+			t.Fatalf("stored backing device: %+v %v", got, err)
+		}
+		// The same device on the same target, in any subsystem: refused.
+		o := newNamespace(subNQN(1), 5, "globex")
+		o.BackingDevice = "/dev/nvme0n1"
+		wantMessage(t, wantError(t, db.CreateNamespace(ctx, o), nvmegate.ECONFLICT, ""), "already holds namespace 4")
+		for _, bad := range []string{"dev/sda", "/dev/../etc/passwd", "/dev/a b", "/dev/a,b", "/etc/shadow"} {
+			o.BackingDevice = bad
+			wantError(t, db.CreateNamespace(ctx, o), nvmegate.EINVALID, "backing_device")
+		}
+	})
 }
 
 func TestListNamespacesOrderAndFilter(t *testing.T) {
