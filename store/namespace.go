@@ -168,11 +168,11 @@ func backingDeviceFree(tx *txn, n *nvmegate.Namespace, targetID string) error {
 		if sv == nil {
 			return nil
 		}
-		os, err := decodeSubsystem(sv)
+		osub, err := decodeSubsystem(sv)
 		if err != nil {
 			return err
 		}
-		if os.TargetID == targetID {
+		if osub.TargetID == targetID {
 			return nvmegate.Errorf(nvmegate.ECONFLICT, "backing device %s of target %s already holds namespace %d of %s", n.BackingDevice, targetID, o.NSID, o.SubsystemNQN)
 		}
 		return nil
