@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 )
@@ -145,40 +144,8 @@ func TestRealKernel612(t *testing.T) {
 	checkNodeAgent(t, ok, kernelRefuses, "acme-gpu-1", "qid 0: authenticated with hash hmac(sha256) dhgroup ffdhe2048", false)
 	has(ok("agent-tls", "state live", "NVMe0R01 "+node1+" nqn.2026-01.io.nvmegate.vm:acme-train"), "output", "was successful")
 	ok("agent-keys-after-stop", "nvmegate-node ring: 0 key(s)")
-	// Encryption at rest: each namespace with a backing device goes out
-	// through dm-crypt keyed with its data key; the pattern a node wrote
-	// over the fabric is in the mapping and nowhere on the raw device; the
-	// other namespace's key reads none of it; after the target agent
-	// restarts with its mappings closed, the data is back.
-	ok("at-rest-disks", "/dev/loop0", "/dev/loop1")
-	ok("at-rest-subsystem")
-	ok("at-rest-namespace-1", "dm-crypt on /dev/loop0")
-	ok("at-rest-namespace-2", "dm-crypt on /dev/loop1")
-	m := ok("at-rest-mapped", "namespace 1: device_path /dev/mapper/nvmegate-", "enable 1", "cipher:  aes-xts-plain64", "keysize: 512 bits",
-		"device:  /dev/loop0", "device:  /dev/loop1")
-	if strings.Count(m.Output, "type:    PLAIN") != 2 {
-		t.Errorf("at-rest-mapped: want two plain dm-crypt mappings:\n%s", m.excerpt())
-	}
-	ok("at-rest-job")
-	ok("at-rest-connect", " live ")
-	ok("at-rest-write", "256+0 records out", "read back over the fabric", "the pattern")
-	raw := ok("at-rest-raw", "pattern lines on the raw device /dev/loop0: 0", "pattern lines in its backing file: 0")
-	if m := regexp.MustCompile(`pattern lines in the mapping /dev/mapper/nvmegate-[0-9a-f]+: ([1-9][0-9]*)`).FindStringSubmatch(raw.Output); m == nil {
-		t.Errorf("at-rest-raw: the mapping itself shows no pattern (the search would prove nothing):\n%s", raw.excerpt())
-	}
-	ok("at-rest-other-key", "read with namespace 2's key: 0")
-	ok("at-rest-restart", "mappings open after the stop: 0", "after the restart, namespace 1 reads the same data over the fabric")
-	ok("at-rest-stop", "agent exit 0", "not allowed on")
-	// Crypto-erase: the mapping closed, the key destroyed and logged; the
-	// ciphertext is still there, and a new key reads none of it.
-	ok("at-rest-erase", "data key is destroyed (crypto-erase)", "mapping closed", "namespace 1 gone from the target",
-		"the ciphertext is still on /dev/loop0 (0 pattern lines in it)")
-	if e := ok("at-rest-erase"); strings.Contains(e.Output, "audit: 0 ") || !strings.Contains(e.Output, " crypto-erase entries") {
-		t.Errorf("at-rest-erase: the erase is not in the audit log:\n%s", e.excerpt())
-	}
-	ok("at-rest-after-erase", "with a new data key: pattern lines through its mapping: 0", "data key is destroyed")
-	fig := ok("at-rest-figures", "throughput namespace 2 (dm-crypt)", "throughput namespace 3 (plain)", "target agent memory: VmRSS")
-	t.Logf("encryption at rest (Linux 6.12 under TCG):\n%s", fig.Output)
+	// Encryption at rest (checkAtRest, e2e/vm_test.go), over TLS.
+	checkAtRest(t, ok, "Linux 6.12")
 
 	// The figures: connect time with and without TLS and DH-HMAC-CHAP
 	// (logged for docs/PERFORMANCE.md; only their presence is checked:

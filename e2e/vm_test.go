@@ -240,6 +240,9 @@ func TestRealKernel(t *testing.T) {
 	checkNodeAgent(t, ok, kernelRefuses, "globex-gpu-2", "qid 0: authenticated with hash hmac(sha384) dhgroup ffdhe3072", true,
 		"the controller holds the new controller secret")
 
+	// Encryption at rest on 6.1 too (checkAtRest), with DH-HMAC-CHAP.
+	checkAtRest(t, ok, "Linux 6.1")
+
 	// The gateway's, the target agent's and the node agent's logs hold no
 	// secret and no panic.
 	ok("gateway-log", "/tmp/gateway.log:0", "/tmp/agent.log:0", "/tmp/node.log:0")
@@ -288,6 +291,46 @@ func checkNodeAgent(t *testing.T, ok func(string, ...string) vmStep, kernelRefus
 	if strings.Contains(stop.Output, "controllers: nvme") || strings.Contains(stop.Output, "still") || strings.Contains(stop.Output, "left behind") {
 		t.Errorf("agent-stop: something of node %s left after SIGTERM:\n%s", node, stop.excerpt())
 	}
+}
+
+// checkAtRest judges the encryption-at-rest steps of a VM story (lib.sh:
+// at_rest_story).
+func checkAtRest(t *testing.T, ok func(string, ...string) vmStep, kernel string) {
+	t.Helper()
+	// Encryption at rest: each namespace with a backing device goes out
+	// through dm-crypt keyed with its data key; the pattern a node wrote
+	// over the fabric is in the mapping and nowhere on the raw device; the
+	// other namespace's key reads none of it; after the target agent
+	// restarts with its mappings closed, the data is back.
+	ok("at-rest-disks", "/dev/loop0", "/dev/loop1")
+	ok("at-rest-subsystem")
+	ok("at-rest-namespace-1", "dm-crypt on /dev/loop0")
+	ok("at-rest-namespace-2", "dm-crypt on /dev/loop1")
+	m := ok("at-rest-mapped", "namespace 1: device_path /dev/mapper/nvmegate-", "enable 1", "cipher:  aes-xts-plain64", "keysize: 512 bits",
+		"device:  /dev/loop0", "device:  /dev/loop1")
+	if strings.Count(m.Output, "type:    PLAIN") != 2 {
+		t.Errorf("at-rest-mapped: want two plain dm-crypt mappings:\n%s", m.excerpt())
+	}
+	ok("at-rest-job")
+	ok("at-rest-connect", " live ")
+	ok("at-rest-write", "256+0 records out", "read back over the fabric", "the pattern")
+	raw := ok("at-rest-raw", "pattern lines on the raw device /dev/loop0: 0", "pattern lines in its backing file: 0")
+	if m := regexp.MustCompile(`pattern lines in the mapping /dev/mapper/nvmegate-[0-9a-f]+: ([1-9][0-9]*)`).FindStringSubmatch(raw.Output); m == nil {
+		t.Errorf("at-rest-raw: the mapping itself shows no pattern (the search would prove nothing):\n%s", raw.excerpt())
+	}
+	ok("at-rest-other-key", "read with namespace 2's key: 0")
+	ok("at-rest-restart", "mappings open after the stop: 0", "after the restart, namespace 1 reads the same data over the fabric")
+	ok("at-rest-stop", "agent exit 0", "not allowed on")
+	// Crypto-erase: the mapping closed, the key destroyed and logged; the
+	// ciphertext is still there, and a new key reads none of it.
+	ok("at-rest-erase", "data key is destroyed (crypto-erase)", "mapping closed", "namespace 1 gone from the target",
+		"the ciphertext is still on /dev/loop0 (0 pattern lines in it)")
+	if e := ok("at-rest-erase"); strings.Contains(e.Output, "audit: 0 ") || !strings.Contains(e.Output, " crypto-erase entries") {
+		t.Errorf("at-rest-erase: the erase is not in the audit log:\n%s", e.excerpt())
+	}
+	ok("at-rest-after-erase", "with a new data key: pattern lines through its mapping: 0", "data key is destroyed")
+	fig := ok("at-rest-figures", "throughput namespace 2 (dm-crypt)", "throughput namespace 3 (plain)", "target agent memory: VmRSS")
+	t.Logf("encryption at rest (%s under TCG):\n%s", kernel, fig.Output)
 }
 
 // vmRun is one boot of a VM tier: its kernel, what build-initramfs.sh

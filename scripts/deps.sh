@@ -2,14 +2,15 @@
 # Installs the Debian packages the tests use, when any is missing (as root,
 # or through sudo): nvme-cli to check the NVMe formats we emit, and for the
 # real-kernel tier (e2e/vm) Debian's kernel source and what builds it, qemu,
-# busybox and cpio (and for the 6.12 tier binutils' readelf and xz, which
+# busybox and cpio, cryptsetup and dmsetup (the 6.1 VM's encryption at
+# rest), (and for the 6.12 tier binutils' readelf and xz, which
 # unpack Debian's kernel modules and Debian 13's tlshd and nvme-cli), and
 # chromium, in which the auditor's report is rendered
 # and checked (report package). Instant when all are there.
 set -euo pipefail
 
 pkgs=(make git nvme-cli linux-source-6.1 bc flex bison libelf-dev libssl-dev
-  qemu-system-x86 busybox-static cpio chromium binutils xz-utils)
+  qemu-system-x86 busybox-static cpio chromium binutils xz-utils cryptsetup-bin dmsetup)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

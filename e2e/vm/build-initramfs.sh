@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the initramfs (a newc cpio archive) of the real-kernel e2e VM:
-# busybox (static), nvme-cli with the shared libraries ldd lists, the
-# project's three binaries built static, the shipped policy, /init and
-# /story.sh.
+# busybox (static), nvme-cli, cryptsetup and dmsetup with the shared
+# libraries ldd lists, the project's four binaries built static, the shipped
+# policy, /init, /lib.sh and /story.sh.
 #
 #   e2e/vm/build-initramfs.sh OUT.cpio
 #   VM_MODULES=DIR VM_USERLAND=DIR VM_STORY=FILE e2e/vm/build-initramfs.sh OUT.cpio
@@ -12,7 +12,7 @@
 # tree: tlshd, nvme-cli 2.13 and keyctl with their libraries, used instead
 # of the machine's nvme-cli) and VM_STORY (its story, e.g. story-6.12.sh).
 #
-# Needs: busybox-static nvme-cli cpio. Takes seconds once Go's build cache
+# Needs: busybox-static nvme-cli cryptsetup-bin dmsetup cpio. Takes seconds once Go's build cache
 # is warm; it is rebuilt on every run because it holds the code under test.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -32,13 +32,16 @@ cp "$busybox" "$root/bin/busybox"
 if [ -n "${VM_USERLAND:-}" ]; then
   cp -a "$VM_USERLAND"/. "$root/"
 else
-  nvme="$(command -v nvme || true)"
-  [ -n "$nvme" ] || { echo "build-initramfs: nvme missing: apt-get install nvme-cli" >&2; exit 1; }
-  cp "$nvme" "$root/usr/sbin/nvme"
-  # The loader and every library, at the paths the binary asks for.
-  for lib in $(ldd "$nvme" | grep -o '/[^ ]*'); do
-    mkdir -p "$root$(dirname "$lib")"
-    cp -L "$lib" "$root$lib"
+  # The machine's nvme-cli, cryptsetup and dmsetup, the loader and every
+  # library, at the paths the binaries ask for.
+  for tool in nvme cryptsetup dmsetup; do
+    bin="$(command -v "$tool" || true)"
+    [ -n "$bin" ] || { echo "build-initramfs: $tool missing: scripts/deps.sh installs it" >&2; exit 1; }
+    cp "$bin" "$root/usr/sbin/$tool"
+    for lib in $(ldd "$bin" | grep -o '/[^ ]*'); do
+      mkdir -p "$root$(dirname "$lib")"
+      cp -L "$lib" "$root$lib"
+    done
   done
 fi
 if [ -n "${VM_MODULES:-}" ]; then

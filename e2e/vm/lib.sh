@@ -265,3 +265,161 @@ agent_restart() {
 
 # uptime_cs: the uptime in centiseconds (busybox has no date +%N).
 uptime_cs() { local u _; read -r u _ < /proc/uptime; echo "${u%.*}${u#*.}"; }
+
+AT_REST_NODE=spiffe://nvmegate.test/node/acme-gpu-1
+AT_REST_AGENT="" # more nvmegate-node flags (6.12: its TLS keyring)
+# Encryption at rest (both tiers; at_rest_story): acme's subsystem ENC has two namespaces on loop
+# devices (files in RAM), registered with --backing-device: the target
+# agent opens each through dm-crypt (AES-XTS) with the namespace's data key,
+# received over its stream, and nvmet exports the mapping. A node writes a
+# known pattern over the fabric; the raw device holds no trace of it, the
+# other namespace's key reads nothing of it, and after the target agent
+# restarts (its mappings closed, as after a reboot) the data is back.
+ENC=nqn.2026-01.io.nvmegate.vm:acme-enc
+export DM_DISABLE_UDEV=1 # no udev in the VM: device-mapper makes its own nodes
+PATTERN=NVMEGATE-AT-REST-$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')
+at_rest_disks() {
+  mkdir -p /run/cryptsetup
+  for i in 0 1; do
+    dd if=/dev/zero of="/tmp/disk$i.img" bs=1M count=32 2>/dev/null && losetup "/dev/loop$i" "/tmp/disk$i.img" || return 1
+  done
+  losetup -a
+}
+mapping_of() { sed -n 's|^/dev/mapper/||p' "$CFS/subsystems/$ENC/namespaces/$1/device_path"; }
+at_rest_mapped() {
+  for _ in $(seq 300); do
+    [ "$(cat "$CFS/subsystems/$ENC/namespaces/1/enable" 2>/dev/null)$(cat "$CFS/subsystems/$ENC/namespaces/2/enable" 2>/dev/null)" = 11 ] && break
+    sleep 0.1
+  done
+  for n in 1 2; do
+    m=$(mapping_of $n)
+    echo "namespace $n: device_path /dev/mapper/$m, enable $(cat "$CFS/subsystems/$ENC/namespaces/$n/enable")"
+    cryptsetup status "$m" | grep -E 'type|cipher|keysize|device:' | sed 's/^ */  /'
+  done
+  [ -n "$(mapping_of 2)" ] || { ls -l /dev/mapper; grep -iE 'error|warn' /tmp/agent.log | tail -5; return 1; }
+}
+# ns_dev NSID: the node's block device of namespace NSID of ENC.
+ns_dev() {
+  for _ in $(seq 100); do
+    for b in /sys/block/nvme*n*; do
+      [ "$(cat "$b/device/subsysnqn" 2>/dev/null)" = "$ENC" ] && [ "$(cat "$b/nsid" 2>/dev/null)" = "$1" ] && [ -b "/dev/${b##*/}" ] &&
+        { echo "/dev/${b##*/}"; return 0; }
+    done
+    sleep 0.1
+  done
+  return 1
+}
+# at_rest_write: the pattern over the fabric into namespace 1 (1 MiB),
+# read back over the fabric.
+at_rest_write() {
+  local dev; dev=$(ns_dev 1) || { echo "no block device for namespace 1"; ls /sys/block; return 1; }
+  yes "$PATTERN" | head -c 1048576 > /tmp/pattern.bin
+  dd if=/tmp/pattern.bin of="$dev" bs=4096 conv=fsync 2>&1 | tail -1
+  echo 3 > /proc/sys/vm/drop_caches
+  dd if="$dev" of=/tmp/readback.bin bs=4096 count=256 2>/dev/null
+  cmp /tmp/pattern.bin /tmp/readback.bin && echo "read back over the fabric from $dev: the pattern ($(strings /tmp/readback.bin | grep -c "$PATTERN") lines)"
+}
+# count WHERE: lines of the pattern in a device or file.
+count() { echo 3 > /proc/sys/vm/drop_caches; strings "$1" | grep -c "$PATTERN"; }
+at_rest_raw() {
+  echo "pattern lines in the mapping /dev/mapper/$(mapping_of 1): $(count "/dev/mapper/$(mapping_of 1)")"
+  echo "pattern lines on the raw device /dev/loop0: $(count /dev/loop0)"
+  echo "pattern lines in its backing file: $(count /tmp/disk0.img)"
+}
+# at_rest_other_key: namespace 1's device read through a mapping made with
+# namespace 2's key (taken from the kernel's table, never shown).
+at_rest_other_key() {
+  local sectors
+  sectors=$(($(stat -c %s /tmp/disk0.img) / 512))
+  dmsetup table --showkeys "$(mapping_of 2)" | awk -v s="$sectors" '{print 0, s, $3, $4, $5, $6, "/dev/loop0", $8}' | dmsetup create other-key || return 1
+  echo "pattern lines in namespace 1's device read with namespace 2's key: $(count /dev/mapper/other-key)"
+  dmsetup remove other-key
+}
+# at_rest_restart: the node agent stops, the target agent stops and its
+# mappings close (as after a reboot); both start again; the data is back.
+at_rest_restart() {
+  kill -TERM "$NODE_PID"; wait "$NODE_PID"
+  kill -TERM "$(pidof nvmegate-target)"; sleep 0.5
+  for n in 1 2; do echo 0 > "$CFS/subsystems/$ENC/namespaces/$n/enable"; cryptsetup close "$(mapping_of $n)" || return 1; done
+  echo "mappings open after the stop: $(ls /dev/mapper | grep -c nvmegate-)"
+  mv /tmp/agent.log /tmp/agent-1.log
+  start_agent >/dev/null || return 1
+  cat /tmp/agent-1.log >> /tmp/agent.log
+  at_rest_mapped | grep enable
+  start_node_agent vm-enc-1 acme-node-1 $AT_REST_AGENT >/dev/null || return 1
+  local dev; dev=$(ns_dev 1) || return 1
+  echo 3 > /proc/sys/vm/drop_caches
+  dd if="$dev" of=/tmp/readback2.bin bs=4096 count=256 2>/dev/null
+  cmp /tmp/pattern.bin /tmp/readback2.bin && echo "after the restart, namespace 1 reads the same data over the fabric"
+}
+# Crypto-erase: namespace 1 removed with --erase; the target closes the
+# mapping, then the gateway destroys the data key (logged). The ciphertext
+# stays on the device; a namespace made again on it gets a new key, which
+# reads none of it.
+at_rest_erase() {
+  local m before after
+  m=$(mapping_of 1)
+  before=$(head -c 1048576 /dev/loop0 | sha256sum | cut -c1-16)
+  as admin inventory namespace remove "$ENC" 1 --erase || return 1
+  [ -e "/dev/mapper/$m" ] && echo "mapping $m still open" || echo "mapping closed"
+  [ -d "$CFS/subsystems/$ENC/namespaces/1" ] && echo "namespace 1 still on the target" || echo "namespace 1 gone from the target"
+  after=$(head -c 1048576 /dev/loop0 | sha256sum | cut -c1-16)
+  [ "$before" = "$after" ] && echo "the ciphertext is still on /dev/loop0 ($(count /dev/loop0) pattern lines in it)"
+  echo "audit: $(as auditor audit query --subsystem "$ENC" --kind key_rotation | grep -c 'crypto-erase') crypto-erase entries"
+}
+at_rest_after_erase() {
+  as admin inventory namespace add "$ENC" 1 --tenant acme --region eu-west --class restricted \
+    --dataset vm/enc1 --digest "$DIGEST" --backing-device /dev/loop0 >/dev/null || return 1
+  for _ in $(seq 300); do [ "$(cat "$CFS/subsystems/$ENC/namespaces/1/enable" 2>/dev/null)" = 1 ] && break; sleep 0.1; done
+  echo "namespace 1 made again on /dev/loop0, with a new data key: pattern lines through its mapping: $(count "/dev/mapper/$(mapping_of 1)")"
+  as admin inventory namespace remove "$ENC" 1 --erase
+}
+# Figures: throughput over the fabric to namespace 2 (encrypted, on
+# /dev/loop1) and to namespace 3, which the operator adds by hand on
+# /dev/loop2 without encryption (the agent leaves it alone); 16 MiB written
+# (fsync) and read (caches dropped) each, timed with /proc/uptime. And the
+# target agent's memory while it holds the data keys.
+at_rest_figures() {
+  local ns3="$CFS/subsystems/$ENC/namespaces/3" dev t0 t1
+  dd if=/dev/zero of=/tmp/disk2.img bs=1M count=32 2>/dev/null && losetup /dev/loop2 /tmp/disk2.img || return 1
+  mkdir "$ns3" && echo /dev/loop2 > "$ns3/device_path" && echo 1 > "$ns3/enable" || return 1
+  # A job of its own: vm-enc-1 names namespace 1, which is erased.
+  as acme-scheduler job admit vm-fig-1 --tenant acme --node "$AT_REST_NODE" --namespace "$ENC/2:rw" --region eu-west --expires-in 1h >/dev/null || return 1
+  start_node_agent vm-fig-1 acme-node-1 $AT_REST_AGENT >/tmp/fig-agent.out || { cat /tmp/fig-agent.out; return 1; }
+  head -c 16777216 /dev/urandom > /tmp/rand.bin
+  for n in 2 3; do
+    dev=$(ns_dev $n) || { echo "no block device for namespace $n"; return 1; }
+    t0=$(uptime_cs); dd if=/tmp/rand.bin of="$dev" bs=1M conv=fsync 2>/dev/null || return 1; t1=$(uptime_cs)
+    w=$((t1 - t0))
+    echo 3 > /proc/sys/vm/drop_caches
+    t0=$(uptime_cs); dd if="$dev" of=/dev/null bs=1M count=16 2>/dev/null || return 1; t1=$(uptime_cs)
+    r=$((t1 - t0))
+    echo "throughput namespace $n ($([ $n = 2 ] && echo "dm-crypt" || echo "plain")): write 16 MiB in $((w * 10)) ms, read 16 MiB in $((r * 10)) ms"
+  done
+  echo "target agent memory: $(grep -E 'VmRSS' "/proc/$(pidof nvmegate-target)/status" | tr -s ' \t' ' ')"
+  kill -TERM "$NODE_PID"; wait "$NODE_PID"
+  echo 0 > "$ns3/enable"; rmdir "$ns3"
+}
+
+# at_rest_story SUBSYSTEM_FLAGS...: the encryption-at-rest steps, on a new
+# subsystem of acme's made with SUBSYSTEM_FLAGS (6.12: --dhchap --tls).
+at_rest_story() {
+  step at-rest-disks at_rest_disks
+  step at-rest-subsystem as admin inventory subsystem add "$ENC" --target stor-eu-1 --tenant acme --ports 1 "$@"
+  for n in 1 2; do
+    step "at-rest-namespace-$n" as admin inventory namespace add "$ENC" "$n" --tenant acme --region eu-west --class restricted \
+      --dataset "vm/enc$n" --digest "$DIGEST" --backing-device "/dev/loop$((n - 1))"
+  done
+  step at-rest-mapped at_rest_mapped
+  step at-rest-job as acme-scheduler job admit vm-enc-1 --tenant acme --node "$AT_REST_NODE" --namespace "$ENC/1:rw" --namespace "$ENC/2:rw" \
+    --region eu-west --expires-in 2h
+  step at-rest-connect start_node_agent vm-enc-1 acme-node-1 $AT_REST_AGENT
+  step at-rest-write at_rest_write
+  step at-rest-raw at_rest_raw
+  step at-rest-other-key at_rest_other_key
+  step at-rest-restart at_rest_restart
+  step at-rest-stop agent_stop "$ENC" "$(nvmegate hostnqn "$AT_REST_NODE")"
+  step at-rest-erase at_rest_erase
+  step at-rest-after-erase at_rest_after_erase
+  step at-rest-figures at_rest_figures
+}

@@ -109,6 +109,8 @@ step agent-restart agent_restart vm-agent-1 globex-node-2
 step agent-old-secret agent_old_secret "$GLOBEX"
 step agent-stop agent_stop "$GLOBEX" "$GN2"
 step finish-agent-job as globex-scheduler job finish vm-agent-1 --reason done
+# Encryption at rest (lib.sh: at_rest_story), with DH-HMAC-CHAP.
+at_rest_story --dhchap
 # The security team tightens residency: eu-west data only over fabric f1
 # (the policy's own samples' fabric); the VM's target is on fab-vm. The hot
 # reload re-decides globex's live grant and revokes it; the kernel then
