@@ -190,6 +190,8 @@ SUBT=nqn.2026-01.io.nvmegate.vm:timing
 T1=nqn.2014-08.org.nvmexpress:uuid:000000c1-0000-4000-8000-000000000000
 T2=nqn.2014-08.org.nvmexpress:uuid:000000c2-0000-4000-8000-000000000000
 timing_target() {
+  # The target agent prunes host entries it did not make: it stops first.
+  kill -TERM "$(pidof nvmegate-target)" 2>/dev/null; sleep 0.5
   mkdir -p "$CFS/ports/3" "$CFS/ports/4" "$CFS/subsystems/$SUBT/namespaces/1" "$CFS/hosts/$T1" "$CFS/hosts/$T2" || return 1
   echo /dev/nullb1 > "$CFS/subsystems/$SUBT/namespaces/1/device_path"; echo 1 > "$CFS/subsystems/$SUBT/namespaces/1/enable"
   echo 0 > "$CFS/subsystems/$SUBT/attr_allow_any_host"
