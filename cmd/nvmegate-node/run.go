@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -89,16 +90,9 @@ keys and release the grants (exit 1 if one of those did not happen).`,
 }
 
 func identityFlags(cmd *cobra.Command, o *clientconn.Options) {
-	f := cmd.Flags()
-	f.StringVar(&o.Addr, "addr", "", "gateway address host:port (default 127.0.0.1:7443, or the dev gateway's)")
-	f.StringVar(&o.SPIFFESocket, "spiffe-socket", "", "SPIFFE Workload API address for the node's SVID")
-	f.StringVar(&o.SPIFFEID, "spiffe-id", "", "the node's SPIFFE ID, when the Workload API offers several SVIDs")
-	f.StringVar(&o.Cert, "cert", "", "SVID certificate chain (PEM)")
-	f.StringVar(&o.Key, "key", "", "SVID private key (PEM)")
-	f.StringVar(&o.Bundle, "bundle", "", "trust bundle (PEM)")
-	f.StringVar(&o.DevDir, "dev-dir", "", "dev trust domain directory (from nvmegated dev)")
-	f.StringVar(&o.DevIdentity, "dev-identity", "", "dev identity name, e.g. acme-node-1")
-	f.StringVar(&o.ServerID, "server-id", "", "required SPIFFE ID of the gateway")
+	fs := flag.NewFlagSet("identity", flag.ContinueOnError)
+	o.AddFlags(fs, "acme-node-1")
+	cmd.Flags().AddGoFlagSet(fs)
 }
 
 // serveStatus serves the agent's status on a unix socket only root (the
