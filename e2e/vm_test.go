@@ -311,6 +311,7 @@ func checkAtRest(t *testing.T, ok func(string, ...string) vmStep, kernel string)
 	if strings.Count(m.Output, "type:    PLAIN") != 2 {
 		t.Errorf("at-rest-mapped: want two plain dm-crypt mappings:\n%s", m.excerpt())
 	}
+	ok("at-rest-compliance", "encrypted at rest: 2 of", "(dm-crypt); oldest data key", "result:            OK")
 	ok("at-rest-job")
 	ok("at-rest-connect", " live ")
 	ok("at-rest-write", "256+0 records out", "read back over the fabric", "the pattern")

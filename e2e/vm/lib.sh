@@ -401,6 +401,15 @@ at_rest_figures() {
   echo 0 > "$ns3/enable"; rmdir "$ns3"
 }
 
+# at_rest_compliance: the auditor's compliance attestation, verified
+# offline with the log's exported key, says which namespaces are encrypted.
+at_rest_compliance() {
+  rm -rf /tmp/export
+  as auditor audit export --out /tmp/export >/dev/null || return 1
+  as auditor attest compliance > /tmp/compliance.json 2>/dev/null || return 1
+  nvmegate attest verify /tmp/compliance.json --key /tmp/export/keys/v1.pem | grep -E 'encrypted at rest|result'
+}
+
 # at_rest_story SUBSYSTEM_FLAGS...: the encryption-at-rest steps, on a new
 # subsystem of acme's made with SUBSYSTEM_FLAGS (6.12: --dhchap --tls).
 at_rest_story() {
@@ -411,6 +420,7 @@ at_rest_story() {
       --dataset "vm/enc$n" --digest "$DIGEST" --backing-device "/dev/loop$((n - 1))"
   done
   step at-rest-mapped at_rest_mapped
+  step at-rest-compliance at_rest_compliance
   step at-rest-job as acme-scheduler job admit vm-enc-1 --tenant acme --node "$AT_REST_NODE" --namespace "$ENC/1:rw" --namespace "$ENC/2:rw" \
     --region eu-west --expires-in 2h
   step at-rest-connect start_node_agent vm-enc-1 acme-node-1 $AT_REST_AGENT
