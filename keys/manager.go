@@ -1,6 +1,7 @@
 package keys
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -69,6 +70,11 @@ type Manager struct {
 	mu       sync.RWMutex
 	cache    map[string]*cached  // subsystem NQN → roots
 	dataKeys map[string]struct{} // namespaces whose KEKs Run rotates on schedule
+	// unwrapped holds the data keys DataKey unwrapped: a namespace's data
+	// key never changes (a KEK rotation rewraps it), so the targets'
+	// periodic whole states do not cost a Transit call each, nor fail
+	// while the backend is briefly away. DestroyDataKey drops it.
+	unwrapped map[string]dataKey
 
 	backendReads atomic.Uint64 // round trips to the backend, for metrics and benchmarks
 
@@ -143,7 +149,8 @@ func NewManager(opts Options) (*Manager, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Manager{b: opts.Backend, opts: opts, log: log, cache: map[string]*cached{}, dataKeys: map[string]struct{}{}}, nil
+	return &Manager{b: opts.Backend, opts: opts, log: log, cache: map[string]*cached{}, dataKeys: map[string]struct{}{},
+		unwrapped: map[string]dataKey{}}, nil
 }
 
 // BackendReads is the number of round trips to the backend so far.
@@ -505,10 +512,24 @@ func (m *Manager) Status(ctx context.Context, subNQN string) (RootStatus, error)
 // Subsystems lists the subsystems that have roots.
 func (m *Manager) Subsystems(ctx context.Context) ([]string, error) { return m.b.Subsystems(ctx) }
 
-// DataKey returns the namespace's data key, creating it on first use, and
-// tracks it for scheduled rotation.
+// dataKey is an unwrapped data key and its latest wrapping.
+type dataKey struct {
+	key     []byte
+	wrapped Wrapped
+}
+
+// DataKey returns the namespace's data key (the caller's copy), creating
+// it on first use, and tracks it for scheduled rotation. A key unwrapped
+// once is kept in memory until DestroyDataKey.
 func (m *Manager) DataKey(ctx context.Context, namespace string) ([]byte, Wrapped, error) {
 	m.TrackDataKeys(namespace)
+	m.mu.RLock()
+	d, ok := m.unwrapped[namespace]
+	m.mu.RUnlock()
+	if ok {
+		return bytes.Clone(d.key), d.wrapped, nil
+	}
+	m.backendReads.Add(2) // the wrapped key, then its unwrapping
 	w, err := m.b.DataKey(ctx, namespace)
 	if errors.Is(err, ErrNotFound) {
 		w, err = m.b.CreateDataKey(ctx, namespace)
@@ -520,7 +541,13 @@ func (m *Manager) DataKey(ctx context.Context, namespace string) ([]byte, Wrappe
 		return nil, Wrapped{}, err
 	}
 	k, err := m.b.Unwrap(ctx, namespace, w)
-	return k, w, err
+	if err != nil {
+		return nil, Wrapped{}, err
+	}
+	m.mu.Lock()
+	m.unwrapped[namespace] = dataKey{key: bytes.Clone(k), wrapped: w}
+	m.mu.Unlock()
+	return k, w, nil
 }
 
 // EnsureDataKey makes the namespace's data key if it has none, without
@@ -549,6 +576,11 @@ func (m *Manager) RotateDataKey(ctx context.Context, namespace, reason string) (
 		ev.Outcome = "not applied: " + outcome(err)
 	} else {
 		ev.Outcome, ev.Version = "applied", w.KEKVersion
+		m.mu.Lock()
+		if d, ok := m.unwrapped[namespace]; ok {
+			m.unwrapped[namespace] = dataKey{key: d.key, wrapped: w} // the same key, rewrapped
+		}
+		m.mu.Unlock()
 	}
 	ev.Time = m.opts.Now()
 	if rerr := m.record(ctx, ev); rerr != nil {
@@ -567,6 +599,14 @@ func (m *Manager) DestroyDataKey(ctx context.Context, namespace, reason string) 
 	if err := m.record(ctx, ev); err != nil {
 		return fmt.Errorf("keys: %s's data key not destroyed: it could not be recorded: %w", namespace, err)
 	}
+	// The kept copy goes first, whatever the backend does: a key being
+	// erased is not served again.
+	m.mu.Lock()
+	if d, ok := m.unwrapped[namespace]; ok {
+		clear(d.key)
+		delete(m.unwrapped, namespace)
+	}
+	m.mu.Unlock()
 	err := m.b.DestroyDataKey(ctx, namespace)
 	if err != nil {
 		ev.Outcome = "not applied: " + outcome(err)

@@ -319,6 +319,18 @@ func testManager(t *testing.T, open Opener, sub string) {
 	if last := events[len(events)-1]; last.Kind != "data_key" || last.Reason != "scheduled" || last.Version != 2 {
 		t.Fatalf("rotation event %+v", last)
 	}
+	// The unwrapped key is kept: the same key, its latest wrapping, no
+	// backend read; a crypto-erase drops it, and the next is a new key.
+	reads := m.BackendReads()
+	if d, w, err := m.DataKey(ctx, ns); err != nil || !bytes.Equal(d, dek) || w.KEKVersion != 2 || m.BackendReads() != reads {
+		t.Fatalf("kept data key: v%d, %v, %d backend reads", w.KEKVersion, err, m.BackendReads()-reads)
+	}
+	if err := m.DestroyDataKey(ctx, ns, "test erase"); err != nil {
+		t.Fatal(err)
+	}
+	if d, _, err := m.DataKey(ctx, ns); err != nil || bytes.Equal(d, dek) {
+		t.Fatalf("the data key after a crypto-erase: the old key, or %v", err)
+	}
 	// Past the staleness bound without a refresh, issuance fails closed.
 	clk.Add(11 * time.Minute)
 	if _, err := m.Credentials(ctx, host, sub, p); !errors.Is(err, keys.ErrUnavailable) {
