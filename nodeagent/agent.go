@@ -2,7 +2,6 @@ package nodeagent
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -76,7 +75,6 @@ type sub struct {
 	conn       nvmefmt.Connection
 	ctrl       string // controller name; "" when not connected
 	pskDesc    string // the PSK's description in Keys; "" without TLS
-	credSum    [32]byte
 	lifetime   time.Duration
 	lastRenew  time.Time
 	lastRekey  time.Time
@@ -223,7 +221,7 @@ func (a *Agent) attach(s *sub, g *pb.Grant, conn nvmefmt.Connection) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	s.grant, s.conn, s.ctrl, s.pskDesc = g, conn, ctrl, desc
-	s.credSum, s.lifetime, s.lastRenew = credSum(conn), g.ExpiresAt.AsTime().Sub(now), now
+	s.lifetime, s.lastRenew = g.ExpiresAt.AsTime().Sub(now), now
 	return nil
 }
 
@@ -323,10 +321,9 @@ func connection(g *pb.Grant, c *pb.Credentials) (nvmefmt.Connection, error) {
 	return conn, nil
 }
 
-// credSum tells one set of credentials from another without keeping a
-// second copy of them.
-func credSum(c nvmefmt.Connection) [32]byte {
-	return sha256.Sum256([]byte(c.DHCHAPKey + "\x00" + c.DHCHAPCtrlKey + "\x00" + c.TLSKey))
+// secretsChanged reports whether b's secrets differ from a's.
+func secretsChanged(a, b nvmefmt.Connection) bool {
+	return a.DHCHAPKey != b.DHCHAPKey || a.DHCHAPCtrlKey != b.DHCHAPCtrlKey || a.TLSKey != b.TLSKey
 }
 
 // interval is the time to the next renewal: RenewEvery, at most a third
@@ -428,7 +425,7 @@ func (a *Agent) renewed(s *sub, resp *pb.RenewResponse) error {
 	}
 	now := a.now()
 	a.mu.Lock()
-	changed := credSum(conn) != s.credSum
+	changed := secretsChanged(s.conn, conn)
 	ctrl := s.ctrl
 	s.grant, s.lastRenew, s.lifetime = resp.Grant, now, resp.Grant.ExpiresAt.AsTime().Sub(now)
 	a.mu.Unlock()
@@ -442,7 +439,7 @@ func (a *Agent) renewed(s *sub, resp *pb.RenewResponse) error {
 			return err
 		}
 		a.mu.Lock()
-		s.conn, s.credSum, s.pskDesc, s.lastRekey = conn, credSum(conn), desc, now
+		s.conn, s.pskDesc, s.lastRekey = conn, desc, now
 		ctrl, s.rekeys = how.ctrl, s.rekeys+1
 		s.ctrl = ctrl
 		a.mu.Unlock()
