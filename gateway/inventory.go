@@ -209,13 +209,21 @@ func (s *inventoryService) eraseNamespace(ctx context.Context, r *pb.RemoveNames
 	if s.erase == nil {
 		return nil, nvmegate.Errorf(nvmegate.EUNIMPLEMENTED, "this gateway keeps no data keys: nothing to erase")
 	}
-	target := s.targetOf(ctx, r.SubsystemNqn)
-	err := s.store.DeleteNamespace(ctx, r.SubsystemNqn, r.Nsid)
+	// The target must be known for sure: the key is destroyed only after
+	// it confirmed closing the mapping (targetOf's "" on any error would
+	// skip that).
+	// Without its subsystem nothing can confirm it: refused.
+	sub, err := s.store.Subsystem(ctx, r.SubsystemNqn)
+	if err != nil {
+		return nil, err
+	}
+	target := sub.TargetID
+	err = s.store.DeleteNamespace(ctx, r.SubsystemNqn, r.Nsid)
 	gone := nvmegate.ErrorCode(err) == nvmegate.ENOTFOUND // a repeated erase
 	if err != nil && !gone {
 		return nil, err
 	}
-	if target != "" && s.targets != nil {
+	if s.targets != nil {
 		s.targets.InventoryChanged(target)
 		if err := s.targets.Program(ctx, target); err != nil {
 			return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE,
