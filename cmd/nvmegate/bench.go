@@ -203,10 +203,10 @@ with. Exit status 1 if any does not.`,
 // loads the dev CA that mints node SVIDs.
 func (a *app) benchEnv(cmd *cobra.Command, admin, sched, auditor string) (loadgen.Env, func(), error) {
 	var env loadgen.Env
-	if a.devDir == "" {
+	if a.id.DevDir == "" {
 		return env, nil, errors.New("bench needs --dev-dir (the node SVIDs are minted by the dev CA)")
 	}
-	ca, err := devca.Load(filepath.Join(a.devDir, "ca"))
+	ca, err := devca.Load(filepath.Join(a.id.DevDir, "ca"))
 	if err != nil {
 		return env, nil, err
 	}
@@ -221,7 +221,7 @@ func (a *app) benchEnv(cmd *cobra.Command, admin, sched, auditor string) (loadge
 		who  string
 		conn **grpc.ClientConn
 	}{{admin, &env.Admin}, {sched, &env.Scheduler}, {auditor, &env.Auditor}} {
-		conn, src, err := clientconn.Dial(cmd.Context(), clientconn.Options{Addr: a.addr, DevDir: a.devDir, DevIdentity: d.who, ServerID: a.serverID})
+		conn, src, err := clientconn.Dial(cmd.Context(), clientconn.Options{Addr: a.id.Addr, DevDir: a.id.DevDir, DevIdentity: d.who, ServerID: a.id.ServerID})
 		if err != nil {
 			closeAll()
 			return env, nil, err
@@ -229,9 +229,9 @@ func (a *app) benchEnv(cmd *cobra.Command, admin, sched, auditor string) (loadge
 		*d.conn = conn
 		closers = append(closers, func() { conn.Close(); src.Close() })
 	}
-	env.Addr = a.addr
+	env.Addr = a.id.Addr
 	if env.Addr == "" {
-		if env.Addr, err = clientconn.DevAddr(a.devDir); err != nil {
+		if env.Addr, err = clientconn.DevAddr(a.id.DevDir); err != nil {
 			closeAll()
 			return env, nil, err
 		}

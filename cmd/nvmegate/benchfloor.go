@@ -36,10 +36,10 @@ func (a *app) benchFloorServerCmd() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if a.devDir == "" {
+			if a.id.DevDir == "" {
 				return errors.New("floor-server needs --dev-dir")
 			}
-			ca, err := devca.Load(filepath.Join(a.devDir, "ca"))
+			ca, err := devca.Load(filepath.Join(a.id.DevDir, "ca"))
 			if err != nil {
 				return err
 			}
@@ -75,7 +75,7 @@ func (a *app) startFloorServer(ctx context.Context) (string, func(), error) {
 	if err != nil {
 		return "", nil, err
 	}
-	c := exec.CommandContext(ctx, self, "--dev-dir", a.devDir, "bench", "floor-server")
+	c := exec.CommandContext(ctx, self, "--dev-dir", a.id.DevDir, "bench", "floor-server")
 	c.Stderr = os.Stderr
 	stdin, err := c.StdinPipe()
 	if err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"time"
@@ -18,16 +19,9 @@ import (
 type app struct {
 	stdout, stderr io.Writer
 
-	addr         string
-	spiffeSocket string
-	spiffeID     string
-	cert, key    string
-	bundle       string
-	devDir       string
-	devIdentity  string
-	serverID     string
-	output       string
-	timeout      time.Duration
+	id      clientconn.Options // who to be and where the gateway is (the identity flags)
+	output  string
+	timeout time.Duration
 
 	conn   *grpc.ClientConn
 	source identity.Source
@@ -52,15 +46,9 @@ func (a *app) root() *cobra.Command {
 	root.SetOut(a.stdout)
 	root.SetErr(a.stderr)
 	f := root.PersistentFlags()
-	f.StringVar(&a.addr, "addr", "", "gateway address host:port (default 127.0.0.1:7443, or the dev gateway's)")
-	f.StringVar(&a.spiffeSocket, "spiffe-socket", "", "SPIFFE Workload API address for this client's SVID")
-	f.StringVar(&a.spiffeID, "spiffe-id", "", "this client's SPIFFE ID, when the Workload API offers several SVIDs")
-	f.StringVar(&a.cert, "cert", "", "SVID certificate chain (PEM)")
-	f.StringVar(&a.key, "key", "", "SVID private key (PEM)")
-	f.StringVar(&a.bundle, "bundle", "", "trust bundle (PEM)")
-	f.StringVar(&a.devDir, "dev-dir", "", "dev trust domain directory (from nvmegated dev)")
-	f.StringVar(&a.devIdentity, "dev-identity", "", "dev identity name, e.g. admin, acme-scheduler, acme-node-1")
-	f.StringVar(&a.serverID, "server-id", "", "required SPIFFE ID of the gateway (default: any spiffe://<td>/gateway/... of the client's trust domain)")
+	idFlags := flag.NewFlagSet("identity", flag.ContinueOnError)
+	a.id.AddFlags(idFlags, "admin, acme-scheduler, acme-node-1")
+	f.AddGoFlagSet(idFlags)
 	f.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
 	f.DurationVar(&a.timeout, "timeout", 30*time.Second, "deadline of each RPC")
 	root.AddCommand(a.inventoryCmd(), a.jobCmd(), a.discoverCmd(), a.connectCmd(), a.renewCmd(), a.releaseCmd(), a.grantsCmd(), a.revokeCmd(), a.policyCmd(), a.auditCmd(), a.attestCmd(), a.keysCmd(), a.hostNQNCmd(), a.benchCmd())
@@ -72,8 +60,7 @@ func (a *app) dial(ctx context.Context) (*grpc.ClientConn, error) {
 	if a.conn != nil {
 		return a.conn, nil
 	}
-	conn, src, err := clientconn.Dial(ctx, clientconn.Options{Addr: a.addr, SPIFFESocket: a.spiffeSocket, SPIFFEID: a.spiffeID, Cert: a.cert, Key: a.key,
-		Bundle: a.bundle, DevDir: a.devDir, DevIdentity: a.devIdentity, ServerID: a.serverID})
+	conn, src, err := clientconn.Dial(ctx, a.id)
 	if err != nil {
 		return nil, err
 	}

@@ -122,16 +122,16 @@ func readyAddr(path string) (string, error) {
 func DevAddr(dir string) (string, error) { return readyAddr(devca.ReadyPath(dir)) }
 
 // AddFlags registers the identity flags on fs, with the same names for
-// every agent (cobra commands add fs with AddGoFlagSet). devIdentity is an
+// the CLI and both agents (cobra commands add fs with AddGoFlagSet). devIdentity is an
 // example dev identity name for the help text.
 func (o *Options) AddFlags(fs *flag.FlagSet, devIdentity string) {
 	fs.StringVar(&o.Addr, "addr", "", "gateway address host:port (default 127.0.0.1:7443, or the dev gateway's)")
-	fs.StringVar(&o.SPIFFESocket, "spiffe-socket", "", "SPIFFE Workload API address for this agent's SVID")
-	fs.StringVar(&o.SPIFFEID, "spiffe-id", "", "this agent's SPIFFE ID, when the Workload API offers several SVIDs")
+	fs.StringVar(&o.SPIFFESocket, "spiffe-socket", "", "SPIFFE Workload API address for this program's SVID")
+	fs.StringVar(&o.SPIFFEID, "spiffe-id", "", "this program's SPIFFE ID, when the Workload API offers several SVIDs")
 	fs.StringVar(&o.Cert, "cert", "", "SVID certificate chain (PEM)")
 	fs.StringVar(&o.Key, "key", "", "SVID private key (PEM)")
 	fs.StringVar(&o.Bundle, "bundle", "", "trust bundle (PEM)")
 	fs.StringVar(&o.DevDir, "dev-dir", "", "dev trust domain directory (from nvmegated dev)")
 	fs.StringVar(&o.DevIdentity, "dev-identity", "", "dev identity name, e.g. "+devIdentity)
-	fs.StringVar(&o.ServerID, "server-id", "", "required SPIFFE ID of the gateway")
+	fs.StringVar(&o.ServerID, "server-id", "", "required SPIFFE ID of the gateway (default: any spiffe://<td>/gateway/... of this program's trust domain)")
 }
