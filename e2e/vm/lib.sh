@@ -129,29 +129,38 @@ tree() (
   true
 )
 
+# start_reads DEV: a read loop over the fabric, a new block each time (no
+# page cache), counting reads and errors until stop_reads prints them.
+start_reads() {
+  rm -f /tmp/stop-reads /tmp/reads
+  ( n=0; e=0; while [ ! -f /tmp/stop-reads ]; do
+      dd if="$1" of=/dev/null bs=4096 count=1 skip=$((n + e)) 2>/dev/null && n=$((n+1)) || e=$((e+1)); sleep 0.05
+    done; echo "reads $n errors $e" > /tmp/reads ) &
+  sleep 1
+}
+stop_reads() {
+  touch /tmp/stop-reads
+  for _ in $(seq 300); do [ -f /tmp/reads ] && break; sleep 0.1; done # a read may hang on a reconnect
+  cat /tmp/reads
+}
+
 # rekey_live NAME WHO: with NAME's grant connected and a read loop running
 # over the fabric, the subsystem's root rotates, WHO renews (the target's host
 # entry gets the new key at once) and the new DH-HMAC-CHAP secret is
 # written to the live controller's sysfs attribute: the kernel
-# re-authenticates it in place. The loop reads a new block each time (no
-# page cache) and counts errors.
+# re-authenticates it in place; the read loop (start_reads) counts errors.
 rekey_live() {
   local dev ctrl new
   dev=/dev/$(ls /sys/block | grep -E '^nvme[0-9]+n[0-9]+$' | head -1)
   ctrl=$(ls /sys/class/nvme | head -1)
-  rm -f /tmp/stop-reads /tmp/reads
-  ( n=0; e=0; while [ ! -f /tmp/stop-reads ]; do
-      dd if="$dev" of=/dev/null bs=4096 count=1 skip=$((n + e)) 2>/dev/null && n=$((n+1)) || e=$((e+1)); sleep 0.05
-    done; echo "reads $n errors $e" > /tmp/reads ) &
-  sleep 1
+  start_reads "$dev"
   as admin keys rotate --subsystem "$ACME" --reason "live re-key" >/dev/null || return 1
   grant "$1-renewed" "$2" renew "$(grant_id "$1")" >/dev/null || return 1
   new=$(grep -o -- "--dhchap-secret=[^ ']*" "/tmp/$1-renewed.args" | cut -d= -f2-)
   [ -n "$new" ] || { echo "no new secret in the renewal"; return 1; }
   printf %s "$new" > "/sys/class/nvme/$ctrl/dhchap_secret" || return 1
   sleep 2
-  touch /tmp/stop-reads; sleep 0.5
-  cat /tmp/reads
+  stop_reads
   echo "controller $ctrl state $(cat "/sys/class/nvme/$ctrl/state")"
 }
 
@@ -187,17 +196,12 @@ agent_rekey() {
   dev=/dev/$(ls /sys/block | grep -E '^nvme[0-9]+n[0-9]+$' | head -1)
   cat "/sys/class/nvme/$ctrl/dhchap_secret" > /tmp/agent-old-secret
   cat "/sys/class/nvme/$ctrl/dhchap_ctrl_secret" > /tmp/agent-old-ctrl-secret
-  rm -f /tmp/stop-reads /tmp/reads
-  ( n=0; e=0; while [ ! -f /tmp/stop-reads ]; do
-      dd if="$dev" of=/dev/null bs=4096 count=1 skip=$((n + e)) 2>/dev/null && n=$((n+1)) || e=$((e+1)); sleep 0.05
-    done; echo "reads $n errors $e" > /tmp/reads ) &
-  sleep 1
+  start_reads "$dev"
   as admin keys rotate --subsystem "$sub" --reason "agent live re-key" >/dev/null || return 1
   for _ in $(seq 300); do [ "$(node_json rekeys)" = 1 ] && break; sleep 0.1; done
   [ "$(node_json rekeys)" = 1 ] || { echo "the agent did not re-key"; node_status; tail -5 /tmp/node.log; return 1; }
   sleep 5 # two more renewals, nothing new
-  touch /tmp/stop-reads; sleep 0.5
-  cat /tmp/reads
+  stop_reads
   node_status
   grep -o 'msg="re-keyed the live controller".*' /tmp/node.log | head -1
   now=$(node_json controller)
@@ -246,18 +250,13 @@ agent_restart() {
   local ctrl dev
   ctrl=$(node_json controller)
   dev=/dev/$(ls /sys/block | grep -E '^nvme[0-9]+n[0-9]+$' | head -1)
-  rm -f /tmp/stop-reads /tmp/reads
-  ( n=0; e=0; while [ ! -f /tmp/stop-reads ]; do
-      dd if="$dev" of=/dev/null bs=4096 count=1 skip=$((n + e)) 2>/dev/null && n=$((n+1)) || e=$((e+1)); sleep 0.05
-    done; echo "reads $n errors $e" > /tmp/reads ) &
-  sleep 1
+  start_reads "$dev"
   kill -KILL "$NODE_PID"; wait "$NODE_PID" 2>/dev/null
   echo "agent killed; controllers: $(ls /sys/class/nvme | tr '\n' ' ')"
   mv /tmp/node.log /tmp/node-1.log
   start_node_agent "$@" >/dev/null || { cat /tmp/node.log; return 1; }
   sleep 3
-  touch /tmp/stop-reads; sleep 0.5
-  cat /tmp/reads
+  stop_reads
   grep -o 'msg="took over a live controller".*' /tmp/node.log | head -1
   echo "controller before $ctrl, now $(node_json controller), state $(node_json state); block device $dev: $([ -b "$dev" ] && echo there || echo gone)"
   cat /tmp/node-1.log >> /tmp/node.log
