@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -36,6 +37,7 @@ type Kernel interface {
 	Info(name string) (nvmehost.Info, error)
 	Controllers() ([]nvmehost.Info, error)
 	Multipath() bool
+	Namespaces(name string) ([]string, error)
 }
 
 // Keys is the node's keyring for TLS PSKs (a keyring.Ring).
@@ -59,8 +61,11 @@ type Agent struct {
 	// rotation grace); capped at a third of the shortest grant's lifetime.
 	// 0 is one minute.
 	RenewEvery time.Duration
-	Log        *slog.Logger
-	Now        func() time.Time // time.Now if nil
+	// PathWait bounds the wait for a new path's namespaces at a re-key
+	// by a new path; 0 is ten seconds.
+	PathWait time.Duration
+	Log      *slog.Logger
+	Now      func() time.Time // time.Now if nil
 
 	mu      sync.Mutex
 	hostNQN string
@@ -478,6 +483,14 @@ func (a *Agent) rekey(ctrl string, conn nvmefmt.Connection) (rekeyed, error) {
 		if err != nil {
 			return rekeyed{}, fmt.Errorf("re-key: a path with the new secrets: %w", err)
 		}
+		if err := a.awaitPath(ctrl, next); err != nil {
+			// The old path stays and still serves; the next renewal
+			// tries again.
+			if derr := a.Kernel.Delete(next); derr != nil && !errors.Is(derr, nvmehost.ErrNoController) {
+				a.log().Error("re-key: the new path stays", "controller", next, "err", derr)
+			}
+			return rekeyed{}, fmt.Errorf("re-key: %w", err)
+		}
 		if err := a.Kernel.Delete(ctrl); err != nil && !errors.Is(err, nvmehost.ErrNoController) {
 			// The new path serves; the old one fails its next
 			// re-authentication or reconnect on its own.
@@ -489,6 +502,48 @@ func (a *Agent) rekey(ctrl string, conn nvmefmt.Connection) (rekeyed, error) {
 		return rekeyed{}, fmt.Errorf("re-key controller %s: %w", ctrl, err)
 	}
 	return rekeyed{ctrl: ctrl, how: "in place"}, nil
+}
+
+// awaitPath waits until the new path next serves every namespace the old
+// path ctrl serves. The kernel scans a new controller's namespaces after
+// the connect returns; deleting the old path before the scan has attached
+// the new one leaves the namespace without a path, and the kernel removes
+// its block device under the reads (seen on Linux 6.1).
+func (a *Agent) awaitPath(ctrl, next string) error {
+	wait := a.PathWait
+	if wait <= 0 {
+		wait = 10 * time.Second
+	}
+	old, err := a.Kernel.Namespaces(ctrl)
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		got, err := a.Kernel.Namespaces(next)
+		if err != nil {
+			return err
+		}
+		missing := missingFrom(got, old)
+		if len(missing) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("new path %s does not serve namespace(s) %s after %v; %s kept", next, strings.Join(missing, ", "), wait, ctrl)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// missingFrom lists the IDs of want that have does not.
+func missingFrom(have, want []string) []string {
+	var out []string
+	for _, w := range want {
+		if !slices.Contains(have, w) {
+			out = append(out, w)
+		}
+	}
+	return out
 }
 
 // detach deletes s's controller and removes its PSK; the grant is left to

@@ -228,6 +228,35 @@ func (h *Host) Multipath() bool {
 	return err == nil && strings.TrimSpace(string(b)) == "Y"
 }
 
+// nsRE matches a controller's namespace entries in sysfs: nvme0n1 without
+// multipath, the path nvme0c1n1 (subsystem 0, controller 1) with it.
+var nsRE = regexp.MustCompile(`^nvme[0-9]+(?:c[0-9]+)?n([0-9]+)$`)
+
+// Namespaces lists the namespace IDs controller name serves now: those
+// the kernel has scanned and attached (under multipath, a path of the
+// namespace's block device). A scan runs after the connect returns, so a
+// new controller lists none at first.
+func (h *Host) Namespaces(name string) ([]string, error) {
+	dir, err := h.attr(name, "")
+	if err != nil {
+		return nil, err
+	}
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %s", ErrNoController, name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("nvmehost: %s: %w", name, err)
+	}
+	var ids []string
+	for _, e := range ents {
+		if m := nsRE.FindStringSubmatch(e.Name()); m != nil {
+			ids = append(ids, m[1])
+		}
+	}
+	return ids, nil
+}
+
 // Controllers lists the controllers sysfs shows, with what they connect.
 func (h *Host) Controllers() ([]Info, error) {
 	ents, err := os.ReadDir(h.class())

@@ -115,6 +115,18 @@ func TestSysfs(t *testing.T) {
 	if err != nil || len(cs) != 2 || cs[0].Name != "nvme0" || cs[1].SubNQN != "nqn.2026-01.io.example:a" || cs[1].State != "live" {
 		t.Fatalf("Controllers = %+v, %v", cs, err)
 	}
+	if ids, err := h.Namespaces("nvme1"); err != nil || len(ids) != 0 {
+		t.Errorf("Namespaces before a scan = %v, %v", ids, err)
+	}
+	for _, d := range []string{"nvme0c1n1", "nvme0c1n3", "nvme1n2", "ng0n1", "nvme0c1"} {
+		os.MkdirAll(filepath.Join(class, "nvme1", d), 0o755)
+	}
+	if ids, err := h.Namespaces("nvme1"); err != nil || strings.Join(ids, ",") != "1,3,2" {
+		t.Errorf("Namespaces = %v, %v; want paths n1, n3 and the plain n2", ids, err)
+	}
+	if _, err := h.Namespaces("nvme9"); !errors.Is(err, ErrNoController) {
+		t.Errorf("Namespaces(gone) = %v", err)
+	}
 	if err := h.SetDHCHAP("nvme1", "DHHC-1:01:new:", "DHHC-1:01:newctrl:"); err != nil {
 		t.Fatal(err)
 	}
