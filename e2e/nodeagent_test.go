@@ -151,6 +151,26 @@ func (k *targetKernel) Controllers() ([]nvmehost.Info, error) {
 // Multipath: one block device per namespace, whatever the paths.
 func (k *targetKernel) Multipath() bool { return true }
 
+// Namespaces: a controller serves its subsystem's namespaces at once (the
+// real kernel's scan lands later; nodeagent's own tests cover the wait).
+func (k *targetKernel) Namespaces(name string) ([]string, error) {
+	k.mu.Lock()
+	o, ok := k.ctrls[name]
+	k.mu.Unlock()
+	if !ok {
+		return nil, nvmehost.ErrNoController
+	}
+	ents, err := os.ReadDir(filepath.Join(k.cfs, "subsystems", o["nqn"], "namespaces"))
+	if err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	var ids []string
+	for _, e := range ents {
+		ids = append(ids, e.Name())
+	}
+	return ids, nil
+}
+
 func (k *targetKernel) snapshot() (ctrls map[string]map[string]string, reauths []error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
