@@ -58,6 +58,20 @@ type KEKVersion struct {
 type Wrapped struct {
 	KEKVersion uint64 `json:"kek_version"`
 	Ciphertext string `json:"ciphertext"`
+	// Generation counts the namespace's data keys: 1 for its first, one
+	// more for each data-key rotation (re-encryption). Each generation has
+	// a KEK of its own, destroyed when the next generation takes over.
+	Generation uint64 `json:"generation,omitempty"`
+}
+
+// Gen is w's generation (records from before generations are the first).
+func (w Wrapped) Gen() uint64 { return max(w.Generation, 1) }
+
+// DataKeyRecord is how backends store a namespace's data key: the current
+// one and, while a re-encryption is under way, the next.
+type DataKeyRecord struct {
+	Wrapped
+	Next *Wrapped `json:"next,omitempty"`
 }
 
 // Backend stores the hierarchy. Subsystems and namespaces are named by
@@ -86,6 +100,19 @@ type Backend interface {
 	RotateDataKey(ctx context.Context, namespace string) (Wrapped, error)
 	// KEKVersions lists the namespace KEK's versions, oldest first.
 	KEKVersions(ctx context.Context, namespace string) ([]KEKVersion, error)
+	// NextDataKey returns the data key a re-encryption under way moves
+	// the namespace to, or ErrNotFound if none is.
+	NextDataKey(ctx context.Context, namespace string) (Wrapped, error)
+	// BeginDataKeyRotation makes the namespace's next data key (the
+	// generation after the current one, under a KEK of its own) and
+	// stores it beside the current one; if one is stored, it returns it.
+	BeginDataKeyRotation(ctx context.Context, namespace string) (Wrapped, error)
+	// CommitDataKeyRotation makes the next data key, of the given
+	// generation, the current one and destroys the previous generation's
+	// KEK: the old data key can no longer be unwrapped, from any copy.
+	// Committing a generation already current finishes the destruction;
+	// any other generation is ErrConflict.
+	CommitDataKeyRotation(ctx context.Context, namespace string, generation uint64) (Wrapped, error)
 	// DestroyDataKey destroys the namespace's data key and every version
 	// of its KEK (crypto-erase): no copy of the wrapped key, a backup's
 	// included, can be unwrapped after. ErrNotFound if it has neither.

@@ -25,6 +25,7 @@ func Run(t *testing.T, open Opener) {
 	t.Run("Roots", func(t *testing.T) { testRoots(t, open, prefix+"-roots") })
 	t.Run("ConcurrentRotation", func(t *testing.T) { testConcurrent(t, open, prefix+"-race") })
 	t.Run("DataKeys", func(t *testing.T) { testDataKeys(t, open, prefix+"-dek/1") })
+	t.Run("DataKeyRotation", func(t *testing.T) { testDataKeyRotation(t, open, prefix+"-dekrot/1") })
 	t.Run("Restart", func(t *testing.T) { testRestart(t, open, prefix+"-restart") })
 	t.Run("ManagerGraceAndSchedule", func(t *testing.T) { testManager(t, open, prefix+"-mgr") })
 }
@@ -204,6 +205,103 @@ func testDataKeys(t *testing.T, open Opener, ns string) {
 	}
 	if d, err := b.Unwrap(ctx, ns, w3); err != nil || bytes.Equal(d, dek) {
 		t.Fatalf("the new data key after destroy: equal to the old one, or %v", err)
+	}
+}
+
+// A data-key rotation: the next key is a new key of the next generation,
+// kept beside the current one (and the same one when asked again, after a
+// restart too) until the commit; after it, the old data key unwraps from
+// no copy, and a stale commit is refused.
+func testDataKeyRotation(t *testing.T, open Opener, ns string) {
+	ctx := context.Background()
+	b := openClosed(t, open)
+	if _, err := b.BeginDataKeyRotation(ctx, ns); !errors.Is(err, keys.ErrNotFound) {
+		t.Fatalf("begin without a data key: %v", err)
+	}
+	w1, err := b.CreateDataKey(ctx, ns)
+	if err != nil || w1.Gen() != 1 {
+		t.Fatalf("create: %+v %v", w1, err)
+	}
+	if _, err := b.NextDataKey(ctx, ns); !errors.Is(err, keys.ErrNotFound) {
+		t.Fatalf("next before a rotation: %v", err)
+	}
+	if _, err := b.CommitDataKeyRotation(ctx, ns, 2); !errors.Is(err, keys.ErrConflict) {
+		t.Fatalf("commit with nothing under way: %v", err)
+	}
+	old, _ := b.Unwrap(ctx, ns, w1)
+	w1r, err := b.RotateDataKey(ctx, ns) // a KEK rotation first: its version must go too
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := b.BeginDataKeyRotation(ctx, ns)
+	if err != nil || n.Gen() != 2 {
+		t.Fatalf("begin: %+v %v", n, err)
+	}
+	next, err := b.Unwrap(ctx, ns, n)
+	if err != nil || len(next) != 32 || bytes.Equal(next, old) {
+		t.Fatalf("the next data key: %v (or equal to the current one)", err)
+	}
+	b.Close()
+	b = openClosed(t, open)
+	if again, err := b.BeginDataKeyRotation(ctx, ns); err != nil || again != n {
+		t.Fatalf("a second begin made another key: %+v %v", again, err)
+	}
+	if got, err := b.NextDataKey(ctx, ns); err != nil || got != n {
+		t.Fatalf("next: %+v %v", got, err)
+	}
+	if cur, err := b.DataKey(ctx, ns); err != nil || cur != w1r {
+		t.Fatalf("the current key changed before the commit: %+v %v", cur, err)
+	}
+	if d, err := b.Unwrap(ctx, ns, w1r); err != nil || !bytes.Equal(d, old) {
+		t.Fatalf("the current key no longer unwraps during the rotation: %v", err)
+	}
+	if _, err := b.CommitDataKeyRotation(ctx, ns, 3); !errors.Is(err, keys.ErrConflict) {
+		t.Fatalf("commit of a generation not under way: %v", err)
+	}
+	c, err := b.CommitDataKeyRotation(ctx, ns, 2)
+	if err != nil || c != n {
+		t.Fatalf("commit: %+v %v", c, err)
+	}
+	if cur, err := b.DataKey(ctx, ns); err != nil || cur != n {
+		t.Fatalf("current after commit: %+v %v", cur, err)
+	}
+	if _, err := b.NextDataKey(ctx, ns); !errors.Is(err, keys.ErrNotFound) {
+		t.Fatalf("next after commit: %v", err)
+	}
+	for _, w := range []keys.Wrapped{w1, w1r} {
+		if d, err := b.Unwrap(ctx, ns, w); err == nil || bytes.Equal(d, old) {
+			t.Fatalf("the old data key (KEK v%d) unwraps after the commit", w.KEKVersion)
+		}
+	}
+	if c2, err := b.CommitDataKeyRotation(ctx, ns, 2); err != nil || c2 != n {
+		t.Fatalf("a repeated commit: %+v %v", c2, err)
+	}
+	if _, err := b.CommitDataKeyRotation(ctx, ns, 1); !errors.Is(err, keys.ErrConflict) {
+		t.Fatalf("a stale commit: %v", err)
+	}
+	vs, err := b.KEKVersions(ctx, ns)
+	if err != nil || len(vs) != 1 || vs[0].Version != 1 {
+		t.Fatalf("KEK versions of generation 2: %+v %v", vs, err)
+	}
+	w2r, err := b.RotateDataKey(ctx, ns)
+	if err != nil || w2r.Gen() != 2 || w2r.KEKVersion != 2 {
+		t.Fatalf("a KEK rotation of generation 2: %+v %v", w2r, err)
+	}
+	if d, err := b.Unwrap(ctx, ns, w2r); err != nil || !bytes.Equal(d, next) {
+		t.Fatalf("the rewrapped generation 2: %v", err)
+	}
+	// A rotation under way, then crypto-erase: both generations go.
+	n3, err := b.BeginDataKeyRotation(ctx, ns)
+	if err != nil || n3.Gen() != 3 {
+		t.Fatalf("begin 3: %+v %v", n3, err)
+	}
+	if err := b.DestroyDataKey(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []keys.Wrapped{w2r, n3} {
+		if _, err := b.Unwrap(ctx, ns, w); err == nil {
+			t.Fatalf("generation %d unwraps after crypto-erase", w.Gen())
+		}
 	}
 }
 

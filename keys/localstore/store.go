@@ -1,6 +1,7 @@
 package localstore
 
 import (
+	"bytes"
 	"context"
 	"crypto/aes"
 	"crypto/cipher"
@@ -335,29 +336,127 @@ func (s *Store) CreateDataKey(ctx context.Context, namespace string) (keys.Wrapp
 		if tx.Bucket(bucketDEKs).Get([]byte(namespace)) != nil {
 			return fmt.Errorf("%w: %s already has a data key", keys.ErrConflict, namespace)
 		}
-		var keks []kek
-		if _, err := s.get(tx, bucketKEKs, namespace, &keks); err != nil {
-			return err
-		}
-		if len(keks) == 0 {
-			k, err := newKEK(1, s.now())
-			if err != nil {
-				return err
-			}
-			keks = []kek{k}
-			if err := s.put(tx, bucketKEKs, namespace, keks); err != nil {
-				return err
-			}
-		}
-		dek := make([]byte, 32)
-		if _, err := rand.Read(dek); err != nil {
-			return err
-		}
 		var err error
-		if w, err = s.wrap(namespace, keks[len(keks)-1], dek); err != nil {
+		if w, err = s.newDataKey(tx, namespace, 1, false); err != nil {
 			return err
 		}
-		return s.put(tx, bucketDEKs, namespace, w)
+		return s.put(tx, bucketDEKs, namespace, keys.DataKeyRecord{Wrapped: w})
+	})
+	return w, err
+}
+
+// kekKey is where generation gen of a namespace's KEK is kept: the first
+// under the namespace's name, the next ones beside it.
+func kekKey(namespace string, gen uint64) string {
+	if gen <= 1 {
+		return namespace
+	}
+	return namespace + "#g" + strconv.FormatUint(gen, 10)
+}
+
+// newDataKey makes a data key of generation gen wrapped by that
+// generation's KEK: the KEK is made if there is none, or, with fresh, made
+// anew in any case.
+func (s *Store) newDataKey(tx *bolt.Tx, namespace string, gen uint64, fresh bool) (keys.Wrapped, error) {
+	var keks []kek
+	if !fresh {
+		if _, err := s.get(tx, bucketKEKs, kekKey(namespace, gen), &keks); err != nil {
+			return keys.Wrapped{}, err
+		}
+	}
+	if len(keks) == 0 {
+		k, err := newKEK(1, s.now())
+		if err != nil {
+			return keys.Wrapped{}, err
+		}
+		keks = []kek{k}
+		if err := s.put(tx, bucketKEKs, kekKey(namespace, gen), keks); err != nil {
+			return keys.Wrapped{}, err
+		}
+	}
+	dek := make([]byte, 32)
+	if _, err := rand.Read(dek); err != nil {
+		return keys.Wrapped{}, err
+	}
+	defer clear(dek)
+	w, err := s.wrap(namespace, keks[len(keks)-1], dek)
+	w.Generation = gen
+	return w, err
+}
+
+func (s *Store) record(tx *bolt.Tx, namespace string) (keys.DataKeyRecord, error) {
+	var rec keys.DataKeyRecord
+	ok, err := s.get(tx, bucketDEKs, namespace, &rec)
+	if err == nil && !ok {
+		err = fmt.Errorf("%w: %s has no data key", keys.ErrNotFound, namespace)
+	}
+	return rec, err
+}
+
+// NextDataKey implements keys.Backend.
+func (s *Store) NextDataKey(ctx context.Context, namespace string) (keys.Wrapped, error) {
+	var w keys.Wrapped
+	err := s.db.View(func(tx *bolt.Tx) error {
+		rec, err := s.record(tx, namespace)
+		if err != nil {
+			return err
+		}
+		if rec.Next == nil {
+			return fmt.Errorf("%w: %s has no re-encryption under way", keys.ErrNotFound, namespace)
+		}
+		w = *rec.Next
+		return nil
+	})
+	return w, err
+}
+
+// BeginDataKeyRotation implements keys.Backend.
+func (s *Store) BeginDataKeyRotation(ctx context.Context, namespace string) (keys.Wrapped, error) {
+	if err := keys.CheckName("namespace", namespace); err != nil {
+		return keys.Wrapped{}, err
+	}
+	var w keys.Wrapped
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		rec, err := s.record(tx, namespace)
+		if err != nil {
+			return err
+		}
+		if rec.Next != nil {
+			w = *rec.Next
+			return nil
+		}
+		if w, err = s.newDataKey(tx, namespace, rec.Gen()+1, true); err != nil {
+			return err
+		}
+		rec.Next = &w
+		return s.put(tx, bucketDEKs, namespace, rec)
+	})
+	return w, err
+}
+
+// CommitDataKeyRotation implements keys.Backend.
+func (s *Store) CommitDataKeyRotation(ctx context.Context, namespace string, gen uint64) (keys.Wrapped, error) {
+	var w keys.Wrapped
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		rec, err := s.record(tx, namespace)
+		if err != nil {
+			return err
+		}
+		switch {
+		case rec.Next != nil && rec.Next.Gen() == gen:
+			rec = keys.DataKeyRecord{Wrapped: *rec.Next}
+			if err := s.put(tx, bucketDEKs, namespace, rec); err != nil {
+				return err
+			}
+		case rec.Next == nil && rec.Gen() == gen:
+		default:
+			return fmt.Errorf("%w: %s's data key is generation %d, with no generation %d under way", keys.ErrConflict, namespace, rec.Gen(), gen)
+		}
+		w = rec.Wrapped
+		if gen > 1 {
+			return tx.Bucket(bucketKEKs).Delete([]byte(kekKey(namespace, gen-1)))
+		}
+		return nil
 	})
 	return w, err
 }
@@ -369,10 +468,8 @@ func (s *Store) DataKey(ctx context.Context, namespace string) (keys.Wrapped, er
 	}
 	var w keys.Wrapped
 	err := s.db.View(func(tx *bolt.Tx) error {
-		ok, err := s.get(tx, bucketDEKs, namespace, &w)
-		if err == nil && !ok {
-			err = fmt.Errorf("%w: %s has no data key", keys.ErrNotFound, namespace)
-		}
+		rec, err := s.record(tx, namespace)
+		w = rec.Wrapped
 		return err
 	})
 	return w, err
@@ -382,7 +479,7 @@ func (s *Store) DataKey(ctx context.Context, namespace string) (keys.Wrapped, er
 func (s *Store) Unwrap(ctx context.Context, namespace string, w keys.Wrapped) ([]byte, error) {
 	var keks []kek
 	err := s.db.View(func(tx *bolt.Tx) error {
-		_, err := s.get(tx, bucketKEKs, namespace, &keks)
+		_, err := s.get(tx, bucketKEKs, kekKey(namespace, w.Gen()), &keks)
 		return err
 	})
 	if err != nil {
@@ -395,34 +492,37 @@ func (s *Store) Unwrap(ctx context.Context, namespace string, w keys.Wrapped) ([
 func (s *Store) RotateDataKey(ctx context.Context, namespace string) (keys.Wrapped, error) {
 	var w keys.Wrapped
 	err := s.db.Update(func(tx *bolt.Tx) error {
+		rec, err := s.record(tx, namespace)
+		if err != nil {
+			return err
+		}
+		kk := kekKey(namespace, rec.Gen())
 		var keks []kek
-		if _, err := s.get(tx, bucketKEKs, namespace, &keks); err != nil {
+		if _, err := s.get(tx, bucketKEKs, kk, &keks); err != nil {
 			return err
 		}
-		var old keys.Wrapped
-		ok, err := s.get(tx, bucketDEKs, namespace, &old)
+		if len(keks) == 0 {
+			return fmt.Errorf("%w: %s has no KEK", keys.ErrNotFound, namespace)
+		}
+		dek, err := s.unwrap(namespace, keks, rec.Wrapped)
 		if err != nil {
 			return err
 		}
-		if !ok || len(keks) == 0 {
-			return fmt.Errorf("%w: %s has no data key", keys.ErrNotFound, namespace)
-		}
-		dek, err := s.unwrap(namespace, keks, old)
-		if err != nil {
-			return err
-		}
+		defer clear(dek)
 		k, err := newKEK(keks[len(keks)-1].Version+1, s.now())
 		if err != nil {
 			return err
 		}
 		keks = append(keks, k)
-		if err := s.put(tx, bucketKEKs, namespace, keks); err != nil {
+		if err := s.put(tx, bucketKEKs, kk, keks); err != nil {
 			return err
 		}
 		if w, err = s.wrap(namespace, k, dek); err != nil {
 			return err
 		}
-		return s.put(tx, bucketDEKs, namespace, w)
+		w.Generation = rec.Generation
+		rec.Wrapped = w
+		return s.put(tx, bucketDEKs, namespace, rec)
 	})
 	return w, err
 }
@@ -443,6 +543,19 @@ func (s *Store) DestroyDataKey(ctx context.Context, namespace string) error {
 		if err := d.Delete([]byte(namespace)); err != nil {
 			return err
 		}
+		// Every generation's KEK: the current, a next one under way, and
+		// an old one a commit did not get to destroy.
+		var gens [][]byte
+		c := k.Cursor()
+		prefix := []byte(kekKey(namespace, 2)[:len(namespace)+2])
+		for key, _ := c.Seek(prefix); key != nil && bytes.HasPrefix(key, prefix); key, _ = c.Next() {
+			gens = append(gens, bytes.Clone(key))
+		}
+		for _, g := range gens {
+			if err := k.Delete(g); err != nil {
+				return err
+			}
+		}
 		return k.Delete([]byte(namespace))
 	})
 }
@@ -451,7 +564,11 @@ func (s *Store) DestroyDataKey(ctx context.Context, namespace string) error {
 func (s *Store) KEKVersions(ctx context.Context, namespace string) ([]keys.KEKVersion, error) {
 	var keks []kek
 	err := s.db.View(func(tx *bolt.Tx) error {
-		_, err := s.get(tx, bucketKEKs, namespace, &keks)
+		var rec keys.DataKeyRecord
+		if _, err := s.get(tx, bucketDEKs, namespace, &rec); err != nil {
+			return err
+		}
+		_, err := s.get(tx, bucketKEKs, kekKey(namespace, rec.Gen()), &keks)
 		return err
 	})
 	out := make([]keys.KEKVersion, 0, len(keks))

@@ -346,9 +346,15 @@ func enc(name string) string { return base64.RawURLEncoding.EncodeToString([]byt
 
 func (s *Store) rootPath(sub string) string { return s.cfg.Prefix + "/roots/" + enc(sub) }
 func (s *Store) dekPath(ns string) string   { return s.cfg.Prefix + "/deks/" + enc(ns) }
-func (s *Store) kekName(ns string) string {
+// kekName is the Transit key of generation gen of a namespace's data key:
+// each generation has its own, deleted when the next one takes over.
+func (s *Store) kekName(ns string, gen uint64) string {
 	h := sha256.Sum256([]byte(ns))
-	return s.cfg.Prefix + "-ns-" + hex.EncodeToString(h[:16])
+	name := s.cfg.Prefix + "-ns-" + hex.EncodeToString(h[:16])
+	if gen > 1 {
+		name += "-g" + strconv.FormatUint(gen, 10)
+	}
+	return name
 }
 
 // getJSON reads a KV v2 secret's "json" field into v and returns its KV
@@ -491,22 +497,113 @@ func (s *Store) CreateDataKey(ctx context.Context, namespace string) (keys.Wrapp
 	if err := keys.CheckName("namespace", namespace); err != nil {
 		return keys.Wrapped{}, err
 	}
-	var existing keys.Wrapped
+	var existing keys.DataKeyRecord
 	if kv, err := s.getJSON(ctx, s.dekPath(namespace), &existing); err != nil {
 		return keys.Wrapped{}, err
 	} else if kv != 0 {
 		return keys.Wrapped{}, fmt.Errorf("%w: %s already has a data key", keys.ErrConflict, namespace)
 	}
-	name := s.kekName(namespace)
-	// Creating an existing Transit key changes nothing.
+	w, err := s.newDataKey(ctx, namespace, 1)
+	if err != nil {
+		return keys.Wrapped{}, err
+	}
+	return w, s.putJSON(ctx, s.dekPath(namespace), 0, keys.DataKeyRecord{Wrapped: w})
+}
+
+// newDataKey makes a data key of generation gen under that generation's
+// Transit key (created if needed: creating an existing key changes
+// nothing).
+func (s *Store) newDataKey(ctx context.Context, namespace string, gen uint64) (keys.Wrapped, error) {
+	name := s.kekName(namespace, gen)
 	if _, err := s.write(ctx, s.cfg.TransitMount+"/keys/"+name, map[string]any{"type": "aes256-gcm96"}); err != nil {
 		return keys.Wrapped{}, err
 	}
 	w, err := s.wrapped(s.write(ctx, s.cfg.TransitMount+"/datakey/wrapped/"+name, map[string]any{"bits": 256}))
+	w.Generation = gen
+	return w, err
+}
+
+// record reads a namespace's data key record and its KV version;
+// ErrNotFound without one.
+func (s *Store) record(ctx context.Context, namespace string) (keys.DataKeyRecord, int, error) {
+	if err := keys.CheckName("namespace", namespace); err != nil {
+		return keys.DataKeyRecord{}, 0, err
+	}
+	var rec keys.DataKeyRecord
+	kv, err := s.getJSON(ctx, s.dekPath(namespace), &rec)
+	if err == nil && kv == 0 {
+		err = fmt.Errorf("%w: %s has no data key", keys.ErrNotFound, namespace)
+	}
+	return rec, kv, err
+}
+
+// NextDataKey implements keys.Backend.
+func (s *Store) NextDataKey(ctx context.Context, namespace string) (keys.Wrapped, error) {
+	rec, _, err := s.record(ctx, namespace)
 	if err != nil {
 		return keys.Wrapped{}, err
 	}
-	return w, s.putJSON(ctx, s.dekPath(namespace), 0, w)
+	if rec.Next == nil {
+		return keys.Wrapped{}, fmt.Errorf("%w: %s has no re-encryption under way", keys.ErrNotFound, namespace)
+	}
+	return *rec.Next, nil
+}
+
+// BeginDataKeyRotation implements keys.Backend.
+func (s *Store) BeginDataKeyRotation(ctx context.Context, namespace string) (keys.Wrapped, error) {
+	rec, kv, err := s.record(ctx, namespace)
+	if err != nil {
+		return keys.Wrapped{}, err
+	}
+	if rec.Next != nil {
+		return *rec.Next, nil
+	}
+	w, err := s.newDataKey(ctx, namespace, rec.Gen()+1)
+	if err != nil {
+		return keys.Wrapped{}, err
+	}
+	rec.Next = &w
+	return w, s.putJSON(ctx, s.dekPath(namespace), kv, rec)
+}
+
+// CommitDataKeyRotation implements keys.Backend: the record moves to the
+// next generation (check-and-set), then the previous generation's
+// Transit key is deleted.
+func (s *Store) CommitDataKeyRotation(ctx context.Context, namespace string, gen uint64) (keys.Wrapped, error) {
+	rec, kv, err := s.record(ctx, namespace)
+	if err != nil {
+		return keys.Wrapped{}, err
+	}
+	switch {
+	case rec.Next != nil && rec.Next.Gen() == gen:
+		rec = keys.DataKeyRecord{Wrapped: *rec.Next}
+		if err := s.putJSON(ctx, s.dekPath(namespace), kv, rec); err != nil {
+			return keys.Wrapped{}, err
+		}
+	case rec.Next == nil && rec.Gen() == gen:
+	default:
+		return keys.Wrapped{}, fmt.Errorf("%w: %s's data key is generation %d, with no generation %d under way", keys.ErrConflict, namespace, rec.Gen(), gen)
+	}
+	if gen > 1 {
+		if err := s.destroyKEK(ctx, s.kekName(namespace, gen-1)); err != nil {
+			return keys.Wrapped{}, err
+		}
+	}
+	return rec.Wrapped, nil
+}
+
+// destroyKEK deletes a Transit key, if it exists: every version, so that
+// nothing it wrapped unwraps again.
+func (s *Store) destroyKEK(ctx context.Context, name string) error {
+	vs, err := s.kekVersions(ctx, name)
+	if err != nil || len(vs) == 0 {
+		return err
+	}
+	// "true" as a string: the policy allows exactly this value.
+	if _, err := s.write(ctx, s.cfg.TransitMount+"/keys/"+name+"/config", map[string]any{"deletion_allowed": "true"}); err != nil {
+		return err
+	}
+	return s.delete(ctx, s.cfg.TransitMount+"/keys/"+name)
 }
 
 // DataKey implements keys.Backend.
@@ -514,17 +611,13 @@ func (s *Store) DataKey(ctx context.Context, namespace string) (keys.Wrapped, er
 	if err := keys.CheckName("namespace", namespace); err != nil {
 		return keys.Wrapped{}, err
 	}
-	var w keys.Wrapped
-	kv, err := s.getJSON(ctx, s.dekPath(namespace), &w)
-	if err == nil && kv == 0 {
-		err = fmt.Errorf("%w: %s has no data key", keys.ErrNotFound, namespace)
-	}
-	return w, err
+	rec, _, err := s.record(ctx, namespace)
+	return rec.Wrapped, err
 }
 
 // Unwrap implements keys.Backend with transit/decrypt.
 func (s *Store) Unwrap(ctx context.Context, namespace string, w keys.Wrapped) ([]byte, error) {
-	sec, err := s.write(ctx, s.cfg.TransitMount+"/decrypt/"+s.kekName(namespace), map[string]any{"ciphertext": w.Ciphertext})
+	sec, err := s.write(ctx, s.cfg.TransitMount+"/decrypt/"+s.kekName(namespace, w.Gen()), map[string]any{"ciphertext": w.Ciphertext})
 	if err != nil {
 		return nil, err
 	}
@@ -539,23 +632,21 @@ func (s *Store) Unwrap(ctx context.Context, namespace string, w keys.Wrapped) ([
 // RotateDataKey implements keys.Backend: rotate the Transit key, rewrap,
 // store with check-and-set.
 func (s *Store) RotateDataKey(ctx context.Context, namespace string) (keys.Wrapped, error) {
-	var old keys.Wrapped
-	kv, err := s.getJSON(ctx, s.dekPath(namespace), &old)
+	rec, kv, err := s.record(ctx, namespace)
 	if err != nil {
 		return keys.Wrapped{}, err
 	}
-	if kv == 0 {
-		return keys.Wrapped{}, fmt.Errorf("%w: %s has no data key", keys.ErrNotFound, namespace)
-	}
-	name := s.kekName(namespace)
+	name := s.kekName(namespace, rec.Gen())
 	if _, err := s.write(ctx, s.cfg.TransitMount+"/keys/"+name+"/rotate", nil); err != nil {
 		return keys.Wrapped{}, err
 	}
-	w, err := s.wrapped(s.write(ctx, s.cfg.TransitMount+"/rewrap/"+name, map[string]any{"ciphertext": old.Ciphertext}))
+	w, err := s.wrapped(s.write(ctx, s.cfg.TransitMount+"/rewrap/"+name, map[string]any{"ciphertext": rec.Ciphertext}))
 	if err != nil {
 		return keys.Wrapped{}, err
 	}
-	return w, s.putJSON(ctx, s.dekPath(namespace), kv, w)
+	w.Generation = rec.Generation
+	rec.Wrapped = w
+	return w, s.putJSON(ctx, s.dekPath(namespace), kv, rec)
 }
 
 // DestroyDataKey implements keys.Backend: the namespace's Transit KEK is
@@ -567,27 +658,34 @@ func (s *Store) DestroyDataKey(ctx context.Context, namespace string) error {
 	if err := keys.CheckName("namespace", namespace); err != nil {
 		return err
 	}
-	vs, err := s.KEKVersions(ctx, namespace)
+	var rec keys.DataKeyRecord
+	kv, err := s.getJSON(ctx, s.dekPath(namespace), &rec)
 	if err != nil {
 		return err
 	}
-	var w keys.Wrapped
-	kv, err := s.getJSON(ctx, s.dekPath(namespace), &w)
-	if err != nil {
-		return err
+	// Every generation's key: the current, a next one under way, and an
+	// old one a commit did not get to delete.
+	gen := rec.Gen()
+	names := []string{s.kekName(namespace, gen), s.kekName(namespace, gen+1)}
+	if gen > 1 {
+		names = append(names, s.kekName(namespace, gen-1))
 	}
-	if len(vs) == 0 && kv == 0 {
+	found := kv != 0
+	for _, name := range names {
+		vs, err := s.kekVersions(ctx, name)
+		if err != nil {
+			return err
+		}
+		if len(vs) == 0 {
+			continue
+		}
+		found = true
+		if err := s.destroyKEK(ctx, name); err != nil {
+			return err
+		}
+	}
+	if !found {
 		return fmt.Errorf("%w: %s has no data key", keys.ErrNotFound, namespace)
-	}
-	name := s.kekName(namespace)
-	if len(vs) > 0 {
-		// "true" as a string: the policy allows exactly this value.
-		if _, err := s.write(ctx, s.cfg.TransitMount+"/keys/"+name+"/config", map[string]any{"deletion_allowed": "true"}); err != nil {
-			return err
-		}
-		if err := s.delete(ctx, s.cfg.TransitMount+"/keys/"+name); err != nil {
-			return err
-		}
 	}
 	return s.delete(ctx, s.cfg.KVMount+"/metadata/"+s.dekPath(namespace))
 }
@@ -602,10 +700,23 @@ func (s *Store) delete(ctx context.Context, path string) error {
 }
 
 // KEKVersions implements keys.Backend from transit/keys/<name>.
+// The current generation's key is read from the data key's record.
 func (s *Store) KEKVersions(ctx context.Context, namespace string) ([]keys.KEKVersion, error) {
+	if err := keys.CheckName("namespace", namespace); err != nil {
+		return nil, err
+	}
+	var rec keys.DataKeyRecord
+	if _, err := s.getJSON(ctx, s.dekPath(namespace), &rec); err != nil {
+		return nil, err
+	}
+	return s.kekVersions(ctx, s.kekName(namespace, rec.Gen()))
+}
+
+// kekVersions lists a Transit key's versions; none if it does not exist.
+func (s *Store) kekVersions(ctx context.Context, name string) ([]keys.KEKVersion, error) {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	sec, err := s.c.Logical().ReadWithContext(ctx, s.cfg.TransitMount+"/keys/"+s.kekName(namespace))
+	sec, err := s.c.Logical().ReadWithContext(ctx, s.cfg.TransitMount+"/keys/"+name)
 	if err != nil {
 		return nil, fmt.Errorf("vaultstore: read KEK: %w", classify(err))
 	}
