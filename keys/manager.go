@@ -16,7 +16,7 @@ import (
 // RotationEvent describes a rotation for the audit hook. It carries
 // versions and fingerprints, never keys.
 type RotationEvent struct {
-	Kind        string // "access_root", "data_key" or "data_key_erase" (KindDataKeyErase)
+	Kind        string // "access_root", "data_key", KindDataKeyErase or KindDataKeyReencrypt
 	Name        string // subsystem NQN, or namespace "<NQN>/<NSID>"
 	Version     uint64 // the new version; 0 for a data key before Transit picks it
 	Fingerprint string // of the new root; "" for data keys
@@ -75,6 +75,9 @@ type Manager struct {
 	// periodic whole states do not cost a Transit call each, nor fail
 	// while the backend is briefly away. DestroyDataKey drops it.
 	unwrapped map[string]dataKey
+	// next holds, per namespace, the next data key of a re-encryption
+	// under way, or that there is none (a nil key): known once read.
+	next map[string]dataKey
 
 	backendReads atomic.Uint64 // round trips to the backend, for metrics and benchmarks
 
@@ -150,7 +153,7 @@ func NewManager(opts Options) (*Manager, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Manager{b: opts.Backend, opts: opts, log: log, cache: map[string]*cached{}, dataKeys: map[string]struct{}{},
-		unwrapped: map[string]dataKey{}}, nil
+		unwrapped: map[string]dataKey{}, next: map[string]dataKey{}}, nil
 }
 
 // BackendReads is the number of round trips to the backend so far.
@@ -606,6 +609,10 @@ func (m *Manager) DestroyDataKey(ctx context.Context, namespace, reason string) 
 		clear(d.key)
 		delete(m.unwrapped, namespace)
 	}
+	if d, ok := m.next[namespace]; ok {
+		clear(d.key)
+		delete(m.next, namespace)
+	}
 	m.mu.Unlock()
 	err := m.b.DestroyDataKey(ctx, namespace)
 	if err != nil {
@@ -625,6 +632,100 @@ func (m *Manager) DestroyDataKey(ctx context.Context, namespace, reason string) 
 
 // KindDataKeyErase is the RotationEvent kind of a crypto-erase.
 const KindDataKeyErase = "data_key_erase"
+
+// KindDataKeyReencrypt is the RotationEvent kind of a data-key rotation:
+// its beginning (Outcome "begun" after) and its commit ("applied").
+const KindDataKeyReencrypt = "data_key_reencrypt"
+
+// NextDataKey returns the next data key of a re-encryption under way
+// (unwrapped: the caller's copy), or ErrNotFound if none is. What it reads
+// is kept until the commit or a crypto-erase.
+func (m *Manager) NextDataKey(ctx context.Context, namespace string) ([]byte, Wrapped, error) {
+	m.mu.RLock()
+	d, ok := m.next[namespace]
+	m.mu.RUnlock()
+	if !ok {
+		m.backendReads.Add(1)
+		w, err := m.b.NextDataKey(ctx, namespace)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			d = dataKey{}
+		case err != nil:
+			return nil, Wrapped{}, err
+		default:
+			m.backendReads.Add(1)
+			k, err := m.b.Unwrap(ctx, namespace, w)
+			if err != nil {
+				return nil, Wrapped{}, err
+			}
+			d = dataKey{key: k, wrapped: w}
+		}
+		m.mu.Lock()
+		m.next[namespace] = d
+		m.mu.Unlock()
+	}
+	if d.key == nil {
+		return nil, Wrapped{}, fmt.Errorf("%w: %s has no re-encryption under way", ErrNotFound, namespace)
+	}
+	return bytes.Clone(d.key), d.wrapped, nil
+}
+
+// BeginDataKeyRotation starts a data-key rotation: the namespace's next
+// data key is made (or the one under way returned) for the target to
+// re-encrypt the namespace to. The audit hook hears of it before (and may
+// veto) and after.
+func (m *Manager) BeginDataKeyRotation(ctx context.Context, namespace, reason string) (Wrapped, error) {
+	ev := RotationEvent{Kind: KindDataKeyReencrypt, Name: namespace, Reason: reason, Time: m.opts.Now()}
+	if err := m.record(ctx, ev); err != nil {
+		return Wrapped{}, fmt.Errorf("keys: re-encryption of %s not begun: it could not be recorded: %w", namespace, err)
+	}
+	w, err := m.b.BeginDataKeyRotation(ctx, namespace)
+	if err != nil {
+		ev.Outcome = "not applied: " + outcome(err)
+	} else {
+		ev.Outcome, ev.Version = "begun", w.Gen()
+		m.mu.Lock()
+		delete(m.next, namespace) // read again, unwrapped, on first use
+		m.mu.Unlock()
+	}
+	ev.Time = m.opts.Now()
+	if rerr := m.record(ctx, ev); rerr != nil {
+		m.log.Error("keys: re-encryption start not recorded", "namespace", namespace, "err", rerr)
+	}
+	return w, err
+}
+
+// CommitDataKeyRotation makes generation gen, which the target has
+// re-encrypted the namespace to, the namespace's data key; the previous
+// one is destroyed. The audit hook hears of it before (and may veto) and
+// after.
+func (m *Manager) CommitDataKeyRotation(ctx context.Context, namespace string, gen uint64, reason string) (Wrapped, error) {
+	ev := RotationEvent{Kind: KindDataKeyReencrypt, Name: namespace, Version: gen, Reason: reason, Time: m.opts.Now()}
+	if err := m.record(ctx, ev); err != nil {
+		return Wrapped{}, fmt.Errorf("keys: re-encryption of %s not committed: it could not be recorded: %w", namespace, err)
+	}
+	w, err := m.b.CommitDataKeyRotation(ctx, namespace, gen)
+	if err != nil {
+		ev.Outcome = "not applied: " + outcome(err)
+	} else {
+		ev.Outcome = "applied"
+		m.mu.Lock()
+		if d, ok := m.unwrapped[namespace]; ok {
+			clear(d.key)
+			delete(m.unwrapped, namespace)
+		}
+		if d, ok := m.next[namespace]; ok && d.wrapped.Gen() == gen && d.key != nil {
+			m.unwrapped[namespace] = dataKey{key: d.key, wrapped: w}
+		}
+		m.next[namespace] = dataKey{}
+		m.mu.Unlock()
+	}
+	ev.Time = m.opts.Now()
+	if rerr := m.record(ctx, ev); rerr != nil {
+		m.log.Error("keys: re-encryption commit not recorded", "namespace", namespace, "err", rerr)
+	}
+	return w, err
+}
 
 // KEKVersions lists a namespace's key-encryption key versions.
 func (m *Manager) KEKVersions(ctx context.Context, namespace string) ([]KEKVersion, error) {

@@ -423,6 +423,46 @@ func testManager(t *testing.T, open Opener, sub string) {
 	if d, w, err := m.DataKey(ctx, ns); err != nil || !bytes.Equal(d, dek) || w.KEKVersion != 2 || m.BackendReads() != reads {
 		t.Fatalf("kept data key: v%d, %v, %d backend reads", w.KEKVersion, err, m.BackendReads()-reads)
 	}
+	// A data-key rotation: the next key is served beside the current one
+	// (read once), and after the commit it is the current one.
+	if _, _, err := m.NextDataKey(ctx, ns); !errors.Is(err, keys.ErrNotFound) {
+		t.Fatalf("next data key before a rotation: %v", err)
+	}
+	reads = m.BackendReads()
+	if _, _, err := m.NextDataKey(ctx, ns); !errors.Is(err, keys.ErrNotFound) || m.BackendReads() != reads {
+		t.Fatalf("no next data key, asked again: %v, %d backend reads", err, m.BackendReads()-reads)
+	}
+	nw, err := m.BeginDataKeyRotation(ctx, ns, "test rotation")
+	if err != nil || nw.Gen() != 2 {
+		t.Fatalf("begin: %+v %v", nw, err)
+	}
+	if last := events[len(events)-1]; last.Kind != keys.KindDataKeyReencrypt || last.Outcome != "begun" || last.Version != 2 {
+		t.Fatalf("begin event %+v", last)
+	}
+	next, _, err := m.NextDataKey(ctx, ns)
+	if err != nil || bytes.Equal(next, dek) {
+		t.Fatalf("next data key: the current one, or %v", err)
+	}
+	if d, _, err := m.DataKey(ctx, ns); err != nil || !bytes.Equal(d, dek) {
+		t.Fatalf("the current data key changed before the commit: %v", err)
+	}
+	if _, err := m.CommitDataKeyRotation(ctx, ns, 3, "test commit"); !errors.Is(err, keys.ErrConflict) {
+		t.Fatalf("commit of another generation: %v", err)
+	}
+	if _, err := m.CommitDataKeyRotation(ctx, ns, 2, "test commit"); err != nil {
+		t.Fatal(err)
+	}
+	if last := events[len(events)-1]; last.Kind != keys.KindDataKeyReencrypt || last.Outcome != "applied" || last.Version != 2 {
+		t.Fatalf("commit event %+v", last)
+	}
+	reads = m.BackendReads()
+	if d, w, err := m.DataKey(ctx, ns); err != nil || !bytes.Equal(d, next) || w.Gen() != 2 || m.BackendReads() != reads {
+		t.Fatalf("after the commit: the next key is not the current one (gen %d, %v, %d reads)", w.Gen(), err, m.BackendReads()-reads)
+	}
+	if _, _, err := m.NextDataKey(ctx, ns); !errors.Is(err, keys.ErrNotFound) {
+		t.Fatalf("next data key after the commit: %v", err)
+	}
+	dek = next
 	if err := m.DestroyDataKey(ctx, ns, "test erase"); err != nil {
 		t.Fatal(err)
 	}
