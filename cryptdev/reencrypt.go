@@ -1,6 +1,7 @@
 package cryptdev
 
 import (
+	"bytes"
 	"context"
 	"crypto/aes"
 	"crypto/sha256"
@@ -12,6 +13,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 
 	"golang.org/x/crypto/xts"
@@ -353,4 +355,67 @@ func syncDir(dir string) error {
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+// Job is one re-encryption to run: the device of a namespace's mapping,
+// the keys (secret), and what to report when it ends.
+type Job struct {
+	Name, Device string
+	From, To     []byte
+	Subsystem    string
+	NSID         uint32
+	Generation   uint64 // of To
+}
+
+// Runner runs re-encryptions in the background, one per mapping at a
+// time, and reports each one's end. Starting a job that is running does
+// nothing; starting one that has finished runs nothing and reports again
+// (a report the gateway did not take is repeated at the next state).
+type Runner struct {
+	Rekey *Rekey
+	// Done hears of each job's end: err nil when the whole device is
+	// under the job's To key.
+	Done func(j Job, err error)
+
+	mu      sync.Mutex
+	running map[string]bool
+}
+
+// Check is Rekey.Check, refused while a job of name runs.
+func (r *Runner) Check(name, device string, dataKey []byte) error {
+	r.mu.Lock()
+	busy := r.running[name]
+	r.mu.Unlock()
+	if busy {
+		return fmt.Errorf("cryptdev: %s is being re-encrypted", name)
+	}
+	return r.Rekey.Check(name, device, dataKey)
+}
+
+// Start runs j unless a job of j.Name runs; it keeps its own copy of the
+// keys and wipes it at the end.
+func (r *Runner) Start(j Job) {
+	r.mu.Lock()
+	if r.running == nil {
+		r.running = map[string]bool{}
+	}
+	if r.running[j.Name] {
+		r.mu.Unlock()
+		return
+	}
+	r.running[j.Name] = true
+	r.mu.Unlock()
+	j.From, j.To = bytes.Clone(j.From), bytes.Clone(j.To)
+	go func() {
+		err := r.Rekey.Run(context.Background(), j.Name, j.Device, j.From, j.To)
+		clear(j.From)
+		clear(j.To)
+		j.From, j.To = nil, nil
+		r.mu.Lock()
+		delete(r.running, j.Name)
+		r.mu.Unlock()
+		if r.Done != nil {
+			r.Done(j, err)
+		}
+	}()
 }

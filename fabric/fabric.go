@@ -99,12 +99,20 @@ type Namespace struct {
 	// DataKey is the namespace's data key, unwrapped (secret), with
 	// BackingDevice.
 	DataKey []byte
+	// NextDataKey, while the data key is rotated, is the key the driver
+	// re-encrypts the device to (secret), offline: the namespace is not
+	// exported until the gateway commits generation NextGeneration.
+	NextDataKey    []byte
+	NextGeneration uint64
 }
 
 // String redacts the data key.
 func (n Namespace) String() string {
 	if n.BackingDevice == "" {
 		return fmt.Sprintf("namespace %d", n.NSID)
+	}
+	if n.NextDataKey != nil {
+		return fmt.Sprintf("namespace %d on %s (%d-byte data key redacted; re-encrypting to generation %d)", n.NSID, n.BackingDevice, len(n.DataKey), n.NextGeneration)
 	}
 	return fmt.Sprintf("namespace %d on %s (%d-byte data key redacted)", n.NSID, n.BackingDevice, len(n.DataKey))
 }

@@ -79,6 +79,7 @@ var changeKinds = map[string]audit.EventKind{
 	"/nvmegate.v1.Inventory/AddHostBinding":    audit.EventInventoryChange,
 	"/nvmegate.v1.Inventory/RemoveHostBinding": audit.EventInventoryChange,
 	"/nvmegate.v1.Keys/Rotate":                 audit.EventKeyRotation,
+	"/nvmegate.v1.TargetAgent/Reencrypted":     audit.EventKeyRotation,
 	"/nvmegate.v1.Jobs/Admit":                  audit.EventJobAdmit,
 	"/nvmegate.v1.Jobs/Finish":                 audit.EventJobFinish,
 	"/nvmegate.v1.Access/Release":              audit.EventRelease,

@@ -57,8 +57,9 @@ func (s *Server) describe(ctx context.Context, fullMethod string, req any) (stri
 // targetAgentActions are the actions of the TargetAgent service, named as
 // the role "target" lists them in the policy's data.
 var targetAgentActions = map[string]string{
-	"/nvmegate.v1.TargetAgent/Watch": "target.watch",
-	"/nvmegate.v1.TargetAgent/Ack":   "target.ack",
+	"/nvmegate.v1.TargetAgent/Watch":       "target.watch",
+	"/nvmegate.v1.TargetAgent/Ack":         "target.ack",
+	"/nvmegate.v1.TargetAgent/Reencrypted": "target.reencrypted",
 }
 
 // ownTarget describes the caller's own target.

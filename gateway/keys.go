@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"time"
 
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/keys"
@@ -23,6 +24,14 @@ type KeyManager interface {
 	// after its grace.
 	Usable(ctx context.Context, subNQN string, v uint64) error
 	DestroyDataKey(ctx context.Context, namespace, reason string) error
+	BeginDataKeyRotation(ctx context.Context, namespace, reason string) (keys.Wrapped, error)
+	DataKeyGeneration(ctx context.Context, namespace string) (current, next uint64, err error)
+}
+
+// SubsystemGrants lists a subsystem's grants (*store.DB): a namespace is
+// re-encrypted only while its subsystem has no active grant.
+type SubsystemGrants interface {
+	SubsystemGrants(ctx context.Context, subsystemNQN string) ([]*nvmegate.Grant, error)
 }
 
 // NamespaceKeyName names a namespace's data key in the key store.
@@ -38,6 +47,10 @@ type keysService struct {
 	pb.UnimplementedKeysServer
 	keys  KeyManager
 	store InventoryStore
+	// grants and targets serve re-encryption; nil: it is refused.
+	grants  SubsystemGrants
+	targets TargetProgrammer
+	now     func() time.Time
 }
 
 // keyErr maps key-store errors to domain errors with caller-safe messages.
@@ -68,8 +81,12 @@ func (s *keysService) Rotate(ctx context.Context, r *pb.RotateRequest) (*pb.Rota
 		st.Subsystem = r.SubsystemNqn
 		return &pb.RotateResponse{Status: rootStatus(st)}, nil
 	default: // KEY_KIND_DATA_KEY (validated)
-		if _, err := s.store.Namespace(ctx, r.SubsystemNqn, r.Nsid); err != nil {
+		n, err := s.store.Namespace(ctx, r.SubsystemNqn, r.Nsid)
+		if err != nil {
 			return nil, err
+		}
+		if r.Reencrypt {
+			return s.reencrypt(ctx, n, reason)
 		}
 		name := NamespaceKeyName(r.SubsystemNqn, r.Nsid)
 		// A namespace gets its data key on first use; rotating one that
@@ -171,12 +188,65 @@ func (s *keysService) namespaces(ctx context.Context, sub string) ([]uint32, err
 	return out, err
 }
 
+// reencrypt begins a data-key rotation of namespace n: its next data key
+// is made, and its target is told to take the namespace offline and
+// re-encrypt it. It answers once the target has applied that (the
+// namespace is no longer exported); the re-encryption runs on, and the
+// target's report of its end commits the rotation (targetAgentService).
+func (s *keysService) reencrypt(ctx context.Context, n *nvmegate.Namespace, reason string) (*pb.RotateResponse, error) {
+	if s.grants == nil || s.targets == nil {
+		return nil, nvmegate.Errorf(nvmegate.EUNIMPLEMENTED, "this gateway programs no targets: it cannot re-encrypt")
+	}
+	if n.BackingDevice == "" {
+		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "namespace %d of %s is not encrypted at rest by nvmegate (no backing device): there is nothing to re-encrypt", n.NSID, n.SubsystemNQN)
+	}
+	sub, err := s.store.Subsystem(ctx, n.SubsystemNQN)
+	if err != nil {
+		return nil, err
+	}
+	gs, err := s.grants.SubsystemGrants(ctx, n.SubsystemNQN)
+	if err != nil {
+		return nil, err
+	}
+	active := 0
+	for _, g := range gs {
+		if g.Active(s.now()) {
+			active++
+		}
+	}
+	if active > 0 {
+		return nil, nvmegate.Errorf(nvmegate.ECONFLICT,
+			"subsystem %s has %d active grant(s): re-encryption takes namespace %d offline; finish the jobs or revoke the grants first", n.SubsystemNQN, active, n.NSID)
+	}
+	name := NamespaceKeyName(n.SubsystemNQN, n.NSID)
+	if err := s.keys.EnsureDataKey(ctx, name); err != nil {
+		return nil, keyErr(err)
+	}
+	if _, err := s.keys.BeginDataKeyRotation(ctx, name, reason); err != nil {
+		return nil, keyErr(err)
+	}
+	s.targets.InventoryChanged(sub.TargetID)
+	if err := s.targets.Program(ctx, sub.TargetID); err != nil {
+		return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE,
+			"the re-encryption of namespace %d of %s is begun, but target %s has not confirmed taking it offline (%v); it starts when the target applies its state", n.NSID, n.SubsystemNQN, sub.TargetID, err)
+	}
+	st, err := s.dataKeyStatus(ctx, n.SubsystemNQN, n.NSID)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.RotateResponse{Status: st}, nil
+}
+
 func (s *keysService) dataKeyStatus(ctx context.Context, sub string, nsid uint32) (*pb.KeyStatus, error) {
-	vs, err := s.keys.KEKVersions(ctx, NamespaceKeyName(sub, nsid))
+	name := NamespaceKeyName(sub, nsid)
+	vs, err := s.keys.KEKVersions(ctx, name)
 	if err != nil {
 		return nil, keyErr(err)
 	}
 	st := &pb.KeyStatus{Kind: pb.KeyKind_KEY_KIND_DATA_KEY, SubsystemNqn: sub, Nsid: nsid}
+	if st.DataKeyGeneration, st.ReencryptingTo, err = s.keys.DataKeyGeneration(ctx, name); err != nil {
+		return nil, keyErr(err)
+	}
 	for i := len(vs) - 1; i >= 0; i-- {
 		v := &pb.KeyVersion{Version: vs[i].Version, CreatedAt: ts(vs[i].Created)}
 		if i < len(vs)-1 {

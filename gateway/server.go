@@ -194,7 +194,11 @@ func New(cfg Config) (*Server, error) {
 	pb.RegisterInventoryServer(s.grpc, inv)
 	pb.RegisterPolicyServer(s.grpc, &policyService{info: cfg.Policy, redecide: s.Redecide})
 	if cfg.Keys != nil {
-		pb.RegisterKeysServer(s.grpc, &keysService{keys: cfg.Keys, store: cfg.Store})
+		ks := &keysService{keys: cfg.Keys, store: cfg.Store, targets: cfg.Targets, now: s.now}
+		if g, ok := cfg.Jobs.(SubsystemGrants); ok { // *store.DB
+			ks.grants = g
+		}
+		pb.RegisterKeysServer(s.grpc, ks)
 	} else {
 		pb.RegisterKeysServer(s.grpc, pb.UnimplementedKeysServer{})
 	}
@@ -215,8 +219,12 @@ func New(cfg Config) (*Server, error) {
 		pb.RegisterJobsServer(s.grpc, pb.UnimplementedJobsServer{})
 	}
 	if cfg.Targets != nil && cfg.TargetHub != nil {
-		pb.RegisterTargetAgentServer(s.grpc, &targetAgentService{store: cfg.Store, hub: cfg.TargetHub, targets: cfg.Targets, stopping: s.stopping, log: s.log,
-			refused: s.metrics.agentsRefused})
+		ta := &targetAgentService{store: cfg.Store, hub: cfg.TargetHub, targets: cfg.Targets, stopping: s.stopping, log: s.log,
+			refused: s.metrics.agentsRefused}
+		if c, ok := cfg.Keys.(DataKeyCommitter); ok { // keys.Manager
+			ta.keys = c
+		}
+		pb.RegisterTargetAgentServer(s.grpc, ta)
 	} else {
 		pb.RegisterTargetAgentServer(s.grpc, pb.UnimplementedTargetAgentServer{})
 	}

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"log/slog"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/authz"
+	"github.com/nvmegate/nvmegate/keys"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 	"github.com/nvmegate/nvmegate/targetagent"
 )
@@ -32,6 +34,13 @@ type TargetProgrammer interface {
 type TargetHub interface {
 	Subscribe(t *nvmegate.Target, deltas bool) (*targetagent.Subscription, error)
 	Ack(targetID, stream string, gen uint64, errMsg string) error
+	Live(targetID, stream string) bool
+}
+
+// DataKeyCommitter commits a data-key rotation a target re-encrypted a
+// namespace for (keys.Manager).
+type DataKeyCommitter interface {
+	CommitDataKeyRotation(ctx context.Context, namespace string, gen uint64, reason string) (keys.Wrapped, error)
 }
 
 // targetAgentService streams each target agent its own target's desired
@@ -47,6 +56,7 @@ type targetAgentService struct {
 	stopping <-chan struct{} // the gateway is shutting down
 	log      *slog.Logger
 	refused  *prometheus.CounterVec // streams refused for a live one, by target
+	keys     DataKeyCommitter       // nil: re-encryption reports are refused
 }
 
 func (s *targetAgentService) own(ctx context.Context) (*nvmegate.Target, error) {
@@ -114,6 +124,59 @@ func (s *targetAgentService) Ack(ctx context.Context, r *pb.AckRequest) (*pb.Ack
 		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "%v", err)
 	}
 	return &pb.AckResponse{}, nil
+}
+
+// Reencrypted takes a target agent's report that a namespace of its own
+// target is re-encrypted to generation gen: the rotation is committed (the
+// previous data key destroyed, recorded by the key manager) and the
+// target is programmed to export the namespace again under the new key.
+// A failure report changes nothing: the job resumes at the next state.
+func (s *targetAgentService) Reencrypted(ctx context.Context, r *pb.ReencryptedRequest) (*pb.ReencryptedResponse, error) {
+	t, err := s.own(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if s.keys == nil {
+		return nil, nvmegate.Errorf(nvmegate.EUNIMPLEMENTED, "this gateway keeps no data keys")
+	}
+	if !s.hub.Live(t.ID, r.StreamId) {
+		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "target %s: not its live stream; the report counts for nothing", t.ID)
+	}
+	// The namespace must be one of the caller's own target; another
+	// target's reads as absent.
+	sub, err := s.store.Subsystem(ctx, r.SubsystemNqn)
+	if err == nil && sub.TargetID != t.ID {
+		err = nvmegate.Errorf(nvmegate.ENOTFOUND, "subsystem %s not found", r.SubsystemNqn)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.store.Namespace(ctx, r.SubsystemNqn, r.Nsid); err != nil {
+		return nil, err
+	}
+	if r.Error != "" {
+		s.log.ErrorContext(ctx, "target agent: re-encryption stopped; it resumes at the target's next state", "target", t.ID,
+			"subsystem", r.SubsystemNqn, "nsid", r.Nsid, "generation", r.Generation, "err", agentError(r.Error))
+		return &pb.ReencryptedResponse{}, nil
+	}
+	name := NamespaceKeyName(r.SubsystemNqn, r.Nsid)
+	if _, err := s.keys.CommitDataKeyRotation(ctx, name, r.Generation, "re-encrypted by target "+t.ID); err != nil {
+		if errors.Is(err, keys.ErrConflict) {
+			return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "namespace %d of %s has no re-encryption to generation %d under way", r.Nsid, r.SubsystemNqn, r.Generation)
+		}
+		return nil, keyErr(err)
+	}
+	s.targets.InventoryChanged(t.ID)
+	// The new state goes out on the stream; the agent is not waited for
+	// here (its stream loop answers while this call is in flight).
+	go func() {
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := s.targets.Program(pctx, t.ID); err != nil {
+			s.log.Warn("re-encrypted namespace not yet exported again; the reconciler retries", "target", t.ID, "err", err)
+		}
+	}()
+	return &pb.ReencryptedResponse{}, nil
 }
 
 // agentError is what the gateway keeps of an agent's error text, which ends

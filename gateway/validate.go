@@ -175,6 +175,9 @@ func validate(req any, now time.Time) error {
 		default:
 			return nvmegate.Invalid("kind", "must be KEY_KIND_ACCESS_ROOT or KEY_KIND_DATA_KEY")
 		}
+		if r.Reencrypt && r.Kind != pb.KeyKind_KEY_KIND_DATA_KEY {
+			return nvmegate.Invalid("reencrypt", "only a data key is re-encrypted")
+		}
 		return reason(r.Reason, false)
 	case *pb.KeysStatusRequest:
 		return first(
@@ -216,6 +219,14 @@ func validate(req any, now time.Time) error {
 	// TargetAgent
 	case *pb.WatchRequest:
 		return nil // empty: the target is the caller's own
+	case *pb.ReencryptedRequest:
+		if r.Generation < 2 {
+			return nvmegate.Invalid("generation", "must be the generation re-encrypted to (2 or more)")
+		}
+		if len(r.Error) > 4096 {
+			return nvmegate.Invalid("error", "must be at most 4096 bytes")
+		}
+		return first(nvmegate.ValidateNQN("subsystem_nqn", r.SubsystemNqn), nvmegate.ValidateNSID("nsid", r.Nsid))
 	case *pb.AckRequest:
 		if r.Generation == 0 {
 			return nvmegate.Invalid("generation", "must be a generation the gateway sent (1 or more)")

@@ -731,3 +731,24 @@ func (m *Manager) CommitDataKeyRotation(ctx context.Context, namespace string, g
 func (m *Manager) KEKVersions(ctx context.Context, namespace string) ([]KEKVersion, error) {
 	return m.b.KEKVersions(ctx, namespace)
 }
+
+// DataKeyGeneration reads, without unwrapping anything, the generation of
+// a namespace's data key and that of a re-encryption under way (0: none;
+// both 0 without a data key).
+func (m *Manager) DataKeyGeneration(ctx context.Context, namespace string) (current, next uint64, err error) {
+	w, err := m.b.DataKey(ctx, namespace)
+	if errors.Is(err, ErrNotFound) {
+		return 0, 0, nil
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	n, err := m.b.NextDataKey(ctx, namespace)
+	if errors.Is(err, ErrNotFound) {
+		return w.Gen(), 0, nil
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	return w.Gen(), n.Gen(), nil
+}

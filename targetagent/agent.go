@@ -40,6 +40,9 @@ type Credentials interface {
 	// DataKey returns a namespace's data key, unwrapped (made on first
 	// use), for the namespaces the target exports encrypted at rest.
 	DataKey(ctx context.Context, namespace string) ([]byte, keys.Wrapped, error)
+	// NextDataKey returns the data key a rotation under way re-encrypts
+	// the namespace to, or keys.ErrNotFound.
+	NextDataKey(ctx context.Context, namespace string) ([]byte, keys.Wrapped, error)
 }
 
 // Driver programs one target (fabric/nvmet, fabric/spdk). Both methods
@@ -362,6 +365,9 @@ func (a *Agent) Ack(targetID, stream string, gen uint64, errMsg string) error {
 	}
 	return a.Hub.Ack(targetID, stream, gen, errMsg)
 }
+
+// Live reports whether stream is targetID's live agent stream.
+func (a *Agent) Live(targetID, stream string) bool { return a.Hub != nil && a.Hub.Live(targetID, stream) }
 
 // Reconcile programs every target whole (at start, and periodically:
 // grants expire and roots pass their grace without anyone calling).

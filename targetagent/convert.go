@@ -45,7 +45,7 @@ func StateToProto(id string, st fabric.State) *pb.WatchResponse {
 		}
 		for _, n := range sub.Namespaces {
 			ps.Namespaces = append(ps.Namespaces, &pb.TargetNamespace{Nsid: n.NSID, MaxIops: n.MaxIOPS, MaxMbps: n.MaxMBps,
-				BackingDevice: n.BackingDevice, DataKey: n.DataKey})
+				BackingDevice: n.BackingDevice, DataKey: n.DataKey, NextDataKey: n.NextDataKey, NextGeneration: n.NextGeneration})
 		}
 		for _, p := range sub.Ports {
 			ps.Ports = append(ps.Ports, &pb.TargetPort{Id: uint32(p.ID), Trtype: p.Trtype, Adrfam: p.Adrfam, Traddr: p.Traddr,
@@ -67,7 +67,7 @@ func StateFromProto(p *pb.WatchResponse) fabric.State {
 		}
 		for _, n := range ps.Namespaces {
 			sub.Namespaces = append(sub.Namespaces, fabric.Namespace{NSID: n.Nsid, MaxIOPS: n.MaxIops, MaxMBps: n.MaxMbps,
-				BackingDevice: n.BackingDevice, DataKey: n.DataKey})
+				BackingDevice: n.BackingDevice, DataKey: n.DataKey, NextDataKey: n.NextDataKey, NextGeneration: n.NextGeneration})
 		}
 		for _, p := range ps.Ports {
 			sub.Ports = append(sub.Ports, fabric.Port{ID: uint16(p.Id), Trtype: p.Trtype, Adrfam: p.Adrfam, Traddr: p.Traddr,

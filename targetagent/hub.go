@@ -156,6 +156,12 @@ func (h *Hub) get(targetID string) *remote {
 // Connected reports whether a target's agent is connected.
 func (h *Hub) Connected(targetID string) bool { return h.get(targetID) != nil }
 
+// Live reports whether stream is the target's live stream.
+func (h *Hub) Live(targetID, stream string) bool {
+	r := h.get(targetID)
+	return r != nil && stream != "" && r.stream == stream
+}
+
 // Ack records an acknowledgement from stream of a target: generation gen
 // was applied (errMsg ""), or not. The agent applies a stream's updates in
 // order, each on top of the one before, so applying gen also settles every

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -31,6 +32,23 @@ type Remote struct {
 	// Applied, if set, is told of every generation applied, or refused
 	// (for tests and status).
 	Applied func(gen uint64, err error)
+
+	stream atomic.Value // string: the ID of the live stream, for Reencrypted
+}
+
+// Reencrypted reports the end of a namespace's re-encryption to the
+// gateway on the live stream (cryptdev.Runner's Done). A report the
+// gateway does not take is repeated when the next state starts the job
+// again.
+func (r *Remote) Reencrypted(ctx context.Context, sub string, nsid uint32, gen uint64, rerr error) error {
+	id, _ := r.stream.Load().(string)
+	msg := ""
+	if rerr != nil {
+		msg = rerr.Error()
+	}
+	_, err := pb.NewTargetAgentClient(r.Conn).Reencrypted(ctx, &pb.ReencryptedRequest{SubsystemNqn: sub, Nsid: nsid,
+		Generation: gen, Error: msg, StreamId: id})
+	return err
 }
 
 // Run works until ctx ends.
@@ -110,6 +128,7 @@ func (r *Remote) once(ctx context.Context, log *slog.Logger) (got bool, err erro
 			}
 		}
 		got = true
+		r.stream.Store(m.StreamId)
 		u := UpdateFromProto(m)
 		gen := u.Generation()
 		var aerr error

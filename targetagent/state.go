@@ -84,6 +84,13 @@ func (a *Agent) build(ctx context.Context, t *nvmegate.Target) (*desired, error)
 				if fn.DataKey, _, err = a.Keys.DataKey(ctx, n.Key().KeyName()); err != nil {
 					return nil, fmt.Errorf("targetagent: data key of namespace %d of %s: %w", n.NSID, n.SubsystemNQN, err)
 				}
+				next, w, err := a.Keys.NextDataKey(ctx, n.Key().KeyName())
+				switch {
+				case err == nil:
+					fn.NextDataKey, fn.NextGeneration = next, w.Gen()
+				case !errors.Is(err, keys.ErrNotFound):
+					return nil, fmt.Errorf("targetagent: next data key of namespace %d of %s: %w", n.NSID, n.SubsystemNQN, err)
+				}
 			}
 			ss.Namespaces = append(ss.Namespaces, fn)
 		}

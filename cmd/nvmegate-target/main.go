@@ -26,6 +26,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/nvmegate/nvmegate/cryptdev"
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
@@ -54,13 +55,17 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	spdkSocket := fs.String("spdk-socket", "", "the SPDK JSON-RPC socket (e.g. /var/tmp/spdk.sock)")
 	spdkKeyDir := fs.String("spdk-key-dir", "", "absolute directory for SPDK key files")
 	cryptsetup := fs.String("cryptsetup", "cryptsetup", "cryptsetup binary, for namespaces exported encrypted at rest ('' for none: they are refused)")
+	reencryptDir := fs.String("reencrypt-dir", "/var/lib/nvmegate-target/reencrypt", "directory for the records and journals of data-key rotations (re-encryption); losing it during one loses the namespace's data ('' refuses rotations)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	var d targetagent.Driver
+	var (
+		d      targetagent.Driver
+		runner *cryptdev.Runner
+	)
 	switch {
 	case *nvmetRoot != "" && *spdkSocket == "":
 		nd := &nvmet.Driver{Root: *nvmetRoot}
@@ -82,6 +87,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			fmt.Fprintf(stderr, "nvmegate-target: no cryptsetup (%v): namespaces to encrypt at rest will be refused\n", err)
 		}
 		d = nd
+		if nd.Crypt != nil && *reencryptDir != "" {
+			runner = &cryptdev.Runner{Rekey: &cryptdev.Rekey{Dir: *reencryptDir}}
+			nd.Reencrypt = runner
+		}
 	case *spdkSocket != "" && *spdkKeyDir != "" && *nvmetRoot == "":
 		d = &spdk.Driver{Socket: *spdkSocket, KeyDir: *spdkKeyDir}
 	default:
@@ -100,5 +109,19 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			log.Info("applied", "generation", gen)
 		}
 	}}
+	if runner != nil {
+		runner.Done = func(j cryptdev.Job, err error) {
+			if err != nil {
+				log.Error("re-encryption stopped; it resumes at the next state", "subsystem", j.Subsystem, "nsid", j.NSID, "generation", j.Generation, "err", err)
+			} else {
+				log.Info("re-encrypted", "subsystem", j.Subsystem, "nsid", j.NSID, "generation", j.Generation)
+			}
+			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			if rerr := r.Reencrypted(rctx, j.Subsystem, j.NSID, j.Generation, err); rerr != nil {
+				log.Warn("re-encryption report not taken; repeated at the next state", "subsystem", j.Subsystem, "nsid", j.NSID, "err", rerr)
+			}
+		}
+	}
 	return r.Run(ctx)
 }

@@ -30,20 +30,29 @@ func (a *app) keysRotateCmd() *cobra.Command {
 	var (
 		sub, reason string
 		nsid        uint32
+		reencrypt   bool
 	)
 	cmd := &cobra.Command{
-		Use:   "rotate --subsystem NQN [--nsid N] [--reason TEXT]",
+		Use:   "rotate --subsystem NQN [--nsid N [--reencrypt]] [--reason TEXT]",
 		Short: "Rotate a subsystem's access-credential root, or with --nsid a namespace's data key",
 		Long: `Make a new version of a subsystem's access-credential root (the DH-HMAC-CHAP
 secrets and TLS PSKs of its hosts derive from it), or with --nsid rotate the
 namespace's key-encryption key and rewrap its data key. The previous root stays
-valid for the gateway's grace period. Recorded in the audit log.`,
+valid for the gateway's grace period. Recorded in the audit log.
+
+With --nsid and --reencrypt, rotate the data key itself: the namespace's target
+agent re-encrypts it, offline, from the current data key to a new one; the
+subsystem may have no active grant. The command returns once the target has
+taken the namespace offline; "keys status" shows REENCRYPTING until the target
+reports the end, when the old data key is destroyed and the namespace is
+exported again.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req := &pb.RotateRequest{Kind: pb.KeyKind_KEY_KIND_ACCESS_ROOT, SubsystemNqn: sub, Reason: reason}
 			if nsid != 0 {
 				req.Kind, req.Nsid = pb.KeyKind_KEY_KIND_DATA_KEY, nsid
 			}
+			req.Reencrypt = reencrypt
 			return a.call(cmd, func(ctx context.Context, c *grpc.ClientConn) error {
 				resp, err := pb.NewKeysClient(c).Rotate(ctx, req)
 				if err != nil {
@@ -55,6 +64,7 @@ valid for the gateway's grace period. Recorded in the audit log.`,
 	}
 	cmd.Flags().StringVar(&sub, "subsystem", "", "subsystem NQN")
 	cmd.Flags().Uint32Var(&nsid, "nsid", 0, "namespace ID: rotate its data key instead of the root")
+	cmd.Flags().BoolVar(&reencrypt, "reencrypt", false, "with --nsid: rotate the data key itself by re-encrypting the namespace (offline)")
 	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log")
 	cmd.MarkFlagRequired("subsystem")
 	return cmd
@@ -98,10 +108,16 @@ func keyRows(st *pb.KeyStatus) [][]string {
 		kind, name = "data-key", st.SubsystemNqn+"/"+strconv.FormatUint(uint64(st.Nsid), 10)
 	}
 	var rows [][]string
+	if st.DataKeyGeneration > 1 {
+		name += " gen " + strconv.FormatUint(st.DataKeyGeneration, 10)
+	}
 	for _, v := range st.Versions {
 		state := "current"
 		if v.Version == st.CurrentVersion && st.NextRotation != nil {
 			state = "current, rotates " + tsString(st.NextRotation)
+		}
+		if v.Version == st.CurrentVersion && st.ReencryptingTo != 0 {
+			state += ", REENCRYPTING to gen " + strconv.FormatUint(st.ReencryptingTo, 10)
 		}
 		if v.SupersededAt != nil {
 			state = "superseded"

@@ -26,6 +26,17 @@ type Crypt interface {
 	List() ([]string, error)
 }
 
+// Reencrypter re-encrypts namespaces offline for data-key rotations
+// (cryptdev.Runner). nil: this driver refuses a rotation.
+type Reencrypter interface {
+	// Check refuses a device that is not wholly under dataKey (a
+	// re-encryption under way or unfinished).
+	Check(name, device string, dataKey []byte) error
+	// Start re-encrypts in the background, once per mapping at a time,
+	// and reports the end.
+	Start(j cryptdev.Job)
+}
+
 // mapping is the dm-crypt mapping name of namespace nsid of sub.
 func mapping(sub string, nsid uint32) string {
 	return cryptdev.Name(nvmegate.NamespaceKey{SubsystemNQN: sub, NSID: nsid}.KeyName())
@@ -45,9 +56,14 @@ func ours(devicePath string) (string, bool) {
 // its device). Namespaces of ours the state no longer has are disabled,
 // removed and their mappings closed; the operator's namespaces are not
 // touched. used collects the mappings in use.
+//
+// A namespace whose data key is being rotated is not exported: it is
+// removed like one the state no longer has, its mapping closed, and its
+// re-encryption started (or left running) once nothing holds the device.
 func (d *Driver) writeNamespaces(sub fabric.Subsystem, used map[string]bool) error {
 	dir := filepath.Join(d.Root, "subsystems", sub.NQN, "namespaces")
 	keep := map[string]bool{}
+	var rekey []cryptdev.Job
 	for _, n := range sub.Namespaces {
 		if n.BackingDevice == "" {
 			continue
@@ -56,6 +72,19 @@ func (d *Driver) writeNamespaces(sub fabric.Subsystem, used map[string]bool) err
 			return fmt.Errorf("nvmet: namespace %d of %s is to be encrypted at rest and this target has no dm-crypt (cryptsetup)", n.NSID, sub.NQN)
 		}
 		name := mapping(sub.NQN, n.NSID)
+		if n.NextDataKey != nil {
+			if d.Reencrypt == nil {
+				return fmt.Errorf("nvmet: namespace %d of %s is to be re-encrypted and this target agent cannot (no re-encryption directory)", n.NSID, sub.NQN)
+			}
+			rekey = append(rekey, cryptdev.Job{Name: name, Device: n.BackingDevice, From: n.DataKey, To: n.NextDataKey,
+				Subsystem: sub.NQN, NSID: n.NSID, Generation: n.NextGeneration})
+			continue
+		}
+		if d.Reencrypt != nil {
+			if err := d.Reencrypt.Check(name, n.BackingDevice, n.DataKey); err != nil {
+				return fmt.Errorf("nvmet: namespace %d of %s: %w", n.NSID, sub.NQN, err)
+			}
+		}
 		path, err := d.Crypt.Open(name, n.BackingDevice, n.DataKey)
 		if err != nil {
 			return fmt.Errorf("nvmet: namespace %d of %s: %w", n.NSID, sub.NQN, err)
@@ -111,6 +140,14 @@ func (d *Driver) writeNamespaces(sub fabric.Subsystem, used map[string]bool) err
 				return fmt.Errorf("nvmet: %w", err)
 			}
 		}
+	}
+	for _, j := range rekey {
+		// Its namespace is gone above if it was exported; the mapping
+		// may be open without one.
+		if err := d.Crypt.Close(j.Name); err != nil {
+			return fmt.Errorf("nvmet: %w", err)
+		}
+		d.Reencrypt.Start(j)
 	}
 	return nil
 }

@@ -38,6 +38,9 @@ type Driver struct {
 	// Crypt exports namespaces that have a backing device encrypted at
 	// rest (cryptdev.Cryptsetup); nil: it refuses them.
 	Crypt Crypt
+	// Reencrypt re-encrypts namespaces for data-key rotations
+	// (cryptdev.Runner); nil: it refuses them.
+	Reencrypt Reencrypter
 
 	mu   sync.Mutex
 	seen map[string]seenEntry // path → a digest of what is there, and when it was checked
@@ -144,6 +147,8 @@ func stateSum(s fabric.State) ([32]byte, error) {
 			num(n.MaxMBps)
 			field(n.BackingDevice)
 			field(string(n.DataKey))
+			field(string(n.NextDataKey))
+			num(n.NextGeneration)
 		}
 	}
 	var out [32]byte

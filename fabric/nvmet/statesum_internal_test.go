@@ -64,8 +64,8 @@ func TestStateSumCoversEveryField(t *testing.T) {
 		}
 	}
 	visit(reflect.ValueOf(base()), "")
-	if checked != 19 { // a subsystem's NQN, 6 host, 7 port and 5 namespace fields
-		t.Fatalf("%d fields checked, want 19", checked)
+	if checked != 21 { // a subsystem's NQN, 6 host, 7 port and 7 namespace fields
+		t.Fatalf("%d fields checked, want 21", checked)
 	}
 }
 

@@ -170,10 +170,15 @@ type KeyStatus struct {
 	CurrentVersion uint64 `protobuf:"varint,4,opt,name=current_version,json=currentVersion,proto3" json:"current_version,omitempty"`
 	// When the next scheduled rotation is due.
 	NextRotation *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=next_rotation,json=nextRotation,proto3" json:"next_rotation,omitempty"`
-	// Versions still known, newest first.
-	Versions      []*KeyVersion `protobuf:"bytes,6,rep,name=versions,proto3" json:"versions,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Versions still known, newest first. For a data key, its KEK's.
+	Versions []*KeyVersion `protobuf:"bytes,6,rep,name=versions,proto3" json:"versions,omitempty"`
+	// Data keys: the generation of the data key (1 for the first, one more
+	// at each re-encryption), and the generation a re-encryption under way
+	// moves the namespace to (0: none).
+	DataKeyGeneration uint64 `protobuf:"varint,7,opt,name=data_key_generation,json=dataKeyGeneration,proto3" json:"data_key_generation,omitempty"`
+	ReencryptingTo    uint64 `protobuf:"varint,8,opt,name=reencrypting_to,json=reencryptingTo,proto3" json:"reencrypting_to,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *KeyStatus) Reset() {
@@ -248,6 +253,20 @@ func (x *KeyStatus) GetVersions() []*KeyVersion {
 	return nil
 }
 
+func (x *KeyStatus) GetDataKeyGeneration() uint64 {
+	if x != nil {
+		return x.DataKeyGeneration
+	}
+	return 0
+}
+
+func (x *KeyStatus) GetReencryptingTo() uint64 {
+	if x != nil {
+		return x.ReencryptingTo
+	}
+	return 0
+}
+
 // RotateRequest names the key to rotate.
 type RotateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -258,7 +277,13 @@ type RotateRequest struct {
 	// Namespace ID; required for data keys, must be 0 for access roots.
 	Nsid uint32 `protobuf:"varint,3,opt,name=nsid,proto3" json:"nsid,omitempty"`
 	// Why, for the audit log; at most 256 bytes.
-	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// With KEY_KIND_DATA_KEY: rotate the data key itself, not its KEK. The
+	// namespace (one nvmegate encrypts at rest) is re-encrypted offline by
+	// its target agent: it is not exported until that is done, and the
+	// subsystem may have no active grant. The previous data key is destroyed
+	// when the target reports the re-encryption done.
+	Reencrypt     bool `protobuf:"varint,5,opt,name=reencrypt,proto3" json:"reencrypt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -319,6 +344,13 @@ func (x *RotateRequest) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *RotateRequest) GetReencrypt() bool {
+	if x != nil {
+		return x.Reencrypt
+	}
+	return false
 }
 
 // RotateResponse returns the key's new state.
@@ -481,19 +513,22 @@ const file_nvmegate_v1_keys_proto_rawDesc = "" +
 	"\rsuperseded_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\fsupersededAt\x12;\n" +
 	"\vvalid_until\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"validUntil\x12 \n" +
-	"\vfingerprint\x18\x05 \x01(\tR\vfingerprint\"\x8d\x02\n" +
+	"\vfingerprint\x18\x05 \x01(\tR\vfingerprint\"\xe6\x02\n" +
 	"\tKeyStatus\x12(\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x14.nvmegate.v1.KeyKindR\x04kind\x12#\n" +
 	"\rsubsystem_nqn\x18\x02 \x01(\tR\fsubsystemNqn\x12\x12\n" +
 	"\x04nsid\x18\x03 \x01(\rR\x04nsid\x12'\n" +
 	"\x0fcurrent_version\x18\x04 \x01(\x04R\x0ecurrentVersion\x12?\n" +
 	"\rnext_rotation\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\fnextRotation\x123\n" +
-	"\bversions\x18\x06 \x03(\v2\x17.nvmegate.v1.KeyVersionR\bversions\"\x8a\x01\n" +
+	"\bversions\x18\x06 \x03(\v2\x17.nvmegate.v1.KeyVersionR\bversions\x12.\n" +
+	"\x13data_key_generation\x18\a \x01(\x04R\x11dataKeyGeneration\x12'\n" +
+	"\x0freencrypting_to\x18\b \x01(\x04R\x0ereencryptingTo\"\xa8\x01\n" +
 	"\rRotateRequest\x12(\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x14.nvmegate.v1.KeyKindR\x04kind\x12#\n" +
 	"\rsubsystem_nqn\x18\x02 \x01(\tR\fsubsystemNqn\x12\x12\n" +
 	"\x04nsid\x18\x03 \x01(\rR\x04nsid\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"@\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x1c\n" +
+	"\treencrypt\x18\x05 \x01(\bR\treencrypt\"@\n" +
 	"\x0eRotateResponse\x12.\n" +
 	"\x06status\x18\x01 \x01(\v2\x16.nvmegate.v1.KeyStatusR\x06status\"b\n" +
 	"\x11KeysStatusRequest\x12#\n" +

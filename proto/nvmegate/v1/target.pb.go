@@ -21,6 +21,123 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ReencryptedRequest reports a finished (or failed) re-encryption.
+type ReencryptedRequest struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	SubsystemNqn string                 `protobuf:"bytes,1,opt,name=subsystem_nqn,json=subsystemNqn,proto3" json:"subsystem_nqn,omitempty"`
+	Nsid         uint32                 `protobuf:"varint,2,opt,name=nsid,proto3" json:"nsid,omitempty"`
+	// TargetNamespace.next_generation re-encrypted to.
+	Generation uint64 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	// Empty on success; else why not (no secrets).
+	Error string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	// WatchResponse.stream_id of the live stream.
+	StreamId      string `protobuf:"bytes,5,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReencryptedRequest) Reset() {
+	*x = ReencryptedRequest{}
+	mi := &file_nvmegate_v1_target_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReencryptedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReencryptedRequest) ProtoMessage() {}
+
+func (x *ReencryptedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nvmegate_v1_target_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReencryptedRequest.ProtoReflect.Descriptor instead.
+func (*ReencryptedRequest) Descriptor() ([]byte, []int) {
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ReencryptedRequest) GetSubsystemNqn() string {
+	if x != nil {
+		return x.SubsystemNqn
+	}
+	return ""
+}
+
+func (x *ReencryptedRequest) GetNsid() uint32 {
+	if x != nil {
+		return x.Nsid
+	}
+	return 0
+}
+
+func (x *ReencryptedRequest) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *ReencryptedRequest) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *ReencryptedRequest) GetStreamId() string {
+	if x != nil {
+		return x.StreamId
+	}
+	return ""
+}
+
+// ReencryptedResponse is empty.
+type ReencryptedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReencryptedResponse) Reset() {
+	*x = ReencryptedResponse{}
+	mi := &file_nvmegate_v1_target_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReencryptedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReencryptedResponse) ProtoMessage() {}
+
+func (x *ReencryptedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nvmegate_v1_target_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReencryptedResponse.ProtoReflect.Descriptor instead.
+func (*ReencryptedResponse) Descriptor() ([]byte, []int) {
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{1}
+}
+
 // WatchRequest opens the stream; the target is the caller's own.
 type WatchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -34,7 +151,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_nvmegate_v1_target_proto_msgTypes[0]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -46,7 +163,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_target_proto_msgTypes[0]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -59,7 +176,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{0}
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *WatchRequest) GetAcceptDeltas() bool {
@@ -93,7 +210,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_nvmegate_v1_target_proto_msgTypes[1]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -105,7 +222,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_target_proto_msgTypes[1]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -118,7 +235,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{1}
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *WatchResponse) GetTargetId() string {
@@ -171,7 +288,7 @@ type TargetDelta struct {
 
 func (x *TargetDelta) Reset() {
 	*x = TargetDelta{}
-	mi := &file_nvmegate_v1_target_proto_msgTypes[2]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -183,7 +300,7 @@ func (x *TargetDelta) String() string {
 func (*TargetDelta) ProtoMessage() {}
 
 func (x *TargetDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_target_proto_msgTypes[2]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -196,7 +313,7 @@ func (x *TargetDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetDelta.ProtoReflect.Descriptor instead.
 func (*TargetDelta) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{2}
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *TargetDelta) GetBaseGeneration() uint64 {
@@ -229,7 +346,7 @@ type TargetHostChange struct {
 
 func (x *TargetHostChange) Reset() {
 	*x = TargetHostChange{}
-	mi := &file_nvmegate_v1_target_proto_msgTypes[3]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -241,7 +358,7 @@ func (x *TargetHostChange) String() string {
 func (*TargetHostChange) ProtoMessage() {}
 
 func (x *TargetHostChange) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_target_proto_msgTypes[3]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -254,7 +371,7 @@ func (x *TargetHostChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetHostChange.ProtoReflect.Descriptor instead.
 func (*TargetHostChange) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{3}
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *TargetHostChange) GetSubsystemNqn() string {
@@ -295,7 +412,7 @@ type TargetSubsystem struct {
 
 func (x *TargetSubsystem) Reset() {
 	*x = TargetSubsystem{}
-	mi := &file_nvmegate_v1_target_proto_msgTypes[4]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -307,7 +424,7 @@ func (x *TargetSubsystem) String() string {
 func (*TargetSubsystem) ProtoMessage() {}
 
 func (x *TargetSubsystem) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_target_proto_msgTypes[4]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -320,7 +437,7 @@ func (x *TargetSubsystem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetSubsystem.ProtoReflect.Descriptor instead.
 func (*TargetSubsystem) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{4}
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *TargetSubsystem) GetNqn() string {
@@ -365,14 +482,20 @@ type TargetNamespace struct {
 	BackingDevice string `protobuf:"bytes,4,opt,name=backing_device,json=backingDevice,proto3" json:"backing_device,omitempty"`
 	// The namespace's data key, unwrapped (secret: never log). Sent only to
 	// the agent of the namespace's own target, with backing_device.
-	DataKey       []byte `protobuf:"bytes,5,opt,name=data_key,json=dataKey,proto3" json:"data_key,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DataKey []byte `protobuf:"bytes,5,opt,name=data_key,json=dataKey,proto3" json:"data_key,omitempty"`
+	// Set while the namespace's data key is rotated: the data key the agent
+	// re-encrypts the namespace to, offline (secret: never log), and its
+	// generation, which the agent reports in Reencrypted. The namespace is
+	// not exported until the rotation is committed.
+	NextDataKey    []byte `protobuf:"bytes,6,opt,name=next_data_key,json=nextDataKey,proto3" json:"next_data_key,omitempty"`
+	NextGeneration uint64 `protobuf:"varint,7,opt,name=next_generation,json=nextGeneration,proto3" json:"next_generation,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *TargetNamespace) Reset() {
 	*x = TargetNamespace{}
-	mi := &file_nvmegate_v1_target_proto_msgTypes[5]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -384,7 +507,7 @@ func (x *TargetNamespace) String() string {
 func (*TargetNamespace) ProtoMessage() {}
 
 func (x *TargetNamespace) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_target_proto_msgTypes[5]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -397,7 +520,7 @@ func (x *TargetNamespace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetNamespace.ProtoReflect.Descriptor instead.
 func (*TargetNamespace) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{5}
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TargetNamespace) GetNsid() uint32 {
@@ -435,6 +558,20 @@ func (x *TargetNamespace) GetDataKey() []byte {
 	return nil
 }
 
+func (x *TargetNamespace) GetNextDataKey() []byte {
+	if x != nil {
+		return x.NextDataKey
+	}
+	return nil
+}
+
+func (x *TargetNamespace) GetNextGeneration() uint64 {
+	if x != nil {
+		return x.NextGeneration
+	}
+	return 0
+}
+
 // TargetHost is an allowed host with its credentials.
 type TargetHost struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -456,7 +593,7 @@ type TargetHost struct {
 
 func (x *TargetHost) Reset() {
 	*x = TargetHost{}
-	mi := &file_nvmegate_v1_target_proto_msgTypes[6]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -468,7 +605,7 @@ func (x *TargetHost) String() string {
 func (*TargetHost) ProtoMessage() {}
 
 func (x *TargetHost) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_target_proto_msgTypes[6]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -481,7 +618,7 @@ func (x *TargetHost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetHost.ProtoReflect.Descriptor instead.
 func (*TargetHost) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{6}
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *TargetHost) GetNqn() string {
@@ -549,7 +686,7 @@ type TargetPort struct {
 
 func (x *TargetPort) Reset() {
 	*x = TargetPort{}
-	mi := &file_nvmegate_v1_target_proto_msgTypes[7]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -561,7 +698,7 @@ func (x *TargetPort) String() string {
 func (*TargetPort) ProtoMessage() {}
 
 func (x *TargetPort) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_target_proto_msgTypes[7]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -574,7 +711,7 @@ func (x *TargetPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetPort.ProtoReflect.Descriptor instead.
 func (*TargetPort) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{7}
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TargetPort) GetId() uint32 {
@@ -641,7 +778,7 @@ type AckRequest struct {
 
 func (x *AckRequest) Reset() {
 	*x = AckRequest{}
-	mi := &file_nvmegate_v1_target_proto_msgTypes[8]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -653,7 +790,7 @@ func (x *AckRequest) String() string {
 func (*AckRequest) ProtoMessage() {}
 
 func (x *AckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_target_proto_msgTypes[8]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -666,7 +803,7 @@ func (x *AckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRequest.ProtoReflect.Descriptor instead.
 func (*AckRequest) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{8}
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AckRequest) GetGeneration() uint64 {
@@ -699,7 +836,7 @@ type AckResponse struct {
 
 func (x *AckResponse) Reset() {
 	*x = AckResponse{}
-	mi := &file_nvmegate_v1_target_proto_msgTypes[9]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -711,7 +848,7 @@ func (x *AckResponse) String() string {
 func (*AckResponse) ProtoMessage() {}
 
 func (x *AckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_target_proto_msgTypes[9]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -724,14 +861,23 @@ func (x *AckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckResponse.ProtoReflect.Descriptor instead.
 func (*AckResponse) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{9}
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{11}
 }
 
 var File_nvmegate_v1_target_proto protoreflect.FileDescriptor
 
 const file_nvmegate_v1_target_proto_rawDesc = "" +
 	"\n" +
-	"\x18nvmegate/v1/target.proto\x12\vnvmegate.v1\"3\n" +
+	"\x18nvmegate/v1/target.proto\x12\vnvmegate.v1\"\xa0\x01\n" +
+	"\x12ReencryptedRequest\x12#\n" +
+	"\rsubsystem_nqn\x18\x01 \x01(\tR\fsubsystemNqn\x12\x12\n" +
+	"\x04nsid\x18\x02 \x01(\rR\x04nsid\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x04R\n" +
+	"generation\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12\x1b\n" +
+	"\tstream_id\x18\x05 \x01(\tR\bstreamId\"\x15\n" +
+	"\x13ReencryptedResponse\"3\n" +
 	"\fWatchRequest\x12#\n" +
 	"\raccept_deltas\x18\x01 \x01(\bR\facceptDeltas\"\xd7\x01\n" +
 	"\rWatchResponse\x12\x1b\n" +
@@ -757,13 +903,15 @@ const file_nvmegate_v1_target_proto_rawDesc = "" +
 	"\x05ports\x18\x03 \x03(\v2\x17.nvmegate.v1.TargetPortR\x05ports\x12<\n" +
 	"\n" +
 	"namespaces\x18\x04 \x03(\v2\x1c.nvmegate.v1.TargetNamespaceR\n" +
-	"namespaces\"\x9d\x01\n" +
+	"namespaces\"\xea\x01\n" +
 	"\x0fTargetNamespace\x12\x12\n" +
 	"\x04nsid\x18\x01 \x01(\rR\x04nsid\x12\x19\n" +
 	"\bmax_iops\x18\x02 \x01(\x04R\amaxIops\x12\x19\n" +
 	"\bmax_mbps\x18\x03 \x01(\x04R\amaxMbps\x12%\n" +
 	"\x0ebacking_device\x18\x04 \x01(\tR\rbackingDevice\x12\x19\n" +
-	"\bdata_key\x18\x05 \x01(\fR\adataKey\"\xc6\x01\n" +
+	"\bdata_key\x18\x05 \x01(\fR\adataKey\x12\"\n" +
+	"\rnext_data_key\x18\x06 \x01(\fR\vnextDataKey\x12'\n" +
+	"\x0fnext_generation\x18\a \x01(\x04R\x0enextGeneration\"\xc6\x01\n" +
 	"\n" +
 	"TargetHost\x12\x10\n" +
 	"\x03nqn\x18\x01 \x01(\tR\x03nqn\x12\x1d\n" +
@@ -790,10 +938,11 @@ const file_nvmegate_v1_target_proto_rawDesc = "" +
 	"generation\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\x1b\n" +
 	"\tstream_id\x18\x03 \x01(\tR\bstreamId\"\r\n" +
-	"\vAckResponse2\x89\x01\n" +
+	"\vAckResponse2\xdb\x01\n" +
 	"\vTargetAgent\x12@\n" +
 	"\x05Watch\x12\x19.nvmegate.v1.WatchRequest\x1a\x1a.nvmegate.v1.WatchResponse0\x01\x128\n" +
-	"\x03Ack\x12\x17.nvmegate.v1.AckRequest\x1a\x18.nvmegate.v1.AckResponseB;Z9github.com/nvmegate/nvmegate/proto/nvmegate/v1;nvmegatev1b\x06proto3"
+	"\x03Ack\x12\x17.nvmegate.v1.AckRequest\x1a\x18.nvmegate.v1.AckResponse\x12P\n" +
+	"\vReencrypted\x12\x1f.nvmegate.v1.ReencryptedRequest\x1a .nvmegate.v1.ReencryptedResponseB;Z9github.com/nvmegate/nvmegate/proto/nvmegate/v1;nvmegatev1b\x06proto3"
 
 var (
 	file_nvmegate_v1_target_proto_rawDescOnce sync.Once
@@ -807,36 +956,40 @@ func file_nvmegate_v1_target_proto_rawDescGZIP() []byte {
 	return file_nvmegate_v1_target_proto_rawDescData
 }
 
-var file_nvmegate_v1_target_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_nvmegate_v1_target_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_nvmegate_v1_target_proto_goTypes = []any{
-	(*WatchRequest)(nil),     // 0: nvmegate.v1.WatchRequest
-	(*WatchResponse)(nil),    // 1: nvmegate.v1.WatchResponse
-	(*TargetDelta)(nil),      // 2: nvmegate.v1.TargetDelta
-	(*TargetHostChange)(nil), // 3: nvmegate.v1.TargetHostChange
-	(*TargetSubsystem)(nil),  // 4: nvmegate.v1.TargetSubsystem
-	(*TargetNamespace)(nil),  // 5: nvmegate.v1.TargetNamespace
-	(*TargetHost)(nil),       // 6: nvmegate.v1.TargetHost
-	(*TargetPort)(nil),       // 7: nvmegate.v1.TargetPort
-	(*AckRequest)(nil),       // 8: nvmegate.v1.AckRequest
-	(*AckResponse)(nil),      // 9: nvmegate.v1.AckResponse
+	(*ReencryptedRequest)(nil),  // 0: nvmegate.v1.ReencryptedRequest
+	(*ReencryptedResponse)(nil), // 1: nvmegate.v1.ReencryptedResponse
+	(*WatchRequest)(nil),        // 2: nvmegate.v1.WatchRequest
+	(*WatchResponse)(nil),       // 3: nvmegate.v1.WatchResponse
+	(*TargetDelta)(nil),         // 4: nvmegate.v1.TargetDelta
+	(*TargetHostChange)(nil),    // 5: nvmegate.v1.TargetHostChange
+	(*TargetSubsystem)(nil),     // 6: nvmegate.v1.TargetSubsystem
+	(*TargetNamespace)(nil),     // 7: nvmegate.v1.TargetNamespace
+	(*TargetHost)(nil),          // 8: nvmegate.v1.TargetHost
+	(*TargetPort)(nil),          // 9: nvmegate.v1.TargetPort
+	(*AckRequest)(nil),          // 10: nvmegate.v1.AckRequest
+	(*AckResponse)(nil),         // 11: nvmegate.v1.AckResponse
 }
 var file_nvmegate_v1_target_proto_depIdxs = []int32{
-	4, // 0: nvmegate.v1.WatchResponse.subsystems:type_name -> nvmegate.v1.TargetSubsystem
-	2, // 1: nvmegate.v1.WatchResponse.delta:type_name -> nvmegate.v1.TargetDelta
-	3, // 2: nvmegate.v1.TargetDelta.hosts:type_name -> nvmegate.v1.TargetHostChange
-	6, // 3: nvmegate.v1.TargetHostChange.host:type_name -> nvmegate.v1.TargetHost
-	6, // 4: nvmegate.v1.TargetSubsystem.hosts:type_name -> nvmegate.v1.TargetHost
-	7, // 5: nvmegate.v1.TargetSubsystem.ports:type_name -> nvmegate.v1.TargetPort
-	5, // 6: nvmegate.v1.TargetSubsystem.namespaces:type_name -> nvmegate.v1.TargetNamespace
-	0, // 7: nvmegate.v1.TargetAgent.Watch:input_type -> nvmegate.v1.WatchRequest
-	8, // 8: nvmegate.v1.TargetAgent.Ack:input_type -> nvmegate.v1.AckRequest
-	1, // 9: nvmegate.v1.TargetAgent.Watch:output_type -> nvmegate.v1.WatchResponse
-	9, // 10: nvmegate.v1.TargetAgent.Ack:output_type -> nvmegate.v1.AckResponse
-	9, // [9:11] is the sub-list for method output_type
-	7, // [7:9] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	6,  // 0: nvmegate.v1.WatchResponse.subsystems:type_name -> nvmegate.v1.TargetSubsystem
+	4,  // 1: nvmegate.v1.WatchResponse.delta:type_name -> nvmegate.v1.TargetDelta
+	5,  // 2: nvmegate.v1.TargetDelta.hosts:type_name -> nvmegate.v1.TargetHostChange
+	8,  // 3: nvmegate.v1.TargetHostChange.host:type_name -> nvmegate.v1.TargetHost
+	8,  // 4: nvmegate.v1.TargetSubsystem.hosts:type_name -> nvmegate.v1.TargetHost
+	9,  // 5: nvmegate.v1.TargetSubsystem.ports:type_name -> nvmegate.v1.TargetPort
+	7,  // 6: nvmegate.v1.TargetSubsystem.namespaces:type_name -> nvmegate.v1.TargetNamespace
+	2,  // 7: nvmegate.v1.TargetAgent.Watch:input_type -> nvmegate.v1.WatchRequest
+	10, // 8: nvmegate.v1.TargetAgent.Ack:input_type -> nvmegate.v1.AckRequest
+	0,  // 9: nvmegate.v1.TargetAgent.Reencrypted:input_type -> nvmegate.v1.ReencryptedRequest
+	3,  // 10: nvmegate.v1.TargetAgent.Watch:output_type -> nvmegate.v1.WatchResponse
+	11, // 11: nvmegate.v1.TargetAgent.Ack:output_type -> nvmegate.v1.AckResponse
+	1,  // 12: nvmegate.v1.TargetAgent.Reencrypted:output_type -> nvmegate.v1.ReencryptedResponse
+	10, // [10:13] is the sub-list for method output_type
+	7,  // [7:10] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_nvmegate_v1_target_proto_init() }
@@ -850,7 +1003,7 @@ func file_nvmegate_v1_target_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nvmegate_v1_target_proto_rawDesc), len(file_nvmegate_v1_target_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,8 +19,9 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	TargetAgent_Watch_FullMethodName = "/nvmegate.v1.TargetAgent/Watch"
-	TargetAgent_Ack_FullMethodName   = "/nvmegate.v1.TargetAgent/Ack"
+	TargetAgent_Watch_FullMethodName       = "/nvmegate.v1.TargetAgent/Watch"
+	TargetAgent_Ack_FullMethodName         = "/nvmegate.v1.TargetAgent/Ack"
+	TargetAgent_Reencrypted_FullMethodName = "/nvmegate.v1.TargetAgent/Reencrypted"
 )
 
 // TargetAgentClient is the client API for TargetAgent service.
@@ -44,6 +45,14 @@ type TargetAgentClient interface {
 	// stream it came on; an ack for a stream that is not the target's live
 	// one is refused (FAILED_PRECONDITION) and counts for nothing.
 	Ack(ctx context.Context, in *AckRequest, opts ...grpc.CallOption) (*AckResponse, error)
+	// Reencrypted reports that a namespace of the caller's own target is
+	// re-encrypted to the next data key of the given generation (or why it
+	// could not be), on the target's live stream. The gateway then commits
+	// the rotation: the previous data key is destroyed and the namespace is
+	// exported again under the new one. FAILED_PRECONDITION: not the live
+	// stream, or no such rotation under way; NOT_FOUND: no such namespace
+	// on the caller's target.
+	Reencrypted(ctx context.Context, in *ReencryptedRequest, opts ...grpc.CallOption) (*ReencryptedResponse, error)
 }
 
 type targetAgentClient struct {
@@ -83,6 +92,16 @@ func (c *targetAgentClient) Ack(ctx context.Context, in *AckRequest, opts ...grp
 	return out, nil
 }
 
+func (c *targetAgentClient) Reencrypted(ctx context.Context, in *ReencryptedRequest, opts ...grpc.CallOption) (*ReencryptedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReencryptedResponse)
+	err := c.cc.Invoke(ctx, TargetAgent_Reencrypted_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TargetAgentServer is the server API for TargetAgent service.
 // All implementations must embed UnimplementedTargetAgentServer
 // for forward compatibility.
@@ -104,6 +123,14 @@ type TargetAgentServer interface {
 	// stream it came on; an ack for a stream that is not the target's live
 	// one is refused (FAILED_PRECONDITION) and counts for nothing.
 	Ack(context.Context, *AckRequest) (*AckResponse, error)
+	// Reencrypted reports that a namespace of the caller's own target is
+	// re-encrypted to the next data key of the given generation (or why it
+	// could not be), on the target's live stream. The gateway then commits
+	// the rotation: the previous data key is destroyed and the namespace is
+	// exported again under the new one. FAILED_PRECONDITION: not the live
+	// stream, or no such rotation under way; NOT_FOUND: no such namespace
+	// on the caller's target.
+	Reencrypted(context.Context, *ReencryptedRequest) (*ReencryptedResponse, error)
 	mustEmbedUnimplementedTargetAgentServer()
 }
 
@@ -119,6 +146,9 @@ func (UnimplementedTargetAgentServer) Watch(*WatchRequest, grpc.ServerStreamingS
 }
 func (UnimplementedTargetAgentServer) Ack(context.Context, *AckRequest) (*AckResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Ack not implemented")
+}
+func (UnimplementedTargetAgentServer) Reencrypted(context.Context, *ReencryptedRequest) (*ReencryptedResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Reencrypted not implemented")
 }
 func (UnimplementedTargetAgentServer) mustEmbedUnimplementedTargetAgentServer() {}
 func (UnimplementedTargetAgentServer) testEmbeddedByValue()                     {}
@@ -170,6 +200,24 @@ func _TargetAgent_Ack_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TargetAgent_Reencrypted_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReencryptedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TargetAgentServer).Reencrypted(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TargetAgent_Reencrypted_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TargetAgentServer).Reencrypted(ctx, req.(*ReencryptedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // TargetAgent_ServiceDesc is the grpc.ServiceDesc for TargetAgent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -180,6 +228,10 @@ var TargetAgent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Ack",
 			Handler:    _TargetAgent_Ack_Handler,
+		},
+		{
+			MethodName: "Reencrypted",
+			Handler:    _TargetAgent_Reencrypted_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
