@@ -367,7 +367,9 @@ func (a *Agent) Ack(targetID, stream string, gen uint64, errMsg string) error {
 }
 
 // Live reports whether stream is targetID's live agent stream.
-func (a *Agent) Live(targetID, stream string) bool { return a.Hub != nil && a.Hub.Live(targetID, stream) }
+func (a *Agent) Live(targetID, stream string) bool {
+	return a.Hub != nil && a.Hub.Live(targetID, stream)
+}
 
 // Reconcile programs every target whole (at start, and periodically:
 // grants expire and roots pass their grace without anyone calling).

@@ -346,6 +346,7 @@ func enc(name string) string { return base64.RawURLEncoding.EncodeToString([]byt
 
 func (s *Store) rootPath(sub string) string { return s.cfg.Prefix + "/roots/" + enc(sub) }
 func (s *Store) dekPath(ns string) string   { return s.cfg.Prefix + "/deks/" + enc(ns) }
+
 // kekName is the Transit key of generation gen of a namespace's data key:
 // each generation has its own, deleted when the next one takes over.
 func (s *Store) kekName(ns string, gen uint64) string {
