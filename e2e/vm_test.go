@@ -322,6 +322,21 @@ func checkAtRest(t *testing.T, ok func(string, ...string) vmStep, kernel string)
 	ok("at-rest-other-key", "read with namespace 2's key: 0")
 	ok("at-rest-restart", "mappings open after the stop: 0", "after the restart, namespace 1 reads the same data over the fabric")
 	ok("at-rest-stop", "agent exit 0", "not allowed on")
+	// Data-key rotation by re-encryption: offline, reported, committed;
+	// the same data under the new key, none under the old one, and the
+	// old key's destruction in the audit log.
+	re := ok("at-rest-reencrypt", "REENCRYPTING to gen 2", "/1 gen 2", "msg=re-encrypted", "namespace 1 enable 1",
+		"the ciphertext on /dev/loop0 changed", "pattern lines on the raw device /dev/loop0: 0", "pattern lines read with the old data key: 0",
+		"records left in the re-encryption directory: 0")
+	if m := regexp.MustCompile(`pattern lines through the new mapping: ([1-9][0-9]*)`).FindStringSubmatch(re.Output); m == nil {
+		t.Errorf("at-rest-reencrypt: the data does not read through the new key:\n%s", re.excerpt())
+	}
+	if strings.Contains(re.Output, "REENCRYPTING to gen 2\n") && strings.Contains(re.Output, "key status:") && strings.Contains(strings.SplitAfter(re.Output, "key status:")[1], "REENCRYPTING") {
+		t.Errorf("at-rest-reencrypt: the rotation did not end:\n%s", re.excerpt())
+	}
+	if strings.Contains(re.Output, "audit: 0") || !strings.Contains(re.Output, "audit: ") {
+		t.Errorf("at-rest-reencrypt: the commit is not in the audit log:\n%s", re.excerpt())
+	}
 	// Crypto-erase: the mapping closed, the key destroyed and logged; the
 	// ciphertext is still there, and a new key reads none of it.
 	ok("at-rest-erase", "data key is destroyed (crypto-erase)", "mapping closed", "namespace 1 gone from the target",

@@ -447,6 +447,20 @@ func rotationDetail(ev keys.RotationEvent) string {
 		}
 		return fmt.Sprintf("data key of %s: crypto-erase %s (%s)", ev.Name, ev.Outcome, ev.Reason)
 	}
+	if ev.Kind == keys.KindDataKeyReencrypt {
+		switch ev.Outcome {
+		case "":
+			if ev.Version == 0 {
+				return fmt.Sprintf("data key of %s: beginning its re-encryption to a new data key (%s)", ev.Name, ev.Reason)
+			}
+			return fmt.Sprintf("data key of %s: committing its re-encryption%s; the previous data key and its KEK are destroyed (%s)", ev.Name, to, ev.Reason)
+		case "begun":
+			return fmt.Sprintf("data key of %s: re-encryption%s begun, the namespace is offline until it ends (%s)", ev.Name, to, ev.Reason)
+		case "applied":
+			return fmt.Sprintf("data key of %s re-encrypted%s; the previous data key destroyed (%s)", ev.Name, to, ev.Reason)
+		}
+		return fmt.Sprintf("data key of %s: re-encryption%s %s (%s)", ev.Name, to, ev.Outcome, ev.Reason)
+	}
 	switch {
 	case ev.Outcome == "":
 		return fmt.Sprintf("%s of %s: rotating%s (%s)", ev.Kind, ev.Name, to, ev.Reason)
@@ -460,7 +474,7 @@ func rotationDetail(ev keys.RotationEvent) string {
 // subsystem's root, none for a target's root, the part before the last "/"
 // of a data key's "<NQN>/<NSID>".
 func subsystemOf(ev keys.RotationEvent) string {
-	if i := strings.LastIndexByte(ev.Name, '/'); (ev.Kind == "data_key" || ev.Kind == keys.KindDataKeyErase) && i > 0 {
+	if i := strings.LastIndexByte(ev.Name, '/'); (ev.Kind == "data_key" || ev.Kind == keys.KindDataKeyErase || ev.Kind == keys.KindDataKeyReencrypt) && i > 0 {
 		return ev.Name[:i]
 	}
 	if strings.HasPrefix(ev.Name, "target:") {

@@ -100,7 +100,7 @@ tighten_policy() {
 
 start_agent() {
   # No udev in the VM: device-mapper makes its own /dev/mapper nodes.
-  DM_DISABLE_UDEV=1 nvmegate-target --dev-dir "$G" --dev-identity target-stor-eu-1 --nvmet-root "$CFS" >/tmp/agent.log 2>&1 &
+  DM_DISABLE_UDEV=1 nvmegate-target --dev-dir "$G" --dev-identity target-stor-eu-1 --nvmet-root "$CFS" --reencrypt-dir /tmp/reencrypt >/tmp/agent.log 2>&1 &
   for _ in $(seq 300); do grep -q applied /tmp/agent.log && { grep applied /tmp/agent.log | head -1; return 0; }; sleep 0.1; done
   cat /tmp/agent.log; return 1
 }
@@ -351,6 +351,38 @@ at_rest_restart() {
   dd if="$dev" of=/tmp/readback2.bin bs=4096 count=256 2>/dev/null
   cmp /tmp/pattern.bin /tmp/readback2.bin && echo "after the restart, namespace 1 reads the same data over the fabric"
 }
+# at_rest_reencrypt: namespace 1's data key rotated by re-encryption (its
+# subsystem has no active grant now). The target agent takes it offline,
+# re-encrypts /dev/loop0 to the new key and reports; the gateway destroys
+# the old key and the namespace comes back. The data reads the same
+# through the new mapping; the old key (kept here from the kernel's table
+# before) reads none of it; the raw device shows none.
+at_rest_reencrypt() {
+  local m before after i
+  m=$(mapping_of 1)
+  dmsetup table --showkeys "$m" > /tmp/old-table || return 1
+  before=$(head -c 1048576 /dev/loop0 | sha256sum | cut -c1-16)
+  as admin keys rotate --subsystem "$ENC" --nsid 1 --reencrypt --reason "vm data-key rotation" | grep -o 'REENCRYPTING to gen [0-9]*' | head -1
+  for i in $(seq 600); do
+    as admin keys status --subsystem "$ENC" --kind data-key 2>/dev/null | grep "$ENC/1 gen 2" | grep -q -v REENCRYPTING &&
+      [ "$(cat "$CFS/subsystems/$ENC/namespaces/1/enable" 2>/dev/null)" = 1 ] && break
+    sleep 0.1
+  done
+  as admin keys status --subsystem "$ENC" --kind data-key | grep "$ENC/1" | sed 's/  */ /g; s/^/key status: /'
+  grep -E 'msg=re-encrypted' /tmp/agent.log | sed 's/^time=[^ ]* //' | head -1
+  echo "namespace 1 enable $(cat "$CFS/subsystems/$ENC/namespaces/1/enable" 2>/dev/null) after ${i}00 ms"
+  after=$(head -c 1048576 /dev/loop0 | sha256sum | cut -c1-16)
+  [ "$before" != "$after" ] && echo "the ciphertext on /dev/loop0 changed"
+  echo "pattern lines through the new mapping: $(count "/dev/mapper/$(mapping_of 1)")"
+  echo "pattern lines on the raw device /dev/loop0: $(count /dev/loop0)"
+  awk '{print $1, $2, $3, $4, $5, $6, "/dev/loop0", $8}' /tmp/old-table | dmsetup create old-key || return 1
+  rm -f /tmp/old-table
+  echo "pattern lines read with the old data key: $(count /dev/mapper/old-key)"
+  dmsetup remove old-key
+  echo "records left in the re-encryption directory: $(ls /tmp/reencrypt | wc -l)"
+  echo "audit: $(as auditor audit query --subsystem "$ENC" --kind key_rotation | grep -c 're-encrypted to v2')"
+}
+
 # Crypto-erase: namespace 1 removed with --erase; the target closes the
 # mapping, then the gateway destroys the data key (logged). The ciphertext
 # stays on the device; a namespace made again on it gets a new key, which
@@ -428,6 +460,7 @@ at_rest_story() {
   step at-rest-other-key at_rest_other_key
   step at-rest-restart at_rest_restart
   step at-rest-stop agent_stop "$ENC" "$(nvmegate hostnqn "$AT_REST_NODE")"
+  step at-rest-reencrypt at_rest_reencrypt
   step at-rest-erase at_rest_erase
   step at-rest-after-erase at_rest_after_erase
   step at-rest-figures at_rest_figures
