@@ -158,8 +158,10 @@ func (c *Cryptsetup) Open(name, device string, dataKey []byte) (string, error) {
 	}
 	defer clear(key)
 	// Plain mode: no header; --key-file=- takes exactly key-size bytes
-	// from stdin, unhashed.
-	out, err := c.run(key, "open", "--type", "plain", "--cipher", Cipher, "--key-size", "512",
+	// from stdin, and --hash plain uses them as the volume key (plain mode
+	// hashes what it reads from stdin otherwise): the key dm-crypt holds is
+	// XTSKey's, which Rekey re-encrypts with in userspace.
+	out, err := c.run(key, "open", "--type", "plain", "--cipher", Cipher, "--key-size", "512", "--hash", "plain",
 		"--key-file", "-", "--keyfile-size", "64", device, name)
 	if err != nil {
 		return "", fmt.Errorf("cryptdev: open %s on %s: %v: %s", name, device, err, out)
