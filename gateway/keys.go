@@ -197,9 +197,6 @@ func (s *keysService) reencrypt(ctx context.Context, n *nvmegate.Namespace, reas
 	if s.grants == nil || s.targets == nil {
 		return nil, nvmegate.Errorf(nvmegate.EUNIMPLEMENTED, "this gateway programs no targets: it cannot re-encrypt")
 	}
-	if n.BackingDevice == "" {
-		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "namespace %d of %s is not encrypted at rest by nvmegate (no backing device): there is nothing to re-encrypt", n.NSID, n.SubsystemNQN)
-	}
 	sub, err := s.store.Subsystem(ctx, n.SubsystemNQN)
 	if err != nil {
 		return nil, err
@@ -217,6 +214,9 @@ func (s *keysService) reencrypt(ctx context.Context, n *nvmegate.Namespace, reas
 	if active > 0 {
 		return nil, nvmegate.Errorf(nvmegate.ECONFLICT,
 			"subsystem %s has %d active grant(s): re-encryption takes namespace %d offline; finish the jobs or revoke the grants first", n.SubsystemNQN, active, n.NSID)
+	}
+	if n.BackingDevice == "" {
+		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "namespace %d of %s is not encrypted at rest by nvmegate (no backing device): there is nothing to re-encrypt", n.NSID, n.SubsystemNQN)
 	}
 	name := NamespaceKeyName(n.SubsystemNQN, n.NSID)
 	if err := s.keys.EnsureDataKey(ctx, name); err != nil {

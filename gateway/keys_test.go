@@ -102,3 +102,58 @@ func TestKeysRotateAndStatus(t *testing.T) {
 		t.Fatalf("%d key_rotation entries (%d failed), want 5 (1)", len(got), failed)
 	}
 }
+
+// A data-key rotation by re-encryption is refused while the subsystem has
+// an active grant (it takes the namespace offline), for a namespace
+// nvmegate does not encrypt, for an access root and to a node; a
+// re-encryption report is refused to anyone but the target's agent on its
+// live stream.
+func TestReencryptRefusals(t *testing.T) {
+	g := startGateway(t)
+	acmeInventory(t, g)
+	ctx := ctxT(t)
+	kc := pb.NewKeysClient(g.client(t, admin))
+	reenc := &pb.RotateRequest{Kind: pb.KeyKind_KEY_KIND_DATA_KEY, SubsystemNqn: subNQN, Nsid: 1, Reencrypt: true}
+	_, err := kc.Rotate(ctx, reenc)
+	wantCode(t, err, codes.FailedPrecondition)
+	if !strings.Contains(err.Error(), "not encrypted at rest") {
+		t.Errorf("a namespace without a backing device: %v", err)
+	}
+	if _, err := pb.NewInventoryClient(g.client(t, admin)).AddHostBinding(ctx, &pb.AddHostBindingRequest{Binding: &pb.HostBinding{
+		SpiffeId: "spiffe://nvmegate.test" + node, HostNqn: hostNQN, Tenant: "acme"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = kc.Rotate(ctx, reenc)
+	wantCode(t, err, codes.FailedPrecondition)
+	if !strings.Contains(err.Error(), "1 active grant") {
+		t.Errorf("with an active grant: %v", err)
+	}
+	_, err = kc.Rotate(ctx, &pb.RotateRequest{Kind: pb.KeyKind_KEY_KIND_ACCESS_ROOT, SubsystemNqn: subNQN, Reencrypt: true})
+	wantCode(t, err, codes.InvalidArgument)
+	_, err = pb.NewKeysClient(g.client(t, node)).Rotate(ctx, reenc)
+	wantCode(t, err, codes.PermissionDenied)
+	if st, err := kc.Status(ctx, &pb.KeysStatusRequest{SubsystemNqn: subNQN, Kind: pb.KeyKind_KEY_KIND_DATA_KEY}); err != nil {
+		t.Fatal(err)
+	} else {
+		for _, k := range st.Keys {
+			if k.ReencryptingTo != 0 {
+				t.Fatalf("a refused re-encryption began: %v", k)
+			}
+		}
+	}
+
+	report := &pb.ReencryptedRequest{SubsystemNqn: subNQN, Nsid: 1, Generation: 2, StreamId: "made-up"}
+	_, err = pb.NewTargetAgentClient(g.client(t, admin)).Reencrypted(ctx, report)
+	wantCode(t, err, codes.PermissionDenied)
+	ta := pb.NewTargetAgentClient(g.client(t, "/target/stor-eu-1"))
+	_, err = ta.Reencrypted(ctx, report) // no live stream of its own
+	wantCode(t, err, codes.FailedPrecondition)
+	_, err = ta.Reencrypted(ctx, &pb.ReencryptedRequest{SubsystemNqn: subNQN, Nsid: 1, Generation: 1, StreamId: "x"})
+	wantCode(t, err, codes.InvalidArgument)
+}
