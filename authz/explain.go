@@ -162,6 +162,9 @@ type NamespaceCompliance struct {
 	// RotateEvery is the rotation period its class declares for its keys;
 	// 0 if none.
 	RotateEvery time.Duration
+	// ReencryptEvery is the age its class lets its data key reach before
+	// a re-encryption rotates it; 0 if none.
+	ReencryptEvery time.Duration
 }
 
 // Compliance evaluates the serving policy's compliance document for
@@ -191,6 +194,7 @@ func (e *Engine) Compliance(ctx context.Context, namespaces []map[string]any) ([
 		Namespaces []struct {
 			ResidencyProblems []string `json:"residency_problems"`
 			RotateEvery       string   `json:"rotate_every"`
+			ReencryptEvery    string   `json:"reencrypt_every"`
 		} `json:"namespaces"`
 	}
 	if len(rs) == 0 || len(rs[0].Expressions) == 0 {
@@ -212,6 +216,13 @@ func (e *Engine) Compliance(ctx context.Context, namespaces []map[string]any) ([
 				return nil, l.status.Revision, fmt.Errorf("%w: %s: rotate_every %q is not a positive duration", ErrEvaluation, ComplianceQuery, n.RotateEvery)
 			}
 			out[i].RotateEvery = d
+		}
+		if n.ReencryptEvery != "" {
+			d, err := time.ParseDuration(n.ReencryptEvery)
+			if err != nil || d <= 0 {
+				return nil, l.status.Revision, fmt.Errorf("%w: %s: reencrypt_every %q is not a positive duration", ErrEvaluation, ComplianceQuery, n.ReencryptEvery)
+			}
+			out[i].ReencryptEvery = d
 		}
 	}
 	return out, l.status.Revision, nil

@@ -75,7 +75,12 @@ type AtRest struct {
 	Encrypted     bool   `json:"encrypted"`
 	Cipher        string `json:"cipher,omitempty"`
 	BackingDevice string `json:"backing_device,omitempty"`
-	DataKey       KeyAge `json:"data_key"`
+	// DataKey: its Version is the data key's generation (one more at each
+	// re-encryption), its age that of the generation, and WithinPeriod
+	// judged against ReencryptEvery.
+	DataKey KeyAge `json:"data_key"`
+	// ReencryptEvery is the data-key age the class allows ("" none).
+	ReencryptEvery string `json:"reencrypt_every,omitempty"`
 }
 
 // Verdict is a check's outcome.

@@ -107,7 +107,11 @@ func (r *Rekey) Check(name, device string, dataKey []byte) error {
 	switch {
 	case p.Device != device:
 		return fmt.Errorf("cryptdev: %s has a re-encryption record for another device (%s)", name, p.Device)
-	case p.Done && p.To == id, !p.Done && p.Offset == 0 && p.From == id && !r.journaled(name):
+	case p.Done && p.To == id, !p.Done && p.Offset == 0 && p.From == id && !r.journaled(name),
+		p.From != id && p.To != id:
+		// The last case: a key of neither side. Both were destroyed
+		// (a crypto-erase, and the namespace made again with a new
+		// key): what the record describes is unreadable anyway.
 		pp, jp, _ := r.paths(name)
 		os.Remove(jp)
 		if err := os.Remove(pp); err != nil {

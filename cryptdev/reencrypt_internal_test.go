@@ -93,6 +93,24 @@ func TestRekeyRun(t *testing.T) {
 	if err := r.Check(testName, dev+"x", b); err == nil {
 		t.Error("Check for another device: accepted")
 	}
+	// A key of neither side (both crypto-erased, a new namespace on the
+	// device): the record is dropped.
+	r2 := &Rekey{Dir: t.TempDir()}
+	c := key(t)
+	dev2 := device(t, make([]byte, 4*SectorSize), a)
+	ctx, cancel := context.WithCancel(context.Background())
+	crash = func(string, int64) bool { cancel(); return false }
+	r2.Run(ctx, testName, dev2, a, b)
+	crash = func(string, int64) bool { return false }
+	if err := r2.Check(testName, dev2, a); err == nil {
+		t.Error("a part re-encrypted device: accepted under the old key")
+	}
+	if err := r2.Check(testName, dev2, c); err != nil {
+		t.Errorf("a new key after a crypto-erase: %v", err)
+	}
+	if _, ok, _ := r2.Progress(testName); ok {
+		t.Error("the record of erased keys stayed")
+	}
 	if err := r.Check(testName, dev, b); err != nil {
 		t.Fatal(err)
 	}

@@ -110,8 +110,12 @@ func (s *Server) AttestCompliance(ctx context.Context) (*Attested, error) {
 			out = append(out, fmt.Sprintf("%s: key-encryption key v%d is %s old, past its class's rotation period of %s", label, ns.KEK.Version,
 				time.Duration(ns.KEK.AgeSeconds)*time.Second, period))
 		}
-		if ns.AtRest, err = s.atRest(ctx, n, now); err != nil {
+		if ns.AtRest, err = s.atRest(ctx, n, verdicts[i].ReencryptEvery, now); err != nil {
 			return nil, err
+		}
+		if ns.AtRest.Encrypted && !ns.AtRest.DataKey.WithinPeriod {
+			out = append(out, fmt.Sprintf("%s: data key generation %d is %s old, past its class's re-encryption period of %s", label, ns.AtRest.DataKey.Version,
+				time.Duration(ns.AtRest.DataKey.AgeSeconds)*time.Second, verdicts[i].ReencryptEvery))
 		}
 		t := tenants[n.Tenant]
 		if t == nil {
@@ -296,21 +300,33 @@ func (s *Server) kekAge(ctx context.Context, name string, period time.Duration, 
 }
 
 // atRest says how namespace n is encrypted at rest and how old its data
-// key is: the data key never changes under a KEK rotation, so it is as old
-// as the KEK's first version.
-func (s *Server) atRest(ctx context.Context, n *nvmegate.Namespace, now time.Time) (compliance.AtRest, error) {
+// key is: a data key never changes under a KEK rotation, and each
+// generation has a KEK of its own, so it is as old as its KEK's first
+// version. period is the age its class allows (0: none).
+func (s *Server) atRest(ctx context.Context, n *nvmegate.Namespace, period time.Duration, now time.Time) (compliance.AtRest, error) {
 	name := NamespaceKeyName(n.SubsystemNQN, n.NSID)
 	ar := compliance.AtRest{Encrypted: n.BackingDevice != "", BackingDevice: n.BackingDevice, DataKey: compliance.KeyAge{Name: name, WithinPeriod: true}}
 	if ar.Encrypted {
 		ar.Cipher = cryptdev.Cipher
+		if period > 0 {
+			ar.ReencryptEvery = period.String()
+		}
 	}
 	vs, err := s.keys.KEKVersions(ctx, name)
 	if err != nil && !errors.Is(err, keys.ErrNotFound) && nvmegate.ErrorCode(err) != nvmegate.ENOTFOUND {
 		return ar, err
 	}
 	if len(vs) > 0 {
-		ar.DataKey.Version, ar.DataKey.CreatedAt = 1, vs[0].Created.UTC()
-		age(&ar.DataKey, 0, now)
+		gen, _, err := s.keys.DataKeyGeneration(ctx, name)
+		if err != nil {
+			return ar, err
+		}
+		ar.DataKey.Version, ar.DataKey.CreatedAt = max(gen, 1), vs[0].Created.UTC()
+		if ar.Encrypted {
+			age(&ar.DataKey, period, now)
+		} else {
+			age(&ar.DataKey, 0, now)
+		}
 	}
 	return ar, nil
 }

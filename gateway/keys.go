@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"time"
 
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/keys"
@@ -47,10 +46,8 @@ type keysService struct {
 	pb.UnimplementedKeysServer
 	keys  KeyManager
 	store InventoryStore
-	// grants and targets serve re-encryption; nil: it is refused.
-	grants  SubsystemGrants
-	targets TargetProgrammer
-	now     func() time.Time
+	// reencrypter begins data-key rotations; nil: they are refused.
+	reencrypter *reencrypter
 }
 
 // keyErr maps key-store errors to domain errors with caller-safe messages.
@@ -188,47 +185,14 @@ func (s *keysService) namespaces(ctx context.Context, sub string) ([]uint32, err
 	return out, err
 }
 
-// reencrypt begins a data-key rotation of namespace n: its next data key
-// is made, and its target is told to take the namespace offline and
-// re-encrypt it. It answers once the target has applied that (the
-// namespace is no longer exported); the re-encryption runs on, and the
-// target's report of its end commits the rotation (targetAgentService).
+// reencrypt begins a data-key rotation of namespace n and answers with
+// its key's status (reencrypter.begin).
 func (s *keysService) reencrypt(ctx context.Context, n *nvmegate.Namespace, reason string) (*pb.RotateResponse, error) {
-	if s.grants == nil || s.targets == nil {
+	if s.reencrypter == nil {
 		return nil, nvmegate.Errorf(nvmegate.EUNIMPLEMENTED, "this gateway programs no targets: it cannot re-encrypt")
 	}
-	sub, err := s.store.Subsystem(ctx, n.SubsystemNQN)
-	if err != nil {
+	if err := s.reencrypter.begin(ctx, n, reason); err != nil {
 		return nil, err
-	}
-	gs, err := s.grants.SubsystemGrants(ctx, n.SubsystemNQN)
-	if err != nil {
-		return nil, err
-	}
-	active := 0
-	for _, g := range gs {
-		if g.Active(s.now()) {
-			active++
-		}
-	}
-	if active > 0 {
-		return nil, nvmegate.Errorf(nvmegate.ECONFLICT,
-			"subsystem %s has %d active grant(s): re-encryption takes namespace %d offline; finish the jobs or revoke the grants first", n.SubsystemNQN, active, n.NSID)
-	}
-	if n.BackingDevice == "" {
-		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "namespace %d of %s is not encrypted at rest by nvmegate (no backing device): there is nothing to re-encrypt", n.NSID, n.SubsystemNQN)
-	}
-	name := NamespaceKeyName(n.SubsystemNQN, n.NSID)
-	if err := s.keys.EnsureDataKey(ctx, name); err != nil {
-		return nil, keyErr(err)
-	}
-	if _, err := s.keys.BeginDataKeyRotation(ctx, name, reason); err != nil {
-		return nil, keyErr(err)
-	}
-	s.targets.InventoryChanged(sub.TargetID)
-	if err := s.targets.Program(ctx, sub.TargetID); err != nil {
-		return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE,
-			"the re-encryption of namespace %d of %s is begun, but target %s has not confirmed taking it offline (%v); it starts when the target applies its state", n.NSID, n.SubsystemNQN, sub.TargetID, err)
 	}
 	st, err := s.dataKeyStatus(ctx, n.SubsystemNQN, n.NSID)
 	if err != nil {

@@ -122,6 +122,7 @@ type Server struct {
 	self            string
 	// What a compliance attestation reads and signs with (nil: none).
 	keys             KeyManager
+	reencrypter      *reencrypter // nil: no data-key rotation by re-encryption
 	signer           attest.Signer
 	compliancePolicy CompliancePolicy
 	// The last attestation's time (Unix seconds, 0: none yet) and how much
@@ -194,11 +195,10 @@ func New(cfg Config) (*Server, error) {
 	pb.RegisterInventoryServer(s.grpc, inv)
 	pb.RegisterPolicyServer(s.grpc, &policyService{info: cfg.Policy, redecide: s.Redecide})
 	if cfg.Keys != nil {
-		ks := &keysService{keys: cfg.Keys, store: cfg.Store, targets: cfg.Targets, now: s.now}
-		if g, ok := cfg.Jobs.(SubsystemGrants); ok { // *store.DB
-			ks.grants = g
+		if g, ok := cfg.Jobs.(SubsystemGrants); ok && cfg.Targets != nil { // *store.DB
+			s.reencrypter = &reencrypter{keys: cfg.Keys, store: cfg.Store, grants: g, targets: cfg.Targets, now: s.now}
 		}
-		pb.RegisterKeysServer(s.grpc, ks)
+		pb.RegisterKeysServer(s.grpc, &keysService{keys: cfg.Keys, store: cfg.Store, reencrypter: s.reencrypter})
 	} else {
 		pb.RegisterKeysServer(s.grpc, pb.UnimplementedKeysServer{})
 	}

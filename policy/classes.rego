@@ -16,6 +16,12 @@ package nvmegate.authz
 #                  rotate; not a grant's obligation: the compliance
 #                  attestation checks the keys' ages against it
 #                  (compliance.rego)
+#   reencrypt_every Go duration > 0: how old the data key of a namespace
+#                  of the class that nvmegate encrypts at rest may grow
+#                  before it is rotated by re-encryption; not a grant's
+#                  obligation: the compliance attestation checks the data
+#                  key's age against it, and the gateway starts the
+#                  re-encryption once the subsystem is idle
 #   reauth_within  Go duration > 0: when a change makes a live grant's
 #                  obligations stronger than those it was issued under, the
 #                  time it has to renew before it is revoked (default 5m)
@@ -101,7 +107,7 @@ class_set_obligations(cls, caps) := {"ok": ok, "obligations": merged} if {
 	]
 	with_options := [c | some c in cls; classes[c].auth_options]
 	docs := array.concat(
-		array.concat([object.remove(default_obligations, ["rotate_every"])], [object.remove(classes[c], ["auth_options", "rotate_every"]) | some c in cls]),
+		array.concat([object.remove(default_obligations, ["rotate_every", "reencrypt_every"])], [object.remove(classes[c], ["auth_options", "rotate_every", "reencrypt_every"]) | some c in cls]),
 		chosen,
 	)
 	merged := merge_obligations(docs)

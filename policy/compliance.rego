@@ -12,11 +12,23 @@ package nvmegate.authz
 #   input.namespaces: [namespace, ...]   (as input.resource.namespaces,
 #                                         each with its target)
 #
-# and gets {"namespaces": [{"residency_problems": [...], "rotate_every": d}]}
-# in the same order.
-compliance := {"namespaces": [{"residency_problems": sort(residency_problems([ns])), "rotate_every": rotate_every_of(ns)} |
+# and gets {"namespaces": [{"residency_problems": [...], "rotate_every": d,
+# "reencrypt_every": d}]} in the same order: reencrypt_every is the age its
+# class lets a data key reach before a re-encryption rotates it ("" none).
+compliance := {"namespaces": [{
+	"residency_problems": sort(residency_problems([ns])),
+	"rotate_every": rotate_every_of(ns),
+	"reencrypt_every": period_of(ns, "reencrypt_every"),
+} |
 	some ns in input.namespaces
 ]}
+
+# period_of(ns, key): a duration of ns's data class, or of the defaults.
+period_of(ns, key) := classes[ns.data_class][key] if {
+	is_string(classes[ns.data_class][key])
+} else := default_obligations[key] if {
+	is_string(default_obligations[key])
+} else := ""
 
 # rotate_every_of(ns): the rotation period of ns's data class, or of the
 # defaults.

@@ -38,3 +38,20 @@ test_compliance_no_rotation_period if {
 		with data.nvmegate.default_obligations as {}
 	c.namespaces[0].rotate_every == ""
 }
+
+test_compliance_reencryption_period if {
+	c := authz.compliance with input as {"namespaces": [eu_ns("eu-west", "eu-west", "f1")]}
+		with data.nvmegate.classes as {"restricted": {"reencrypt_every": "8760h"}}
+		with data.nvmegate.default_obligations as {"reencrypt_every": "1h"}
+	c.namespaces[0].reencrypt_every == "8760h"
+	d := authz.compliance with input as {"namespaces": [eu_ns("eu-west", "eu-west", "f1")]}
+		with data.nvmegate.classes as {"restricted": {}}
+		with data.nvmegate.default_obligations as {}
+	d.namespaces[0].reencrypt_every == ""
+}
+
+# reencrypt_every is no grant's obligation: it never reaches a decision.
+test_reencryption_period_not_an_obligation if {
+	not "reencrypt_every" in object.keys(authz.class_set_obligations({"restricted"}, {"dhchap": true, "tls": true}).obligations)
+		with data.nvmegate.classes as {"restricted": {"reencrypt_every": "8760h", "max_ttl": "1h"}}
+}

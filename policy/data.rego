@@ -13,6 +13,7 @@ obligation_types := {
 	"max_ttl": "max_ttl", "require_tls": "boolean", "bidirectional": "boolean", "read_only": "boolean",
 	"auth_mode": "auth_mode", "min_hash": "hash", "min_dh_group": "dh_group",
 	"max_iops": "count", "max_mbps": "count", "reauth_within": "max_ttl", "rotate_every": "max_ttl",
+	"reencrypt_every": "max_ttl",
 }
 
 has_type("max_ttl", v) if {

@@ -541,6 +541,7 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	g.Go(func() error {
 		d, _ := time.ParseDuration(m.Config.Targets.ReconcileInterval)
+		lastWaiting := 0
 		every(ctx, d, func() {
 			if n, err := m.lease.Expire(ctx); err != nil {
 				m.log.Warn("expired grants not swept", "err", err)
@@ -550,6 +551,19 @@ func (m *Main) Run(ctx context.Context) error {
 			if err := m.agent.Reconcile(ctx); err != nil {
 				m.log.Warn("target reconcile failed", "err", err)
 			}
+			// Data keys past their class's reencrypt_every: re-encrypted
+			// once their subsystem is idle.
+			started, waiting, err := m.server.ReencryptDue(ctx)
+			if err != nil {
+				m.log.Warn("scheduled re-encryption check failed", "err", err)
+			}
+			if started > 0 {
+				m.log.Info("scheduled re-encryptions begun", "count", started)
+			}
+			if waiting != lastWaiting && waiting > 0 {
+				m.log.Warn("data keys past their re-encryption period wait for their subsystems' grants to end", "count", waiting)
+			}
+			lastWaiting = waiting
 		})
 		return nil
 	})
