@@ -114,7 +114,9 @@ func xtsFile(t *testing.T, path string, k []byte, decrypt bool) []byte {
 // under way only.
 func TestReencryptEndToEnd(t *testing.T) {
 	var skew atomic.Int64 // the gateway's clock runs ahead by this
-	g := startGateway(t, func(c *gateway.Config) { c.Now = func() time.Time { return time.Now().Add(time.Duration(skew.Load())) } })
+	g := startGateway(t, func(c *gateway.Config) {
+		c.Now = func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	})
 	ctx := ctxT(t)
 	inv := pb.NewInventoryClient(g.client(t, admin))
 	other := validTarget()
@@ -127,8 +129,14 @@ func TestReencryptEndToEnd(t *testing.T) {
 	for _, err := range []error{
 		func() error { _, err := inv.AddTarget(ctx, &pb.AddTargetRequest{Target: validTarget()}); return err }(),
 		func() error { _, err := inv.AddTarget(ctx, &pb.AddTargetRequest{Target: other}); return err }(),
-		func() error { _, err := inv.AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: validSubsystem()}); return err }(),
-		func() error { _, err := inv.AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: otherSub}); return err }(),
+		func() error {
+			_, err := inv.AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: validSubsystem()})
+			return err
+		}(),
+		func() error {
+			_, err := inv.AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: otherSub})
+			return err
+		}(),
 	} {
 		if err != nil {
 			t.Fatal(err)
