@@ -17,7 +17,7 @@ package nvmegate.authz
 # class lets a data key reach before a re-encryption rotates it ("" none).
 compliance := {"namespaces": [{
 	"residency_problems": sort(residency_problems([ns])),
-	"rotate_every": rotate_every_of(ns),
+	"rotate_every": period_of(ns, "rotate_every"),
 	"reencrypt_every": period_of(ns, "reencrypt_every"),
 } |
 	some ns in input.namespaces
@@ -28,12 +28,4 @@ period_of(ns, key) := classes[ns.data_class][key] if {
 	is_string(classes[ns.data_class][key])
 } else := default_obligations[key] if {
 	is_string(default_obligations[key])
-} else := ""
-
-# rotate_every_of(ns): the rotation period of ns's data class, or of the
-# defaults.
-rotate_every_of(ns) := classes[ns.data_class].rotate_every if {
-	is_string(classes[ns.data_class].rotate_every)
-} else := default_obligations.rotate_every if {
-	is_string(default_obligations.rotate_every)
 } else := ""
