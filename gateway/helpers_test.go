@@ -112,7 +112,7 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 	if err != nil {
 		t.Fatal(err)
 	}
-	km, err := keys.NewManager(keys.Options{Backend: ks})
+	km, err := keys.NewManager(keys.Options{Backend: ks, OnRotate: gateway.AuditRotations(alog, "spiffe://nvmegate.test/gateway/test")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -168,7 +168,13 @@ func TestReencryptEndToEnd(t *testing.T) {
 	if _, err := inv.AddNamespace(ctx, &pb.AddNamespaceRequest{Namespace: ns}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the namespace mapped", func() bool { return crypt.key() != nil })
+	// An added namespace reaches its target at the next programming run
+	// (the daemon's reconcile, or a connect): run them until it is there
+	// (the agent may still be attaching).
+	waitFor(t, "the namespace mapped", func() bool {
+		_ = g.agent.Program(ctx, "stor-eu-1")
+		return crypt.key() != nil
+	})
 	k1 := crypt.key()
 	// The "device" now holds what dm-crypt would have written through the
 	// mapping keyed with k1.
