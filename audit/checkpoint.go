@@ -187,6 +187,12 @@ func (l *Log) Checkpoint(ctx context.Context) (Checkpoint, error) {
 	if l.opts.ReadOnly {
 		return Checkpoint{}, ErrClosed
 	}
+	// A replicated log's checkpoint signs the whole replicated tree as
+	// far as this copy can see it, and builds on the latest checkpoint
+	// any replica signed.
+	if err := l.Sync(ctx); err != nil {
+		return Checkpoint{}, err
+	}
 	l.cpMu.Lock()
 	defer l.cpMu.Unlock()
 	size, root := l.treeHead()
@@ -227,20 +233,16 @@ func (l *Log) Checkpoint(ctx context.Context) (Checkpoint, error) {
 	if err != nil {
 		return Checkpoint{}, err
 	}
-	err = l.update(func(tx *bolt.Tx) error {
-		keys := tx.Bucket(bucketKeys)
-		id := []byte(pub.KeyID())
-		if keys.Get(id) == nil {
-			rec := binary.BigEndian.AppendUint64(nil, pub.Version)
-			rec = binary.BigEndian.AppendUint64(rec, size) // first tree size signed
-			if err := keys.Put(id, append(rec, pemb...)); err != nil {
-				return err
-			}
+	if err := l.storeCheckpoint(size, msg, pub.Version, pemb); err != nil {
+		return Checkpoint{}, err
+	}
+	if l.opts.Replica != nil {
+		rctx, cancel := context.WithTimeout(ctx, l.opts.ReplicaTimeout)
+		err := l.opts.Replica.PutCheckpoint(rctx, ReplicatedCheckpoint{Note: msg, KeyVersion: pub.Version, KeyPEM: pemb})
+		cancel()
+		if err != nil {
+			return Checkpoint{}, fmt.Errorf("%w: replicate checkpoint: %w", ErrUnavailable, err)
 		}
-		return tx.Bucket(bucketCheckpoints).Put(u64(size), msg)
-	})
-	if err != nil {
-		return Checkpoint{}, fmt.Errorf("%w: store checkpoint: %w", ErrUnavailable, err)
 	}
 	l.latest = &c
 	return c, nil

@@ -87,6 +87,16 @@ type Options struct {
 	// ReadOnly opens the file with a shared lock for export, query and
 	// checks; Append and Checkpoint return ErrClosed.
 	ReadOnly bool
+
+	// Replica, if set, is the replicated log this file is a copy of
+	// (replica.go): every commit is durable there before Append returns,
+	// Open and Sync apply the commits of other writers, and checkpoints
+	// are shared through it.
+	Replica Replica
+
+	// ReplicaTimeout bounds each call to the Replica. Zero means
+	// DefaultReplicaTimeout.
+	ReplicaTimeout time.Duration
 }
 
 // Log is the append-only, tamper-evident audit log. Its methods are safe
@@ -108,6 +118,7 @@ type Log struct {
 	rng  *compact.Range
 
 	reqs     chan *appendReq
+	syncs    chan chan error // Sync's requests to the writer
 	closeMu  sync.RWMutex
 	closed   bool
 	stop     chan struct{}
@@ -153,6 +164,9 @@ func Open(path string, opts Options) (*Log, error) {
 	if opts.MaxBatch <= 0 {
 		opts.MaxBatch = DefaultMaxBatch
 	}
+	if opts.ReplicaTimeout <= 0 {
+		opts.ReplicaTimeout = DefaultReplicaTimeout
+	}
 	if opts.Origin != "" && !validOrigin(opts.Origin) {
 		return nil, fmt.Errorf("audit: open %s: invalid origin %q (no spaces, '+' or control characters)", path, opts.Origin)
 	}
@@ -161,6 +175,7 @@ func Open(path string, opts Options) (*Log, error) {
 		opts:     opts,
 		now:      opts.Now,
 		reqs:     make(chan *appendReq, defaultQueue),
+		syncs:    make(chan chan error),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 		maxBatch: opts.MaxBatch,
@@ -177,9 +192,17 @@ func Open(path string, opts Options) (*Log, error) {
 	if opts.ReadOnly {
 		l.closed = true
 		close(l.done)
-	} else {
-		go l.writer()
+		return l, nil
 	}
+	if opts.Replica != nil {
+		// A new replica's copy starts empty and fills from the replicated
+		// log; a restarted one applies what it missed.
+		if err := l.catchUp(); err != nil {
+			_ = db.Close()
+			return nil, fmt.Errorf("audit: open %s: %w", path, err)
+		}
+	}
+	go l.writer()
 	return l, nil
 }
 
@@ -474,6 +497,9 @@ func (l *Log) writer() {
 	batch := make([]*appendReq, 0, l.maxBatch)
 	for {
 		select {
+		case done := <-l.syncs:
+			done <- l.syncNow()
+			continue
 		case r := <-l.reqs:
 			batch = append(batch[:0], r)
 		case <-l.stop:
@@ -496,17 +522,65 @@ func (l *Log) writer() {
 				l.commit(batch)
 			}
 		}
+		bytes := len(batch[0].data)
 	fill:
-		for len(batch) < l.maxBatch {
+		for len(batch) < l.maxBatch && bytes < l.maxBatchBytes() {
 			select {
 			case r := <-l.reqs:
 				batch = append(batch, r)
+				bytes += 2 + len(r.data)
 			default:
 				break fill
 			}
 		}
 		l.commit(batch)
 	}
+}
+
+// maxBatchBytes caps a commit's entry bytes: a replicated commit is one
+// request to the replica, which has a size limit.
+func (l *Log) maxBatchBytes() int {
+	if l.opts.Replica != nil {
+		return maxReplicatedBatchBytes
+	}
+	return int(^uint(0) >> 1)
+}
+
+// syncNow runs a Sync's catch-up in the writer, unless the log failed.
+func (l *Log) syncNow() error {
+	l.closeMu.RLock()
+	failed := l.failed
+	l.closeMu.RUnlock()
+	if failed != nil {
+		return failed
+	}
+	return l.catchUp()
+}
+
+// flushDue says whether the commit of n more entries flushes the
+// in-memory postings to the index buckets.
+func (l *Log) flushDue(n int) bool {
+	l.idx.mu.RLock()
+	defer l.idx.mu.RUnlock()
+	return l.idx.n+n >= indexFlushEntries
+}
+
+// advance makes a committed batch [start, rng.End()) the log's state.
+func (l *Log) advance(start uint64, rng *compact.Range, batch []*appendReq, flush bool) {
+	end := rng.End()
+	l.idx.mu.Lock()
+	if flush {
+		l.idx.reset(end)
+	} else {
+		for i, r := range batch {
+			l.idx.add(start+uint64(i), &r.keys)
+		}
+	}
+	l.idx.mu.Unlock()
+	l.stmu.Lock()
+	l.size = end
+	l.rng = rng
+	l.stmu.Unlock()
 }
 
 // commit writes batch in one transaction and answers every request.
@@ -521,20 +595,39 @@ func (l *Log) commit(batch []*appendReq) {
 		return
 	}
 
-	l.stmu.RLock()
-	start := l.size
-	rng := cloneRange(l.rng)
-	l.stmu.RUnlock()
-
-	l.idx.mu.RLock()
-	flush := l.idx.n+len(batch) >= indexFlushEntries
-	l.idx.mu.RUnlock()
-
-	l.dbmu.RLock()
-	err := l.db.Update(func(tx *bolt.Tx) error {
-		return l.writeBatch(tx, start, rng, batch, flush)
-	})
-	l.dbmu.RUnlock()
+	var (
+		start uint64
+		rng   *compact.Range
+		flush bool
+		err   error
+	)
+	for round := 0; ; round++ {
+		l.stmu.RLock()
+		start, rng = l.size, cloneRange(l.rng)
+		l.stmu.RUnlock()
+		flush = l.flushDue(len(batch))
+		var replicate func(Commit) error
+		if l.opts.Replica != nil {
+			replicate = func(c Commit) error {
+				ctx, cancel := l.replicaCtx()
+				defer cancel()
+				return l.opts.Replica.Append(ctx, c)
+			}
+		}
+		l.dbmu.RLock()
+		err = l.db.Update(func(tx *bolt.Tx) error {
+			return l.writeBatch(tx, start, rng, batch, flush, replicate)
+		})
+		l.dbmu.RUnlock()
+		if !errors.Is(err, ErrConflict) || round == maxConflicts {
+			break
+		}
+		// Another writer appended first: apply its commits, then append
+		// this batch on top of them.
+		if err = l.catchUp(); err != nil {
+			break
+		}
+	}
 
 	if err != nil {
 		err = fmt.Errorf("%w: commit of %d entries at index %d: %w", ErrUnavailable, len(batch), start, err)
@@ -544,26 +637,17 @@ func (l *Log) commit(batch []*appendReq) {
 		l.recoverAfter(err)
 		return
 	}
-	end := start + uint64(len(batch))
-	l.idx.mu.Lock()
-	if flush {
-		l.idx.reset(end)
-	} else {
-		for i, r := range batch {
-			l.idx.add(start+uint64(i), &r.keys)
-		}
-	}
-	l.idx.mu.Unlock()
-	l.stmu.Lock()
-	l.size = end
-	l.rng = rng
-	l.stmu.Unlock()
+	l.advance(start, rng, batch, flush)
 	for i, r := range batch {
 		r.done <- appendResult{index: start + uint64(i)}
 	}
 }
 
-func (l *Log) writeBatch(tx *bolt.Tx, start uint64, rng *compact.Range, batch []*appendReq, flush bool) error {
+// writeBatch stores batch at start, growing rng over it. With replicate
+// (this writer's own commit to a Replica), the commit is made durable
+// there last, once everything else of the transaction is written.
+func (l *Log) writeBatch(tx *bolt.Tx, start uint64, rng *compact.Range, batch []*appendReq, flush bool, replicate func(Commit) error) error {
+	prevRoot := rootOf(rng)
 	// The entries of the batch: one chunk keyed by its first index.
 	size := 0
 	for _, r := range batch {
@@ -600,7 +684,13 @@ func (l *Log) writeBatch(tx *bolt.Tx, start uint64, rng *compact.Range, batch []
 			return err
 		}
 	}
-	return tx.Bucket(bucketMeta).Put(metaTree, encodeTreeState(rng.End(), rng))
+	if err := tx.Bucket(bucketMeta).Put(metaTree, encodeTreeState(rng.End(), rng)); err != nil {
+		return err
+	}
+	if replicate != nil {
+		return replicate(Commit{Start: start, End: rng.End(), PrevRoot: prevRoot, Root: rootOf(rng), Records: chunk})
+	}
+	return nil
 }
 
 // putTiles appends the new node hashes of each tile level to its tiles.

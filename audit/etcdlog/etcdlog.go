@@ -1,0 +1,187 @@
+package etcdlog
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/nvmegate/nvmegate/audit"
+)
+
+// pageSize is the commits read per request while catching up (each up to
+// about 1 MiB).
+const pageSize = 16
+
+// Log is the audit.Replica on etcd.
+type Log struct {
+	kv     clientv3.KV
+	prefix string
+}
+
+var _ audit.Replica = (*Log)(nil)
+
+// New is the replicated log stored under prefix in etcd.
+func New(kv clientv3.KV, prefix string) *Log { return &Log{kv: kv, prefix: prefix} }
+
+func (l *Log) treeKey() string               { return l.prefix + "tree" }
+func (l *Log) commitKey(start uint64) string { return fmt.Sprintf("%sc/%016x", l.prefix, start) }
+func (l *Log) cpLatestKey() string           { return l.prefix + "cp" }
+func (l *Log) cpKey(size uint64) string      { return fmt.Sprintf("%scp/%016x", l.prefix, size) }
+
+func head(size uint64, root [32]byte) string {
+	return string(append(binary.BigEndian.AppendUint64(nil, size), root[:]...))
+}
+
+// Append stores c iff the tree's head is (c.Start, c.PrevRoot).
+func (l *Log) Append(ctx context.Context, c audit.Commit) error {
+	cmp := clientv3.Compare(clientv3.Value(l.treeKey()), "=", head(c.Start, c.PrevRoot))
+	if c.Start == 0 {
+		cmp = clientv3.Compare(clientv3.CreateRevision(l.treeKey()), "=", 0)
+	}
+	v := binary.BigEndian.AppendUint64(make([]byte, 0, 72+len(c.Records)), c.End)
+	v = append(append(append(v, c.PrevRoot[:]...), c.Root[:]...), c.Records...)
+	resp, err := l.kv.Txn(ctx).If(cmp).Then(
+		clientv3.OpPut(l.treeKey(), head(c.End, c.Root)),
+		clientv3.OpPut(l.commitKey(c.Start), string(v)),
+	).Commit()
+	if err != nil {
+		return fmt.Errorf("etcdlog: append at %d: %w", c.Start, err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("etcdlog: append at %d: %w", c.Start, audit.ErrConflict)
+	}
+	return nil
+}
+
+// Commits calls fn with the commits from index from on, all read at one
+// etcd revision.
+func (l *Log) Commits(ctx context.Context, from uint64, fn func(audit.Commit) error) error {
+	t, err := l.kv.Get(ctx, l.treeKey())
+	if err != nil {
+		return fmt.Errorf("etcdlog: read the tree head: %w", err)
+	}
+	var size uint64
+	if len(t.Kvs) == 1 {
+		v := t.Kvs[0].Value
+		if len(v) != 40 {
+			return fmt.Errorf("etcdlog: tree head of %d bytes", len(v))
+		}
+		size = binary.BigEndian.Uint64(v)
+	}
+	switch {
+	case size < from:
+		return fmt.Errorf("etcdlog: the replicated log ends at %d, before this copy (%d): it lost commits, or this copy is another log's", size, from)
+	case size == from:
+		return nil
+	}
+	rev := t.Header.Revision
+	key, end := l.commitKey(from), clientv3.GetPrefixRangeEnd(l.prefix+"c/")
+	next := from
+	for next < size {
+		resp, err := l.kv.Get(ctx, key, clientv3.WithRange(end), clientv3.WithRev(rev), clientv3.WithLimit(pageSize))
+		if err != nil {
+			return fmt.Errorf("etcdlog: read commits from %d: %w", next, err)
+		}
+		if len(resp.Kvs) == 0 {
+			return fmt.Errorf("etcdlog: commits from %d missing (tree size %d)", next, size)
+		}
+		for _, kv := range resp.Kvs {
+			c, err := decodeCommit(kv.Value)
+			if err != nil {
+				return fmt.Errorf("etcdlog: %s: %w", kv.Key, err)
+			}
+			c.Start = next
+			if string(kv.Key) != l.commitKey(next) {
+				return fmt.Errorf("etcdlog: commit %s where %s was due: a gap", kv.Key, l.commitKey(next))
+			}
+			if err := fn(c); err != nil {
+				return err
+			}
+			next = c.End
+			key = l.commitKey(next)
+			if next >= size {
+				break
+			}
+		}
+	}
+	return nil
+}
+
+func decodeCommit(v []byte) (audit.Commit, error) {
+	if len(v) < 72 {
+		return audit.Commit{}, fmt.Errorf("commit record of %d bytes", len(v))
+	}
+	c := audit.Commit{End: binary.BigEndian.Uint64(v), Records: v[72:]}
+	copy(c.PrevRoot[:], v[8:40])
+	copy(c.Root[:], v[40:72])
+	return c, nil
+}
+
+// PutCheckpoint stores cp unless a checkpoint of its size or larger is
+// stored.
+func (l *Log) PutCheckpoint(ctx context.Context, rc audit.ReplicatedCheckpoint) error {
+	cp, err := audit.ParseCheckpoint(rc.Note)
+	if err != nil {
+		return fmt.Errorf("etcdlog: %w", err)
+	}
+	v := binary.BigEndian.AppendUint64(nil, rc.KeyVersion)
+	v = binary.BigEndian.AppendUint32(v, uint32(len(rc.KeyPEM)))
+	v = append(append(v, rc.KeyPEM...), rc.Note...)
+	size := string(binary.BigEndian.AppendUint64(nil, cp.Size))
+	puts := []clientv3.Op{clientv3.OpPut(l.cpLatestKey(), size), clientv3.OpPut(l.cpKey(cp.Size), string(v))}
+	// Big-endian sizes compare as bytes compare; a missing key is the
+	// first checkpoint.
+	for _, cmp := range []clientv3.Cmp{
+		clientv3.Compare(clientv3.Value(l.cpLatestKey()), "<", size),
+		clientv3.Compare(clientv3.CreateRevision(l.cpLatestKey()), "=", 0),
+	} {
+		resp, err := l.kv.Txn(ctx).If(cmp).Then(puts...).Commit()
+		if err != nil {
+			return fmt.Errorf("etcdlog: store the checkpoint of size %d: %w", cp.Size, err)
+		}
+		if resp.Succeeded {
+			return nil
+		}
+	}
+	return nil // one of this size or larger is there
+}
+
+// Checkpoints returns the checkpoints of sizes above after, by size.
+func (l *Log) Checkpoints(ctx context.Context, after uint64) ([]audit.ReplicatedCheckpoint, error) {
+	resp, err := l.kv.Get(ctx, l.cpKey(after+1), clientv3.WithRange(clientv3.GetPrefixRangeEnd(l.prefix+"cp/")))
+	if err != nil {
+		return nil, fmt.Errorf("etcdlog: read checkpoints: %w", err)
+	}
+	out := make([]audit.ReplicatedCheckpoint, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		v := kv.Value
+		if len(v) < 12 || uint64(len(v)-12) < uint64(binary.BigEndian.Uint32(v[8:])) {
+			return nil, fmt.Errorf("etcdlog: %s: checkpoint record of %d bytes", kv.Key, len(v))
+		}
+		n := int(binary.BigEndian.Uint32(v[8:]))
+		out = append(out, audit.ReplicatedCheckpoint{KeyVersion: binary.BigEndian.Uint64(v),
+			KeyPEM: bytes.Clone(v[12 : 12+n]), Note: bytes.Clone(v[12+n:])})
+	}
+	return out, nil
+}
+
+// Follow keeps a copy current: it calls sync at once and after every
+// change of the tree's head (coalesced: a sync covers every change before
+// it), until ctx ends. A broken watch (a compacted revision, a lost
+// member) is started again.
+func (l *Log) Follow(ctx context.Context, w clientv3.Watcher, sync func(context.Context) error) error {
+	for ctx.Err() == nil {
+		_ = sync(ctx) // an error is retried at the next change
+		wch := w.Watch(clientv3.WithRequireLeader(ctx), l.treeKey())
+		for resp := range wch {
+			if resp.Err() != nil {
+				break
+			}
+			_ = sync(ctx)
+		}
+	}
+	return ctx.Err()
+}

@@ -1,0 +1,228 @@
+package audit
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nvmegate/nvmegate/attest"
+	bolt "go.etcd.io/bbolt"
+)
+
+// Replica keeps the log beyond this machine: in a deployment of several
+// gateway replicas, one log (one origin) whose commits are durable in a
+// replicated store (etcdlog, on etcd) before an append returns. Each
+// replica's file is then its copy of that log, from which it answers
+// queries, proofs and exports as a single gateway does.
+//
+// The replica is the arbiter of order: Append is a compare-and-swap on
+// the tree (its size and root), so of two writers extending the same tree
+// one wins and the other learns of the commit it missed, applies it, and
+// appends on top of it.
+type Replica interface {
+	// Append stores c iff the replicated tree is the one c extends: c.Start
+	// entries with root c.PrevRoot. Otherwise it stores nothing and returns
+	// an error wrapping ErrConflict.
+	Append(ctx context.Context, c Commit) error
+	// Commits calls fn with the stored commits whose Start is from or
+	// later, in order; the first starts at from (a gap is an error).
+	Commits(ctx context.Context, from uint64, fn func(Commit) error) error
+	// PutCheckpoint stores a signed checkpoint unless one of its size or
+	// larger is stored.
+	PutCheckpoint(ctx context.Context, cp ReplicatedCheckpoint) error
+	// Checkpoints returns the stored checkpoints of sizes above after, by
+	// size.
+	Checkpoints(ctx context.Context, after uint64) ([]ReplicatedCheckpoint, error)
+}
+
+// Commit is one group commit of the replicated log: the entries
+// [Start, End) as entry-bundle records (uint16 BE length || bytes), and the
+// tree root before and after them.
+type Commit struct {
+	Start, End     uint64
+	PrevRoot, Root [32]byte
+	Records        []byte
+}
+
+// ReplicatedCheckpoint is a signed checkpoint note and the key version
+// and public key (PEM) that signed it, for the replicas that did not.
+type ReplicatedCheckpoint struct {
+	Note       []byte
+	KeyVersion uint64
+	KeyPEM     []byte
+}
+
+// ErrConflict is what a Replica's Append wraps when the replicated tree
+// is not the one the commit extends: another writer appended first.
+var ErrConflict = errors.New("audit: the replicated log moved on")
+
+// DefaultReplicaTimeout bounds each call to the Replica.
+const DefaultReplicaTimeout = 10 * time.Second
+
+// maxConflicts bounds the catch-up-and-retry rounds of one commit: each
+// round means another writer committed, so the log as a whole moved on.
+const maxConflicts = 64
+
+// maxReplicatedBatchBytes keeps a commit within etcd's default request
+// limit (1.5 MiB) with room for the transaction around it.
+const maxReplicatedBatchBytes = 1 << 20
+
+// Sync brings this copy up to the replicated log: it applies every commit
+// other writers made since, and their checkpoints. Without a Replica it
+// does nothing. The log's writer runs it, between its own commits.
+func (l *Log) Sync(ctx context.Context) error {
+	if l.opts.Replica == nil {
+		return nil
+	}
+	done := make(chan error, 1)
+	l.closeMu.RLock()
+	if l.closed {
+		l.closeMu.RUnlock()
+		return ErrClosed
+	}
+	select {
+	case l.syncs <- done:
+	case <-ctx.Done():
+		l.closeMu.RUnlock()
+		return ctx.Err()
+	}
+	l.closeMu.RUnlock()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// replicaCtx is the context of one call to the Replica from the writer.
+func (l *Log) replicaCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), l.opts.ReplicaTimeout)
+}
+
+// catchUp applies the replicated commits beyond this copy's tree, each
+// checked to hash to the root the replica stored with it, then imports
+// the checkpoints this copy lacks. Only the writer goroutine calls it.
+func (l *Log) catchUp() error {
+	ctx, cancel := l.replicaCtx()
+	defer cancel()
+	l.stmu.RLock()
+	from := l.size
+	l.stmu.RUnlock()
+	err := l.opts.Replica.Commits(ctx, from, func(c Commit) error {
+		return l.applyCommit(c)
+	})
+	if err != nil {
+		return fmt.Errorf("%w: catching up with the replicated log: %w", ErrUnavailable, err)
+	}
+	return l.importCheckpoints(ctx)
+}
+
+// applyCommit writes another writer's commit c into this copy.
+func (l *Log) applyCommit(c Commit) error {
+	l.stmu.RLock()
+	start, rng := l.size, cloneRange(l.rng)
+	l.stmu.RUnlock()
+	if c.Start != start {
+		return fmt.Errorf("%w: replicated commit at %d, this copy ends at %d", ErrCorrupt, c.Start, start)
+	}
+	if c.PrevRoot != rootOf(rng) {
+		return fmt.Errorf("%w: replicated commit at %d does not extend this copy's tree (a fork)", ErrCorrupt, c.Start)
+	}
+	recs, err := splitRecords(c.Records)
+	if err != nil || len(recs) == 0 || c.End != c.Start+uint64(len(recs)) {
+		return fmt.Errorf("%w: replicated commit at %d: %d records for [%d, %d) (%v)", ErrCorrupt, c.Start, len(recs), c.Start, c.End, err)
+	}
+	batch := make([]*appendReq, len(recs))
+	for i, data := range recs {
+		e, err := DecodeEntry(data)
+		if err != nil {
+			return fmt.Errorf("%w: replicated entry %d: %w", ErrCorrupt, c.Start+uint64(i), err)
+		}
+		batch[i] = &appendReq{data: bytes.Clone(data), leaf: LeafHash(data), keys: makeIndexKeys(&e), unixNano: e.Time.UnixNano()}
+	}
+	flush := l.flushDue(len(batch))
+	l.dbmu.RLock()
+	err = l.db.Update(func(tx *bolt.Tx) error {
+		if err := l.writeBatch(tx, start, rng, batch, flush, nil); err != nil {
+			return err
+		}
+		if got := rootOf(rng); got != c.Root {
+			return fmt.Errorf("%w: replicated commit at %d hashes to %x, the replica says %x", ErrCorrupt, c.Start, got[:8], c.Root[:8])
+		}
+		return nil
+	})
+	l.dbmu.RUnlock()
+	if err != nil {
+		return err
+	}
+	l.advance(start, rng, batch, flush)
+	return nil
+}
+
+// importCheckpoints stores the replicated checkpoints beyond this copy's
+// latest whose tree this copy holds, each checked against the root this
+// copy computes at its size, with the key that signed it.
+func (l *Log) importCheckpoints(ctx context.Context) error {
+	l.cpMu.Lock()
+	defer l.cpMu.Unlock()
+	var after uint64
+	if l.latest != nil {
+		after = l.latest.Size
+	}
+	cps, err := l.opts.Replica.Checkpoints(ctx, after)
+	if err != nil {
+		return fmt.Errorf("%w: replicated checkpoints: %w", ErrUnavailable, err)
+	}
+	for _, rc := range cps {
+		cp, err := ParseCheckpoint(rc.Note)
+		if err != nil {
+			return fmt.Errorf("%w: replicated checkpoint: %w", ErrCorrupt, err)
+		}
+		if cp.Size > l.Size() || cp.Origin != l.origin {
+			continue // beyond this copy (a commit since), or another log's
+		}
+		root, err := l.RootAt(ctx, cp.Size)
+		if err != nil {
+			return err
+		}
+		if root != cp.Hash {
+			return &InconsistentError{OldSize: cp.Size, NewSize: cp.Size, OldRoot: cp.Hash, NewRoot: root,
+				Err: errors.New("a replicated checkpoint signs another tree than this copy's")}
+		}
+		if err := l.storeCheckpoint(cp.Size, rc.Note, rc.KeyVersion, rc.KeyPEM); err != nil {
+			return err
+		}
+		cp.Note = bytes.Clone(rc.Note)
+		l.latest = &cp
+	}
+	return nil
+}
+
+// storeCheckpoint keeps a signed checkpoint and the record of the key
+// that signed it.
+func (l *Log) storeCheckpoint(size uint64, msg []byte, keyVersion uint64, pemb []byte) error {
+	pub, err := attest.ParsePublicKeyPEM(pemb, keyVersion)
+	if err != nil {
+		return fmt.Errorf("%w: the key of the checkpoint of size %d: %w", ErrCorrupt, size, err)
+	}
+	err = l.update(func(tx *bolt.Tx) error {
+		keys := tx.Bucket(bucketKeys)
+		id := []byte(pub.KeyID())
+		if keys.Get(id) == nil {
+			rec := binary.BigEndian.AppendUint64(nil, keyVersion)
+			rec = binary.BigEndian.AppendUint64(rec, size) // first tree size signed
+			if err := keys.Put(id, append(rec, pemb...)); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bucketCheckpoints).Put(u64(size), msg)
+	})
+	if err != nil {
+		return fmt.Errorf("%w: store checkpoint: %w", ErrUnavailable, err)
+	}
+	return nil
+}
