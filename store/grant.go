@@ -160,13 +160,13 @@ func hostKeyScopeKey(g *nvmegate.Grant) []byte {
 // noteHostKeyScope records that g's node held g's host NQN under g's key
 // scope at g's root version (kept: the highest version). A Get on every
 // grant write, a Put only when the version is new.
-func noteHostKeyScope(tx *bolt.Tx, g *nvmegate.Grant) error {
+func noteHostKeyScope(tx *bolt.Tx, g *nvmegate.Grant, put func(name, k, v []byte) error) error {
 	b := tx.Bucket(bucketHostKeyScopes)
 	k := hostKeyScopeKey(g)
 	if v := b.Get(k); len(v) == 8 && binary.BigEndian.Uint64(v) >= g.KeyVersion {
 		return nil
 	}
-	return b.Put(k, binary.BigEndian.AppendUint64(nil, g.KeyVersion))
+	return put(bucketHostKeyScopes, k, binary.BigEndian.AppendUint64(nil, g.KeyVersion))
 }
 
 func indexHostKeyScopes(tx *bolt.Tx) error {
@@ -175,7 +175,7 @@ func indexHostKeyScopes(tx *bolt.Tx) error {
 		if err != nil {
 			return nil // a corrupt record is reported where it is read
 		}
-		return noteHostKeyScope(tx, g)
+		return noteHostKeyScope(tx, g, func(name, k, v []byte) error { return tx.Bucket(name).Put(k, v) })
 	})
 }
 
@@ -638,7 +638,7 @@ func putGrantAs(tx *txn, g *nvmegate.Grant, val []byte, reinstate bool) error {
 	if err := put(tx, bucketGrants, []byte(g.ID), val); err != nil {
 		return err
 	}
-	if err := noteHostKeyScope(tx.Tx, g); err != nil {
+	if err := noteHostKeyScope(tx.Tx, g, func(name, k, v []byte) error { return put(tx, name, k, v) }); err != nil {
 		return err
 	}
 	// The index holds active grants only: a target's desired state is
@@ -655,24 +655,24 @@ func putGrantAs(tx *txn, g *nvmegate.Grant, val []byte, reinstate bool) error {
 		}
 		// An active grant is pending nothing (one put back by
 		// UndoOpening may have been).
-		if err := tx.Bucket(bucketGrantsPending).Delete([]byte(g.ID)); err != nil {
+		if err := del(tx, bucketGrantsPending, []byte(g.ID)); err != nil {
 			return err
 		}
 		return put(tx, bucketGrantsBySubsystem, k, nil)
 	}
-	if err := tx.Bucket(bucketGrantsByNode).Delete(nk); err != nil {
+	if err := del(tx, bucketGrantsByNode, nk); err != nil {
 		return err
 	}
-	if err := tx.Bucket(bucketGrantsByHost).Delete(hk); err != nil {
+	if err := del(tx, bucketGrantsByHost, hk); err != nil {
 		return err
 	}
-	if err := tx.Bucket(bucketGrantsBySubsystem).Delete(k); err != nil {
+	if err := del(tx, bucketGrantsBySubsystem, k); err != nil {
 		return err
 	}
 	if g.RemovalPending {
 		return put(tx, bucketGrantsPending, []byte(g.ID), nil)
 	}
-	return tx.Bucket(bucketGrantsPending).Delete([]byte(g.ID))
+	return del(tx, bucketGrantsPending, []byte(g.ID))
 }
 
 // indexSuperseded keeps grants_superseded for g (prev: as stored before,
@@ -682,9 +682,8 @@ func putGrantAs(tx *txn, g *nvmegate.Grant, val []byte, reinstate bool) error {
 // superseded final: only its own undo may put them back, and that can no
 // longer come.
 func indexSuperseded(tx *txn, g, prev *nvmegate.Grant) error {
-	b := tx.Bucket(bucketGrantsSuperseded)
 	if prev != nil && prev.State == nvmegate.GrantReleased && prev.SupersededBy != "" {
-		if err := b.Delete(supersededKey(prev.SupersededBy, prev.ID)); err != nil {
+		if err := del(tx, bucketGrantsSuperseded, supersededKey(prev.SupersededBy, prev.ID)); err != nil {
 			return err
 		}
 	}

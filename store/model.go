@@ -479,3 +479,35 @@ func (e *endedJobs) drop(id string) {
 		e.order = slices.DeleteFunc(e.order, func(x string) bool { return x == id })
 	}
 }
+
+// replace makes r, at rev, the model (a resync from a snapshot). Every
+// feed hears of every scope record before and after: anything may have
+// changed.
+func (m *model) replace(r records, rev uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var ops []op
+	for _, recs := range []*records{&m.records, &r} {
+		for _, t := range recs.targets {
+			ops = append(ops, op{target: t})
+		}
+		for _, s := range recs.subsystems {
+			ops = append(ops, op{subsystem: s})
+		}
+		for _, n := range recs.namespaces {
+			ops = append(ops, op{namespace: n})
+		}
+		for _, b := range recs.bindings {
+			ops = append(ops, op{binding: b})
+		}
+		for _, j := range recs.jobs {
+			ops = append(ops, op{job: j})
+		}
+	}
+	m.records = r
+	m.rev.Store(rev)
+	m.scopeRev.Store(rev)
+	for _, f := range m.feeds {
+		f.add(rev, ops)
+	}
+}

@@ -78,6 +78,12 @@ type Options struct {
 	// error. The store never waits forever: a second daemon on the same file
 	// must fail loudly, not hang.
 	Timeout time.Duration
+
+	// Replica, if set, is the replicated store this file is a copy of
+	// (replica.go): every write commits there, on top of the revision it
+	// read, before it is applied here; Open and Sync apply the changes
+	// of other replicas.
+	Replica Replica
 }
 
 // DB is the inventory store. Its methods are safe for concurrent use: the
@@ -94,6 +100,7 @@ type DB struct {
 	// concurrency.
 	writeMu sync.Mutex
 	model   model
+	replica Replica
 }
 
 // Open opens (creating if needed, mode 0600) the store file at path, creates
@@ -119,7 +126,7 @@ func Open(path string, opts Options) (*DB, error) {
 		_ = bdb.Close()
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
-	db := &DB{bolt: bdb, now: opts.Now}
+	db := &DB{bolt: bdb, now: opts.Now, replica: opts.Replica}
 	if err := bdb.View(func(tx *bolt.Tx) error {
 		recs, rev, err := load(tx)
 		db.model.records = recs
@@ -129,6 +136,14 @@ func Open(path string, opts Options) (*DB, error) {
 	}); err != nil {
 		_ = bdb.Close()
 		return nil, fmt.Errorf("store: open %s: load: %w", path, err)
+	}
+	if db.replica != nil {
+		// A new copy fills from the replicated store; a restarted one
+		// applies what it missed.
+		if err := db.Sync(context.Background()); err != nil {
+			_ = bdb.Close()
+			return nil, fmt.Errorf("store: open %s: %w", path, err)
+		}
 	}
 	return db, nil
 }
@@ -238,8 +253,9 @@ func (db *DB) view(ctx context.Context, fn func(*bolt.Tx) error) error {
 // dropped with it.
 type txn struct {
 	*bolt.Tx
-	ops   []op
-	model *model // as of the last commit: this transaction's writes are in ops
+	ops    []op
+	writes []Write // every key written, for a Replica
+	model  *model  // as of the last commit: this transaction's writes are in ops
 }
 
 func (tx *txn) record(o op) { tx.ops = append(tx.ops, o) }
@@ -299,12 +315,41 @@ func (tx *txn) jobState(id string) string {
 
 // update runs fn in a write transaction, stamps the next revision,
 // commits (fsync) if fn succeeds, and applies the change to the model.
+// With a Replica the change commits there first, on top of the revision
+// fn read; if another replica committed meanwhile, its changes are applied
+// and fn runs again on top of them.
 func (db *DB) update(ctx context.Context, fn func(*txn) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	db.writeMu.Lock()
 	defer db.writeMu.Unlock()
+	for round := 0; ; round++ {
+		err := db.updateOnce(ctx, fn)
+		if db.replica == nil || err == nil || round == maxConflicts {
+			return err
+		}
+		if errors.Is(err, ErrConflict) {
+			if err := db.catchUpLocked(ctx); err != nil {
+				return err
+			}
+			continue
+		}
+		// A refusal by the rules read this copy, which may be behind
+		// the replicated store: it stands only if the latest state
+		// refuses too. (A write that passes needs no such look: its
+		// commit fails if anything changed.)
+		if nvmegate.ErrorCode(err) == "" {
+			return err
+		}
+		before := db.model.rev.Load()
+		if db.catchUpLocked(ctx) != nil || db.model.rev.Load() == before {
+			return err
+		}
+	}
+}
+
+func (db *DB) updateOnce(ctx context.Context, fn func(*txn) error) error {
 	btx, err := db.bolt.Begin(true)
 	if err != nil {
 		return beginError(err)
@@ -318,7 +363,14 @@ func (db *DB) update(ctx context.Context, fn func(*txn) error) error {
 	if err := put(tx, bucketMeta, metaRevision, binary.BigEndian.AppendUint64(nil, rev)); err != nil {
 		return err
 	}
+	if db.replica != nil {
+		if err := db.replica.Commit(ctx, Change{Revision: rev, Writes: tx.writes}); err != nil {
+			return fmt.Errorf("store: commit revision %d: %w", rev, err)
+		}
+	}
 	if err := btx.Commit(); err != nil {
+		// With a Replica the change is stored there: the next catch-up
+		// applies it here.
 		return fmt.Errorf("store: commit: %w", err)
 	}
 	db.model.apply(change{revision: rev, ops: tx.ops})
@@ -337,6 +389,7 @@ func put(tx *txn, name, k, v []byte) error {
 	if err := tx.Bucket(name).Put(k, v); err != nil {
 		return fmt.Errorf("store: put %s: %w", name, err)
 	}
+	tx.writes = append(tx.writes, Write{Bucket: name, Key: k, Value: v})
 	return nil
 }
 
@@ -345,5 +398,6 @@ func del(tx *txn, name, k []byte) error {
 	if err := tx.Bucket(name).Delete(k); err != nil {
 		return fmt.Errorf("store: delete %s: %w", name, err)
 	}
+	tx.writes = append(tx.writes, Write{Bucket: name, Key: k, Delete: true})
 	return nil
 }

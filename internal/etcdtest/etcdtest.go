@@ -14,6 +14,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
 )
 
 // Cluster is a running cluster of members.
@@ -43,7 +44,7 @@ func Start(tb testing.TB, n int) *Cluster {
 		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{a.peer}, []url.URL{a.peer}
 		cfg.InitialCluster = strings.Join(initial, ",")
 		cfg.InitialClusterToken = "etcdtest"
-		cfg.LogLevel = "error"
+		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 		e, err := embed.StartEtcd(cfg)
 		if err != nil {
 			tb.Fatalf("etcdtest: start member %d: %v", i, err)
