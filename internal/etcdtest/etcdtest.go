@@ -68,7 +68,7 @@ func Start(tb testing.TB, n int) *Cluster {
 // Client is a client of every member, closed when tb ends.
 func (c *Cluster) Client(tb testing.TB) *clientv3.Client {
 	tb.Helper()
-	cl, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints, DialTimeout: 10 * time.Second})
+	cl, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -1,0 +1,90 @@
+package leader_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/internal/etcdtest"
+	"github.com/nvmegate/nvmegate/leader"
+	"github.com/nvmegate/nvmegate/store"
+	"github.com/nvmegate/nvmegate/store/etcdstore"
+)
+
+func target(id string) *nvmegate.Target {
+	return &nvmegate.Target{ID: id, Fabric: "fab-a", Region: "eu-west", Driver: nvmegate.DriverNVMet,
+		Ports: []nvmegate.Port{{ID: 1, Transport: nvmegate.TransportTCP, AddressFamily: nvmegate.FamilyIPv4,
+			Address: "192.0.2.10", ServiceID: "4420"}}}
+}
+
+// One of two replicas leads; when its lease ends (as a paused or dead
+// process's does), the other leads, and a write the former leader makes
+// under its term's fence — before or after it notices — stores nothing.
+func TestFailoverFencesTheFormerLeader(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cl := c.Client(t)
+	db, err := store.Open(filepath.Join(t.TempDir(), "store.db"), store.Options{Replica: etcdstore.New(cl, "/s/")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	terms := make(chan leader.Term, 2)
+	run := func(id string) *leader.Elector {
+		e := &leader.Elector{Client: cl, Prefix: "/leader/", ID: id, TTL: 2}
+		go e.Run(ctx, func(tm leader.Term) {
+			terms <- tm
+			<-tm.Ctx.Done()
+		})
+		return e
+	}
+	a := run("a")
+	first := <-terms
+	b := run("b")
+	if err := db.CreateTarget(etcdstore.Fence(ctx, first.Fence), target("t1")); err != nil {
+		t.Fatalf("the leader's fenced write: %v", err)
+	}
+	select {
+	case tm := <-terms:
+		t.Fatalf("two leaders at once (term %d and %d)", first.Rev, tm.Rev)
+	case <-time.After(500 * time.Millisecond):
+	}
+
+	// The leader's lease ends behind its back.
+	if _, err := cl.Revoke(ctx, first.Lease); err != nil {
+		t.Fatal(err)
+	}
+	second := <-terms
+	if second.Rev <= first.Rev {
+		t.Fatalf("the new term %d is not after %d", second.Rev, first.Rev)
+	}
+	before := db.Revision()
+	err = db.CreateTarget(etcdstore.Fence(ctx, first.Fence), target("t2"))
+	if !errors.Is(err, etcdstore.ErrFenced) {
+		t.Fatalf("the former leader's write: %v", err)
+	}
+	if db.Revision() != before {
+		t.Fatal("a fenced write moved the revision")
+	}
+	if _, err := db.Target(ctx, "t2"); nvmegate.ErrorCode(err) != nvmegate.ENOTFOUND {
+		t.Fatalf("the fenced write is visible: %v", err)
+	}
+	if err := db.CreateTarget(etcdstore.Fence(ctx, second.Fence), target("t3")); err != nil {
+		t.Fatalf("the new leader's write: %v", err)
+	}
+	select {
+	case <-first.Ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the former leader's term did not end")
+	}
+	for deadline := time.Now().Add(10 * time.Second); a.Leading() || !b.Leading(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("leading: a %v, b %v; want b alone", a.Leading(), b.Leading())
+		}
+	}
+}
