@@ -1,12 +1,15 @@
 package etcdstore_test
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/internal/etcdtest"
 	"github.com/nvmegate/nvmegate/store"
 	"github.com/nvmegate/nvmegate/store/etcdstore"
@@ -35,4 +38,76 @@ func TestConformance(t *testing.T) {
 		prefix := fmt.Sprintf("/conformance/%d/", n)
 		return []*store.DB{replicaCopy(t, cl, prefix), replicaCopy(t, cl, prefix), replicaCopy(t, cl, prefix)}
 	})
+}
+
+// After the leader compacts (a snapshot, the changes it covers deleted), a
+// copy that was further behind — and a new one — loads the snapshot and
+// then the changes after it, and ends equal to the others.
+func TestCompactThenResync(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cl := c.Client(t)
+	a := replicaCopy(t, cl, "/s/")
+	behind := replicaCopy(t, cl, "/s/")
+	ctx := context.Background()
+	for i := range 20 {
+		if err := a.CreateTarget(ctx, target(fmt.Sprintf("t%02d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rev, err := etcdstore.New(cl, "/s/").Compact(ctx, a)
+	if err != nil || rev != a.Revision() {
+		t.Fatalf("compacted at %d (%v), copy a at %d", rev, err, a.Revision())
+	}
+	if resp, _ := cl.Get(ctx, "/s/ch/", clientv3.WithPrefix(), clientv3.WithCountOnly()); resp.Count != 0 {
+		t.Fatalf("%d changes kept after the snapshot", resp.Count)
+	}
+	if err := a.DeleteTarget(ctx, "t03"); err != nil {
+		t.Fatal(err)
+	}
+	fresh := replicaCopy(t, cl, "/s/")
+	if err := behind.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for name, db := range map[string]*store.DB{"behind": behind, "fresh": fresh} {
+		if db.Revision() != a.Revision() {
+			t.Fatalf("%s copy at %d, a at %d", name, db.Revision(), a.Revision())
+		}
+		ts, _, err := db.ListTargets(ctx, store.TargetFilter{}, store.Page{Size: 100})
+		if err != nil || len(ts) != 19 {
+			t.Fatalf("%s copy lists %d targets (%v), want 19", name, len(ts), err)
+		}
+		if _, err := db.Target(ctx, "t03"); nvmegate.ErrorCode(err) != nvmegate.ENOTFOUND {
+			t.Fatalf("%s copy still has the deleted target", name)
+		}
+	}
+	// Writes go on from any copy.
+	if err := behind.CreateTarget(ctx, target("t99")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A copy ahead of the replicated store (another cluster's, or etcd lost
+// its data) is refused at Open rather than served.
+func TestCopyAheadRefused(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cl := c.Client(t)
+	dir := t.TempDir()
+	db, err := store.Open(filepath.Join(dir, "store.db"), store.Options{Replica: etcdstore.New(cl, "/one/")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.CreateTarget(context.Background(), target("t1")); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	_, err = store.Open(filepath.Join(dir, "store.db"), store.Options{Replica: etcdstore.New(cl, "/other/")})
+	if err == nil || !strings.Contains(err.Error(), "before this copy") {
+		t.Fatalf("a copy ahead of its replicated store opened: %v", err)
+	}
+}
+
+func target(id string) *nvmegate.Target {
+	return &nvmegate.Target{ID: id, Fabric: "fab-a", Region: "eu-west", Driver: nvmegate.DriverNVMet,
+		Ports: []nvmegate.Port{{ID: 1, Transport: nvmegate.TransportTCP, AddressFamily: nvmegate.FamilyIPv4,
+			Address: "192.0.2.10", ServiceID: "4420"}}}
 }
