@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -181,6 +182,10 @@ func (l *Log) Follow(ctx context.Context, w clientv3.Watcher, sync func(context.
 				break
 			}
 			_ = sync(ctx)
+		}
+		select { // a watch that keeps breaking is not a busy loop
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
 	return ctx.Err()

@@ -54,6 +54,65 @@ type Config struct {
 	// ReadyFile, if set, is written with the bound addresses (JSON) once the
 	// gateway accepts connections; scripts wait for it.
 	ReadyFile string `json:"ready_file"`
+	// Etcd, if its endpoints are set, makes this gateway one of several
+	// replicas sharing one store and one audit log in etcd (HA). Unset:
+	// a single gateway on its own bbolt files.
+	Etcd EtcdConfig `json:"etcd"`
+}
+
+// EtcdConfig connects the gateway to the etcd cluster its replicas share.
+// The files are read at start; use mTLS (CA, cert and key) in production:
+// etcd holds the inventory, the grants and the audit log (no key
+// material), and whoever may write it may grant access.
+type EtcdConfig struct {
+	// Endpoints of the etcd members, e.g. ["https://etcd-0:2379", …].
+	Endpoints []string `json:"endpoints"`
+	// CACert verifies the members' certificates; Cert and Key are this
+	// replica's client certificate (mTLS). All or none.
+	CACert string `json:"ca_cert"`
+	Cert   string `json:"cert"`
+	Key    string `json:"key"`
+	// Prefix of every key the gateway writes. Default "/nvmegate/".
+	Prefix string `json:"prefix"`
+	// Name of this replica in the leader election. Default the host name.
+	Name string `json:"name"`
+	// LeaseTTL is the leader's session lease, in seconds: how long a dead
+	// or paused leader holds the background work before another replica
+	// takes it. Default 10.
+	LeaseTTL int `json:"lease_ttl"`
+	// DialTimeout bounds the first connection; a Go duration, default 10s.
+	DialTimeout string `json:"dial_timeout"`
+}
+
+// enabled says whether the gateway runs replicated on etcd.
+func (e EtcdConfig) enabled() bool { return len(e.Endpoints) > 0 }
+
+func (e EtcdConfig) validate() error {
+	if !e.enabled() {
+		return nil
+	}
+	tls := []string{e.CACert, e.Cert, e.Key}
+	set := 0
+	for _, f := range tls {
+		if f != "" {
+			set++
+		}
+	}
+	if set != 0 && set != 3 {
+		return errors.New("etcd: ca_cert, cert and key must all be set (mTLS), or none")
+	}
+	if e.LeaseTTL < 0 {
+		return fmt.Errorf("etcd.lease_ttl must be positive, got %d", e.LeaseTTL)
+	}
+	if e.DialTimeout != "" {
+		if d, err := time.ParseDuration(e.DialTimeout); err != nil || d <= 0 {
+			return fmt.Errorf("etcd.dial_timeout must be a positive duration, got %q", e.DialTimeout)
+		}
+	}
+	if e.Prefix != "" && !strings.HasSuffix(e.Prefix, "/") {
+		return fmt.Errorf("etcd.prefix must end with '/', got %q", e.Prefix)
+	}
+	return nil
 }
 
 // RuntimeConfig tunes the garbage collector. A connect allocates most of
@@ -398,6 +457,9 @@ func (c *Config) validate() error {
 	}
 	if c.StateDir == "" {
 		return errors.New("state_dir is required")
+	}
+	if err := c.Etcd.validate(); err != nil {
+		return err
 	}
 	id := c.Identity
 	files := id.Cert != "" || id.Key != "" || id.Bundle != ""

@@ -34,8 +34,10 @@ import (
 	"github.com/nvmegate/nvmegate/keys"
 	"github.com/nvmegate/nvmegate/keys/localstore"
 	"github.com/nvmegate/nvmegate/keys/vaultstore"
+	"github.com/nvmegate/nvmegate/leader"
 	"github.com/nvmegate/nvmegate/lease"
 	"github.com/nvmegate/nvmegate/store"
+	"github.com/nvmegate/nvmegate/store/etcdstore"
 	"github.com/nvmegate/nvmegate/targetagent"
 )
 
@@ -67,6 +69,7 @@ type Main struct {
 	grpcLis   net.Listener
 	httpLis   net.Listener
 	httpSrv   *http.Server
+	repl      *replication // nil: a single gateway
 }
 
 // NewMain returns a Main with the defaults of a production daemon.
@@ -174,13 +177,23 @@ func (m *Main) Open(ctx context.Context) (err error) {
 	if err := os.MkdirAll(c.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
-	if m.db, err = store.Open(filepath.Join(c.StateDir, "inventory.db"), store.Options{}); err != nil {
+	storeOpts, auditOpts := store.Options{}, audit.Options{}
+	if c.Etcd.enabled() {
+		// One of several replicas: the files are this replica's copies of
+		// the store and the log kept in etcd.
+		if m.repl, err = openReplication(c.Etcd); err != nil {
+			return err
+		}
+		storeOpts.Replica, auditOpts.Replica = m.repl.store, m.repl.log
+	}
+	if m.db, err = store.Open(filepath.Join(c.StateDir, "inventory.db"), storeOpts); err != nil {
 		return fmt.Errorf("inventory store: %w", err)
 	}
 	if m.auditKey, err = openSigner(ctx, c.Audit); err != nil {
 		return fmt.Errorf("audit signing key: %w", err)
 	}
-	if m.audit, err = audit.Open(c.Audit.Path, audit.Options{Origin: c.Audit.Origin, Signer: m.auditKey}); err != nil {
+	auditOpts.Origin, auditOpts.Signer = c.Audit.Origin, m.auditKey
+	if m.audit, err = audit.Open(c.Audit.Path, auditOpts); err != nil {
 		return fmt.Errorf("audit log: %w", err)
 	}
 	if m.source, err = m.openIdentity(ctx); err != nil {
@@ -456,59 +469,91 @@ func (m *Main) Run(ctx context.Context) error {
 		defer cpCancel()
 		return m.server.Serve(ctx, m.grpcLis)
 	})
-	g.Go(func() error {
-		cp := &audit.Checkpointer{Log: m.audit, Interval: m.Config.Audit.checkpointInterval(),
-			OnError: func(err error) { m.log.Error("audit checkpoint not signed; retrying", "err", err) }}
-		if err := cp.Run(cpCtx); err != nil {
-			return fmt.Errorf("audit checkpoints: %w", err)
+	// Background work that must happen once per deployment: here, or on
+	// the elected leader of the replicas, under its term's fence.
+	var leaderWork []func(context.Context)
+	once := func(fn func(context.Context)) {
+		if m.repl == nil {
+			g.Go(func() error { fn(ctx); return nil })
+			return
 		}
-		return nil
-	})
+		leaderWork = append(leaderWork, fn)
+	}
+	if m.repl == nil {
+		g.Go(func() error {
+			cp := &audit.Checkpointer{Log: m.audit, Interval: m.Config.Audit.checkpointInterval(),
+				OnError: func(err error) { m.log.Error("audit checkpoint not signed; retrying", "err", err) }}
+			if err := cp.Run(cpCtx); err != nil {
+				return fmt.Errorf("audit checkpoints: %w", err)
+			}
+			return nil
+		})
+	} else {
+		cpCancel() // the leader signs, while it leads
+		once(func(ctx context.Context) {
+			cp := &audit.Checkpointer{Log: m.audit, Interval: m.Config.Audit.checkpointInterval(),
+				OnError: func(err error) { m.log.Error("audit checkpoint not signed; retrying", "err", err) }}
+			_ = cp.Run(ctx)
+		})
+		once(func(ctx context.Context) { m.repl.compact(ctx, m.db, m.log.Warn) })
+		g.Go(func() error { return m.repl.followStore(ctx, m.db) })
+		g.Go(func() error { return m.repl.followLog(ctx, m.audit) })
+	}
 	if m.reloader != nil {
 		g.Go(func() error { return m.reloader.Run(ctx) })
 	}
-	g.Go(func() error {
+	once(func(ctx context.Context) {
 		// Grants issued under an earlier policy or records (before a
-		// restart) are decided again under those serving now.
+		// restart, or before this replica led) are decided again under
+		// those serving now.
 		st := m.engine.Status()
 		m.redecider.redecide(ctx, gateway.Change{All: true, Cause: fmt.Sprintf("gateway start under policy revision %s (digest %s)", st.Revision, st.Digest)})
-		return m.redecider.Run(ctx)
+		_ = m.redecider.Run(ctx)
 	})
 	g.Go(func() error { return m.keys.Run(ctx, nil) })
 	if d := m.Config.Audit.complianceInterval(); d > 0 {
+		once(func(ctx context.Context) { every(ctx, d, func() { m.attestCompliance(ctx) }) })
+	}
+	reconcileEvery, _ := time.ParseDuration(m.Config.Targets.ReconcileInterval)
+	lastWaiting := 0
+	sweep := func(ctx context.Context) {
+		if n, err := m.lease.Expire(ctx); err != nil {
+			m.log.Warn("expired grants not swept", "err", err)
+		} else if n > 0 {
+			m.log.Info("expired grants ended", "count", n)
+		}
+		// Data keys past their class's reencrypt_every: re-encrypted
+		// once their subsystem is idle.
+		started, waiting, err := m.server.ReencryptDue(ctx)
+		if err != nil {
+			m.log.Warn("scheduled re-encryption check failed", "err", err)
+		}
+		if started > 0 {
+			m.log.Info("scheduled re-encryptions begun", "count", started)
+		}
+		if waiting != lastWaiting && waiting > 0 {
+			m.log.Warn("data keys past their re-encryption period wait for their subsystems' grants to end", "count", waiting)
+		}
+		lastWaiting = waiting
+	}
+	reconcile := func(ctx context.Context) {
+		// Every replica converges the targets whose agents it serves.
+		if err := m.agent.Reconcile(ctx); err != nil {
+			m.log.Warn("target reconcile failed", "err", err)
+		}
+	}
+	if m.repl == nil {
 		g.Go(func() error {
-			every(ctx, d, func() { m.attestCompliance(ctx) })
+			every(ctx, reconcileEvery, func() { sweep(ctx); reconcile(ctx) })
+			return nil
+		})
+	} else {
+		once(func(ctx context.Context) { every(ctx, reconcileEvery, func() { sweep(ctx) }) })
+		g.Go(func() error {
+			every(ctx, reconcileEvery, func() { reconcile(ctx) })
 			return nil
 		})
 	}
-	g.Go(func() error {
-		d, _ := time.ParseDuration(m.Config.Targets.ReconcileInterval)
-		lastWaiting := 0
-		every(ctx, d, func() {
-			if n, err := m.lease.Expire(ctx); err != nil {
-				m.log.Warn("expired grants not swept", "err", err)
-			} else if n > 0 {
-				m.log.Info("expired grants ended", "count", n)
-			}
-			if err := m.agent.Reconcile(ctx); err != nil {
-				m.log.Warn("target reconcile failed", "err", err)
-			}
-			// Data keys past their class's reencrypt_every: re-encrypted
-			// once their subsystem is idle.
-			started, waiting, err := m.server.ReencryptDue(ctx)
-			if err != nil {
-				m.log.Warn("scheduled re-encryption check failed", "err", err)
-			}
-			if started > 0 {
-				m.log.Info("scheduled re-encryptions begun", "count", started)
-			}
-			if waiting != lastWaiting && waiting > 0 {
-				m.log.Warn("data keys past their re-encryption period wait for their subsystems' grants to end", "count", waiting)
-			}
-			lastWaiting = waiting
-		})
-		return nil
-	})
 	g.Go(func() error {
 		// Ended grants whose target did not follow: tell it again until it
 		// does (a remote agent reconnecting, a driver back from an error).
@@ -530,6 +575,21 @@ func (m *Main) Run(ctx context.Context) error {
 		})
 		return nil
 	})
+	if m.repl != nil {
+		g.Go(func() error {
+			return ignoreCanceled(m.repl.elector.Run(ctx, func(t leader.Term) {
+				m.log.Info("this replica leads the background work", "term", t.Rev)
+				fctx := etcdstore.Fence(t.Ctx, t.Fence)
+				var wg sync.WaitGroup
+				for _, fn := range leaderWork {
+					wg.Add(1)
+					go func() { defer wg.Done(); fn(fctx) }()
+				}
+				wg.Wait()
+				m.log.Warn("this replica no longer leads the background work", "term", t.Rev)
+			}))
+		})
+	}
 	if r, ok := m.auditKey.(interface{ Refresh(context.Context) error }); ok {
 		// A Vault signing key: pick up a rotated key version or a replaced
 		// token file every minute.
@@ -597,6 +657,9 @@ func (m *Main) Close() error {
 	}
 	if m.audit != nil {
 		errs = append(errs, m.audit.Close())
+	}
+	if m.repl != nil {
+		errs = append(errs, m.repl.client.Close())
 	}
 	if m.Config.ReadyFile != "" {
 		os.Remove(m.Config.ReadyFile)
