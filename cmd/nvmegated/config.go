@@ -461,6 +461,11 @@ func (c *Config) validate() error {
 	if err := c.Etcd.validate(); err != nil {
 		return err
 	}
+	if c.Etcd.enabled() && c.Keys.Backend != "vault" {
+		// Each replica's local key store would hold its own roots: a
+		// host granted by one replica could not be renewed by another.
+		return errors.New("etcd: replicas must share their keys: set keys.backend to vault")
+	}
 	id := c.Identity
 	files := id.Cert != "" || id.Key != "" || id.Bundle != ""
 	switch {

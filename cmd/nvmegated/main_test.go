@@ -229,6 +229,10 @@ func TestConfigValidation(t *testing.T) {
 		"memory limit 0":   {func(c *Config) { c.Runtime.MemoryLimit = "0MiB" }, "runtime.memory_limit"},
 		"memory overflow":  {func(c *Config) { c.Runtime.MemoryLimit = "9999999999TiB" }, "runtime.memory_limit"},
 		"ack timeout":      {func(c *Config) { c.Targets.AckTimeout = "10ms" }, "targets.ack_timeout"},
+		"etcd local keys":  {func(c *Config) { c.Etcd.Endpoints = []string{"https://etcd:2379"} }, "set keys.backend to vault"},
+		"etcd partial tls": {func(c *Config) { c.Etcd = EtcdConfig{Endpoints: []string{"e"}, CACert: "ca"} }, "all be set (mTLS)"},
+		"etcd prefix":      {func(c *Config) { c.Etcd = EtcdConfig{Endpoints: []string{"e"}, Prefix: "/x"} }, "etcd.prefix"},
+		"etcd lease":       {func(c *Config) { c.Etcd = EtcdConfig{Endpoints: []string{"e"}, LeaseTTL: -1} }, "etcd.lease_ttl"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := base
