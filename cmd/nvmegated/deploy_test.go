@@ -24,9 +24,22 @@ func TestDeployExampleConfig(t *testing.T) {
 	}
 }
 
-// The configuration in the Kubernetes manifest's ConfigMap does too.
+// The configuration in the Kubernetes manifests' ConfigMaps does too: the
+// single gateway's and the replicas' on etcd.
 func TestDeployKubernetesConfig(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join("..", "..", "deploy", "kubernetes", "nvmegate.yaml"))
+	c := kubernetesConfig(t, "nvmegate.yaml")
+	if c.Identity.SPIFFESocket == "" || c.StateDir != "/var/lib/nvmegate" || c.Etcd.enabled() {
+		t.Fatalf("the ConfigMap's config lost a section: %+v", c)
+	}
+	ha := kubernetesConfig(t, "nvmegate-ha.yaml")
+	if len(ha.Etcd.Endpoints) != 3 || ha.Etcd.CACert == "" || ha.Audit.Vault.Key == "" || ha.Keys.Backend != "vault" {
+		t.Fatalf("the HA ConfigMap's config lost a section: %+v", ha)
+	}
+}
+
+func kubernetesConfig(t *testing.T, file string) Config {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("..", "..", "deploy", "kubernetes", file))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,9 +64,7 @@ func TestDeployKubernetesConfig(t *testing.T) {
 	}
 	c.setDefaults()
 	if err := c.validate(); err != nil {
-		t.Fatalf("the ConfigMap's config: %v\n%s", err, cfg.String())
+		t.Fatalf("%s: the ConfigMap's config: %v\n%s", file, err, cfg.String())
 	}
-	if c.Identity.SPIFFESocket == "" || c.StateDir != "/var/lib/nvmegate" {
-		t.Fatalf("the ConfigMap's config lost a section: %+v", c)
-	}
+	return c
 }

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"context"
+	"io"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/nvmegate/nvmegate/internal/etcdtest"
+	"github.com/nvmegate/nvmegate/internal/vaulttest"
+	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
+)
+
+// startReplica runs one gateway replica of the dev trust domain in dir,
+// on its own state directory, sharing the store and the audit log in etcd
+// and the keys in Vault with the others.
+func startReplica(t *testing.T, dir, name string, etcd []string, v *vaulttest.Server, role vaulttest.AppRole) (*Main, func()) {
+	t.Helper()
+	m := NewMain()
+	m.Stderr = io.Discard
+	state := filepath.Join(dir, name)
+	if err := m.ParseFlags(context.Background(), []string{"dev", "--dir", dir, "--listen", "127.0.0.1:0", "--http-listen", "off",
+		"--state-dir", state, "--ready-file", filepath.Join(state, "ready.json")}); err != nil {
+		t.Fatal(err)
+	}
+	m.Config.Keys.Backend = "vault"
+	m.Config.Keys.Vault.Address = v.Addr
+	m.Config.Keys.Vault.AppRole = &VaultAppRole{RoleID: role.RoleID, SecretIDFile: role.SecretIDFile}
+	m.Config.Audit.KeyDir = filepath.Join(dir, "audit-keys") // one log, one signing key
+	m.Config.Etcd = EtcdConfig{Endpoints: etcd, Name: name, LeaseTTL: 2}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := m.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s: Run: %v", name, err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("%s: Run did not return", name)
+		}
+		if err := m.Close(); err != nil {
+			t.Errorf("%s: Close: %v", name, err)
+		}
+	}
+	t.Cleanup(stop)
+	return m, stop
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// Two gateway replicas on one etcd serve one fabric: the inventory added
+// through one is the other's, a job admitted on one is connected to on
+// both, each sees the other's grants and audit entries, exactly one leads
+// the background work, and when it stops the other takes over and serves
+// on alone.
+func TestTwoReplicasOnEtcd(t *testing.T) {
+	v := vaulttest.Start(t)
+	c := etcdtest.Start(t, 1)
+	dir := t.TempDir()
+	role := v.SetUpAppRole(t, filepath.Join(dir, "approle"))
+	a, stopA := startReplica(t, dir, "a", c.Endpoints, v, role)
+	b, stopB := startReplica(t, dir, "b", c.Endpoints, v, role)
+	replicas := map[string]*Main{"a": a, "b": b}
+
+	sub := "nqn.2026-01.io.nvmegate.test:acme-train"
+	inv := pb.NewInventoryClient(devConn(t, a.GRPCAddr(), dir, "admin"))
+	for _, err := range []error{
+		func() error {
+			_, err := inv.AddTarget(ctxT(t), &pb.AddTargetRequest{Target: &pb.Target{Id: "stor-1", Fabric: "fab", Region: "eu-west", Driver: "nvmet",
+				Ports: []*pb.Port{{Id: 1, Transport: "tcp", AddressFamily: "ipv4", Address: "127.0.0.1", ServiceId: "4420"}}}})
+			return err
+		}(),
+		func() error {
+			_, err := inv.AddSubsystem(ctxT(t), &pb.AddSubsystemRequest{Subsystem: &pb.Subsystem{Nqn: sub, TargetId: "stor-1", Tenant: "acme", PortIds: []uint32{1}, Dhchap: true}})
+			return err
+		}(),
+		func() error {
+			_, err := inv.AddNamespace(ctxT(t), &pb.AddNamespaceRequest{Namespace: &pb.Namespace{SubsystemNqn: sub, Nsid: 1, Tenant: "acme", Region: "eu-west",
+				DataClass: "internal", Dataset: &pb.Dataset{Name: "ds", Digest: "sha256:" + strings.Repeat("ab", 32)}}})
+			return err
+		}(),
+		// Admitted on the other replica, right after the inventory was
+		// added on the first.
+		func() error {
+			_, err := pb.NewJobsClient(devConn(t, b.GRPCAddr(), dir, "acme-scheduler")).Admit(ctxT(t), &pb.AdmitRequest{JobId: "job-1", Tenant: "acme",
+				Nodes:          []string{"spiffe://nvmegate.test/node/acme-gpu-1", "spiffe://nvmegate.test/node/acme-gpu-2"},
+				Namespaces:     []*pb.JobNamespace{{SubsystemNqn: sub, Nsid: 1, Mode: pb.AccessMode_ACCESS_MODE_READ_ONLY}},
+				AllowedRegions: []string{"eu-west"}, ExpiresAt: timestamppb.New(time.Now().Add(2 * time.Hour))})
+			return err
+		}(),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// One node connects through each replica; each replica programs its
+	// target before answering.
+	grants := map[string]*pb.Grant{}
+	for node, m := range map[string]*Main{"acme-node-1": a, "acme-node-2": b} {
+		resp, err := pb.NewAccessClient(devConn(t, m.GRPCAddr(), dir, node)).Connect(ctxT(t), &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: sub})
+		if err != nil {
+			t.Fatalf("%s: %v", node, err)
+		}
+		grants[node] = resp.Grant
+		if hs := allowedHosts(t, m, sub); !contains(hs, resp.Grant.HostNqn) {
+			t.Fatalf("%s: host %s not on the target after the connect (%v)", node, resp.Grant.HostNqn, hs)
+		}
+	}
+	if grants["acme-node-1"].GrantId == grants["acme-node-2"].GrantId {
+		t.Fatal("one grant for two nodes")
+	}
+	// Each replica serves both grants and both grant entries of the log.
+	for name, m := range replicas {
+		waitUntil(t, name+" serving both grants", func() bool {
+			gs, err := m.db.ActiveGrants(ctxT(t))
+			return err == nil && len(gs) == 2
+		})
+		waitUntil(t, name+"'s log copy holding the other's entries", func() bool {
+			return m.audit.Size() == a.audit.Size() && m.audit.Size() == b.audit.Size()
+		})
+	}
+	ra, _ := a.audit.RootAt(ctxT(t), a.audit.Size())
+	rb, _ := b.audit.RootAt(ctxT(t), b.audit.Size())
+	if ra != rb {
+		t.Fatal("the replicas' log copies disagree")
+	}
+
+	// Exactly one leads.
+	waitUntil(t, "a leader", func() bool { return a.repl.elector.Leading() != b.repl.elector.Leading() })
+	stopLead, other := stopA, b
+	if b.repl.elector.Leading() {
+		stopLead, other = stopB, a
+	}
+	stopLead()
+	waitUntil(t, "the other replica leading", other.repl.elector.Leading)
+
+	// The survivor serves on: a renewal of the grant the stopped replica
+	// issued, and a release.
+	for node, g := range grants {
+		ac := pb.NewAccessClient(devConn(t, other.GRPCAddr(), dir, node))
+		if _, err := ac.Renew(ctxT(t), &pb.RenewRequest{GrantId: g.GrantId}); err != nil {
+			t.Fatalf("%s: renew on the survivor: %v", node, err)
+		}
+		if _, err := ac.Release(ctxT(t), &pb.ReleaseRequest{GrantId: g.GrantId}); err != nil {
+			t.Fatalf("%s: release on the survivor: %v", node, err)
+		}
+	}
+	if gs, err := other.db.ActiveGrants(ctxT(t)); err != nil || len(gs) != 0 {
+		t.Fatalf("active grants after the releases: %d %v", len(gs), err)
+	}
+}
