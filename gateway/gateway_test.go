@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -463,4 +465,31 @@ func TestPolicyExplain(t *testing.T) {
 	}
 	_, err = pb.NewPolicyClient(g.client(t, node)).Explain(ctxT(t), &pb.ExplainRequest{InputJson: input})
 	wantCode(t, err, codes.PermissionDenied)
+}
+
+// A replica decides only on the latest state: every call passes the read
+// barrier first, and a call whose barrier fails (etcd out of reach) is
+// refused Unavailable, not decided on what the replica's copy holds.
+func TestReadBarrier(t *testing.T) {
+	var calls atomic.Int64
+	var down atomic.Bool
+	g := startGateway(t, func(c *gateway.Config) {
+		c.ReadBarrier = func(context.Context) error {
+			calls.Add(1)
+			if down.Load() {
+				return errors.New("etcd unreachable")
+			}
+			return nil
+		}
+	})
+	inv := pb.NewInventoryClient(g.client(t, admin))
+	if _, err := inv.AddTarget(ctxT(t), &pb.AddTargetRequest{Target: validTarget()}); err != nil {
+		t.Fatal(err)
+	}
+	if calls.Load() == 0 {
+		t.Fatal("a call did not pass the read barrier")
+	}
+	down.Store(true)
+	_, err := inv.ListTargets(ctxT(t), &pb.ListTargetsRequest{})
+	wantCode(t, err, codes.Unavailable, "latest state")
 }

@@ -118,6 +118,13 @@ func (s *Server) unaryInterceptors() []grpc.UnaryServerInterceptor {
 				s.recordInvalid(ctx, info.FullMethod, err)
 				return nil, err
 			}
+			if s.barrier != nil {
+				// A replica decides on the latest state, not on what its
+				// copy had applied when the call came (fail closed).
+				if err := s.barrier(ctx); err != nil {
+					return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "this replica cannot read the latest state of the replicated store (%v); retry", err)
+				}
+			}
 			return h(withScopeSlot(ctx), req)
 		},
 		authz.UnaryServerInterceptor(s.authorizer, s.describe, s.log,

@@ -70,6 +70,12 @@ type Config struct {
 	// subsystem and revision (authz.Scope.Sealed) and shared by every
 	// node's call on it. Nil: each call's scope is encoded anew.
 	Revisions ScopeRevisions
+
+	// ReadBarrier, for one of several replicas, brings this replica's copy
+	// of the store up to the latest committed state before a call is
+	// validated and decided (store.DB.Sync): what another replica wrote
+	// before the call began is seen. A call it fails is Unavailable.
+	ReadBarrier func(context.Context) error
 	// Self is the gateway's own SPIFFE ID: the caller of the entries of
 	// what it does on its own (a re-decision's revocations).
 	Self string
@@ -114,8 +120,9 @@ type Server struct {
 	now             func() time.Time
 	shutdownTimeout time.Duration
 	limit           *limiter
-	members         memberSets     // job membership, for describe
-	revisions       ScopeRevisions // nil: scopes are not sealed
+	members         memberSets                  // job membership, for describe
+	revisions       ScopeRevisions              // nil: scopes are not sealed
+	barrier         func(context.Context) error // nil: one gateway, no other writers
 	scopes          *sealedScopes
 	openings        openings   // connects and renewals in flight, for Redecide
 	redecideMu      sync.Mutex // one acting re-decision at a time
@@ -154,6 +161,7 @@ func New(cfg Config) (*Server, error) {
 		shutdownTimeout:  cfg.ShutdownTimeout,
 		limit:            newLimiter(cfg.MaxInFlight, cfg.MaxWaiting),
 		revisions:        cfg.Revisions,
+		barrier:          cfg.ReadBarrier,
 		self:             cfg.Self,
 		keys:             cfg.Keys,
 		signer:           cfg.LineageSigner,

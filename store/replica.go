@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/nvmegate/nvmegate"
 	bolt "go.etcd.io/bbolt"
@@ -75,14 +77,65 @@ var replicatedBuckets = func() map[string]bool {
 // Sync brings this copy up to the replicated store: it applies every
 // change other replicas committed since its revision (or, if those are no
 // longer kept, loads a snapshot). Without a Replica it does nothing.
+//
+// Concurrent calls share the work: a call waits for the next catch-up
+// that starts after it arrived (which sees everything committed before
+// it), so a storm of callers costs one read of etcd per round, not one
+// each — the read barrier every replicated decision passes.
 func (db *DB) Sync(ctx context.Context) error {
 	if db.replica == nil {
 		return nil
 	}
-	db.writeMu.Lock()
-	defer db.writeMu.Unlock()
-	return db.catchUpLocked(ctx)
+	done := make(chan error, 1)
+	b := &db.syncs
+	b.mu.Lock()
+	b.waiting = append(b.waiting, done)
+	lead := !b.running
+	b.running = true
+	b.mu.Unlock()
+	if lead {
+		go db.runSyncs()
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
+
+// syncRounds coalesces Sync calls (Sync).
+type syncRounds struct {
+	mu      sync.Mutex
+	running bool
+	waiting []chan error
+}
+
+func (db *DB) runSyncs() {
+	b := &db.syncs
+	for {
+		b.mu.Lock()
+		round := b.waiting
+		b.waiting = nil
+		if len(round) == 0 {
+			b.running = false
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
+		db.writeMu.Lock()
+		err := db.catchUpLocked(ctx)
+		db.writeMu.Unlock()
+		cancel()
+		for _, c := range round {
+			c <- err
+		}
+	}
+}
+
+// syncTimeout bounds one catch-up round.
+const syncTimeout = 10 * time.Second
 
 func (db *DB) catchUpLocked(ctx context.Context) error {
 	apply := func(ch Change) error { return db.applyChange(ch) }

@@ -101,6 +101,7 @@ type DB struct {
 	writeMu sync.Mutex
 	model   model
 	replica Replica
+	syncs   syncRounds
 }
 
 // Open opens (creating if needed, mode 0600) the store file at path, creates

@@ -300,6 +300,7 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		Registerer:    m.registry,
 		Self:          self,
 		Compliance:    m.engine,
+		ReadBarrier:   m.readBarrier(),
 	})
 	if err != nil {
 		return err

@@ -126,3 +126,12 @@ func ignoreCanceled(err error) error {
 	}
 	return err
 }
+
+// readBarrier is the gateway's read barrier: none for a single gateway,
+// the store's Sync for a replica.
+func (m *Main) readBarrier() func(context.Context) error {
+	if m.repl == nil {
+		return nil
+	}
+	return m.db.Sync
+}
