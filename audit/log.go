@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -180,13 +181,18 @@ func Open(path string, opts Options) (*Log, error) {
 		done:     make(chan struct{}),
 		maxBatch: opts.MaxBatch,
 	}
-	db, err := l.openDB()
-	if err != nil {
-		return nil, err
+	err := l.openAndLoad()
+	if err != nil && opts.Replica != nil && !opts.ReadOnly && damaged(err) {
+		// A replica's copy is written without fsync (the replicated log
+		// is the durable one): after a crash it may be torn. Set it aside
+		// and fill a new one from the replicated log.
+		aside := fmt.Sprintf("%s.damaged-%d", path, time.Now().Unix())
+		if rerr := os.Rename(path, aside); rerr != nil {
+			return nil, errors.Join(err, rerr)
+		}
+		err = l.openAndLoad()
 	}
-	l.db = db
-	if err := l.load(); err != nil {
-		_ = db.Close()
+	if err != nil {
 		return nil, err
 	}
 	if opts.ReadOnly {
@@ -198,12 +204,34 @@ func Open(path string, opts Options) (*Log, error) {
 		// A new replica's copy starts empty and fills from the replicated
 		// log; a restarted one applies what it missed.
 		if err := l.catchUp(); err != nil {
-			_ = db.Close()
+			_ = l.db.Close()
 			return nil, fmt.Errorf("audit: open %s: %w", path, err)
 		}
 	}
 	go l.writer()
 	return l, nil
+}
+
+// openAndLoad opens the file and loads its state into l.
+func (l *Log) openAndLoad() error {
+	db, err := l.openDB()
+	if err != nil {
+		return err
+	}
+	l.db = db
+	if err := l.load(); err != nil {
+		_ = db.Close()
+		l.db = nil
+		return err
+	}
+	return nil
+}
+
+// damaged says whether err is a file that is not a consistent log (not a
+// lock held, nor another log's or program's file).
+func damaged(err error) bool {
+	return errors.Is(err, ErrCorrupt) || errors.Is(err, berrors.ErrInvalid) || errors.Is(err, berrors.ErrChecksum) ||
+		errors.Is(err, berrors.ErrVersionMismatch)
 }
 
 func (l *Log) openDB() (*bolt.DB, error) {
@@ -221,6 +249,10 @@ func (l *Log) openDB() (*bolt.DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("audit: open %s: %w", l.path, err)
 	}
+	// A replica's copy need not reach the disk before an append returns:
+	// the entries are durable in the replicated log first, and a copy a
+	// crash tore is filled again from it (Open).
+	db.NoSync = l.opts.Replica != nil
 	if !l.opts.ReadOnly {
 		if err := db.Update(l.initSchema); err != nil {
 			_ = db.Close()

@@ -28,8 +28,10 @@ func BenchmarkAppend(b *testing.B) {
 		for _, n := range []int{16, 256} {
 			b.Run(fmt.Sprintf("%s/appenders=%d", backend, n), func(b *testing.B) {
 				opts := audit.Options{Origin: origin}
+				var tr *timedReplica
 				if backend == "etcd3" {
-					opts.Replica = etcdlog.New(cl, fmt.Sprintf("/bench/%d/", n))
+					tr = &timedReplica{Replica: etcdlog.New(cl, fmt.Sprintf("/bench/%d/", n))}
+					opts.Replica = tr
 				}
 				l, err := audit.Open(filepath.Join(b.TempDir(), "audit.db"), opts)
 				if err != nil {
@@ -37,6 +39,11 @@ func BenchmarkAppend(b *testing.B) {
 				}
 				defer l.Close()
 				benchAppenders(b, l, n)
+				if tr != nil && tr.commits.Load() > 0 {
+					b.ReportMetric(float64(tr.entries.Load())/float64(tr.commits.Load()), "entries/commit")
+					b.ReportMetric(float64(tr.nanos.Load())/float64(tr.commits.Load())/1e6, "etcd-ms/commit")
+					b.ReportMetric(float64(tr.conflicts.Load()), "refused-commits")
+				}
 			})
 		}
 	}
