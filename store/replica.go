@@ -59,6 +59,16 @@ var (
 	ErrResync = errors.New("store: the changes after this copy's revision are no longer kept")
 )
 
+// Conflict is what a Replica's Commit may return on a conflict: the
+// changes committed from the revision the transaction would have made on
+// (some or all of them, in order), so that the copy catches up with no
+// further round trip and runs the transaction again at once — a replica
+// that lost a race must not also lose the next one by catching up slowly.
+type Conflict struct{ Changes []Change }
+
+func (c *Conflict) Error() string { return ErrConflict.Error() }
+func (c *Conflict) Unwrap() error { return ErrConflict }
+
 // maxConflicts bounds the catch-up-and-retry rounds of one write: each
 // round means another replica committed, so the store as a whole moved
 // on.
@@ -324,4 +334,25 @@ func (db *DB) Dump(ctx context.Context, fn func(Write) error) (uint64, error) {
 		return nil
 	})
 	return rev, err
+}
+
+// applyConflict catches up after a lost race: with the changes the
+// conflict carried, or by reading them.
+func (db *DB) applyConflict(ctx context.Context, err error) error {
+	var c *Conflict
+	if !errors.As(err, &c) || len(c.Changes) == 0 {
+		return db.catchUpLocked(ctx)
+	}
+	for _, ch := range c.Changes {
+		if ch.Revision <= db.model.rev.Load() {
+			continue
+		}
+		if ch.Revision != db.model.rev.Load()+1 {
+			return db.catchUpLocked(ctx)
+		}
+		if err := db.applyChange(ch); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -116,6 +117,33 @@ func Open(path string, opts Options) (*DB, error) {
 	case opts.Timeout == 0:
 		opts.Timeout = DefaultTimeout
 	}
+	db, err := openFile(path, opts)
+	if err != nil && opts.Replica != nil && !errors.Is(err, ErrLocked) && !errors.Is(err, ErrNotStore) && !errors.Is(err, ErrSchemaTooNew) {
+		// A replica's copy is written without fsync (etcd holds the
+		// store): after a crash it may be torn. Set it aside and fill a
+		// new one from the replicated store.
+		if rerr := os.Rename(path, fmt.Sprintf("%s.damaged-%d", path, time.Now().Unix())); rerr != nil {
+			return nil, errors.Join(err, rerr)
+		}
+		db, err = openFile(path, opts)
+	}
+	if err != nil {
+		return nil, err
+	}
+	bdb := db.bolt
+	if db.replica != nil {
+		// A new copy fills from the replicated store; a restarted one
+		// applies what it missed.
+		if err := db.Sync(context.Background()); err != nil {
+			_ = bdb.Close()
+			return nil, fmt.Errorf("store: open %s: %w", path, err)
+		}
+	}
+	return db, nil
+}
+
+// openFile opens the file and loads the model from it.
+func openFile(path string, opts Options) (*DB, error) {
 	bdb, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.Timeout})
 	if errors.Is(err, berrors.ErrTimeout) {
 		return nil, fmt.Errorf("store: open %s: %w (waited %s; is another nvmegated using it?)", path, ErrLocked, opts.Timeout)
@@ -123,6 +151,10 @@ func Open(path string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
+	// A replica's copy need not reach the disk before a write returns:
+	// the write is durable in etcd first, and a torn copy is filled
+	// again from it (Open).
+	bdb.NoSync = opts.Replica != nil
 	if err := bdb.Update(initSchema); err != nil {
 		_ = bdb.Close()
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
@@ -137,14 +169,6 @@ func Open(path string, opts Options) (*DB, error) {
 	}); err != nil {
 		_ = bdb.Close()
 		return nil, fmt.Errorf("store: open %s: load: %w", path, err)
-	}
-	if db.replica != nil {
-		// A new copy fills from the replicated store; a restarted one
-		// applies what it missed.
-		if err := db.Sync(context.Background()); err != nil {
-			_ = bdb.Close()
-			return nil, fmt.Errorf("store: open %s: %w", path, err)
-		}
 	}
 	return db, nil
 }
@@ -331,7 +355,7 @@ func (db *DB) update(ctx context.Context, fn func(*txn) error) error {
 			return err
 		}
 		if errors.Is(err, ErrConflict) {
-			if err := db.catchUpLocked(ctx); err != nil {
+			if err := db.applyConflict(ctx, err); err != nil {
 				return err
 			}
 			continue

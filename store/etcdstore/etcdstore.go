@@ -67,7 +67,11 @@ func (s *Store) Commit(ctx context.Context, ch store.Change) error {
 	resp, err := s.kv.Txn(ctx).If(cmps...).Then(
 		clientv3.OpPut(s.revKey(), u64(ch.Revision)),
 		clientv3.OpPut(s.changeKey(ch.Revision), string(encodeWrites(nil, ch.Writes))),
-	).Else(clientv3.OpGet(s.revKey())).Commit()
+	).Else(
+		clientv3.OpGet(s.revKey()),
+		// The changes this replica missed, to catch up in this round trip.
+		clientv3.OpGet(s.changeKey(ch.Revision), clientv3.WithRange(clientv3.GetPrefixRangeEnd(s.prefix+"ch/")), clientv3.WithLimit(pageSize)),
+	).Commit()
 	if err != nil {
 		return fmt.Errorf("etcdstore: commit revision %d: %w", ch.Revision, err)
 	}
@@ -83,7 +87,19 @@ func (s *Store) Commit(ctx context.Context, ch store.Change) error {
 			return ErrFenced
 		}
 	}
-	return fmt.Errorf("etcdstore: commit revision %d: %w", ch.Revision, store.ErrConflict)
+	missed := resp.Responses[1].GetResponseRange().Kvs
+	c := &store.Conflict{}
+	for i, kv := range missed {
+		if string(kv.Key) != s.changeKey(ch.Revision+uint64(i)) {
+			break // trimmed, or a gap: the store reads them itself
+		}
+		ws, err := decodeWrites(kv.Value)
+		if err != nil {
+			return fmt.Errorf("etcdstore: %s: %w", kv.Key, err)
+		}
+		c.Changes = append(c.Changes, store.Change{Revision: ch.Revision + uint64(i), Writes: ws})
+	}
+	return fmt.Errorf("etcdstore: commit revision %d: %w", ch.Revision, c)
 }
 
 // Changes calls fn with the changes after from, all read at one etcd
