@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
 	"sync"
 	"time"
 
@@ -142,6 +143,7 @@ type appendReq struct {
 	leaf     [32]byte
 	keys     indexKeys
 	unixNano int64
+	cond     any // WithCondition's, or nil
 	done     chan appendResult
 }
 
@@ -484,7 +486,7 @@ func (l *Log) Append(ctx context.Context, e Entry) (uint64, [32]byte, error) {
 	if err := e.Validate(); err != nil {
 		return 0, [32]byte{}, err
 	}
-	r := &appendReq{data: data, leaf: LeafHash(data), done: make(chan appendResult, 1)}
+	r := &appendReq{data: data, leaf: LeafHash(data), done: make(chan appendResult, 1), cond: ctx.Value(conditionKey{})}
 	r.keys = makeIndexKeys(&e)
 	r.unixNano = e.Time.UnixNano()
 	if err := ctx.Err(); err != nil {
@@ -651,6 +653,21 @@ func (l *Log) commit(batch []*appendReq) {
 			return l.writeBatch(tx, start, rng, batch, flush, replicate)
 		})
 		l.dbmu.RUnlock()
+		if errors.Is(err, ErrFenced) {
+			// Refuse the appends whose condition failed; commit the rest.
+			var rest []*appendReq
+			for _, r := range batch {
+				if r.cond != nil {
+					r.done <- appendResult{err: fmt.Errorf("%w: %w", ErrUnavailable, err)}
+				} else {
+					rest = append(rest, r)
+				}
+			}
+			if len(rest) > 0 && len(rest) < len(batch) {
+				l.commit(rest)
+			}
+			return
+		}
 		if !errors.Is(err, ErrConflict) || round == maxConflicts {
 			break
 		}
@@ -720,7 +737,21 @@ func (l *Log) writeBatch(tx *bolt.Tx, start uint64, rng *compact.Range, batch []
 		return err
 	}
 	if replicate != nil {
-		return replicate(Commit{Start: start, End: rng.End(), PrevRoot: prevRoot, Root: rootOf(rng), Records: chunk})
+		var conds []any
+		seen := map[any]bool{}
+		for _, r := range batch {
+			if r.cond == nil {
+				continue
+			}
+			if reflect.TypeOf(r.cond).Comparable() { // one term's fence, once
+				if seen[r.cond] {
+					continue
+				}
+				seen[r.cond] = true
+			}
+			conds = append(conds, r.cond)
+		}
+		return replicate(Commit{Start: start, End: rng.End(), PrevRoot: prevRoot, Root: rootOf(rng), Records: chunk, Conditions: conds})
 	}
 	return nil
 }

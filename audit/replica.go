@@ -40,11 +40,30 @@ type Replica interface {
 
 // Commit is one group commit of the replicated log: the entries
 // [Start, End) as entry-bundle records (uint16 BE length || bytes), and the
-// tree root before and after them.
+// tree root before and after them. Conditions are the replica's own
+// conditions its appenders set (WithCondition: a leader's fence), all of
+// which must hold for the commit to be stored.
 type Commit struct {
 	Start, End     uint64
 	PrevRoot, Root [32]byte
 	Records        []byte
+	Conditions     []any
+}
+
+// ErrFenced is what a Replica's Append wraps when a condition of the
+// commit failed (an appender is no longer the leader it was): nothing was
+// stored. The log then refuses the appends that carried a condition and
+// commits the others.
+var ErrFenced = errors.New("audit: a condition of the append failed (no longer the leader); nothing recorded")
+
+type conditionKey struct{}
+
+// WithCondition makes the appends under ctx conditional on c, a condition
+// the Replica understands (etcdlog: a clientv3.Cmp, the leader's fence):
+// one whose condition fails is refused with ErrFenced. Without a Replica
+// conditions are ignored: a single gateway is always its own leader.
+func WithCondition(ctx context.Context, c any) context.Context {
+	return context.WithValue(ctx, conditionKey{}, c)
 }
 
 // ReplicatedCheckpoint is a signed checkpoint note and the key version

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/audit"
+	"github.com/nvmegate/nvmegate/audit/etcdlog"
 	"github.com/nvmegate/nvmegate/internal/etcdtest"
 	"github.com/nvmegate/nvmegate/leader"
 	"github.com/nvmegate/nvmegate/store"
@@ -22,7 +24,8 @@ func target(id string) *nvmegate.Target {
 
 // One of two replicas leads; when its lease ends (as a paused or dead
 // process's does), the other leads, and a write the former leader makes
-// under its term's fence — before or after it notices — stores nothing.
+// under its term's fence — to the store or the audit log, before or after
+// it notices — stores nothing.
 func TestFailoverFencesTheFormerLeader(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	cl := c.Client(t)
@@ -33,6 +36,11 @@ func TestFailoverFencesTheFormerLeader(t *testing.T) {
 	defer db.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	alog, err := audit.Open(filepath.Join(t.TempDir(), "audit.db"), audit.Options{Origin: "nvmegate.test/audit", Replica: etcdlog.New(cl, "/a/")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer alog.Close()
 
 	terms := make(chan leader.Term, 2)
 	run := func(id string) *leader.Elector {
@@ -63,6 +71,21 @@ func TestFailoverFencesTheFormerLeader(t *testing.T) {
 	if second.Rev <= first.Rev {
 		t.Fatalf("the new term %d is not after %d", second.Rev, first.Rev)
 	}
+	// Its audit appends too: refused under the old term's fence, while an
+	// append of the same batch without one (a caller's own) is recorded.
+	size := alog.Size()
+	if _, _, err := alog.Append(audit.WithCondition(ctx, first.Fence), entry("sweep by the former leader")); !errors.Is(err, audit.ErrFenced) {
+		t.Fatalf("the former leader's append: %v", err)
+	}
+	if _, _, err := alog.Append(ctx, entry("a caller's")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := alog.Append(audit.WithCondition(ctx, second.Fence), entry("sweep by the new leader")); err != nil {
+		t.Fatalf("the new leader's append: %v", err)
+	}
+	if alog.Size() != size+2 {
+		t.Fatalf("log grew by %d, want 2", alog.Size()-size)
+	}
 	before := db.Revision()
 	err = db.CreateTarget(etcdstore.Fence(ctx, first.Fence), target("t2"))
 	if !errors.Is(err, etcdstore.ErrFenced) {
@@ -87,4 +110,9 @@ func TestFailoverFencesTheFormerLeader(t *testing.T) {
 			t.Fatalf("leading: a %v, b %v; want b alone", a.Leading(), b.Leading())
 		}
 	}
+}
+
+func entry(detail string) audit.Entry {
+	return audit.Entry{Kind: audit.EventExpire, Caller: "spiffe://nvmegate.test/gateway/nvmegated", Detail: detail,
+		Time: time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)}
 }

@@ -42,19 +42,37 @@ func (l *Log) Append(ctx context.Context, c audit.Commit) error {
 	if c.Start == 0 {
 		cmp = clientv3.Compare(clientv3.CreateRevision(l.treeKey()), "=", 0)
 	}
+	cmps := []clientv3.Cmp{cmp}
+	for _, cond := range c.Conditions {
+		switch f := cond.(type) {
+		case clientv3.Cmp:
+			cmps = append(cmps, f)
+		case *clientv3.Cmp:
+			cmps = append(cmps, *f)
+		default:
+			return fmt.Errorf("etcdlog: append at %d: a condition of type %T is not an etcd compare", c.Start, cond)
+		}
+	}
 	v := binary.BigEndian.AppendUint64(make([]byte, 0, 72+len(c.Records)), c.End)
 	v = append(append(append(v, c.PrevRoot[:]...), c.Root[:]...), c.Records...)
-	resp, err := l.kv.Txn(ctx).If(cmp).Then(
+	resp, err := l.kv.Txn(ctx).If(cmps...).Then(
 		clientv3.OpPut(l.treeKey(), head(c.End, c.Root)),
 		clientv3.OpPut(l.commitKey(c.Start), string(v)),
-	).Commit()
+	).Else(clientv3.OpGet(l.treeKey())).Commit()
 	if err != nil {
 		return fmt.Errorf("etcdlog: append at %d: %w", c.Start, err)
 	}
-	if !resp.Succeeded {
-		return fmt.Errorf("etcdlog: append at %d: %w", c.Start, audit.ErrConflict)
+	if resp.Succeeded {
+		return nil
 	}
-	return nil
+	if len(c.Conditions) > 0 {
+		// The head as expected: a condition failed, not the race.
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if c.Start == 0 && len(kvs) == 0 || len(kvs) == 1 && string(kvs[0].Value) == head(c.Start, c.PrevRoot) {
+			return fmt.Errorf("etcdlog: append at %d: %w", c.Start, audit.ErrFenced)
+		}
+	}
+	return fmt.Errorf("etcdlog: append at %d: %w", c.Start, audit.ErrConflict)
 }
 
 // Commits calls fn with the commits from index from on, all read at one

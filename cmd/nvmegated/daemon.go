@@ -580,7 +580,9 @@ func (m *Main) Run(ctx context.Context) error {
 		g.Go(func() error {
 			return ignoreCanceled(m.repl.elector.Run(ctx, func(t leader.Term) {
 				m.log.Info("this replica leads the background work", "term", t.Rev)
-				fctx := etcdstore.Fence(t.Ctx, t.Fence)
+				// Every store write and audit append of the term is
+				// fenced: a former leader's are refused in etcd.
+				fctx := audit.WithCondition(etcdstore.Fence(t.Ctx, t.Fence), t.Fence)
 				var wg sync.WaitGroup
 				for _, fn := range leaderWork {
 					wg.Add(1)
