@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/audit/etcdlog"
@@ -24,6 +27,28 @@ import (
 func BenchmarkAppend(b *testing.B) {
 	c := etcdtest.Start(b, 3)
 	cl := c.Client(b)
+	// The floor: one etcd transaction as a commit makes (a compare, two
+	// puts) of a commit's bytes, one at a time, on the same cluster.
+	for _, n := range []int{8, 128} {
+		b.Run(fmt.Sprintf("floor/txn-of-%d-entries", n), func(b *testing.B) {
+			e := entry(1)
+			data, err := e.Encode()
+			if err != nil {
+				b.Fatal(err)
+			}
+			val := strings.Repeat(string(data), n)
+			ctx := context.Background()
+			b.ResetTimer()
+			for i := range b.N {
+				key := fmt.Sprintf("/floor/%d/%d", n, i)
+				if _, err := cl.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+					Then(clientv3.OpPut(key, val), clientv3.OpPut(fmt.Sprintf("/floor/%d/head", n), key)).Commit(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/1000, "ms/txn")
+		})
+	}
 	for _, backend := range []string{"etcd3", "bbolt"} {
 		for _, n := range []int{16, 256} {
 			b.Run(fmt.Sprintf("%s/appenders=%d", backend, n), func(b *testing.B) {
