@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -198,7 +199,30 @@ func (db *DB) applyChange(ch Change) error {
 		return err
 	}
 	db.model.apply(change{revision: ch.Revision, ops: ops})
+	if db.applied != nil {
+		targets, subsystems := touched(ops)
+		db.applied(ch.Revision, targets, subsystems)
+	}
 	return nil
+}
+
+// touched names the targets and subsystems whose desired state ops may
+// change.
+func touched(ops []op) (targets, subsystems []string) {
+	for _, o := range ops {
+		switch {
+		case o.target != nil:
+			targets = append(targets, o.target.ID)
+		case o.subsystem != nil:
+			targets = append(targets, o.subsystem.TargetID)
+			subsystems = append(subsystems, o.subsystem.NQN)
+		case o.namespace != nil:
+			subsystems = append(subsystems, o.namespace.SubsystemNQN)
+		case o.grant != nil:
+			subsystems = append(subsystems, o.grant.SubsystemNQN)
+		}
+	}
+	return slices.Compact(slices.Sorted(slices.Values(targets))), slices.Compact(slices.Sorted(slices.Values(subsystems)))
 }
 
 // opOf is the model's op for write w (nil for an index or the revision):
@@ -308,6 +332,14 @@ func (db *DB) resyncLocked(ctx context.Context) error {
 		return fmt.Errorf("store: resync: commit: %w", err)
 	}
 	db.model.replace(recs, rev)
+	if db.applied != nil {
+		var targets []string
+		for id := range recs.targets {
+			targets = append(targets, id)
+		}
+		slices.Sort(targets)
+		db.applied(rev, targets, nil)
+	}
 	return nil
 }
 

@@ -85,6 +85,12 @@ type Options struct {
 	// read, before it is applied here; Open and Sync apply the changes
 	// of other replicas.
 	Replica Replica
+
+	// Applied, with a Replica, hears of each change of another replica
+	// once this copy applied it: its revision and the targets and
+	// subsystems whose desired state it may change (a replica programs
+	// the targets whose agents stream from it). It must not block.
+	Applied func(rev uint64, targets, subsystems []string)
 }
 
 // DB is the inventory store. Its methods are safe for concurrent use: the
@@ -102,6 +108,7 @@ type DB struct {
 	writeMu sync.Mutex
 	model   model
 	replica Replica
+	applied func(rev uint64, targets, subsystems []string)
 	syncs   syncRounds
 }
 
@@ -159,7 +166,7 @@ func openFile(path string, opts Options) (*DB, error) {
 		_ = bdb.Close()
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
-	db := &DB{bolt: bdb, now: opts.Now, replica: opts.Replica}
+	db := &DB{bolt: bdb, now: opts.Now, replica: opts.Replica, applied: opts.Applied}
 	if err := bdb.View(func(tx *bolt.Tx) error {
 		recs, rev, err := load(tx)
 		db.model.records = recs

@@ -85,6 +85,11 @@ type Agent struct {
 	// Hub, if set, connects remote agents: a target whose agent is
 	// connected is programmed through it, not by a local driver.
 	Hub *Hub
+	// Peers, for one of several gateway replicas, reaches the targets
+	// whose agents stream from another replica: a target with neither a
+	// stream here nor a local driver is programmed by that replica, and
+	// Program waits for its agent's acknowledgement through Peers.
+	Peers Peers
 
 	mu      sync.Mutex
 	targets map[string]*target
@@ -291,11 +296,22 @@ func (a *Agent) send(ctx context.Context, tgt *nvmegate.Target, t *target, whole
 	}
 }
 
-// sink is where a target's state goes: its own agent's stream, or a local
-// driver.
+// Peers relays the programming of targets between gateway replicas.
+type Peers interface {
+	// Await waits until the agent of target, on whichever replica it
+	// streams from, has acknowledged the store's state as of this
+	// replica's current revision or later: the replica it is attached to
+	// programs it from the shared store.
+	Await(ctx context.Context, target string) error
+}
+
+// sink is where a target's state goes: its own agent's stream, a local
+// driver, or the replica its agent streams from.
 type sink struct {
 	remote *remote
 	driver Driver
+	peers  Peers  // with target: programmed by the replica it streams from
+	target string
 }
 
 func (a *Agent) sinkOf(t *nvmegate.Target) (sink, error) {
@@ -309,6 +325,9 @@ func (a *Agent) sinkOf(t *nvmegate.Target) (sink, error) {
 		d = a.Driver(t)
 	}
 	if d == nil {
+		if a.Peers != nil {
+			return sink{peers: a.Peers, target: t.ID}, nil
+		}
 		return sink{}, fmt.Errorf("target %s (driver %s): %w", t.ID, t.Driver, ErrNotManaged)
 	}
 	return sink{driver: d}, nil
@@ -317,6 +336,9 @@ func (a *Agent) sinkOf(t *nvmegate.Target) (sink, error) {
 // same reports whether s is o (a driver of a type that cannot be compared
 // is never the same: it gets whole states).
 func (s sink) same(o sink) bool {
+	if s.peers != nil || o.peers != nil {
+		return false // another replica's: it sends its own states
+	}
 	if s.remote != nil || o.remote != nil {
 		return s.remote == o.remote
 	}
@@ -328,10 +350,12 @@ func (s sink) same(o sink) bool {
 
 // deltas reports whether the sink takes deltas (an agent from before
 // deltas does not).
-func (s sink) deltas() bool { return s.remote == nil || s.remote.deltas }
+func (s sink) deltas() bool { return s.peers == nil && (s.remote == nil || s.remote.deltas) }
 
 func (s sink) apply(ctx context.Context, h *Hub, u Update) error {
 	switch {
+	case s.peers != nil:
+		return s.peers.Await(ctx, s.target)
 	case s.remote != nil:
 		return h.push(ctx, s.remote, u)
 	case u.Delta != nil:
@@ -382,6 +406,9 @@ func (a *Agent) Reconcile(ctx context.Context) error {
 	}
 	var errs []error
 	for _, t := range ts {
+		if sk, err := a.sinkOf(t); err == nil && sk.peers != nil {
+			continue // its agent streams from another replica, which reconciles it
+		}
 		if err := a.Program(ctx, t.ID); err != nil && !errors.Is(err, ErrNotManaged) {
 			errs = append(errs, err)
 		}

@@ -153,6 +153,17 @@ func (h *Hub) get(targetID string) *remote {
 	return h.subs[targetID]
 }
 
+// Attached returns the targets whose agents stream from this hub.
+func (h *Hub) Attached() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]string, 0, len(h.subs))
+	for id := range h.subs {
+		out = append(out, id)
+	}
+	return out
+}
+
 // Connected reports whether a target's agent is connected.
 func (h *Hub) Connected(targetID string) bool { return h.get(targetID) != nil }
 

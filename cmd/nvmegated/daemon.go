@@ -70,6 +70,7 @@ type Main struct {
 	httpLis   net.Listener
 	httpSrv   *http.Server
 	repl      *replication // nil: a single gateway
+	peers     *targetPeers // with repl: targets programmed by other replicas
 }
 
 // NewMain returns a Main with the defaults of a production daemon.
@@ -185,9 +186,15 @@ func (m *Main) Open(ctx context.Context) (err error) {
 			return err
 		}
 		storeOpts.Replica, auditOpts.Replica = m.repl.store, m.repl.log
+		ack, _ := time.ParseDuration(c.Targets.AckTimeout) // checked by validate
+		m.peers = newTargetPeers(m.repl, nil, ack)
+		storeOpts.Applied = m.peers.changed
 	}
 	if m.db, err = store.Open(filepath.Join(c.StateDir, "inventory.db"), storeOpts); err != nil {
 		return fmt.Errorf("inventory store: %w", err)
+	}
+	if m.peers != nil {
+		m.peers.db = m.db
 	}
 	if m.auditKey, err = openSigner(ctx, c.Audit); err != nil {
 		return fmt.Errorf("audit signing key: %w", err)
@@ -261,6 +268,11 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		}
 		return nil // not programmed by this gateway
 	}}
+	if m.peers != nil {
+		// A target whose agent streams from another replica is
+		// programmed there; a call here waits for its acknowledgement.
+		m.agent.Peers = m.peers
+	}
 	// Converge every target to the grants in the store before serving.
 	if err := m.agent.Reconcile(ctx); err != nil {
 		m.log.Error("targets not reconciled at start; retrying in the background", "err", err)
@@ -498,6 +510,7 @@ func (m *Main) Run(ctx context.Context) error {
 		})
 		once(func(ctx context.Context) { m.repl.compact(ctx, m.db, m.log.Warn) })
 		g.Go(func() error { return m.repl.followStore(ctx, m.db) })
+		g.Go(func() error { return m.peers.relay(ctx, m.agent, m.hub, m.log.Warn) })
 		g.Go(func() error { return m.repl.followLog(ctx, m.audit) })
 	}
 	if m.reloader != nil {

@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -17,6 +19,7 @@ import (
 	"github.com/nvmegate/nvmegate/leader"
 	"github.com/nvmegate/nvmegate/store"
 	"github.com/nvmegate/nvmegate/store/etcdstore"
+	"github.com/nvmegate/nvmegate/targetagent"
 )
 
 // compactInterval is how often the leader snapshots the replicated store
@@ -134,4 +137,128 @@ func (m *Main) readBarrier() func(context.Context) error {
 		return nil
 	}
 	return m.db.Sync
+}
+
+// targetPeers relays the programming of targets between replicas through
+// etcd: <prefix>targets/<id>/applied holds the store revision (uint64 BE)
+// as of which the target's agent, on whichever replica it streams from,
+// last acknowledged its state. A replica answering a call that changes a
+// target whose agent streams elsewhere waits for that key to reach its own
+// revision (targetagent.Peers); the replica the agent streams from
+// programs it as it applies each change, and moves the key.
+type targetPeers struct {
+	client *clientv3.Client
+	prefix string
+	db     *store.DB
+	wait   time.Duration // at most, for another replica's agent
+
+	mu      sync.Mutex
+	rev     uint64
+	targets map[string]bool
+	subs    map[string]bool
+	notify  chan struct{}
+}
+
+func newTargetPeers(r *replication, db *store.DB, wait time.Duration) *targetPeers {
+	return &targetPeers{client: r.client, prefix: r.prefix + "targets/", db: db, wait: wait,
+		targets: map[string]bool{}, subs: map[string]bool{}, notify: make(chan struct{}, 1)}
+}
+
+func (p *targetPeers) key(target string) string { return p.prefix + target + "/applied" }
+
+// Await waits until target's agent acknowledged this replica's revision.
+func (p *targetPeers) Await(ctx context.Context, target string) error {
+	rev := p.db.Revision()
+	ctx, cancel := context.WithTimeout(ctx, p.wait)
+	defer cancel()
+	got, err := p.client.Get(ctx, p.key(target))
+	if err != nil {
+		return fmt.Errorf("target %s: %w", target, err)
+	}
+	if len(got.Kvs) == 1 && appliedRev(got.Kvs[0].Value) >= rev {
+		return nil
+	}
+	wch := p.client.Watch(clientv3.WithRequireLeader(ctx), p.key(target), clientv3.WithRev(got.Header.Revision+1))
+	for resp := range wch {
+		for _, ev := range resp.Events {
+			if appliedRev(ev.Kv.Value) >= rev {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("target %s: no gateway replica's agent acknowledged the state as of revision %d within %s (is the target's agent connected?)", target, rev, p.wait)
+}
+
+func appliedRev(v []byte) uint64 {
+	if len(v) != 8 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(v)
+}
+
+// changed is the store's Applied hook: it notes what another replica's
+// change touched, for relay (it must not block).
+func (p *targetPeers) changed(rev uint64, targets, subsystems []string) {
+	p.mu.Lock()
+	p.rev = max(p.rev, rev)
+	for _, t := range targets {
+		p.targets[t] = true
+	}
+	for _, s := range subsystems {
+		p.subs[s] = true
+	}
+	p.mu.Unlock()
+	select {
+	case p.notify <- struct{}{}:
+	default:
+	}
+}
+
+// relay programs the targets whose agents stream from this replica as the
+// other replicas' changes arrive, and records each target's acknowledged
+// revision: the touched ones once programmed, the others at once (their
+// state did not change).
+func (p *targetPeers) relay(ctx context.Context, agent *targetagent.Agent, hub *targetagent.Hub, warn func(string, ...any)) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-p.notify:
+		}
+		p.mu.Lock()
+		touched := p.targets
+		subs := p.subs
+		p.targets, p.subs = map[string]bool{}, map[string]bool{}
+		p.mu.Unlock()
+		for nqn := range subs {
+			if s, err := p.db.Subsystem(ctx, nqn); err == nil {
+				touched[s.TargetID] = true
+			}
+		}
+		rev := p.db.Revision() // every change up to it is applied to the copy
+		for _, id := range hub.Attached() {
+			if touched[id] {
+				agent.InventoryChanged(id)
+				if err := agent.Program(ctx, id); err != nil {
+					warn("target not programmed after another replica's change", "target", id, "err", err)
+					continue
+				}
+			}
+			if err := p.record(ctx, id, rev); err != nil {
+				warn("target's acknowledgement not recorded in etcd", "target", id, "err", err)
+			}
+		}
+	}
+}
+
+// record moves target's acknowledged revision up to rev (never down).
+func (p *targetPeers) record(ctx context.Context, target string, rev uint64) error {
+	k, v := p.key(target), string(binary.BigEndian.AppendUint64(nil, rev))
+	for _, cmp := range []clientv3.Cmp{clientv3.Compare(clientv3.Value(k), "<", v), clientv3.Compare(clientv3.CreateRevision(k), "=", 0)} {
+		resp, err := p.client.Txn(ctx).If(cmp).Then(clientv3.OpPut(k, v)).Commit()
+		if err != nil || resp.Succeeded {
+			return err
+		}
+	}
+	return nil
 }

@@ -3,12 +3,23 @@ package main
 import (
 	"context"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/nvmegate/nvmegate/fabric/nvmet"
+	"github.com/nvmegate/nvmegate/identity"
+	"github.com/nvmegate/nvmegate/identity/devca"
+	"github.com/nvmegate/nvmegate/targetagent"
 
 	"github.com/nvmegate/nvmegate/internal/etcdtest"
 	"github.com/nvmegate/nvmegate/internal/vaulttest"
@@ -18,13 +29,13 @@ import (
 // startReplica runs one gateway replica of the dev trust domain in dir,
 // on its own state directory, sharing the store and the audit log in etcd
 // and the keys in Vault with the others.
-func startReplica(t *testing.T, dir, name string, etcd []string, v *vaulttest.Server, role vaulttest.AppRole) (*Main, func()) {
+func startReplica(t *testing.T, dir, name string, etcd []string, v *vaulttest.Server, role vaulttest.AppRole, flags ...string) (*Main, func()) {
 	t.Helper()
 	m := NewMain()
 	m.Stderr = io.Discard
 	state := filepath.Join(dir, name)
-	if err := m.ParseFlags(context.Background(), []string{"dev", "--dir", dir, "--listen", "127.0.0.1:0", "--http-listen", "off",
-		"--state-dir", state, "--ready-file", filepath.Join(state, "ready.json")}); err != nil {
+	if err := m.ParseFlags(context.Background(), append([]string{"dev", "--dir", dir, "--listen", "127.0.0.1:0", "--http-listen", "off",
+		"--state-dir", state, "--ready-file", filepath.Join(state, "ready.json")}, flags...)); err != nil {
 		t.Fatal(err)
 	}
 	m.Config.Keys.Backend = "vault"
@@ -170,5 +181,115 @@ func TestTwoReplicasOnEtcd(t *testing.T) {
 	}
 	if gs, err := other.db.ActiveGrants(ctxT(t)); err != nil || len(gs) != 0 {
 		t.Fatalf("active grants after the releases: %d %v", len(gs), err)
+	}
+}
+
+// A target's agent streams from one replica; a node connects through the
+// other, which answers only once the agent's replica has programmed the
+// target and the agent acknowledged it; a release through it likewise.
+// When the agent's replica stops, the agent reconnects to the other and
+// the target keeps exactly the active grants' hosts.
+func TestTargetBehindAnotherReplica(t *testing.T) {
+	v := vaulttest.Start(t)
+	c := etcdtest.Start(t, 1)
+	dir := t.TempDir()
+	role := v.SetUpAppRole(t, filepath.Join(dir, "approle"))
+	a, _ := startReplica(t, dir, "a", c.Endpoints, v, role, "--remote-targets", "stor-eu-1")
+	b, stopB := startReplica(t, dir, "b", c.Endpoints, v, role, "--remote-targets", "stor-eu-1")
+
+	sub := "nqn.2026-01.io.nvmegate.test:acme-train"
+	inv := pb.NewInventoryClient(devConn(t, a.GRPCAddr(), dir, "admin"))
+	for _, err := range []error{
+		func() error {
+			_, err := inv.AddTarget(ctxT(t), &pb.AddTargetRequest{Target: &pb.Target{Id: "stor-eu-1", Fabric: "fab", Region: "eu-west", Driver: "nvmet",
+				Ports: []*pb.Port{{Id: 1, Transport: "tcp", AddressFamily: "ipv4", Address: "127.0.0.1", ServiceId: "4420"}}}})
+			return err
+		}(),
+		func() error {
+			_, err := inv.AddSubsystem(ctxT(t), &pb.AddSubsystemRequest{Subsystem: &pb.Subsystem{Nqn: sub, TargetId: "stor-eu-1", Tenant: "acme", PortIds: []uint32{1}, Dhchap: true}})
+			return err
+		}(),
+		func() error {
+			_, err := inv.AddNamespace(ctxT(t), &pb.AddNamespaceRequest{Namespace: &pb.Namespace{SubsystemNqn: sub, Nsid: 1, Tenant: "acme", Region: "eu-west",
+				DataClass: "internal", Dataset: &pb.Dataset{Name: "ds", Digest: "sha256:" + strings.Repeat("ab", 32)}}})
+			return err
+		}(),
+		func() error {
+			_, err := pb.NewJobsClient(devConn(t, a.GRPCAddr(), dir, "acme-scheduler")).Admit(ctxT(t), &pb.AdmitRequest{JobId: "job-1", Tenant: "acme",
+				Nodes:          []string{"spiffe://nvmegate.test/node/acme-gpu-1", "spiffe://nvmegate.test/node/acme-gpu-2"},
+				Namespaces:     []*pb.JobNamespace{{SubsystemNqn: sub, Nsid: 1, Mode: pb.AccessMode_ACCESS_MODE_READ_ONLY}},
+				AllowedRegions: []string{"eu-west"}, ExpiresAt: timestamppb.New(time.Now().Add(2 * time.Hour))})
+			return err
+		}(),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The target's agent, with the target's SVID, dialing the replicas in
+	// order: b first, a once b is gone.
+	res := manual.NewBuilderWithScheme("replicas")
+	res.InitialState(resolver.State{Addresses: []resolver.Address{{Addr: b.GRPCAddr()}, {Addr: a.GRPCAddr()}}})
+	cert, key := devca.SVIDPaths(dir, "target-stor-eu-1")
+	src, err := identity.NewFileSource(cert, key, devca.BundlePath(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(res.Scheme()+":///gateway", grpc.WithResolvers(res),
+		grpc.WithTransportCredentials(identity.ClientCredentials(src, tlsconfig.AuthorizeID(spiffeid.RequireFromString("spiffe://nvmegate.test/gateway/nvmegated")))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	root := t.TempDir()
+	r := &targetagent.Remote{Conn: conn, Driver: &nvmet.Driver{Root: root}}
+	rctx, rcancel := context.WithCancel(context.Background())
+	rdone := make(chan struct{})
+	go func() { r.Run(rctx); close(rdone) }()
+	defer func() { rcancel(); <-rdone }()
+	waitUntil(t, "the agent attached to b", func() bool { return b.hub.Connected("stor-eu-1") })
+
+	hosts := func() []string {
+		ents, _ := os.ReadDir(filepath.Join(root, "subsystems", sub, "allowed_hosts"))
+		var out []string
+		for _, e := range ents {
+			out = append(out, e.Name())
+		}
+		return out
+	}
+	// Through a, whose replica has no stream of the target: the answer
+	// comes once b programmed it.
+	resp, err := pb.NewAccessClient(devConn(t, a.GRPCAddr(), dir, "acme-node-1")).Connect(ctxT(t), &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: sub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hs := hosts(); len(hs) != 1 || hs[0] != resp.Grant.HostNqn {
+		t.Fatalf("hosts on the target when a answered: %v", hs)
+	}
+	resp2, err := pb.NewAccessClient(devConn(t, b.GRPCAddr(), dir, "acme-node-2")).Connect(ctxT(t), &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: sub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pb.NewAccessClient(devConn(t, a.GRPCAddr(), dir, "acme-node-1")).Release(ctxT(t), &pb.ReleaseRequest{GrantId: resp.Grant.GrantId}); err != nil {
+		t.Fatal(err)
+	}
+	if hs := hosts(); len(hs) != 1 || hs[0] != resp2.Grant.HostNqn {
+		t.Fatalf("hosts on the target when a answered the release: %v", hs)
+	}
+
+	// b goes; the agent moves to a and the target keeps node 2 alone.
+	stopB()
+	waitUntil(t, "the agent attached to a", func() bool { return a.hub.Connected("stor-eu-1") })
+	waitUntil(t, "the target's state from a", func() bool {
+		hs := hosts()
+		return len(hs) == 1 && hs[0] == resp2.Grant.HostNqn
+	})
+	resp3, err := pb.NewAccessClient(devConn(t, a.GRPCAddr(), dir, "acme-node-1")).Connect(ctxT(t), &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: sub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hs := hosts(); len(hs) != 2 || !contains(hs, resp3.Grant.HostNqn) {
+		t.Fatalf("hosts after a reconnect through a: %v", hs)
 	}
 }
