@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nvmegate/nvmegate/identity"
 	"github.com/nvmegate/nvmegate/identity/devca"
@@ -295,4 +296,42 @@ func TestOpenRefusesBrokenIdentity(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "identity") {
 		t.Fatalf("Open = %v, want an identity error", err)
 	}
+}
+
+// acmeJob registers target (nvmet, one port), the acme subsystem on it
+// with one namespace, through the admin on adminAddr, and admits job-1 for
+// acme's nodes 1 and 2 through the scheduler on schedAddr. It returns the
+// subsystem's NQN.
+func acmeJob(t *testing.T, dir, adminAddr, schedAddr, target string) string {
+	t.Helper()
+	sub := "nqn.2026-01.io.nvmegate.test:acme-train"
+	inv := pb.NewInventoryClient(devConn(t, adminAddr, dir, "admin"))
+	for _, err := range []error{
+		func() error {
+			_, err := inv.AddTarget(ctxT(t), &pb.AddTargetRequest{Target: &pb.Target{Id: target, Fabric: "fab", Region: "eu-west", Driver: "nvmet",
+				Ports: []*pb.Port{{Id: 1, Transport: "tcp", AddressFamily: "ipv4", Address: "127.0.0.1", ServiceId: "4420"}}}})
+			return err
+		}(),
+		func() error {
+			_, err := inv.AddSubsystem(ctxT(t), &pb.AddSubsystemRequest{Subsystem: &pb.Subsystem{Nqn: sub, TargetId: target, Tenant: "acme", PortIds: []uint32{1}, Dhchap: true}})
+			return err
+		}(),
+		func() error {
+			_, err := inv.AddNamespace(ctxT(t), &pb.AddNamespaceRequest{Namespace: &pb.Namespace{SubsystemNqn: sub, Nsid: 1, Tenant: "acme", Region: "eu-west",
+				DataClass: "internal", Dataset: &pb.Dataset{Name: "ds", Digest: "sha256:" + strings.Repeat("ab", 32)}}})
+			return err
+		}(),
+		func() error {
+			_, err := pb.NewJobsClient(devConn(t, schedAddr, dir, "acme-scheduler")).Admit(ctxT(t), &pb.AdmitRequest{JobId: "job-1", Tenant: "acme",
+				Nodes:          []string{"spiffe://nvmegate.test/node/acme-gpu-1", "spiffe://nvmegate.test/node/acme-gpu-2"},
+				Namespaces:     []*pb.JobNamespace{{SubsystemNqn: sub, Nsid: 1, Mode: pb.AccessMode_ACCESS_MODE_READ_ONLY}},
+				AllowedRegions: []string{"eu-west"}, ExpiresAt: timestamppb.New(time.Now().Add(2 * time.Hour))})
+			return err
+		}(),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return sub
 }

@@ -3,8 +3,8 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"encoding/binary"
 	"crypto/x509"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"

@@ -5,7 +5,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,7 +13,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
 	"github.com/nvmegate/nvmegate/identity"
@@ -95,37 +93,9 @@ func TestTwoReplicasOnEtcd(t *testing.T) {
 	b, stopB := startReplica(t, dir, "b", c.Endpoints, v, role)
 	replicas := map[string]*Main{"a": a, "b": b}
 
-	sub := "nqn.2026-01.io.nvmegate.test:acme-train"
-	inv := pb.NewInventoryClient(devConn(t, a.GRPCAddr(), dir, "admin"))
-	for _, err := range []error{
-		func() error {
-			_, err := inv.AddTarget(ctxT(t), &pb.AddTargetRequest{Target: &pb.Target{Id: "stor-1", Fabric: "fab", Region: "eu-west", Driver: "nvmet",
-				Ports: []*pb.Port{{Id: 1, Transport: "tcp", AddressFamily: "ipv4", Address: "127.0.0.1", ServiceId: "4420"}}}})
-			return err
-		}(),
-		func() error {
-			_, err := inv.AddSubsystem(ctxT(t), &pb.AddSubsystemRequest{Subsystem: &pb.Subsystem{Nqn: sub, TargetId: "stor-1", Tenant: "acme", PortIds: []uint32{1}, Dhchap: true}})
-			return err
-		}(),
-		func() error {
-			_, err := inv.AddNamespace(ctxT(t), &pb.AddNamespaceRequest{Namespace: &pb.Namespace{SubsystemNqn: sub, Nsid: 1, Tenant: "acme", Region: "eu-west",
-				DataClass: "internal", Dataset: &pb.Dataset{Name: "ds", Digest: "sha256:" + strings.Repeat("ab", 32)}}})
-			return err
-		}(),
-		// Admitted on the other replica, right after the inventory was
-		// added on the first.
-		func() error {
-			_, err := pb.NewJobsClient(devConn(t, b.GRPCAddr(), dir, "acme-scheduler")).Admit(ctxT(t), &pb.AdmitRequest{JobId: "job-1", Tenant: "acme",
-				Nodes:          []string{"spiffe://nvmegate.test/node/acme-gpu-1", "spiffe://nvmegate.test/node/acme-gpu-2"},
-				Namespaces:     []*pb.JobNamespace{{SubsystemNqn: sub, Nsid: 1, Mode: pb.AccessMode_ACCESS_MODE_READ_ONLY}},
-				AllowedRegions: []string{"eu-west"}, ExpiresAt: timestamppb.New(time.Now().Add(2 * time.Hour))})
-			return err
-		}(),
-	} {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	// The inventory added through a, the job admitted through b right
+	// after.
+	sub := acmeJob(t, dir, a.GRPCAddr(), b.GRPCAddr(), "stor-1")
 
 	// One node connects through each replica; each replica programs its
 	// target before answering.
@@ -197,35 +167,7 @@ func TestTargetBehindAnotherReplica(t *testing.T) {
 	a, _ := startReplica(t, dir, "a", c.Endpoints, v, role, "--remote-targets", "stor-eu-1")
 	b, stopB := startReplica(t, dir, "b", c.Endpoints, v, role, "--remote-targets", "stor-eu-1")
 
-	sub := "nqn.2026-01.io.nvmegate.test:acme-train"
-	inv := pb.NewInventoryClient(devConn(t, a.GRPCAddr(), dir, "admin"))
-	for _, err := range []error{
-		func() error {
-			_, err := inv.AddTarget(ctxT(t), &pb.AddTargetRequest{Target: &pb.Target{Id: "stor-eu-1", Fabric: "fab", Region: "eu-west", Driver: "nvmet",
-				Ports: []*pb.Port{{Id: 1, Transport: "tcp", AddressFamily: "ipv4", Address: "127.0.0.1", ServiceId: "4420"}}}})
-			return err
-		}(),
-		func() error {
-			_, err := inv.AddSubsystem(ctxT(t), &pb.AddSubsystemRequest{Subsystem: &pb.Subsystem{Nqn: sub, TargetId: "stor-eu-1", Tenant: "acme", PortIds: []uint32{1}, Dhchap: true}})
-			return err
-		}(),
-		func() error {
-			_, err := inv.AddNamespace(ctxT(t), &pb.AddNamespaceRequest{Namespace: &pb.Namespace{SubsystemNqn: sub, Nsid: 1, Tenant: "acme", Region: "eu-west",
-				DataClass: "internal", Dataset: &pb.Dataset{Name: "ds", Digest: "sha256:" + strings.Repeat("ab", 32)}}})
-			return err
-		}(),
-		func() error {
-			_, err := pb.NewJobsClient(devConn(t, a.GRPCAddr(), dir, "acme-scheduler")).Admit(ctxT(t), &pb.AdmitRequest{JobId: "job-1", Tenant: "acme",
-				Nodes:          []string{"spiffe://nvmegate.test/node/acme-gpu-1", "spiffe://nvmegate.test/node/acme-gpu-2"},
-				Namespaces:     []*pb.JobNamespace{{SubsystemNqn: sub, Nsid: 1, Mode: pb.AccessMode_ACCESS_MODE_READ_ONLY}},
-				AllowedRegions: []string{"eu-west"}, ExpiresAt: timestamppb.New(time.Now().Add(2 * time.Hour))})
-			return err
-		}(),
-	} {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	sub := acmeJob(t, dir, a.GRPCAddr(), a.GRPCAddr(), "stor-eu-1")
 
 	// The target's agent, with the target's SVID, dialing the replicas in
 	// order: b first, a once b is gone.

@@ -74,36 +74,7 @@ func allowedHosts(t *testing.T, m *Main, sub string) []string {
 func TestRestartReconcilesGrants(t *testing.T) {
 	dir := t.TempDir()
 	m, stop := startDaemon(t, dir, "127.0.0.1:0")
-	admin := devConn(t, m.GRPCAddr(), dir, "admin")
-	inv := pb.NewInventoryClient(admin)
-	sub := "nqn.2026-01.io.nvmegate.test:acme-train"
-	for _, err := range []error{
-		func() error {
-			_, err := inv.AddTarget(ctxT(t), &pb.AddTargetRequest{Target: &pb.Target{Id: "stor-1", Fabric: "fab", Region: "eu-west", Driver: "nvmet",
-				Ports: []*pb.Port{{Id: 1, Transport: "tcp", AddressFamily: "ipv4", Address: "127.0.0.1", ServiceId: "4420"}}}})
-			return err
-		}(),
-		func() error {
-			_, err := inv.AddSubsystem(ctxT(t), &pb.AddSubsystemRequest{Subsystem: &pb.Subsystem{Nqn: sub, TargetId: "stor-1", Tenant: "acme", PortIds: []uint32{1}, Dhchap: true}})
-			return err
-		}(),
-		func() error {
-			_, err := inv.AddNamespace(ctxT(t), &pb.AddNamespaceRequest{Namespace: &pb.Namespace{SubsystemNqn: sub, Nsid: 1, Tenant: "acme", Region: "eu-west",
-				DataClass: "internal", Dataset: &pb.Dataset{Name: "ds", Digest: "sha256:" + strings.Repeat("ab", 32)}}})
-			return err
-		}(),
-		func() error {
-			_, err := pb.NewJobsClient(devConn(t, m.GRPCAddr(), dir, "acme-scheduler")).Admit(ctxT(t), &pb.AdmitRequest{JobId: "job-1", Tenant: "acme",
-				Nodes:          []string{"spiffe://nvmegate.test/node/acme-gpu-1", "spiffe://nvmegate.test/node/acme-gpu-2"},
-				Namespaces:     []*pb.JobNamespace{{SubsystemNqn: sub, Nsid: 1, Mode: pb.AccessMode_ACCESS_MODE_READ_ONLY}},
-				AllowedRegions: []string{"eu-west"}, ExpiresAt: timestamppb.New(time.Now().Add(2 * time.Hour))})
-			return err
-		}(),
-	} {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	sub := acmeJob(t, dir, m.GRPCAddr(), m.GRPCAddr(), "stor-1")
 	var grants []*pb.Grant
 	for _, n := range []string{"acme-node-1", "acme-node-2"} {
 		c, err := pb.NewAccessClient(devConn(t, m.GRPCAddr(), dir, n)).Connect(ctxT(t), &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: sub})
