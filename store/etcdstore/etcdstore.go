@@ -287,6 +287,9 @@ func decodeWrites(b []byte) ([]store.Write, error) {
 			if k <= 0 || n > uint64(len(b)-k) {
 				return nil, errors.New("truncated write")
 			}
+			if k != len(binary.AppendUvarint(nil, n)) {
+				return nil, errors.New("a length not in its shortest form")
+			}
 			*f, b = b[k:k+int(n)], b[k+int(n):]
 		}
 		out = append(out, w)
