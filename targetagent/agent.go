@@ -310,7 +310,7 @@ type Peers interface {
 type sink struct {
 	remote *remote
 	driver Driver
-	peers  Peers  // with target: programmed by the replica it streams from
+	peers  Peers // with target: programmed by the replica it streams from
 	target string
 }
 
