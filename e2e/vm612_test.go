@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -23,7 +24,10 @@ func TestRealKernel612(t *testing.T) {
 	kdir := builtByMake(t, "NVMEGATE_VM612_KERNEL", "the 6.12 kernel with e2e/vm/fetch-kernel-6.12.sh")
 	userland := builtByMake(t, "NVMEGATE_VM612_USERLAND", "the 6.12 tier's user space with e2e/vm/fetch-userland-trixie.sh")
 	root := repoRoot(t)
-	steps := runVM(t, vmRun{Kernel: filepath.Join(kdir, "vmlinuz"), ConsoleEnv: "NVMEGATE_VM612_CONSOLE", Env: []string{
+	// A connect the target ends as a fatal error mid-authentication hangs
+	// the host for several admin timeouts (4 minutes at the default 60 s,
+	// seen once under emulation): 10 s bounds it within the story's time.
+	steps := runVM(t, vmRun{Kernel: filepath.Join(kdir, "vmlinuz"), Append: "nvme_core.admin_timeout=10", ConsoleEnv: "NVMEGATE_VM612_CONSOLE", Env: []string{
 		"VM_MODULES=" + filepath.Join(kdir, "modules"), "VM_USERLAND=" + userland,
 		"VM_STORY=" + filepath.Join(root, "e2e", "vm", "story-6.12.sh")}})
 
@@ -137,9 +141,12 @@ func TestRealKernel612(t *testing.T) {
 	// identity the kernel looks up; the controller is keyed by it; a live
 	// re-key, the old secret refused (inside a TLS session the new PSK
 	// opens), nothing left after SIGTERM, and no key left in its ring.
-	kernelRefuses := func(name, why string) {
+	kernelRefuses := func(name string, why ...string) {
 		t.Helper()
-		has(refused(name), "kernel", why)
+		s := refused(name)
+		if !slices.ContainsFunc(why, func(w string) bool { return strings.Contains(s.Kernel, w) }) {
+			t.Errorf("step %s: the kernel log has none of %q:\n%s", name, why, s.excerpt())
+		}
 	}
 	checkNodeAgent(t, ok, kernelRefuses, "acme-gpu-1", "qid 0: authenticated with hash hmac(sha256) dhgroup ffdhe2048", false)
 	has(ok("agent-tls", "state live", "NVMe0R01 "+node1+" nqn.2026-01.io.nvmegate.vm:acme-train"), "output", "was successful")

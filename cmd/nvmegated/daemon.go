@@ -562,7 +562,10 @@ func (m *Main) Run(ctx context.Context) error {
 			return nil
 		})
 	} else {
-		once(func(ctx context.Context) { every(ctx, reconcileEvery, func() { sweep(ctx) }) })
+		once(func(ctx context.Context) {
+			sweep(ctx) // a new leader sweeps at once: the last one may have died mid-period
+			every(ctx, reconcileEvery, func() { sweep(ctx) })
+		})
 		g.Go(func() error {
 			every(ctx, reconcileEvery, func() { reconcile(ctx) })
 			return nil

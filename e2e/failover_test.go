@@ -1,0 +1,337 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/nvmegate/nvmegate/attest"
+	"github.com/nvmegate/nvmegate/audit"
+	"github.com/nvmegate/nvmegate/identity/devca"
+	"github.com/nvmegate/nvmegate/internal/clientconn"
+	"github.com/nvmegate/nvmegate/internal/vaulttest"
+	"github.com/nvmegate/nvmegate/loadgen"
+)
+
+// replicaProc is one nvmegated replica process on a fixed address.
+type replicaProc struct {
+	name, addr, cfg, state, log string
+	cmd                         *exec.Cmd
+}
+
+func (r *replicaProc) start(t *testing.T, bin, dev string) {
+	t.Helper()
+	ready := filepath.Join(r.state, "ready.json")
+	os.Remove(ready)
+	f, err := os.OpenFile(r.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r.cmd = exec.Command(filepath.Join(bin, "nvmegated"), "dev", "--dir", dev, "--config", r.cfg, "--listen", r.addr,
+		"--http-listen", "off", "--state-dir", r.state, "--ready-file", ready)
+	r.cmd.Stdout, r.cmd.Stderr = f, f
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat(ready); err == nil {
+			return
+		}
+	}
+	data, _ := os.ReadFile(r.log)
+	t.Fatalf("replica %s did not become ready:\n%s", r.name, data)
+}
+
+// kill9 kills the replica with SIGKILL: no shutdown code runs, its lease
+// in etcd stays until its TTL.
+func (r *replicaProc) kill9() {
+	if r.cmd != nil && r.cmd.ProcessState == nil {
+		r.cmd.Process.Kill()
+		r.cmd.Wait()
+	}
+}
+
+// Three gateway replicas on a 3-member etcd, under load spread over all
+// three: the leader is killed with SIGKILL ten times and an etcd member
+// once. Every acknowledged grant is in the one log at the index it was
+// answered with (checked through every replica), the log verifies offline
+// with the log's key, and each time another replica leads within the lease
+// TTL.
+func TestFailoverUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("e2e: builds and runs the binaries")
+	}
+	if vaulttest.Binary() == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("no Vault binary under CI (make test builds it)")
+		}
+		t.Skip("no Vault binary: make test builds it with scripts/build-vault.sh")
+	}
+	bin := buildBinaries(t)
+	build := exec.Command("go", "build", "-o", filepath.Join(bin, "etcd"), "./internal/cmd/etcd")
+	build.Dir = repoRoot(t)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build etcd: %v\n%s", err, out)
+	}
+	work := t.TempDir()
+	v := vaulttest.Start(t)
+	role := v.SetUpAppRole(t, filepath.Join(work, "approle"))
+	keepSecret(t.Name()+": the AppRole secret ID", role.SecretID)
+	keepSecret(t.Name()+": the Vault token", v.Token)
+
+	// The etcd cluster: three real etcd processes.
+	type member struct {
+		args []string
+		proc *process
+		log  string
+	}
+	var (
+		members   []*member
+		endpoints []string
+		initial   []string
+	)
+	for i := range 3 {
+		client, peer := fmt.Sprintf("http://127.0.0.1:%d", freePort(t)), fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+		endpoints = append(endpoints, client)
+		initial = append(initial, fmt.Sprintf("e%d=%s", i, peer))
+		members = append(members, &member{args: []string{"--name", fmt.Sprintf("e%d", i), "--data-dir", filepath.Join(work, fmt.Sprintf("etcd%d", i)),
+			"--listen-client-urls", client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
+			"--initial-advertise-peer-urls", peer, "--initial-cluster-token", "failover", "--log-level", "error"},
+			log: filepath.Join(work, fmt.Sprintf("etcd%d.log", i))})
+	}
+	startMember := func(m *member, state string) {
+		m.proc = startProcess(t, m.log, filepath.Join(bin, "etcd"), append(slices.Clone(m.args),
+			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", state)...)
+	}
+	for _, m := range members {
+		startMember(m, "new")
+	}
+	cl, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := cl.Put(cctx, "/probe", "1")
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("etcd cluster not up: %v", err)
+		}
+	}
+
+	// The replicas: one dev trust domain (provisioned by the first), one
+	// shared log signing key, the keys in Vault.
+	dev := filepath.Join(work, "dev")
+	keyDir := filepath.Join(work, "audit-keys")
+	replicas := make([]*replicaProc, 3)
+	for i := range replicas {
+		r := &replicaProc{name: fmt.Sprintf("r%d", i), addr: fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+			state: filepath.Join(work, fmt.Sprintf("r%d", i)), log: filepath.Join(work, fmt.Sprintf("r%d.log", i)),
+			cfg: filepath.Join(work, fmt.Sprintf("r%d.yaml", i))}
+		if err := os.WriteFile(r.cfg, []byte(fmt.Sprintf(`keys:
+  backend: vault
+  vault:
+    address: %s
+    approle:
+      role_id: %s
+      secret_id_file: %s
+audit:
+  key_dir: %s
+  checkpoint_interval: 200ms
+targets:
+  reconcile_interval: 1s
+etcd:
+  endpoints: [%s]
+  name: %s
+  lease_ttl: 2
+`, v.Addr, role.RoleID, role.SecretIDFile, keyDir, strings.Join(endpoints, ", "), r.name)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		replicas[i] = r
+		r.start(t, bin, dev)
+		t.Cleanup(r.kill9)
+		scanFiles(t, r.log)
+	}
+	byName := map[string]*replicaProc{}
+	for _, r := range replicas {
+		byName[r.name] = r
+	}
+	leaderName := func() string {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		resp, err := cl.Get(cctx, "/nvmegate/leader/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(1))
+		if err != nil || len(resp.Kvs) == 0 {
+			return ""
+		}
+		return string(resp.Kvs[0].Value)
+	}
+
+	// Load on every replica: a fleet of nodes per replica, each node on
+	// its own mTLS connection to that replica.
+	ca, err := devca.Load(filepath.Join(dev, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type fleetRun struct {
+		env   loadgen.Env
+		fleet *loadgen.Fleet
+		mu    sync.Mutex
+		acks  []loadgen.Ack
+		errs  map[string]int
+	}
+	var runs []*fleetRun
+	for i, r := range replicas {
+		dial := func(who string) *grpc.ClientConn {
+			conn, src, err := clientconn.Dial(ctx, clientconn.Options{DevDir: dev, DevIdentity: who, Addr: r.addr})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { conn.Close(); src.Close() })
+			return conn
+		}
+		env := loadgen.Env{Addr: r.addr, Admin: dial("admin"), Scheduler: dial("acme-scheduler"), Auditor: dial("auditor"), CA: ca}
+		o := loadgen.Options{Nodes: 12, Namespaces: 2, Concurrency: 3, JobSize: 12, Tenant: "acme", Region: "eu-west", RunID: fmt.Sprintf("failover%d", i)}
+		fleet, err := loadgen.Setup(ctx, env, o)
+		if err != nil {
+			t.Fatalf("load on %s: %v", r.name, err)
+		}
+		defer fleet.Close()
+		runs = append(runs, &fleetRun{env: env, fleet: fleet, errs: map[string]int{}})
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i, fr := range runs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := loadgen.Options{Concurrency: 3, Duration: 500 * time.Millisecond, RunID: fmt.Sprintf("failover%d", i)}
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r := loadgen.Run(ctx, fr.fleet, o)
+				fr.mu.Lock()
+				fr.acks = append(fr.acks, r.Acks...)
+				for code, n := range r.Errors {
+					fr.errs[code] += n
+				}
+				fr.mu.Unlock()
+			}
+		}()
+	}
+	acked := func() int {
+		n := 0
+		for _, fr := range runs {
+			fr.mu.Lock()
+			n += len(fr.acks)
+			fr.mu.Unlock()
+		}
+		return n
+	}
+
+	// Ten leaders killed; an etcd member killed and brought back between.
+	var failovers, nextGrants []time.Duration
+	for k := range 10 {
+		time.Sleep(time.Second)
+		name := leaderName()
+		victim := byName[name]
+		if victim == nil {
+			t.Fatalf("round %d: no leader in etcd (%q)", k, name)
+		}
+		before := acked()
+		victim.kill9()
+		killed := time.Now()
+		var newLeader string
+		for deadline := killed.Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if n := leaderName(); n != "" && n != name {
+				newLeader = n
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: no new leader 20 s after %s was killed", k, name)
+			}
+		}
+		failovers = append(failovers, time.Since(killed))
+		for deadline := killed.Add(20 * time.Second); acked() == before; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: no grant acknowledged 20 s after %s was killed", k, name)
+			}
+		}
+		nextGrants = append(nextGrants, time.Since(killed))
+		t.Logf("round %d: killed leader %s; %s leads after %s; next grant after %s", k, name, newLeader,
+			failovers[k].Round(time.Millisecond), nextGrants[k].Round(time.Millisecond))
+		if k == 4 {
+			m := members[1]
+			m.proc.cmd.Process.Kill()
+			m.proc.cmd.Wait()
+			time.Sleep(2 * time.Second)
+			startMember(m, "existing")
+			t.Log("killed etcd member e1 and started it again")
+		}
+		victim.start(t, bin, dev)
+	}
+	close(stop)
+	wg.Wait()
+
+	// Every acknowledged grant, checked through every replica's copy.
+	var all []loadgen.Ack
+	for i, fr := range runs {
+		all = append(all, fr.acks...)
+		t.Logf("load on r%d: %d grants acknowledged, refusals by code %v", i, len(fr.acks), fr.errs)
+	}
+	if len(all) == 0 {
+		t.Fatal("no grant was acknowledged")
+	}
+	for i, fr := range runs {
+		var missing []string
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			missing, err = loadgen.Verify(ctx, fr.env, all)
+			if err == nil && len(missing) == 0 || time.Now().After(deadline) {
+				break
+			}
+		}
+		if err != nil || len(missing) > 0 {
+			t.Fatalf("through r%d: %d of %d acknowledged grants missing (%v), e.g. %v", i, len(missing), len(all), err, missing[:min(3, len(missing))])
+		}
+	}
+
+	// The one log, read from etcd into a fresh copy, verifies offline
+	// under the log's key.
+	keys, err := attest.OpenKeyDir(keyDir, attest.Ed25519, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(work, "export")
+	if o, err := cli(t, bin, dev, "auditor", "--addr", replicas[0].addr, "audit", "export", "--out", out); err != nil {
+		t.Fatalf("audit export: %v\n%s", err, o)
+	}
+	rep, err := audit.Verify(ctx, out, keys.PublicKeys(), nil, nil)
+	if err != nil || len(rep.Failures) != 0 {
+		t.Fatalf("the exported log: %+v %v", rep, err)
+	}
+	slices.Sort(failovers)
+	slices.Sort(nextGrants)
+	t.Logf("%d grants acknowledged across 10 leader kills and one etcd member kill; %d entries verify offline; "+
+		"kill -9 of the leader → new leader: median %s, max %s (lease TTL 2 s); → next grant: median %s, max %s",
+		len(all), rep.Entries, failovers[5].Round(time.Millisecond), failovers[9].Round(time.Millisecond),
+		nextGrants[5].Round(time.Millisecond), nextGrants[9].Round(time.Millisecond))
+}
