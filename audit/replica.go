@@ -31,7 +31,8 @@ type Replica interface {
 	// later, in order; the first starts at from (a gap is an error).
 	Commits(ctx context.Context, from uint64, fn func(Commit) error) error
 	// PutCheckpoint stores a signed checkpoint unless one of its size or
-	// larger is stored.
+	// larger is stored, or the condition of ctx (ConditionOf) fails
+	// (ErrFenced).
 	PutCheckpoint(ctx context.Context, cp ReplicatedCheckpoint) error
 	// Checkpoints returns the stored checkpoints of sizes above after, by
 	// size.
@@ -65,6 +66,11 @@ type conditionKey struct{}
 func WithCondition(ctx context.Context, c any) context.Context {
 	return context.WithValue(ctx, conditionKey{}, c)
 }
+
+// ConditionOf is ctx's condition (WithCondition), or nil: a Replica's
+// PutCheckpoint, which the leader's Checkpointer calls under its term's
+// context, stores nothing once it fails.
+func ConditionOf(ctx context.Context) any { return ctx.Value(conditionKey{}) }
 
 // ReplicatedCheckpoint is a signed checkpoint note and the key version
 // and public key (PEM) that signed it, for the replicas that did not.

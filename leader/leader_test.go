@@ -2,12 +2,15 @@ package leader_test
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
 	"errors"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/audit/etcdlog"
 	"github.com/nvmegate/nvmegate/internal/etcdtest"
@@ -36,7 +39,8 @@ func TestFailoverFencesTheFormerLeader(t *testing.T) {
 	defer db.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	alog, err := audit.Open(filepath.Join(t.TempDir(), "audit.db"), audit.Options{Origin: "nvmegate.test/audit", Replica: etcdlog.New(cl, "/a/")})
+	alog, err := audit.Open(filepath.Join(t.TempDir(), "audit.db"), audit.Options{Origin: "nvmegate.test/audit", Replica: etcdlog.New(cl, "/a/"),
+		Signer: signer(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,6 +90,13 @@ func TestFailoverFencesTheFormerLeader(t *testing.T) {
 	if alog.Size() != size+2 {
 		t.Fatalf("log grew by %d, want 2", alog.Size()-size)
 	}
+	// And its checkpoints: signed, but not stored for the other replicas.
+	if _, err := alog.Checkpoint(audit.WithCondition(ctx, first.Fence)); !errors.Is(err, audit.ErrFenced) {
+		t.Fatalf("the former leader's checkpoint: %v", err)
+	}
+	if _, err := alog.Checkpoint(audit.WithCondition(ctx, second.Fence)); err != nil {
+		t.Fatalf("the new leader's checkpoint: %v", err)
+	}
 	before := db.Revision()
 	err = db.CreateTarget(etcdstore.Fence(ctx, first.Fence), target("t2"))
 	if !errors.Is(err, etcdstore.ErrFenced) {
@@ -115,4 +126,13 @@ func TestFailoverFencesTheFormerLeader(t *testing.T) {
 func entry(detail string) audit.Entry {
 	return audit.Entry{Kind: audit.EventExpire, Caller: "spiffe://nvmegate.test/gateway/nvmegated", Detail: detail,
 		Time: time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)}
+}
+
+func signer(t *testing.T) *attest.LocalSigner {
+	seed := sha256.Sum256([]byte("leader-test"))
+	s, err := attest.NewLocalSigner(ed25519.NewKeyFromSeed(seed[:]), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

@@ -44,14 +44,11 @@ func (l *Log) Append(ctx context.Context, c audit.Commit) error {
 	}
 	cmps := []clientv3.Cmp{cmp}
 	for _, cond := range c.Conditions {
-		switch f := cond.(type) {
-		case clientv3.Cmp:
-			cmps = append(cmps, f)
-		case *clientv3.Cmp:
-			cmps = append(cmps, *f)
-		default:
-			return fmt.Errorf("etcdlog: append at %d: a condition of type %T is not an etcd compare", c.Start, cond)
+		f, err := condition(cond)
+		if err != nil {
+			return fmt.Errorf("etcdlog: append at %d: %w", c.Start, err)
 		}
+		cmps = append(cmps, f)
 	}
 	v := binary.BigEndian.AppendUint64(make([]byte, 0, 72+len(c.Records)), c.End)
 	v = append(append(append(v, c.PrevRoot[:]...), c.Root[:]...), c.Records...)
@@ -151,18 +148,36 @@ func (l *Log) PutCheckpoint(ctx context.Context, rc audit.ReplicatedCheckpoint) 
 	v = append(append(v, rc.KeyPEM...), rc.Note...)
 	size := string(binary.BigEndian.AppendUint64(nil, cp.Size))
 	puts := []clientv3.Op{clientv3.OpPut(l.cpLatestKey(), size), clientv3.OpPut(l.cpKey(cp.Size), string(v))}
+	var fence []clientv3.Cmp
+	if c := audit.ConditionOf(ctx); c != nil {
+		f, err := condition(c)
+		if err != nil {
+			return err
+		}
+		fence = append(fence, f)
+	}
 	// Big-endian sizes compare as bytes compare; a missing key is the
 	// first checkpoint.
 	for _, cmp := range []clientv3.Cmp{
 		clientv3.Compare(clientv3.Value(l.cpLatestKey()), "<", size),
 		clientv3.Compare(clientv3.CreateRevision(l.cpLatestKey()), "=", 0),
 	} {
-		resp, err := l.kv.Txn(ctx).If(cmp).Then(puts...).Commit()
+		resp, err := l.kv.Txn(ctx).If(append([]clientv3.Cmp{cmp}, fence...)...).Then(puts...).Commit()
 		if err != nil {
 			return fmt.Errorf("etcdlog: store the checkpoint of size %d: %w", cp.Size, err)
 		}
 		if resp.Succeeded {
 			return nil
+		}
+	}
+	if len(fence) > 0 {
+		// Refused by the size, or by the fence: the fence alone says.
+		resp, err := l.kv.Txn(ctx).If(fence...).Commit()
+		if err != nil {
+			return fmt.Errorf("etcdlog: store the checkpoint of size %d: %w", cp.Size, err)
+		}
+		if !resp.Succeeded {
+			return fmt.Errorf("etcdlog: store the checkpoint of size %d: %w", cp.Size, audit.ErrFenced)
 		}
 	}
 	return nil // one of this size or larger is there
@@ -207,4 +222,15 @@ func (l *Log) Follow(ctx context.Context, w clientv3.Watcher, sync func(context.
 		}
 	}
 	return ctx.Err()
+}
+
+// condition is an appender's condition as an etcd compare.
+func condition(c any) (clientv3.Cmp, error) {
+	switch f := c.(type) {
+	case clientv3.Cmp:
+		return f, nil
+	case *clientv3.Cmp:
+		return *f, nil
+	}
+	return clientv3.Cmp{}, fmt.Errorf("etcdlog: a condition of type %T is not an etcd compare", c)
 }
