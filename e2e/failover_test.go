@@ -74,12 +74,7 @@ func TestFailoverUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("e2e: builds and runs the binaries")
 	}
-	if vaulttest.Binary() == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("no Vault binary under CI (make test builds it)")
-		}
-		t.Skip("no Vault binary: make test builds it with scripts/build-vault.sh")
-	}
+	needVault(t)
 	bin := buildBinaries(t)
 	build := exec.Command("go", "build", "-o", filepath.Join(bin, "etcd"), "./internal/cmd/etcd")
 	build.Dir = repoRoot(t)
