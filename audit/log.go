@@ -527,6 +527,10 @@ func (l *Log) Append(ctx context.Context, e Entry) (uint64, [32]byte, error) {
 // that commit form the next batch. One appender thus never waits for a
 // timer, and many appenders share each fsync.
 func (l *Log) writer() {
+	if l.opts.Replica != nil {
+		l.pipelinedWriter()
+		return
+	}
 	defer close(l.done)
 	batch := make([]*appendReq, 0, l.maxBatch)
 	for {
@@ -537,45 +541,47 @@ func (l *Log) writer() {
 		case r := <-l.reqs:
 			batch = append(batch[:0], r)
 		case <-l.stop:
-			// Appenders that got past the closed check have queued
-			// their requests; commit them, then stop.
-			for {
-				batch = batch[:0]
-			drain:
-				for len(batch) < l.maxBatch {
-					select {
-					case r := <-l.reqs:
-						batch = append(batch, r)
-					default:
-						break drain
-					}
-				}
-				if len(batch) == 0 {
-					return
-				}
-				l.commit(batch)
-			}
+			l.commitQueued()
+			return
 		}
-		bytes := len(batch[0].data)
-	fill:
-		for len(batch) < l.maxBatch && bytes < l.maxBatchBytes() {
-			select {
-			case r := <-l.reqs:
-				batch = append(batch, r)
-				bytes += 2 + len(r.data)
-			default:
-				break fill
-			}
-		}
-		l.commit(batch)
+		l.commit(l.fill(batch))
 	}
+}
+
+// commitQueued commits the requests still queued when the log closes:
+// appenders that got past the closed check have queued them.
+func (l *Log) commitQueued() {
+	for {
+		select {
+		case r := <-l.reqs:
+			l.commit(l.fill([]*appendReq{r}))
+		default:
+			return
+		}
+	}
+}
+
+// fill adds to batch, which holds one request, whatever else is queued,
+// up to the batch limits, without waiting.
+func (l *Log) fill(batch []*appendReq) []*appendReq {
+	bytes := len(batch[0].data)
+	for len(batch) < l.maxBatch && bytes < l.maxBatchBytes() {
+		select {
+		case r := <-l.reqs:
+			batch = append(batch, r)
+			bytes += 2 + len(r.data)
+		default:
+			return batch
+		}
+	}
+	return batch
 }
 
 // maxBatchBytes caps a commit's entry bytes: a replicated commit is one
 // request to the replica, which has a size limit.
 func (l *Log) maxBatchBytes() int {
 	if l.opts.Replica != nil {
-		return maxReplicatedBatchBytes
+		return maxReplicatedBatchBytes / maxInFlight
 	}
 	return int(^uint(0) >> 1)
 }
@@ -696,64 +702,93 @@ func (l *Log) commit(batch []*appendReq) {
 // (this writer's own commit to a Replica), the commit is made durable
 // there last, once everything else of the transaction is written.
 func (l *Log) writeBatch(tx *bolt.Tx, start uint64, rng *compact.Range, batch []*appendReq, flush bool, replicate func(Commit) error) error {
-	prevRoot := rootOf(rng)
-	// The entries of the batch: one chunk keyed by its first index.
+	p, err := prepare(start, rng, batch)
+	if err != nil {
+		return err
+	}
+	if err := l.put(tx, p, flush); err != nil {
+		return err
+	}
+	if replicate != nil {
+		return replicate(p.commit())
+	}
+	return nil
+}
+
+// prepared is a batch made ready to store at start: its entries as one
+// chunk, the tile nodes it adds, and the tree after it.
+type prepared struct {
+	batch          []*appendReq
+	start          uint64
+	rng            *compact.Range // the tree after the batch
+	prevRoot, root [32]byte
+	chunk          []byte
+	fresh          [8][][]byte // new nodes at tile levels (tree levels 0, 8, 16, …), in index order per level
+}
+
+// prepare grows rng, the tree of start entries, over batch.
+func prepare(start uint64, rng *compact.Range, batch []*appendReq) (*prepared, error) {
+	p := &prepared{batch: batch, start: start, rng: rng, prevRoot: rootOf(rng)}
 	size := 0
 	for _, r := range batch {
 		size += 2 + len(r.data)
 	}
-	chunk := make([]byte, 0, size)
-	// New nodes at tile levels (tree levels 0, 8, 16, …), in index order
-	// per level.
-	var fresh [8][][]byte
+	p.chunk = make([]byte, 0, size)
 	visit := func(id compact.NodeID, h []byte) {
 		if id.Level%8 == 0 {
-			fresh[id.Level/8] = append(fresh[id.Level/8], h)
+			p.fresh[id.Level/8] = append(p.fresh[id.Level/8], h)
 		}
 	}
 	for _, r := range batch {
-		chunk = appendRecord(chunk, r.data)
+		p.chunk = appendRecord(p.chunk, r.data)
 		if err := rng.Append(r.leaf[:], visit); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	if err := putChunk(tx, start, chunk); err != nil {
+	p.root = rootOf(rng)
+	return p, nil
+}
+
+// put writes p into this copy: the chunk keyed by its first index, the
+// tiles, the time index, the postings if flush, and the tree state.
+func (l *Log) put(tx *bolt.Tx, p *prepared, flush bool) error {
+	if err := putChunk(tx, p.start, p.chunk); err != nil {
 		return err
 	}
-	if err := putTiles(tx.Bucket(bucketTiles), start, rng.End(), fresh[:]); err != nil {
+	if err := putTiles(tx.Bucket(bucketTiles), p.start, p.rng.End(), p.fresh[:]); err != nil {
 		return err
 	}
 	times := tx.Bucket(bucketIdxTime)
 	times.FillPercent = 1
-	if err := times.Put(u64(start), timeRecord(batch)); err != nil {
+	if err := times.Put(u64(p.start), timeRecord(p.batch)); err != nil {
 		return err
 	}
 	if flush {
-		if err := l.idx.flushTo(tx, batch, start, rng.End()); err != nil {
+		if err := l.idx.flushTo(tx, p.batch, p.start, p.rng.End()); err != nil {
 			return err
 		}
 	}
-	if err := tx.Bucket(bucketMeta).Put(metaTree, encodeTreeState(rng.End(), rng)); err != nil {
-		return err
-	}
-	if replicate != nil {
-		var conds []any
-		seen := map[any]bool{}
-		for _, r := range batch {
-			if r.cond == nil {
+	return tx.Bucket(bucketMeta).Put(metaTree, encodeTreeState(p.rng.End(), p.rng))
+}
+
+// commit is p as a Commit to a Replica, under the conditions its appenders
+// set.
+func (p *prepared) commit() Commit {
+	var conds []any
+	seen := map[any]bool{}
+	for _, r := range p.batch {
+		if r.cond == nil {
+			continue
+		}
+		if reflect.TypeOf(r.cond).Comparable() { // one term's fence, once
+			if seen[r.cond] {
 				continue
 			}
-			if reflect.TypeOf(r.cond).Comparable() { // one term's fence, once
-				if seen[r.cond] {
-					continue
-				}
-				seen[r.cond] = true
-			}
-			conds = append(conds, r.cond)
+			seen[r.cond] = true
 		}
-		return replicate(Commit{Start: start, End: rng.End(), PrevRoot: prevRoot, Root: rootOf(rng), Records: chunk, Conditions: conds})
+		conds = append(conds, r.cond)
 	}
-	return nil
+	return Commit{Start: p.start, End: p.rng.End(), PrevRoot: p.prevRoot, Root: p.root, Records: p.chunk, Conditions: conds}
 }
 
 // putTiles appends the new node hashes of each tile level to its tiles.

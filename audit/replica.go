@@ -24,8 +24,12 @@ import (
 // appends on top of it.
 type Replica interface {
 	// Append stores c iff the replicated tree is the one c extends: c.Start
-	// entries with root c.PrevRoot. Otherwise it stores nothing and returns
-	// an error wrapping ErrConflict.
+	// entries with root c.PrevRoot; or, with c.Pending, the one the first
+	// pending commit extends, storing them with c in one step. It returns
+	// nil iff c is then in the replicated log: stored now, or before (by a
+	// later commit that carried it as pending, or by an attempt whose
+	// answer was lost). Otherwise it stores nothing and returns an error
+	// wrapping ErrConflict (the tree moved on) or ErrFenced.
 	Append(ctx context.Context, c Commit) error
 	// Commits calls fn with the stored commits whose Start is from or
 	// later, in order; the first starts at from (a gap is an error).
@@ -49,6 +53,14 @@ type Commit struct {
 	PrevRoot, Root [32]byte
 	Records        []byte
 	Conditions     []any
+
+	// Pending are the commits before this one, oldest first, that the
+	// writer sent and has no answer for yet (it pipelines its commits):
+	// each ends where the next starts, the last where this one starts.
+	// Requests can reach the replica out of order; with them, a commit
+	// that overtakes its predecessors stores them too, under their
+	// conditions, instead of being refused.
+	Pending []Commit
 }
 
 // ErrFenced is what a Replica's Append wraps when a condition of the
@@ -91,9 +103,15 @@ const DefaultReplicaTimeout = 10 * time.Second
 // round means another writer committed, so the log as a whole moved on.
 const maxConflicts = 64
 
-// maxReplicatedBatchBytes keeps a commit within etcd's default request
-// limit (1.5 MiB) with room for the transaction around it.
+// maxReplicatedBatchBytes keeps a commit, with the pending ones it
+// carries, within etcd's default request limit (1.5 MiB) with room for
+// the transaction around them.
 const maxReplicatedBatchBytes = 1 << 20
+
+// maxInFlight is the writer's commits sent to the Replica and not yet
+// answered. Two: an append then waits for one round trip to the replica,
+// not for the one in flight and then its own (pipeline.go).
+const maxInFlight = 2
 
 // Sync brings this copy up to the replicated log: it applies every commit
 // other writers made since, and their checkpoints. Without a Replica it

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/nvmegate/nvmegate/audit"
@@ -36,40 +37,92 @@ func head(size uint64, root [32]byte) string {
 	return string(append(binary.BigEndian.AppendUint64(nil, size), root[:]...))
 }
 
-// Append stores c iff the tree's head is (c.Start, c.PrevRoot).
+// Append stores c iff the tree's head is (c.Start, c.PrevRoot), or, with
+// c.Pending, the head the first pending commit extends; then it stores
+// the pending commits with c. It is one transaction of nested
+// alternatives, c alone first, and last, if none applies, a read of the
+// head and of the commit stored at c.Start: c may be there already.
 func (l *Log) Append(ctx context.Context, c audit.Commit) error {
-	cmp := clientv3.Compare(clientv3.Value(l.treeKey()), "=", head(c.Start, c.PrevRoot))
-	if c.Start == 0 {
-		cmp = clientv3.Compare(clientv3.CreateRevision(l.treeKey()), "=", 0)
+	chain := append(append(make([]audit.Commit, 0, len(c.Pending)+1), c.Pending...), c)
+	for i := 1; i < len(chain); i++ {
+		if chain[i].Start != chain[i-1].End || chain[i].PrevRoot != chain[i-1].Root {
+			return fmt.Errorf("etcdlog: append at %d: pending commit at %d does not lead to it", c.Start, chain[i-1].Start)
+		}
 	}
-	cmps := []clientv3.Cmp{cmp}
-	for _, cond := range c.Conditions {
-		f, err := condition(cond)
-		if err != nil {
+	// Innermost first: the longest chain, whose failure reads.
+	otherwise := []clientv3.Op{clientv3.OpGet(l.treeKey()), clientv3.OpGet(l.commitKey(c.Start))}
+	var cmps []clientv3.Cmp
+	var puts []clientv3.Op
+	for i := 0; i < len(chain); i++ {
+		var err error
+		if cmps, puts, err = l.store(chain[i:]); err != nil {
 			return fmt.Errorf("etcdlog: append at %d: %w", c.Start, err)
 		}
-		cmps = append(cmps, f)
+		if i < len(chain)-1 {
+			otherwise = []clientv3.Op{clientv3.OpTxn(cmps, puts, otherwise)}
+		}
 	}
-	v := binary.BigEndian.AppendUint64(make([]byte, 0, 72+len(c.Records)), c.End)
-	v = append(append(append(v, c.PrevRoot[:]...), c.Root[:]...), c.Records...)
-	resp, err := l.kv.Txn(ctx).If(cmps...).Then(
-		clientv3.OpPut(l.treeKey(), head(c.End, c.Root)),
-		clientv3.OpPut(l.commitKey(c.Start), string(v)),
-	).Else(clientv3.OpGet(l.treeKey())).Commit()
+	resp, err := l.kv.Txn(ctx).If(cmps...).Then(puts...).Else(otherwise...).Commit()
 	if err != nil {
 		return fmt.Errorf("etcdlog: append at %d: %w", c.Start, err)
 	}
-	if resp.Succeeded {
+	r := (*etcdserverpb.TxnResponse)(resp)
+	for !r.Succeeded {
+		nested := r.Responses[0].GetResponseTxn()
+		if nested == nil {
+			break
+		}
+		r = nested
+	}
+	if r.Succeeded {
 		return nil
 	}
-	if len(c.Conditions) > 0 {
-		// The head as expected: a condition failed, not the race.
-		kvs := resp.Responses[0].GetResponseRange().Kvs
-		if c.Start == 0 && len(kvs) == 0 || len(kvs) == 1 && string(kvs[0].Value) == head(c.Start, c.PrevRoot) {
-			return fmt.Errorf("etcdlog: append at %d: %w", c.Start, audit.ErrFenced)
+	if stored := r.Responses[1].GetResponseRange().Kvs; len(stored) == 1 {
+		if s, err := decodeCommit(stored[0].Value); err == nil && s.End == c.End && s.Root == c.Root {
+			return nil // stored before: by a later commit carrying it, or an answer lost
+		}
+	}
+	conditional := false
+	for _, x := range chain {
+		conditional = conditional || len(x.Conditions) > 0
+	}
+	if conditional {
+		// The head one of the alternatives expects: a condition
+		// failed, not the race.
+		kvs := r.Responses[0].GetResponseRange().Kvs
+		for _, x := range chain {
+			if x.Start == 0 && len(kvs) == 0 || len(kvs) == 1 && string(kvs[0].Value) == head(x.Start, x.PrevRoot) {
+				return fmt.Errorf("etcdlog: append at %d: %w", c.Start, audit.ErrFenced)
+			}
 		}
 	}
 	return fmt.Errorf("etcdlog: append at %d: %w", c.Start, audit.ErrConflict)
+}
+
+// store is the compares and puts that store chain, commits each ending
+// where the next starts, on the tree the first extends, under the
+// conditions of all.
+func (l *Log) store(chain []audit.Commit) ([]clientv3.Cmp, []clientv3.Op, error) {
+	first, last := chain[0], chain[len(chain)-1]
+	cmp := clientv3.Compare(clientv3.Value(l.treeKey()), "=", head(first.Start, first.PrevRoot))
+	if first.Start == 0 {
+		cmp = clientv3.Compare(clientv3.CreateRevision(l.treeKey()), "=", 0)
+	}
+	cmps := []clientv3.Cmp{cmp}
+	puts := []clientv3.Op{clientv3.OpPut(l.treeKey(), head(last.End, last.Root))}
+	for _, x := range chain {
+		for _, cond := range x.Conditions {
+			f, err := condition(cond)
+			if err != nil {
+				return nil, nil, err
+			}
+			cmps = append(cmps, f)
+		}
+		v := binary.BigEndian.AppendUint64(make([]byte, 0, 72+len(x.Records)), x.End)
+		v = append(append(append(v, x.PrevRoot[:]...), x.Root[:]...), x.Records...)
+		puts = append(puts, clientv3.OpPut(l.commitKey(x.Start), string(v)))
+	}
+	return cmps, puts, nil
 }
 
 // Commits calls fn with the commits from index from on, all read at one
