@@ -21,27 +21,35 @@ type flight struct {
 //
 // Answers are taken in order: a commit's entries reach this copy, and its
 // appenders their indexes, only after every commit before it. Other
-// writers' commits (Sync) are applied only with nothing in flight.
+// writers' commits (Sync) are applied only with nothing in flight: a
+// waiting Sync holds new commits back until the flights land.
 func (l *Log) pipelinedWriter() {
 	defer close(l.done)
-	var inflight []*flight
+	var (
+		inflight []*flight
+		syncs    []chan error // Sync calls waiting for the flights to land
+	)
 	for {
-		var (
-			reqs  <-chan *appendReq
-			syncs chan chan error
-			head  <-chan error
-		)
-		if len(inflight) < maxInFlight {
-			reqs = l.reqs
+		if len(inflight) == 0 && len(syncs) > 0 {
+			err := l.syncNow()
+			for _, done := range syncs {
+				done <- err
+			}
+			syncs = nil
 		}
-		if len(inflight) == 0 {
-			syncs = l.syncs
-		} else {
+		var (
+			reqs <-chan *appendReq
+			head <-chan error
+		)
+		if len(inflight) < maxInFlight && len(syncs) == 0 {
+			reqs = l.reqs // a waiting Sync holds new commits back, or it could wait for ever
+		}
+		if len(inflight) > 0 {
 			head = inflight[0].done
 		}
 		select {
-		case done := <-syncs:
-			done <- l.syncNow()
+		case done := <-l.syncs:
+			syncs = append(syncs, done)
 		case r := <-reqs:
 			inflight = l.send(inflight, l.fill([]*appendReq{r}))
 		case err := <-head:
@@ -49,6 +57,9 @@ func (l *Log) pipelinedWriter() {
 		case <-l.stop:
 			for len(inflight) > 0 {
 				inflight = l.land(inflight, <-inflight[0].done)
+			}
+			for _, done := range syncs {
+				done <- ErrClosed
 			}
 			l.commitQueued()
 			return

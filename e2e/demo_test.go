@@ -12,7 +12,7 @@ import (
 )
 
 // repoRoot is the module root, one level above this package.
-func repoRoot(t *testing.T) string {
+func repoRoot(t testing.TB) string {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Dir(filepath.Dir(file))
@@ -21,7 +21,7 @@ func repoRoot(t *testing.T) string {
 // builtByMake returns $env, the path of something make test builds once
 // per machine (what). Without it the test is skipped — except under CI,
 // where a missing tool must fail the run, not pass it quietly.
-func builtByMake(t *testing.T, env, what string) string {
+func builtByMake(t testing.TB, env, what string) string {
 	t.Helper()
 	p := os.Getenv(env)
 	if p == "" {
@@ -34,7 +34,7 @@ func builtByMake(t *testing.T, env, what string) string {
 }
 
 // buildBinaries builds nvmegated and nvmegate into a temp dir.
-func buildBinaries(t *testing.T) string {
+func buildBinaries(t testing.TB) string {
 	t.Helper()
 	bin := t.TempDir()
 	cmd := exec.Command("go", "build", "-o", bin+string(os.PathSeparator), "./cmd/...")

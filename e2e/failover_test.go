@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,55 +13,12 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-	"google.golang.org/grpc"
 
 	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/audit"
-	"github.com/nvmegate/nvmegate/identity/devca"
-	"github.com/nvmegate/nvmegate/internal/clientconn"
 	"github.com/nvmegate/nvmegate/internal/vaulttest"
 	"github.com/nvmegate/nvmegate/loadgen"
 )
-
-// replicaProc is one nvmegated replica process on a fixed address.
-type replicaProc struct {
-	name, addr, cfg, state, log string
-	cmd                         *exec.Cmd
-}
-
-func (r *replicaProc) start(t *testing.T, bin, dev string) {
-	t.Helper()
-	ready := filepath.Join(r.state, "ready.json")
-	os.Remove(ready)
-	f, err := os.OpenFile(r.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	r.cmd = exec.Command(filepath.Join(bin, "nvmegated"), "dev", "--dir", dev, "--config", r.cfg, "--listen", r.addr,
-		"--http-listen", "off", "--state-dir", r.state, "--ready-file", ready)
-	r.cmd.Stdout, r.cmd.Stderr = f, f
-	if err := r.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if _, err := os.Stat(ready); err == nil {
-			return
-		}
-	}
-	data, _ := os.ReadFile(r.log)
-	t.Fatalf("replica %s did not become ready:\n%s", r.name, data)
-}
-
-// kill9 kills the replica with SIGKILL: no shutdown code runs, its lease
-// in etcd stays until its TTL.
-func (r *replicaProc) kill9() {
-	if r.cmd != nil && r.cmd.ProcessState == nil {
-		r.cmd.Process.Kill()
-		r.cmd.Wait()
-	}
-}
 
 // Three gateway replicas on a 3-member etcd, under load spread over all
 // three: the leader is killed with SIGKILL ten times and an etcd member
@@ -76,95 +32,21 @@ func TestFailoverUnderLoad(t *testing.T) {
 	}
 	needVault(t)
 	bin := buildBinaries(t)
-	build := exec.Command("go", "build", "-o", filepath.Join(bin, "etcd"), "./internal/cmd/etcd")
-	build.Dir = repoRoot(t)
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build etcd: %v\n%s", err, out)
-	}
 	work := t.TempDir()
 	v := vaulttest.Start(t)
 	role := v.SetUpAppRole(t, filepath.Join(work, "approle"))
 	keepSecret(t.Name()+": the AppRole secret ID", role.SecretID)
 	keepSecret(t.Name()+": the Vault token", v.Token)
-
-	// The etcd cluster: three real etcd processes.
-	type member struct {
-		args []string
-		proc *process
-		log  string
-	}
-	var (
-		members   []*member
-		endpoints []string
-		initial   []string
-	)
-	for i := range 3 {
-		client, peer := fmt.Sprintf("http://127.0.0.1:%d", freePort(t)), fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
-		endpoints = append(endpoints, client)
-		initial = append(initial, fmt.Sprintf("e%d=%s", i, peer))
-		members = append(members, &member{args: []string{"--name", fmt.Sprintf("e%d", i), "--data-dir", filepath.Join(work, fmt.Sprintf("etcd%d", i)),
-			"--listen-client-urls", client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
-			"--initial-advertise-peer-urls", peer, "--initial-cluster-token", "failover", "--log-level", "error"},
-			log: filepath.Join(work, fmt.Sprintf("etcd%d.log", i))})
-	}
-	startMember := func(m *member, state string) {
-		m.proc = startProcess(t, m.log, filepath.Join(bin, "etcd"), append(slices.Clone(m.args),
-			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", state)...)
-	}
-	for _, m := range members {
-		startMember(m, "new")
-	}
-	cl, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	etcd := startEtcd(t, bin, work, 3)
+	cl := etcd.client(t)
 	ctx := context.Background()
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err := cl.Put(cctx, "/probe", "1")
-		cancel()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("etcd cluster not up: %v", err)
-		}
-	}
 
 	// The replicas: one dev trust domain (provisioned by the first), one
 	// shared log signing key, the keys in Vault.
 	dev := filepath.Join(work, "dev")
 	keyDir := filepath.Join(work, "audit-keys")
-	replicas := make([]*replicaProc, 3)
-	for i := range replicas {
-		r := &replicaProc{name: fmt.Sprintf("r%d", i), addr: fmt.Sprintf("127.0.0.1:%d", freePort(t)),
-			state: filepath.Join(work, fmt.Sprintf("r%d", i)), log: filepath.Join(work, fmt.Sprintf("r%d.log", i)),
-			cfg: filepath.Join(work, fmt.Sprintf("r%d.yaml", i))}
-		if err := os.WriteFile(r.cfg, []byte(fmt.Sprintf(`keys:
-  backend: vault
-  vault:
-    address: %s
-    approle:
-      role_id: %s
-      secret_id_file: %s
-audit:
-  key_dir: %s
-  checkpoint_interval: 200ms
-targets:
-  reconcile_interval: 1s
-etcd:
-  endpoints: [%s]
-  name: %s
-  lease_ttl: 2
-`, v.Addr, role.RoleID, role.SecretIDFile, keyDir, strings.Join(endpoints, ", "), r.name)), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		replicas[i] = r
-		r.start(t, bin, dev)
-		t.Cleanup(r.kill9)
-		scanFiles(t, r.log)
-	}
+	replicas := startReplicas(t, bin, work, dev, 3, replicaConfig{vault: v.Addr, role: role, keyDir: keyDir,
+		endpoints: etcd.endpoints, extra: "  lease_ttl: 2\n", audit: "  checkpoint_interval: 200ms\n"})
 	byName := map[string]*replicaProc{}
 	for _, r := range replicas {
 		byName[r.name] = r
@@ -181,10 +63,6 @@ etcd:
 
 	// Load on every replica: a fleet of nodes per replica, each node on
 	// its own mTLS connection to that replica.
-	ca, err := devca.Load(filepath.Join(dev, "ca"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	type fleetRun struct {
 		env   loadgen.Env
 		fleet *loadgen.Fleet
@@ -193,23 +71,9 @@ etcd:
 		errs  map[string]int
 	}
 	var runs []*fleetRun
-	for i, r := range replicas {
-		dial := func(who string) *grpc.ClientConn {
-			conn, src, err := clientconn.Dial(ctx, clientconn.Options{DevDir: dev, DevIdentity: who, Addr: r.addr})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { conn.Close(); src.Close() })
-			return conn
-		}
-		env := loadgen.Env{Addr: r.addr, Admin: dial("admin"), Scheduler: dial("acme-scheduler"), Auditor: dial("auditor"), CA: ca}
-		o := loadgen.Options{Nodes: 12, Namespaces: 2, Concurrency: 3, JobSize: 12, Tenant: "acme", Region: "eu-west", RunID: fmt.Sprintf("failover%d", i)}
-		fleet, err := loadgen.Setup(ctx, env, o)
-		if err != nil {
-			t.Fatalf("load on %s: %v", r.name, err)
-		}
-		defer fleet.Close()
-		runs = append(runs, &fleetRun{env: env, fleet: fleet, errs: map[string]int{}})
+	envs, fleets := loadOn(t, dev, replicas, 36, 3, "failover")
+	for i := range envs {
+		runs = append(runs, &fleetRun{env: envs[i], fleet: fleets[i], errs: map[string]int{}})
 	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -280,11 +144,11 @@ etcd:
 		t.Logf("round %d: killed leader %s; %s leads after %s; next grant after %s", k, name, newLeader,
 			failovers[k].Round(time.Millisecond), nextGrants[k].Round(time.Millisecond))
 		if k == 4 {
-			m := members[1]
+			m := etcd.members[1]
 			m.proc.cmd.Process.Kill()
 			m.proc.cmd.Wait()
 			time.Sleep(2 * time.Second)
-			startMember(m, "existing")
+			etcd.start(t, m, "existing")
 			t.Log("killed etcd member e1 and started it again")
 		}
 		victim.start(t, bin, dev)
@@ -340,7 +204,10 @@ etcd:
 		t.Fatal("no grant was acknowledged")
 	}
 	for i, fr := range runs {
-		var missing []string
+		var (
+			missing []string
+			err     error
+		)
 		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 			missing, err = loadgen.Verify(ctx, fr.env, all)
 			if err == nil && len(missing) == 0 || time.Now().After(deadline) {

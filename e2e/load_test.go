@@ -68,7 +68,7 @@ func (g *gateway) kill() {
 
 // cli runs the CLI as dev identity who. A run that hangs is killed after
 // five minutes (and its error says so) rather than waited out by go test.
-func cli(t *testing.T, bin, dir, who string, args ...string) (string, error) {
+func cli(t testing.TB, bin, dir, who string, args ...string) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

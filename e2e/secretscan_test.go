@@ -37,7 +37,7 @@ var scanSet = struct {
 // scanFiles reads each path (a file, or every file under a directory) when
 // t ends — before its temp dirs are removed — for the scan after the run.
 // A path that does not exist by then is skipped.
-func scanFiles(t *testing.T, paths ...string) {
+func scanFiles(t testing.TB, paths ...string) {
 	t.Helper()
 	t.Cleanup(func() {
 		for _, p := range paths {

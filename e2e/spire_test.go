@@ -162,7 +162,7 @@ func (s *spireStack) serials(t *testing.T) map[string]string {
 	return out
 }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -337,7 +337,7 @@ func TestSPIRE(t *testing.T) {
 
 type process struct{ cmd *exec.Cmd }
 
-func startProcess(t *testing.T, logPath, name string, args ...string) *process {
+func startProcess(t testing.TB, logPath, name string, args ...string) *process {
 	t.Helper()
 	log, err := os.Create(logPath)
 	if err != nil {

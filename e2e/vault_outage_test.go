@@ -135,7 +135,7 @@ func TestVaultOutageUnderLoad(t *testing.T) {
 
 // needVault skips a test without the Vault binary make test builds —
 // except under CI, where a missing Vault must fail the run.
-func needVault(t *testing.T) {
+func needVault(t testing.TB) {
 	t.Helper()
 	if vaulttest.Binary() == "" {
 		if os.Getenv("CI") == "true" {

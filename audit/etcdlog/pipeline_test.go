@@ -247,3 +247,49 @@ func TestPipelinedConflict(t *testing.T) {
 		t.Fatal("the copies disagree")
 	}
 }
+
+// gated is a Replica whose first commit waits until release is closed.
+type gated struct {
+	audit.Replica
+	n             atomic.Int32
+	held, release chan struct{}
+}
+
+func (g *gated) Append(ctx context.Context, c audit.Commit) error {
+	if g.n.Add(1) == 1 {
+		close(g.held)
+		<-g.release
+	}
+	return g.Replica.Append(ctx, c)
+}
+
+// A Sync called while a commit is in flight, with appends still coming,
+// answers once the flights have landed, and a copy behind another
+// replica's commits catches up through it.
+func TestSyncWithCommitsInFlight(t *testing.T) {
+	cl := etcdtest.Start(t, 1).Client(t)
+	g := &gated{Replica: etcdlog.New(cl, "/a/"), held: make(chan struct{}), release: make(chan struct{})}
+	l := openOn(t, g)
+	other := openOn(t, etcdlog.New(cl, "/a/"))
+	ctx := context.Background()
+	ca, cb := make(chan result, 1), make(chan result, 1)
+	go func() { i, _, err := l.Append(ctx, entry(1)); ca <- result{i, err} }()
+	<-g.held
+	synced := make(chan error, 1)
+	go func() { synced <- l.Sync(ctx) }()
+	go func() { i, _, err := l.Append(ctx, entry(2)); cb <- result{i, err} }()
+	close(g.release)
+	ra, rb := <-ca, <-cb
+	if err := <-synced; err != nil {
+		t.Fatal(err)
+	}
+	if ra.err != nil || rb.err != nil || ra.index != 0 || rb.index != 1 {
+		t.Fatalf("appends around a Sync: %+v %+v", ra, rb)
+	}
+	if i, _, err := other.Append(ctx, entry(3)); err != nil || i != 2 {
+		t.Fatalf("the other replica: %d %v", i, err)
+	}
+	if err := l.Sync(ctx); err != nil || l.Size() != 3 {
+		t.Fatalf("after the other's append: size %d, %v", l.Size(), err)
+	}
+}

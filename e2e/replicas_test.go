@@ -1,0 +1,283 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/nvmegate/nvmegate/identity/devca"
+	"github.com/nvmegate/nvmegate/internal/clientconn"
+	"github.com/nvmegate/nvmegate/internal/vaulttest"
+	"github.com/nvmegate/nvmegate/loadgen"
+)
+
+// replicaProc is one nvmegated replica process on a fixed address.
+type replicaProc struct {
+	name, addr, cfg, state, log string
+	cmd                         *exec.Cmd
+}
+
+func (r *replicaProc) start(t testing.TB, bin, dev string) {
+	t.Helper()
+	ready := filepath.Join(r.state, "ready.json")
+	os.Remove(ready)
+	f, err := os.OpenFile(r.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r.cmd = exec.Command(filepath.Join(bin, "nvmegated"), "dev", "--dir", dev, "--config", r.cfg, "--listen", r.addr,
+		"--http-listen", "off", "--state-dir", r.state, "--ready-file", ready)
+	r.cmd.Stdout, r.cmd.Stderr = f, f
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat(ready); err == nil {
+			return
+		}
+	}
+	data, _ := os.ReadFile(r.log)
+	t.Fatalf("replica %s did not become ready:\n%s", r.name, data)
+}
+
+// kill9 kills the replica with SIGKILL: no shutdown code runs, its lease
+// in etcd stays until its TTL.
+func (r *replicaProc) kill9() {
+	if r.cmd != nil && r.cmd.ProcessState == nil {
+		r.cmd.Process.Kill()
+		r.cmd.Wait()
+	}
+}
+
+// etcdCluster is a cluster of real etcd server processes
+// (internal/cmd/etcd, the etcd server's own main).
+type etcdCluster struct {
+	bin                string
+	members            []*etcdMember
+	endpoints, initial []string
+}
+
+type etcdMember struct {
+	args []string
+	proc *process
+	log  string
+}
+
+// startEtcd builds the etcd server into bin and starts a cluster of n
+// members on loopback, each with its data under work; it returns when a
+// write succeeds.
+func startEtcd(t testing.TB, bin, work string, n int) *etcdCluster {
+	t.Helper()
+	build := exec.Command("go", "build", "-o", filepath.Join(bin, "etcd"), "./internal/cmd/etcd")
+	build.Dir = repoRoot(t)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build etcd: %v\n%s", err, out)
+	}
+	c := &etcdCluster{bin: bin}
+	for i := range n {
+		client, peer := fmt.Sprintf("http://127.0.0.1:%d", freePort(t)), fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+		c.endpoints = append(c.endpoints, client)
+		c.initial = append(c.initial, fmt.Sprintf("e%d=%s", i, peer))
+		c.members = append(c.members, &etcdMember{args: []string{"--name", fmt.Sprintf("e%d", i), "--data-dir", filepath.Join(work, fmt.Sprintf("etcd%d", i)),
+			"--listen-client-urls", client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
+			"--initial-advertise-peer-urls", peer, "--initial-cluster-token", "e2e", "--log-level", "error"},
+			log: filepath.Join(work, fmt.Sprintf("etcd%d.log", i))})
+	}
+	for _, m := range c.members {
+		c.start(t, m, "new")
+	}
+	cl := c.client(t)
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := cl.Put(ctx, "/probe", "1")
+		cancel()
+		if err == nil {
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("etcd cluster not up: %v", err)
+		}
+	}
+}
+
+// start starts member m; state is "new" for a new cluster, "existing" to
+// bring a member back.
+func (c *etcdCluster) start(t testing.TB, m *etcdMember, state string) {
+	m.proc = startProcess(t, m.log, filepath.Join(c.bin, "etcd"), append(slices.Clone(m.args),
+		"--initial-cluster", strings.Join(c.initial, ","), "--initial-cluster-state", state)...)
+}
+
+func (c *etcdCluster) client(t testing.TB) *clientv3.Client {
+	t.Helper()
+	cl, err := clientv3.New(clientv3.Config{Endpoints: c.endpoints, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+// replicaConfig is what the replicas' configuration files say.
+type replicaConfig struct {
+	vault     string
+	role      vaulttest.AppRole
+	keyDir    string   // the log's signing key, shared
+	endpoints []string // etcd's; none: bbolt on this machine
+	prefix    string   // in etcd; "" is the daemon's default
+	extra     string   // more lines of the etcd section
+	audit     string   // more lines of the audit section
+}
+
+// startReplicas starts n nvmegated replicas on one dev trust domain (dev,
+// provisioned by the first) with their state under work.
+func startReplicas(t testing.TB, bin, work, dev string, n int, c replicaConfig) []*replicaProc {
+	t.Helper()
+	replicas := make([]*replicaProc, n)
+	for i := range replicas {
+		r := &replicaProc{name: fmt.Sprintf("r%d", i), addr: fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+			state: filepath.Join(work, fmt.Sprintf("r%d", i)), log: filepath.Join(work, fmt.Sprintf("r%d.log", i)),
+			cfg: filepath.Join(work, fmt.Sprintf("r%d.yaml", i))}
+		cfg := fmt.Sprintf("keys:\n  backend: vault\n  vault:\n    address: %s\n    approle:\n      role_id: %s\n      secret_id_file: %s\n"+
+			"audit:\n  key_dir: %s\n%stargets:\n  reconcile_interval: 1s\n", c.vault, c.role.RoleID, c.role.SecretIDFile, c.keyDir, c.audit)
+		if len(c.endpoints) > 0 {
+			cfg += fmt.Sprintf("etcd:\n  endpoints: [%s]\n  name: %s\n%s", strings.Join(c.endpoints, ", "), r.name, c.extra)
+			if c.prefix != "" {
+				cfg += fmt.Sprintf("  prefix: %s\n", c.prefix)
+			}
+		}
+		if err := os.WriteFile(r.cfg, []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		replicas[i] = r
+		r.start(t, bin, dev)
+		t.Cleanup(r.kill9)
+		scanFiles(t, r.log)
+	}
+	return replicas
+}
+
+// loadOn sets up a fleet of nodes on each replica (each node on its own
+// mTLS connection to its replica), nodes in all.
+func loadOn(t testing.TB, dev string, replicas []*replicaProc, nodes, conc int, run string) ([]loadgen.Env, []*loadgen.Fleet) {
+	t.Helper()
+	ctx := context.Background()
+	ca, err := devca.Load(filepath.Join(dev, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		envs   []loadgen.Env
+		fleets []*loadgen.Fleet
+	)
+	for i, r := range replicas {
+		dial := func(who string) *grpc.ClientConn {
+			conn, src, err := clientconn.Dial(ctx, clientconn.Options{DevDir: dev, DevIdentity: who, Addr: r.addr})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { conn.Close(); src.Close() })
+			return conn
+		}
+		env := loadgen.Env{Addr: r.addr, Admin: dial("admin"), Scheduler: dial("acme-scheduler"), Auditor: dial("auditor"), CA: ca}
+		per := nodes / len(replicas)
+		o := loadgen.Options{Nodes: per, Namespaces: 2, Concurrency: conc, JobSize: min(per, 12), Tenant: "acme", Region: "eu-west",
+			RunID: fmt.Sprintf("%s%d", run, i)}
+		fleet, err := loadgen.Setup(ctx, env, o)
+		if err != nil {
+			t.Fatalf("load on %s: %v", r.name, err)
+		}
+		t.Cleanup(fleet.Close)
+		envs, fleets = append(envs, env), append(fleets, fleet)
+	}
+	return envs, fleets
+}
+
+// BenchmarkReplicaConnects measures connects (grants acknowledged: policy,
+// credentials, the target programmed, a durable audit entry) per second
+// and their p99 through the gateway on bbolt (one machine), on etcd with
+// one replica, and on etcd with three replicas with the load spread over
+// them — in one run, with the same 3-member etcd cluster of real processes,
+// the same Vault, the same nodes and connects in flight in all.
+//
+//	NVMEGATE_VAULT=$(scripts/build-vault.sh) go test -run '^$' -bench ReplicaConnects -benchtime 1x ./e2e/
+func BenchmarkReplicaConnects(b *testing.B) {
+	needVault(b)
+	const (
+		nodes    = 240
+		inFlight = 24
+		duration = 15 * time.Second
+	)
+	bin := buildBinaries(b)
+	work := b.TempDir()
+	v := vaulttest.Start(b)
+	role := v.SetUpAppRole(b, filepath.Join(work, "approle"))
+	keepSecret(b.Name()+": the AppRole secret ID", role.SecretID)
+	keepSecret(b.Name()+": the Vault token", v.Token)
+	etcd := startEtcd(b, bin, work, 3)
+	for i, variant := range []struct {
+		name     string
+		replicas int
+		etcd     bool
+	}{{"bbolt", 1, false}, {"etcd/replicas=1", 1, true}, {"etcd/replicas=3", 3, true}} {
+		b.Run(variant.name, func(b *testing.B) {
+			dir := filepath.Join(work, fmt.Sprintf("v%d", i))
+			c := replicaConfig{vault: v.Addr, role: role, keyDir: filepath.Join(dir, "audit-keys")}
+			if variant.etcd {
+				c.endpoints, c.prefix = etcd.endpoints, fmt.Sprintf("/v%d/", i)
+			}
+			replicas := startReplicas(b, bin, dir, filepath.Join(dir, "dev"), variant.replicas, c)
+			defer func() {
+				for _, r := range replicas {
+					r.kill9()
+				}
+			}()
+			_, fleets := loadOn(b, filepath.Join(dir, "dev"), replicas, nodes, inFlight/variant.replicas, fmt.Sprintf("bench%d-", i))
+			ctx := context.Background()
+			results := make([]*loadgen.Result, len(fleets))
+			var wg sync.WaitGroup
+			b.ResetTimer()
+			for j, f := range fleets {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					results[j] = loadgen.Run(ctx, f, loadgen.Options{Concurrency: inFlight / variant.replicas, Duration: duration, RunID: fmt.Sprintf("bench%d-%d", i, j)})
+				}()
+			}
+			wg.Wait()
+			b.StopTimer()
+			var (
+				lat     []time.Duration
+				elapsed time.Duration
+				errs    int
+			)
+			for _, r := range results {
+				lat = append(lat, r.Latencies...)
+				elapsed = max(elapsed, r.Elapsed)
+				errs += r.ErrorCount()
+				if r.ErrorCount() > 0 {
+					b.Errorf("refused connects: %v %v", r.Errors, r.FirstErrors)
+				}
+			}
+			slices.Sort(lat)
+			if len(lat) == 0 {
+				b.Fatal("no connect acknowledged")
+			}
+			b.ReportMetric(float64(len(lat))/elapsed.Seconds(), "grants/s")
+			b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+			b.ReportMetric(float64(errs), "errors")
+		})
+	}
+}
