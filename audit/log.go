@@ -99,6 +99,11 @@ type Options struct {
 	// ReplicaTimeout bounds each call to the Replica. Zero means
 	// DefaultReplicaTimeout.
 	ReplicaTimeout time.Duration
+
+	// ReplicaInFlight caps the commits sent to the Replica and not yet
+	// answered (pipeline.go). Zero means DefaultReplicaInFlight; one sends
+	// a commit only after the one before it is answered.
+	ReplicaInFlight int
 }
 
 // Log is the append-only, tamper-evident audit log. Its methods are safe
@@ -169,6 +174,9 @@ func Open(path string, opts Options) (*Log, error) {
 	}
 	if opts.ReplicaTimeout <= 0 {
 		opts.ReplicaTimeout = DefaultReplicaTimeout
+	}
+	if opts.ReplicaInFlight <= 0 {
+		opts.ReplicaInFlight = DefaultReplicaInFlight
 	}
 	if opts.Origin != "" && !validOrigin(opts.Origin) {
 		return nil, fmt.Errorf("audit: open %s: invalid origin %q (no spaces, '+' or control characters)", path, opts.Origin)
@@ -581,7 +589,7 @@ func (l *Log) fill(batch []*appendReq) []*appendReq {
 // request to the replica, which has a size limit.
 func (l *Log) maxBatchBytes() int {
 	if l.opts.Replica != nil {
-		return maxReplicatedBatchBytes / maxInFlight
+		return maxReplicatedBatchBytes / l.opts.ReplicaInFlight
 	}
 	return int(^uint(0) >> 1)
 }

@@ -2,6 +2,8 @@ package etcdlog_test
 
 import (
 	"context"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -13,12 +15,30 @@ import (
 type timedReplica struct {
 	audit.Replica
 	commits, entries, nanos, conflicts atomic.Int64
+	mu                                 sync.Mutex
+	lat                                []time.Duration
+}
+
+// p99 is the 99th percentile of the replica's time per commit.
+func (r *timedReplica) p99() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.lat) == 0 {
+		return 0
+	}
+	s := slices.Clone(r.lat)
+	slices.Sort(s)
+	return s[len(s)*99/100]
 }
 
 func (r *timedReplica) Append(ctx context.Context, c audit.Commit) error {
 	t0 := time.Now()
 	err := r.Replica.Append(ctx, c)
-	r.nanos.Add(int64(time.Since(t0)))
+	d := time.Since(t0)
+	r.nanos.Add(int64(d))
+	r.mu.Lock()
+	r.lat = append(r.lat, d)
+	r.mu.Unlock()
 	r.commits.Add(1)
 	r.entries.Add(int64(c.End - c.Start))
 	if err != nil {
