@@ -31,11 +31,10 @@ func (f *flight) take(wait bool) {
 }
 
 // pipelinedWriter is the writer of a replica's copy. It keeps up to
-// Options.ReplicaInFlight commits in the Replica at once, each built on the tree the
-// one before it will make and carrying those still unanswered (Commit.Pending),
-// so a commit that reaches the replica first stores them too. An append
-// thus waits for about one round trip to the replica, not for the commit
-// in flight and then for its own.
+// Options.ReplicaInFlight commits in the Replica at once (one by
+// default), each built on the tree the one before it will make and
+// carrying those still unanswered (Commit.Pending), so a commit that
+// reaches the replica first stores them too.
 //
 // Commits reach this copy, and their appenders their indexes, in order,
 // as soon as one is answered as stored: it holds every commit before it,

@@ -109,11 +109,13 @@ const maxConflicts = 64
 const maxReplicatedBatchBytes = 1 << 20
 
 // DefaultReplicaInFlight is the writer's commits sent to the Replica and
-// not yet answered. Two: an append then waits for about one round trip to
-// the replica, not for the one in flight and then its own (pipeline.go).
-// More made every round of etcd slower here (more, smaller commits, each
-// carrying the others' entries).
-const DefaultReplicaInFlight = 2
+// not yet answered: one. etcd's raft loop makes one round per fsync, and
+// a commit sent while a round is on disk waits for that round and then
+// its own, just as when it waits in this writer; two in flight on one box
+// only added requests (p99 at 16 appenders 14.8 ms against 11.6 ms with
+// one, alternating runs: docs/PERFORMANCE.md). Two may pay where the
+// replica's round trip, not its disk, dominates.
+const DefaultReplicaInFlight = 1
 
 // maxCarriedBytes bounds the entry bytes a commit carries for the pending
 // ones: every byte of a request goes through the replica's consensus log,

@@ -146,9 +146,10 @@ func overtake(t *testing.T, l *audit.Log, s *scripted, a, b context.Context) (ra
 	return <-ca, <-cb
 }
 
+// openOn opens a copy whose writer keeps two commits in flight.
 func openOn(t *testing.T, r audit.Replica) *audit.Log {
 	t.Helper()
-	l, err := audit.Open(filepath.Join(t.TempDir(), "audit.db"), audit.Options{Origin: origin, Replica: r})
+	l, err := audit.Open(filepath.Join(t.TempDir(), "audit.db"), audit.Options{Origin: origin, Replica: r, ReplicaInFlight: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
