@@ -687,7 +687,7 @@ func (l *Log) commit(batch []*appendReq) {
 		}
 		// Another writer appended first: apply its commits, then append
 		// this batch on top of them.
-		if err = l.catchUp(); err != nil {
+		if err = l.applyConflict(err); err != nil {
 			break
 		}
 	}

@@ -96,6 +96,15 @@ type ReplicatedCheckpoint struct {
 // is not the one the commit extends: another writer appended first.
 var ErrConflict = errors.New("audit: the replicated log moved on")
 
+// Conflict is what a Replica's Append may return on a conflict: the
+// commits the writer missed, from where its commit (or the first pending
+// one) starts, read in the same round trip, so that it applies them and
+// appends again without reading them (all, or the first of them).
+type Conflict struct{ Commits []Commit }
+
+func (c *Conflict) Error() string { return ErrConflict.Error() }
+func (c *Conflict) Unwrap() error { return ErrConflict }
+
 // DefaultReplicaTimeout bounds each call to the Replica.
 const DefaultReplicaTimeout = 10 * time.Second
 
@@ -174,6 +183,31 @@ func (l *Log) catchUp() error {
 		return fmt.Errorf("%w: catching up with the replicated log: %w", ErrUnavailable, err)
 	}
 	return l.importCheckpoints(ctx)
+}
+
+// applyConflict catches up after a lost race: with the commits the
+// Replica answered with, or by reading them. The checkpoints wait for the
+// next Sync: an append does not need them.
+func (l *Log) applyConflict(err error) error {
+	var c *Conflict
+	if errors.As(err, &c) && len(c.Commits) > 0 {
+		for _, cm := range c.Commits {
+			l.stmu.RLock()
+			size := l.size
+			l.stmu.RUnlock()
+			switch {
+			case cm.End <= size:
+				continue
+			case cm.Start != size:
+				return l.catchUp()
+			}
+			if err := l.applyCommit(cm); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return l.catchUp()
 }
 
 // applyCommit writes another writer's commit c into this copy.

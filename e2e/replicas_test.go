@@ -144,6 +144,9 @@ type replicaConfig struct {
 // provisioned by the first) with their state under work.
 func startReplicas(t testing.TB, bin, work, dev string, n int, c replicaConfig) []*replicaProc {
 	t.Helper()
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	replicas := make([]*replicaProc, n)
 	for i := range replicas {
 		r := &replicaProc{name: fmt.Sprintf("r%d", i), addr: fmt.Sprintf("127.0.0.1:%d", freePort(t)),

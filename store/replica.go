@@ -36,6 +36,10 @@ type Replica interface {
 	// Snapshot calls fn with every key of the latest snapshot, and
 	// returns its revision (a full resync; the changes after it follow).
 	Snapshot(ctx context.Context, fn func(w Write) error) (uint64, error)
+	// Revision is the replicated store's latest revision, read
+	// linearizably: every change committed before the call is at or
+	// below it.
+	Revision(ctx context.Context) (uint64, error)
 }
 
 // Change is one committed write transaction: the revision it made and
@@ -135,9 +139,16 @@ func (db *DB) runSyncs() {
 		}
 		b.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
-		db.writeMu.Lock()
-		err := db.catchUpLocked(ctx)
-		db.writeMu.Unlock()
+		// The revision first, without the write lock: a copy already at
+		// it (its own commits, or a catch-up since) has nothing to do,
+		// and the writers do not wait for the round trip. (One ahead of
+		// it is refused by the catch-up.)
+		rev, err := db.replica.Revision(ctx)
+		if err == nil && rev != db.model.rev.Load() {
+			db.writeMu.Lock()
+			err = db.catchUpLocked(ctx)
+			db.writeMu.Unlock()
+		}
 		cancel()
 		for _, c := range round {
 			c <- err

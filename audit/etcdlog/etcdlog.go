@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/nvmegate/nvmegate/audit"
@@ -49,8 +50,10 @@ func (l *Log) Append(ctx context.Context, c audit.Commit) error {
 			return fmt.Errorf("etcdlog: append at %d: pending commit at %d does not lead to it", c.Start, chain[i-1].Start)
 		}
 	}
-	// Innermost first: the longest chain, whose failure reads.
-	otherwise := []clientv3.Op{clientv3.OpGet(l.treeKey()), clientv3.OpGet(l.commitKey(c.Start))}
+	// Innermost first: the longest chain, whose failure reads the head,
+	// the commit at c's place, and the commits this writer missed.
+	otherwise := []clientv3.Op{clientv3.OpGet(l.treeKey()), clientv3.OpGet(l.commitKey(c.Start)),
+		clientv3.OpGet(l.commitKey(chain[0].Start), clientv3.WithRange(clientv3.GetPrefixRangeEnd(l.prefix+"c/")), clientv3.WithLimit(pageSize))}
 	var cmps []clientv3.Cmp
 	var puts []clientv3.Op
 	for i := 0; i < len(chain); i++ {
@@ -96,7 +99,27 @@ func (l *Log) Append(ctx context.Context, c audit.Commit) error {
 			}
 		}
 	}
-	return fmt.Errorf("etcdlog: append at %d: %w", c.Start, audit.ErrConflict)
+	return fmt.Errorf("etcdlog: append at %d: %w", c.Start, l.missed(chain[0].Start, r.Responses[2].GetResponseRange().Kvs))
+}
+
+// missed is the conflict with the commits from start on that kvs hold, up
+// to the first gap (a page ends, or a key is not where the last one ended).
+func (l *Log) missed(start uint64, kvs []*mvccpb.KeyValue) *audit.Conflict {
+	c := &audit.Conflict{}
+	next := start
+	for _, kv := range kvs {
+		if string(kv.Key) != l.commitKey(next) {
+			break
+		}
+		cm, err := decodeCommit(kv.Value)
+		if err != nil || cm.End <= next {
+			break // the catch-up reads it again, and says what is wrong
+		}
+		cm.Start = next
+		c.Commits = append(c.Commits, cm)
+		next = cm.End
+	}
+	return c
 }
 
 // store is the compares and puts that store chain, commits each ending
@@ -255,20 +278,40 @@ func (l *Log) Checkpoints(ctx context.Context, after uint64) ([]audit.Replicated
 	return out, nil
 }
 
-// Follow keeps a copy current: it calls sync at once and after every
-// change of the tree's head (coalesced: a sync covers every change before
-// it), until ctx ends. A broken watch (a compacted revision, a lost
-// member) is started again.
-func (l *Log) Follow(ctx context.Context, w clientv3.Watcher, sync func(context.Context) error) error {
+// Follow keeps a copy current until ctx ends: it calls sync at once with
+// size 0, after every change of the tree's head with the head's size, and
+// after every new checkpoint with size 0 (coalesced: a sync covers every
+// change before it). sync may skip a size its copy holds already (its own
+// commits, or those a lost race brought); size 0 asks for a full catch-up,
+// checkpoints too. A broken watch (a compacted revision, a lost member) is
+// started again.
+func (l *Log) Follow(ctx context.Context, w clientv3.Watcher, sync func(ctx context.Context, size uint64) error) error {
 	for ctx.Err() == nil {
-		_ = sync(ctx) // an error is retried at the next change
-		wch := w.Watch(clientv3.WithRequireLeader(ctx), l.treeKey())
-		for resp := range wch {
-			if resp.Err() != nil {
-				break
+		_ = sync(ctx, 0) // an error is retried at the next change
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		heads, cps := w.Watch(wctx, l.treeKey()), w.Watch(wctx, l.cpLatestKey())
+	watch:
+		for {
+			select {
+			case resp, ok := <-heads:
+				if !ok || resp.Err() != nil {
+					break watch
+				}
+				var size uint64
+				for _, ev := range resp.Events {
+					if v := ev.Kv.Value; len(v) == 40 {
+						size = max(size, binary.BigEndian.Uint64(v))
+					}
+				}
+				_ = sync(ctx, size)
+			case resp, ok := <-cps:
+				if !ok || resp.Err() != nil {
+					break watch
+				}
+				_ = sync(ctx, 0)
 			}
-			_ = sync(ctx)
 		}
+		cancel()
 		select { // a watch that keeps breaking is not a busy loop
 		case <-ctx.Done():
 		case <-time.After(100 * time.Millisecond):

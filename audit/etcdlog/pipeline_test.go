@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -57,8 +58,16 @@ func TestOvertakingCommitStoresPending(t *testing.T) {
 	}
 	other := cs[0]
 	other.Root = [32]byte{9}
-	if err := r.Append(ctx, other); !errors.Is(err, audit.ErrConflict) {
+	err := r.Append(ctx, other)
+	var conflict *audit.Conflict
+	if !errors.As(err, &conflict) {
 		t.Fatalf("another commit at 0: %v", err)
+	}
+	// The conflict carries what the writer missed, read in the same
+	// round trip.
+	if len(conflict.Commits) != 2 || conflict.Commits[0].Start != 0 || conflict.Commits[1].Start != 1 ||
+		conflict.Commits[0].Root != cs[0].Root || conflict.Commits[1].Root != cs[1].Root {
+		t.Fatalf("the conflict carries %+v", conflict.Commits)
 	}
 	// A chain whose first commit does not lead to the next is refused
 	// before it reaches etcd.
@@ -292,5 +301,42 @@ func TestSyncWithCommitsInFlight(t *testing.T) {
 	}
 	if err := l.Sync(ctx); err != nil || l.Size() != 3 {
 		t.Fatalf("after the other's append: size %d, %v", l.Size(), err)
+	}
+}
+
+// Follow brings a copy another replica's commits and checkpoints as they
+// are made, the copy skipping the heads it holds already.
+func TestFollowBringsCommitsAndCheckpoints(t *testing.T) {
+	cl := etcdtest.Start(t, 1).Client(t)
+	r := etcdlog.New(cl, "/nvmegate/audit/")
+	a, f := replica(t, cl, t.TempDir()), replica(t, cl, t.TempDir())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go r.Follow(ctx, cl, func(ctx context.Context, size uint64) error {
+		if size > 0 && f.Size() >= size {
+			return nil
+		}
+		return f.Sync(ctx)
+	})
+	if _, _, err := f.Append(ctx, entry(0)); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 3; i++ {
+		if _, _, err := a.Append(ctx, entry(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cp, err := a.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		got, err := f.LatestCheckpoint()
+		if f.Size() == 4 && err == nil && got.Size == cp.Size {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the follower holds %d entries and checkpoint %d (%v); want 4 and %d", f.Size(), got.Size, err, cp.Size)
+		}
 	}
 }

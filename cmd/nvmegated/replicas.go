@@ -108,7 +108,12 @@ func (r *replication) followStore(ctx context.Context, db *store.DB) error {
 
 // followLog applies the other replicas' audit commits to this copy.
 func (r *replication) followLog(ctx context.Context, l *audit.Log) error {
-	_ = r.log.Follow(ctx, r.client, l.Sync)
+	_ = r.log.Follow(ctx, r.client, func(ctx context.Context, size uint64) error {
+		if size > 0 && l.Size() >= size {
+			return nil // this copy has it: its own commit, or a lost race's catch-up
+		}
+		return l.Sync(ctx)
+	})
 	return nil
 }
 

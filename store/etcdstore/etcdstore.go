@@ -102,6 +102,21 @@ func (s *Store) Commit(ctx context.Context, ch store.Change) error {
 	return fmt.Errorf("etcdstore: commit revision %d: %w", ch.Revision, c)
 }
 
+// Revision is the store's latest revision (0 before the first commit).
+func (s *Store) Revision(ctx context.Context) (uint64, error) {
+	r, err := s.kv.Get(ctx, s.revKey())
+	if err != nil {
+		return 0, fmt.Errorf("etcdstore: read the revision: %w", err)
+	}
+	if len(r.Kvs) == 0 {
+		return 0, nil
+	}
+	if len(r.Kvs[0].Value) != 8 {
+		return 0, fmt.Errorf("etcdstore: revision of %d bytes", len(r.Kvs[0].Value))
+	}
+	return binary.BigEndian.Uint64(r.Kvs[0].Value), nil
+}
+
 // Changes calls fn with the changes after from, all read at one etcd
 // revision; ErrResync if the first of them was trimmed by a snapshot.
 func (s *Store) Changes(ctx context.Context, from uint64, fn func(store.Change) error) error {

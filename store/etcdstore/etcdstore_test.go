@@ -111,3 +111,43 @@ func target(id string) *nvmegate.Target {
 		Ports: []nvmegate.Port{{ID: 1, Transport: nvmegate.TransportTCP, AddressFamily: nvmegate.FamilyIPv4,
 			Address: "192.0.2.10", ServiceID: "4420"}}}
 }
+
+// countingReplica counts the catch-ups (Changes) a copy makes.
+type countingReplica struct {
+	store.Replica
+	changes int
+}
+
+func (r *countingReplica) Changes(ctx context.Context, from uint64, fn func(store.Change) error) error {
+	r.changes++
+	return r.Replica.Changes(ctx, from, fn)
+}
+
+// A Sync (the read barrier of every call) on a copy already at the
+// replicated revision reads only that revision: no catch-up, so the
+// writers are not held up; a copy behind catches up.
+func TestSyncOnCurrentCopyReadsOnlyTheRevision(t *testing.T) {
+	cl := etcdtest.Start(t, 1).Client(t)
+	open := func() (*store.DB, *countingReplica) {
+		r := &countingReplica{Replica: etcdstore.New(cl, "/s/")}
+		db, err := store.Open(filepath.Join(t.TempDir(), "store.db"), store.Options{Replica: r})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		return db, r
+	}
+	a, ra := open()
+	b, rb := open()
+	ctx := context.Background()
+	if err := a.CreateTarget(ctx, target("t1")); err != nil {
+		t.Fatal(err)
+	}
+	ra.changes, rb.changes = 0, 0
+	if err := a.Sync(ctx); err != nil || ra.changes != 0 {
+		t.Fatalf("Sync on the copy that wrote: %v, %d catch-ups", err, ra.changes)
+	}
+	if err := b.Sync(ctx); err != nil || rb.changes != 1 || b.Revision() != a.Revision() {
+		t.Fatalf("Sync on the copy behind: %v, %d catch-ups, revision %d of %d", err, rb.changes, b.Revision(), a.Revision())
+	}
+}
