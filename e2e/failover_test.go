@@ -16,7 +16,6 @@ import (
 
 	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/audit"
-	"github.com/nvmegate/nvmegate/internal/vaulttest"
 	"github.com/nvmegate/nvmegate/loadgen"
 )
 
@@ -31,13 +30,7 @@ func TestFailoverUnderLoad(t *testing.T) {
 		t.Skip("e2e: builds and runs the binaries")
 	}
 	needVault(t)
-	bin := buildBinaries(t)
-	work := t.TempDir()
-	v := vaulttest.Start(t)
-	role := v.SetUpAppRole(t, filepath.Join(work, "approle"))
-	keepSecret(t.Name()+": the AppRole secret ID", role.SecretID)
-	keepSecret(t.Name()+": the Vault token", v.Token)
-	etcd := startEtcd(t, bin, work, 3)
+	bin, work, v, role, etcd := replicaStack(t)
 	cl := etcd.client(t)
 	ctx := context.Background()
 

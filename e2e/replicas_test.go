@@ -207,6 +207,18 @@ func loadOn(t testing.TB, dev string, replicas []*replicaProc, nodes, conc int, 
 	return envs, fleets
 }
 
+// replicaStack builds the binaries and starts what replicas stand on: a
+// real Vault with the shipped AppRole set up, and a 3-member etcd cluster.
+func replicaStack(t testing.TB) (bin, work string, v *vaulttest.Server, role vaulttest.AppRole, etcd *etcdCluster) {
+	t.Helper()
+	bin, work = buildBinaries(t), t.TempDir()
+	v = vaulttest.Start(t)
+	role = v.SetUpAppRole(t, filepath.Join(work, "approle"))
+	keepSecret(t.Name()+": the AppRole secret ID", role.SecretID)
+	keepSecret(t.Name()+": the Vault token", v.Token)
+	return bin, work, v, role, startEtcd(t, bin, work, 3)
+}
+
 // BenchmarkReplicaConnects measures connects (grants acknowledged: policy,
 // credentials, the target programmed, a durable audit entry) per second
 // and their p99 through the gateway on bbolt (one machine), on etcd with
@@ -222,13 +234,7 @@ func BenchmarkReplicaConnects(b *testing.B) {
 		inFlight = 24
 		duration = 15 * time.Second
 	)
-	bin := buildBinaries(b)
-	work := b.TempDir()
-	v := vaulttest.Start(b)
-	role := v.SetUpAppRole(b, filepath.Join(work, "approle"))
-	keepSecret(b.Name()+": the AppRole secret ID", role.SecretID)
-	keepSecret(b.Name()+": the Vault token", v.Token)
-	etcd := startEtcd(b, bin, work, 3)
+	bin, work, v, role, etcd := replicaStack(b)
 	for i, variant := range []struct {
 		name     string
 		replicas int

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/audit/etcdlog"
+	"github.com/nvmegate/nvmegate/internal/benchload"
 	"github.com/nvmegate/nvmegate/internal/etcdtest"
 )
 
@@ -66,42 +66,12 @@ func BenchmarkAppend(b *testing.B) {
 			b.Fatal(err)
 		}
 		ctx := context.Background()
-		var (
-			next atomic.Int64
-			mu   sync.Mutex
-			lat  []time.Duration
-			wg   sync.WaitGroup
-		)
-		b.ResetTimer()
-		start := time.Now()
-		for w := range 16 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				var mine []time.Duration
-				for i := next.Add(1); i <= int64(b.N); i = next.Add(1) {
-					key := fmt.Sprintf("/floor16/%d", i)
-					t0 := time.Now()
-					if _, err := cl.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-						Then(clientv3.OpPut(key, string(data)), clientv3.OpPut(fmt.Sprintf("/floor16/head/%d", w), key)).Commit(); err != nil {
-						b.Error(err)
-						return
-					}
-					mine = append(mine, time.Since(t0))
-				}
-				mu.Lock()
-				lat = append(lat, mine...)
-				mu.Unlock()
-			}()
-		}
-		wg.Wait()
-		el := time.Since(start)
-		b.StopTimer()
-		slices.Sort(lat)
-		if len(lat) > 0 {
-			b.ReportMetric(float64(len(lat))/el.Seconds(), "txns/s")
-			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
-		}
+		benchload.Run(b, 16, "txns", func(i, w int) error {
+			key := fmt.Sprintf("/floor16/%d", i)
+			_, err := cl.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+				Then(clientv3.OpPut(key, string(data)), clientv3.OpPut(fmt.Sprintf("/floor16/head/%d", w), key)).Commit()
+			return err
+		})
 	})
 	// etcd3 is the replicated log as it runs (one commit in flight);
 	// etcd3-two-in-flight pipelines two, for the ratio in one run.
@@ -139,38 +109,8 @@ var benchRuns atomic.Int64
 
 func benchAppenders(b *testing.B, l *audit.Log, n int) {
 	ctx := context.Background()
-	var (
-		next atomic.Int64
-		mu   sync.Mutex
-		lat  []time.Duration
-		wg   sync.WaitGroup
-	)
-	b.ResetTimer()
-	start := time.Now()
-	for range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var mine []time.Duration
-			for i := int(next.Add(1)); i <= b.N; i = int(next.Add(1)) {
-				t0 := time.Now()
-				if _, _, err := l.Append(ctx, entry(i)); err != nil {
-					b.Error(err)
-					return
-				}
-				mine = append(mine, time.Since(t0))
-			}
-			mu.Lock()
-			lat = append(lat, mine...)
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	el := time.Since(start)
-	b.StopTimer()
-	slices.Sort(lat)
-	if len(lat) > 0 {
-		b.ReportMetric(float64(len(lat))/el.Seconds(), "appends/s")
-		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
-	}
+	benchload.Run(b, n, "appends", func(i, _ int) error {
+		_, _, err := l.Append(ctx, entry(i))
+		return err
+	})
 }

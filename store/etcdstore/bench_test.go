@@ -4,13 +4,11 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/internal/benchload"
 	"github.com/nvmegate/nvmegate/internal/etcdtest"
 	"github.com/nvmegate/nvmegate/store"
 	"github.com/nvmegate/nvmegate/store/etcdstore"
@@ -56,45 +54,13 @@ func BenchmarkPutGrants(b *testing.B) {
 func benchGrants(b *testing.B, dbs []*store.DB, writers int) {
 	ctx := context.Background()
 	t0 := time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)
-	var (
-		next atomic.Int64
-		mu   sync.Mutex
-		lat  []time.Duration
-		wg   sync.WaitGroup
-	)
-	b.ResetTimer()
-	start := time.Now()
-	for w := range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			db := dbs[w%len(dbs)]
-			var mine []time.Duration
-			for i := int(next.Add(1)); i <= b.N; i = int(next.Add(1)) {
-				g := &nvmegate.Grant{ID: fmt.Sprintf("grant-%07d", i), JobID: "job-1", Tenant: "acme",
-					Node:         fmt.Sprintf("spiffe://example.org/node/n%07d", i),
-					HostNQN:      fmt.Sprintf("nqn.2014-08.org.nvmexpress:uuid:%08x-0000-4000-8000-%012x", i, i),
-					SubsystemNQN: fmt.Sprintf("nqn.2026-01.io.nvmegate:sub-%02d", i%16), KeyVersion: 1,
-					IssuedAt: t0, ExpiresAt: t0.Add(time.Hour), State: nvmegate.GrantActive, DecisionID: "d",
-					DHCHAPHash: "sha384", DHGroup: "ffdhe3072", Bidirectional: true}
-				t := time.Now()
-				if err := db.PutGrants(ctx, g); err != nil {
-					b.Error(err)
-					return
-				}
-				mine = append(mine, time.Since(t))
-			}
-			mu.Lock()
-			lat = append(lat, mine...)
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	el := time.Since(start)
-	b.StopTimer()
-	slices.Sort(lat)
-	if len(lat) > 0 {
-		b.ReportMetric(float64(len(lat))/el.Seconds(), "grants/s")
-		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
-	}
+	benchload.Run(b, writers, "grants", func(i, w int) error {
+		g := &nvmegate.Grant{ID: fmt.Sprintf("grant-%07d", i), JobID: "job-1", Tenant: "acme",
+			Node:         fmt.Sprintf("spiffe://example.org/node/n%07d", i),
+			HostNQN:      fmt.Sprintf("nqn.2014-08.org.nvmexpress:uuid:%08x-0000-4000-8000-%012x", i, i),
+			SubsystemNQN: fmt.Sprintf("nqn.2026-01.io.nvmegate:sub-%02d", i%16), KeyVersion: 1,
+			IssuedAt: t0, ExpiresAt: t0.Add(time.Hour), State: nvmegate.GrantActive, DecisionID: "d",
+			DHCHAPHash: "sha384", DHGroup: "ffdhe3072", Bidirectional: true}
+		return dbs[w%len(dbs)].PutGrants(ctx, g)
+	})
 }
