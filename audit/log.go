@@ -104,6 +104,12 @@ type Options struct {
 	// answered (pipeline.go). Zero means DefaultReplicaInFlight; one sends
 	// a commit only after the one before it is answered.
 	ReplicaInFlight int
+
+	// GroupWait bounds how long a commit to the Replica waits for appends
+	// still arriving when it holds fewer than the last round had
+	// (pipeline.go, gather). Zero means DefaultGroupWait; negative never
+	// waits.
+	GroupWait time.Duration
 }
 
 // Log is the append-only, tamper-evident audit log. Its methods are safe
@@ -132,6 +138,7 @@ type Log struct {
 	done     chan struct{}
 	failed   error // sticky, set by the writer when recovery fails; guarded by closeMu
 	maxBatch int
+	gap      time.Duration // gather's wait for the next append: groupGap
 
 	idx memIndex // postings not yet in the index buckets
 
@@ -178,6 +185,9 @@ func Open(path string, opts Options) (*Log, error) {
 	if opts.ReplicaInFlight <= 0 {
 		opts.ReplicaInFlight = DefaultReplicaInFlight
 	}
+	if opts.GroupWait == 0 {
+		opts.GroupWait = DefaultGroupWait
+	}
 	if opts.Origin != "" && !validOrigin(opts.Origin) {
 		return nil, fmt.Errorf("audit: open %s: invalid origin %q (no spaces, '+' or control characters)", path, opts.Origin)
 	}
@@ -190,6 +200,7 @@ func Open(path string, opts Options) (*Log, error) {
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 		maxBatch: opts.MaxBatch,
+		gap:      groupGap,
 	}
 	err := l.openAndLoad()
 	if err != nil && opts.Replica != nil && !opts.ReadOnly && damaged(err) {

@@ -2,6 +2,7 @@ package audit
 
 import (
 	"fmt"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -48,6 +49,7 @@ func (l *Log) pipelinedWriter() {
 		inflight []*flight
 		syncs    []chan error             // Sync calls waiting for the flights to land
 		wake     = make(chan struct{}, 1) // an answer came
+		round    int                      // appends of the last round: those it answered and those queued meanwhile
 	)
 	for {
 		if len(inflight) == 0 && len(syncs) > 0 {
@@ -65,9 +67,15 @@ func (l *Log) pipelinedWriter() {
 		case done := <-l.syncs:
 			syncs = append(syncs, done)
 		case r := <-reqs:
-			inflight = l.send(inflight, l.fill([]*appendReq{r}), wake)
+			batch := l.gather(l.fill([]*appendReq{r}), round)
+			round = len(batch)
+			inflight = l.send(inflight, batch, wake)
 		case <-wake:
+			before := pendingAppends(inflight)
 			inflight = l.land(inflight, false)
+			if landed := before - pendingAppends(inflight); landed > 0 {
+				round = landed + len(l.reqs)
+			}
 		case <-l.stop:
 			for len(inflight) > 0 {
 				inflight = l.land(inflight, true)
@@ -79,6 +87,52 @@ func (l *Log) pipelinedWriter() {
 			return
 		}
 	}
+}
+
+// gather waits for more appends while batch holds fewer than the last
+// round (the appends it answered and those queued meanwhile): an appender
+// just answered often appends again at once (a connect's next entry, a
+// client in a loop), and a commit cut without it makes it wait for a whole
+// round of the replica and then its own. It waits while appends keep
+// coming, each within groupGap of the one before, and GroupWait in all;
+// the replica is idle meanwhile, so the wait is a fraction of its round.
+// This is group commit's delay (MySQL's binlog_group_commit_sync_delay
+// with its no_delay_count; PostgreSQL's commit_delay).
+func (l *Log) gather(batch []*appendReq, round int) []*appendReq {
+	if l.opts.GroupWait <= 0 || len(batch) >= round {
+		return batch
+	}
+	bytes := 0
+	for _, r := range batch {
+		bytes += 2 + len(r.data)
+	}
+	deadline := time.Now().Add(l.opts.GroupWait)
+	gap := time.NewTimer(min(l.gap, l.opts.GroupWait))
+	defer gap.Stop()
+	for len(batch) < round && len(batch) < l.maxBatch && bytes < l.maxBatchBytes() {
+		select {
+		case r := <-l.reqs:
+			batch = append(batch, r)
+			bytes += 2 + len(r.data)
+			left := time.Until(deadline)
+			if left <= 0 {
+				return batch
+			}
+			gap.Reset(min(l.gap, left))
+		case <-gap.C:
+			return batch
+		}
+	}
+	return batch
+}
+
+// pendingAppends counts the appends of the flights.
+func pendingAppends(inflight []*flight) int {
+	n := 0
+	for _, f := range inflight {
+		n += len(f.p.batch)
+	}
+	return n
 }
 
 // room says whether another commit may be sent now. (Sending more while
