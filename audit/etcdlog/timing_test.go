@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	"github.com/nvmegate/nvmegate/audit"
@@ -45,4 +46,16 @@ func (r *timedReplica) Append(ctx context.Context, c audit.Commit) error {
 		r.conflicts.Add(1)
 	}
 	return err
+}
+
+// report adds the replica's share to b's metrics; a nil r (the bbolt
+// log) has none.
+func (r *timedReplica) report(b *testing.B) {
+	if r == nil || r.commits.Load() == 0 {
+		return
+	}
+	b.ReportMetric(float64(r.entries.Load())/float64(r.commits.Load()), "entries/commit")
+	b.ReportMetric(float64(r.nanos.Load())/float64(r.commits.Load())/1e6, "etcd-ms/commit")
+	b.ReportMetric(float64(r.conflicts.Load()), "refused-commits")
+	b.ReportMetric(float64(r.p99().Microseconds())/1000, "etcd-p99-ms")
 }

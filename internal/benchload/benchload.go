@@ -1,6 +1,7 @@
 package benchload
 
 import (
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -47,5 +48,43 @@ func Run(b *testing.B, workers int, unit string, op func(i, worker int) error) {
 	}
 	slices.Sort(lat)
 	b.ReportMetric(float64(len(lat))/elapsed.Seconds(), unit+"/s")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+}
+
+// RunOpen calls op(i) for i = 1..b.N at Poisson arrivals of rate per
+// second (a fixed seed, so every run asks the same), each in a goroutine
+// of its own, whether or not the ones before it have returned: the load of
+// many independent callers, which a closed loop of workers does not show
+// (a slow answer there also slows the asking). Each op is timed from its
+// arrival, not from when it started, so a backlog counts. It reports
+// "<unit>/s" done, "p50-ms" and "p99-ms".
+func RunOpen(b *testing.B, rate float64, unit string, op func(i int) error) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	lat := make([]time.Duration, b.N)
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	start := time.Now()
+	at := time.Duration(0)
+	for i := 1; i <= b.N; i++ {
+		at += time.Duration(rng.ExpFloat64() / rate * float64(time.Second))
+		arrival := start.Add(at)
+		if d := time.Until(arrival); d > 0 {
+			time.Sleep(d)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := op(i); err != nil {
+				b.Error(err)
+			}
+			lat[i-1] = time.Since(arrival)
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), unit+"/s")
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
 }
