@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/nvmegate/nvmegate/cryptdev"
+	"github.com/nvmegate/nvmegate/fabric"
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
 	"github.com/nvmegate/nvmegate/gateway"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
@@ -107,11 +108,27 @@ func xtsFile(t *testing.T, path string, k []byte, decrypt bool) []byte {
 	return b
 }
 
+// seenDriver keeps every whole state its agent applied.
+type seenDriver struct {
+	mu     sync.Mutex
+	states []fabric.State
+}
+
+func (d *seenDriver) Apply(_ context.Context, s fabric.State) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.states = append(d.states, s)
+	return nil
+}
+
+func (d *seenDriver) ApplyDelta(context.Context, fabric.Delta) error { return nil }
+
 // A data-key rotation end to end over a remote target agent: the
 // namespace is re-encrypted from the old data key to the new one and
 // exported again under it; the old key reads nothing; the report is taken
 // once, from the target's own agent on its live stream, for the rotation
-// under way only.
+// under way only. Another target's agent, streaming all along, receives
+// no data key and no namespace of the first.
 func TestReencryptEndToEnd(t *testing.T) {
 	var skew atomic.Int64 // the gateway's clock runs ahead by this
 	g := startGateway(t, func(c *gateway.Config) {
@@ -164,6 +181,8 @@ func TestReencryptEndToEnd(t *testing.T) {
 	wg.Add(1)
 	go func() { defer wg.Done(); r.Run(rctx) }()
 	t.Cleanup(func() { cancel(); wg.Wait() })
+	otherSeen := &seenDriver{}
+	waitApplied(t, startRemote(t, g, "stor-eu-2", otherSeen))
 
 	if _, err := inv.AddNamespace(ctx, &pb.AddNamespaceRequest{Namespace: ns}); err != nil {
 		t.Fatal(err)
@@ -268,6 +287,25 @@ func TestReencryptEndToEnd(t *testing.T) {
 	})
 	if !bytes.Equal(xtsFile(t, dev, crypt.key(), true), plain) {
 		t.Fatal("the device does not read back after the scheduled rotation")
+	}
+
+	_ = g.agent.Program(ctx, "stor-eu-2")
+	otherSeen.mu.Lock()
+	defer otherSeen.mu.Unlock()
+	if len(otherSeen.states) == 0 {
+		t.Fatal("the other target's agent received no state")
+	}
+	for _, st := range otherSeen.states {
+		for _, sub := range st.Subsystems {
+			if sub.NQN != otherSub.Nqn {
+				t.Errorf("the other target's agent received subsystem %s", sub.NQN)
+			}
+			for _, n := range sub.Namespaces {
+				if n.DataKey != nil || n.NextDataKey != nil || n.BackingDevice != "" {
+					t.Errorf("the other target's agent received %v of %s", n, sub.NQN)
+				}
+			}
+		}
 	}
 }
 
