@@ -2,6 +2,7 @@ package audit
 
 import (
 	"fmt"
+	"runtime"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -94,10 +95,16 @@ func (l *Log) pipelinedWriter() {
 // just answered often appends again at once (a connect's next entry, a
 // client in a loop), and a commit cut without it makes it wait for a whole
 // round of the replica and then its own. It waits while appends keep
-// coming, each within groupGap of the one before, and GroupWait in all;
-// the replica is idle meanwhile, so the wait is a fraction of its round.
-// This is group commit's delay (MySQL's binlog_group_commit_sync_delay
-// with its no_delay_count; PostgreSQL's commit_delay).
+// coming, each within l.gap of the one before, and GroupWait in all; the
+// replica is idle meanwhile, so the wait is a fraction of its round. This
+// is group commit's delay (MySQL's binlog_group_commit_sync_delay with its
+// no_delay_count; PostgreSQL's commit_delay).
+//
+// It polls, yielding, rather than sleeping on a timer: the runtime's
+// timers wake an idle process a millisecond late at best (its poller
+// waits whole milliseconds), which made every commit with no append
+// coming a millisecond late (p50 2.3 → 3.3 ms at 1,000 appends/s, open
+// loop). The poll spends at most the gap of one core per commit.
 func (l *Log) gather(batch []*appendReq, round int) []*appendReq {
 	if l.opts.GroupWait <= 0 || len(batch) >= round {
 		return batch
@@ -106,20 +113,22 @@ func (l *Log) gather(batch []*appendReq, round int) []*appendReq {
 	for _, r := range batch {
 		bytes += 2 + len(r.data)
 	}
-	deadline := time.Now().Add(l.opts.GroupWait)
-	gap := time.NewTimer(min(l.gap, l.opts.GroupWait))
-	defer gap.Stop()
+	last := time.Now()
+	deadline := last.Add(l.opts.GroupWait)
 	for len(batch) < round && len(batch) < l.maxBatch && bytes < l.maxBatchBytes() {
 		select {
 		case r := <-l.reqs:
 			batch = append(batch, r)
 			bytes += 2 + len(r.data)
-			left := time.Until(deadline)
-			if left <= 0 {
+			last = time.Now()
+		default:
+			now := time.Now()
+			if now.Sub(last) >= l.gap || now.After(deadline) {
 				return batch
 			}
-			gap.Reset(min(l.gap, left))
-		case <-gap.C:
+			runtime.Gosched()
+		}
+		if last.After(deadline) {
 			return batch
 		}
 	}

@@ -103,7 +103,7 @@ func BenchmarkAppend(b *testing.B) {
 		}
 	}
 	// Open loop: appends from independent callers at a fixed rate (Poisson
-	// arrivals), timed from their arrival — what the group wait costs when
+	// arrivals), each timed from its issue — what the group wait costs when
 	// an answered appender does not append again at once.
 	for _, backend := range []string{"etcd3", "etcd3-no-group-wait"} {
 		for _, rate := range []int{1000, 3000} {
