@@ -239,12 +239,18 @@ func BenchmarkReplicaConnects(b *testing.B) {
 		name     string
 		replicas int
 		etcd     bool
-	}{{"bbolt", 1, false}, {"etcd/replicas=1", 1, true}, {"etcd/replicas=3", 3, true}} {
+		extra    string // of the etcd section
+	}{
+		{"bbolt", 1, false, ""},
+		{"etcd/replicas=1", 1, true, ""},
+		{"etcd/replicas=1/no-group-wait", 1, true, "  log_group_wait: \"off\"\n"},
+		{"etcd/replicas=3", 3, true, ""},
+	} {
 		b.Run(variant.name, func(b *testing.B) {
 			dir := filepath.Join(work, fmt.Sprintf("v%d", i))
 			c := replicaConfig{vault: v.Addr, role: role, keyDir: filepath.Join(dir, "audit-keys")}
 			if variant.etcd {
-				c.endpoints, c.prefix = etcd.endpoints, fmt.Sprintf("/v%d/", i)
+				c.endpoints, c.prefix, c.extra = etcd.endpoints, fmt.Sprintf("/v%d/", i), variant.extra
 			}
 			replicas := startReplicas(b, bin, dir, filepath.Join(dir, "dev"), variant.replicas, c)
 			defer func() {

@@ -82,6 +82,27 @@ type EtcdConfig struct {
 	LeaseTTL int `json:"lease_ttl"`
 	// DialTimeout bounds the first connection; a Go duration, default 10s.
 	DialTimeout string `json:"dial_timeout"`
+	// LogGroupWait bounds how long a commit of the audit log to etcd
+	// waits for appends still arriving (audit.Options.GroupWait): a Go
+	// duration up to 10ms, default 500µs; "off" sends each commit as soon
+	// as the one before is answered.
+	LogGroupWait string `json:"log_group_wait"`
+}
+
+// groupWait is LogGroupWait as audit.Options takes it: 0 for the
+// default, negative for off.
+func (e EtcdConfig) groupWait() (time.Duration, error) {
+	switch e.LogGroupWait {
+	case "":
+		return 0, nil
+	case "off":
+		return -1, nil
+	}
+	d, err := time.ParseDuration(e.LogGroupWait)
+	if err != nil || d <= 0 || d > 10*time.Millisecond {
+		return 0, fmt.Errorf("etcd.log_group_wait must be a Go duration above 0 and at most 10ms, or \"off\", got %q", e.LogGroupWait)
+	}
+	return d, nil
 }
 
 // enabled says whether the gateway runs replicated on etcd.
@@ -112,7 +133,8 @@ func (e EtcdConfig) validate() error {
 	if e.Prefix != "" && !strings.HasSuffix(e.Prefix, "/") {
 		return fmt.Errorf("etcd.prefix must end with '/', got %q", e.Prefix)
 	}
-	return nil
+	_, err := e.groupWait()
+	return err
 }
 
 // RuntimeConfig tunes the garbage collector. A connect allocates most of

@@ -186,6 +186,7 @@ func (m *Main) Open(ctx context.Context) (err error) {
 			return err
 		}
 		storeOpts.Replica, auditOpts.Replica = m.repl.store, m.repl.log
+		auditOpts.GroupWait, _ = c.Etcd.groupWait()        // checked by validate
 		ack, _ := time.ParseDuration(c.Targets.AckTimeout) // checked by validate
 		m.peers = newTargetPeers(m.repl, nil, ack)
 		storeOpts.Applied = m.peers.changed

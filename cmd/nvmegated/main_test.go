@@ -234,6 +234,9 @@ func TestConfigValidation(t *testing.T) {
 		"etcd partial tls": {func(c *Config) { c.Etcd = EtcdConfig{Endpoints: []string{"e"}, CACert: "ca"} }, "all be set (mTLS)"},
 		"etcd prefix":      {func(c *Config) { c.Etcd = EtcdConfig{Endpoints: []string{"e"}, Prefix: "/x"} }, "etcd.prefix"},
 		"etcd lease":       {func(c *Config) { c.Etcd = EtcdConfig{Endpoints: []string{"e"}, LeaseTTL: -1} }, "etcd.lease_ttl"},
+		"group wait":       {func(c *Config) { c.Etcd = EtcdConfig{Endpoints: []string{"e"}, LogGroupWait: "1s"} }, "etcd.log_group_wait"},
+		"group wait zero":  {func(c *Config) { c.Etcd = EtcdConfig{Endpoints: []string{"e"}, LogGroupWait: "0s"} }, "etcd.log_group_wait"},
+		"group wait word":  {func(c *Config) { c.Etcd = EtcdConfig{Endpoints: []string{"e"}, LogGroupWait: "none"} }, "etcd.log_group_wait"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := base
