@@ -2,7 +2,9 @@
 // and the target agent: the SVID comes from the Workload API, from PEM
 // files, or from a dev trust domain directory (which also names the dev
 // gateway's address), and the gateway must present a gateway SVID of the
-// client's trust domain (or exactly ServerID).
+// client's trust domain (or exactly ServerID). The address may list the
+// replicas of a gateway on etcd: the connection uses the first that
+// answers and moves to another when it fails.
 package clientconn
 
 import (
@@ -11,11 +13,15 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
+	"strings"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 
 	"github.com/nvmegate/nvmegate/identity"
 	"github.com/nvmegate/nvmegate/identity/devca"
@@ -23,7 +29,7 @@ import (
 
 // Options say how to reach the gateway and as whom.
 type Options struct {
-	Addr         string // host:port; default 127.0.0.1:7443, or the dev gateway's
+	Addr         string // host:port, or replicas' host:port,host:port,…; default 127.0.0.1:7443, or the dev gateway's
 	SPIFFESocket string // Workload API address
 	SPIFFEID     string // picks this SVID when the Workload API offers several
 	Cert, Key    string // SVID files (PEM)
@@ -78,12 +84,42 @@ func Dial(ctx context.Context, o Options) (*grpc.ClientConn, identity.Source, er
 		src.Close()
 		return nil, nil, err
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(identity.ClientCredentials(src, authorizer)))
+	target, opts, err := resolve(addr)
+	if err != nil {
+		src.Close()
+		return nil, nil, err
+	}
+	opts = append(opts, grpc.WithTransportCredentials(identity.ClientCredentials(src, authorizer)))
+	conn, err := grpc.NewClient(target, opts...)
 	if err != nil {
 		src.Close()
 		return nil, nil, fmt.Errorf("dial %s: %w", addr, err)
 	}
 	return conn, src, nil
+}
+
+// replicasScheme names the resolver of an address list.
+const replicasScheme = "nvmegate-replicas"
+
+// resolve turns addr into gRPC's target: one address as it is; a list of
+// replicas' addresses as a fixed resolver state, which gRPC's default
+// policy (pick_first) tries in order and leaves for the next when the
+// connection fails. The gateway is identified by its SVID, not a host
+// name, so every replica is verified alike.
+func resolve(addr string) (string, []grpc.DialOption, error) {
+	if !strings.Contains(addr, ",") {
+		return addr, nil, nil
+	}
+	var addrs []resolver.Address
+	for _, a := range strings.Split(addr, ",") {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return "", nil, fmt.Errorf("--addr %q: each replica's address must be host:port: %w", addr, err)
+		}
+		addrs = append(addrs, resolver.Address{Addr: a})
+	}
+	r := manual.NewBuilderWithScheme(replicasScheme)
+	r.InitialState(resolver.State{Addresses: addrs})
+	return replicasScheme + ":///gateway", []grpc.DialOption{grpc.WithResolvers(r)}, nil
 }
 
 // serverAuthorizer decides which gateway SVIDs the client accepts: the exact
@@ -125,7 +161,7 @@ func DevAddr(dir string) (string, error) { return readyAddr(devca.ReadyPath(dir)
 // the CLI and both agents (cobra commands add fs with AddGoFlagSet). devIdentity is an
 // example dev identity name for the help text.
 func (o *Options) AddFlags(fs *flag.FlagSet, devIdentity string) {
-	fs.StringVar(&o.Addr, "addr", "", "gateway address host:port (default 127.0.0.1:7443, or the dev gateway's)")
+	fs.StringVar(&o.Addr, "addr", "", "gateway address host:port, or the replicas' host:port,host:port,… (default 127.0.0.1:7443, or the dev gateway's)")
 	fs.StringVar(&o.SPIFFESocket, "spiffe-socket", "", "SPIFFE Workload API address for this program's SVID")
 	fs.StringVar(&o.SPIFFEID, "spiffe-id", "", "this program's SPIFFE ID, when the Workload API offers several SVIDs")
 	fs.StringVar(&o.Cert, "cert", "", "SVID certificate chain (PEM)")
