@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,19 +13,24 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 
 	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/audit"
+	"github.com/nvmegate/nvmegate/identity/devca"
 	"github.com/nvmegate/nvmegate/loadgen"
+	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
 
 // Three gateway replicas on a 3-member etcd, under load spread over all
 // three: the leader is killed with SIGKILL ten times and an etcd member
 // once. Every acknowledged grant is in the one log at the index it was
 // answered with (checked through every replica), the log verifies offline
-// with the log's key, and each time another replica leads within the lease
-// TTL.
+// with the log's key, each time another replica leads within the lease
+// TTL and sweeps at once (its log says so), and a target whose agent
+// follows the replicas holds exactly the active grants' hosts.
 func TestFailoverUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("e2e: builds and runs the binaries")
@@ -38,8 +44,12 @@ func TestFailoverUnderLoad(t *testing.T) {
 	// shared log signing key, the keys in Vault.
 	dev := filepath.Join(work, "dev")
 	keyDir := filepath.Join(work, "audit-keys")
+	// The first fleet's target is programmed by its own agent (a process,
+	// following the replicas), the others by the replicas' embedded driver.
+	const agentTarget, agentSub = "bench-failover0", "nqn.2026-01.io.nvmegate.bench:failover0"
 	replicas := startReplicas(t, bin, work, dev, 3, replicaConfig{vault: v.Addr, role: role, keyDir: keyDir,
-		endpoints: etcd.endpoints, extra: "  lease_ttl: 2\n", audit: "  checkpoint_interval: 200ms\n"})
+		endpoints: etcd.endpoints, extra: "  lease_ttl: 2\n", audit: "  checkpoint_interval: 200ms\n",
+		targets: "  remote: [" + agentTarget + "]\n"})
 	byName := map[string]*replicaProc{}
 	for _, r := range replicas {
 		byName[r.name] = r
@@ -68,6 +78,8 @@ func TestFailoverUnderLoad(t *testing.T) {
 	for i := range envs {
 		runs = append(runs, &fleetRun{env: envs[i], fleet: fleets[i], errs: map[string]int{}})
 	}
+	tree := startTargetAgent(t, bin, work, dev, agentTarget, replicas)
+	waitForFile(t, filepath.Join(tree, "subsystems", agentSub), "the target agent's first state")
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for i, fr := range runs {
@@ -105,7 +117,7 @@ func TestFailoverUnderLoad(t *testing.T) {
 	}
 
 	// Ten leaders killed; an etcd member killed and brought back between.
-	var failovers, nextGrants []time.Duration
+	var failovers, nextGrants, sweeps []time.Duration
 	for k := range 10 {
 		time.Sleep(time.Second)
 		name := leaderName()
@@ -114,13 +126,17 @@ func TestFailoverUnderLoad(t *testing.T) {
 			t.Fatalf("round %d: no leader in etcd (%q)", k, name)
 		}
 		before := acked()
+		marks := map[string]int64{}
+		for n, r := range byName {
+			marks[n] = fileSize(r.log)
+		}
 		victim.kill9()
 		killed := time.Now()
 		var (
-			newLeader         string
-			failover, granted time.Duration
+			newLeader                string
+			failover, granted, swept time.Duration
 		)
-		for deadline := killed.Add(20 * time.Second); newLeader == "" || granted == 0; time.Sleep(5 * time.Millisecond) {
+		for deadline := killed.Add(20 * time.Second); newLeader == "" || granted == 0 || swept == 0; time.Sleep(5 * time.Millisecond) {
 			if granted == 0 && acked() > before {
 				granted = time.Since(killed)
 			}
@@ -129,13 +145,16 @@ func TestFailoverUnderLoad(t *testing.T) {
 					newLeader, failover = n, time.Since(killed)
 				}
 			}
+			if newLeader != "" && swept == 0 && logHas(byName[newLeader].log, marks[newLeader], "swept at the start of this replica's term") {
+				swept = time.Since(killed)
+			}
 			if time.Now().After(deadline) {
-				t.Fatalf("round %d: 20 s after %s was killed: new leader %q, a grant acknowledged since: %v", k, name, newLeader, granted > 0)
+				t.Fatalf("round %d: 20 s after %s was killed: new leader %q, swept: %v, a grant acknowledged since: %v", k, name, newLeader, swept > 0, granted > 0)
 			}
 		}
-		failovers, nextGrants = append(failovers, failover), append(nextGrants, granted)
-		t.Logf("round %d: killed leader %s; %s leads after %s; next grant after %s", k, name, newLeader,
-			failovers[k].Round(time.Millisecond), nextGrants[k].Round(time.Millisecond))
+		failovers, nextGrants, sweeps = append(failovers, failover), append(nextGrants, granted), append(sweeps, swept)
+		t.Logf("round %d: killed leader %s; %s leads after %s and has swept after %s; next grant after %s", k, name, newLeader,
+			failovers[k].Round(time.Millisecond), swept.Round(time.Millisecond), nextGrants[k].Round(time.Millisecond))
 		if k == 4 {
 			m := etcd.members[1]
 			m.proc.cmd.Process.Kill()
@@ -212,6 +231,10 @@ func TestFailoverUnderLoad(t *testing.T) {
 		}
 	}
 
+	// The agent's target holds exactly the hosts of the active grants on
+	// it: none lost or gained across the kills (its replica among them).
+	hostsMatch(t, envs[0].Admin, tree, agentSub)
+
 	// The one log, read from etcd into a fresh copy, verifies offline
 	// under the log's key.
 	keys, err := attest.OpenKeyDir(keyDir, attest.Ed25519, false)
@@ -228,8 +251,110 @@ func TestFailoverUnderLoad(t *testing.T) {
 	}
 	slices.Sort(failovers)
 	slices.Sort(nextGrants)
+	slices.Sort(sweeps)
 	t.Logf("%d grants acknowledged across 10 leader kills and one etcd member kill; %d entries verify offline; "+
-		"kill -9 of the leader → new leader: median %s, max %s (lease TTL 2 s); → next grant: median %s, max %s",
+		"kill -9 of the leader → new leader: median %s, max %s (lease TTL 2 s); → its first sweep: median %s, max %s; → next grant: median %s, max %s",
 		len(all), rep.Entries, failovers[5].Round(time.Millisecond), failovers[9].Round(time.Millisecond),
+		sweeps[5].Round(time.Millisecond), sweeps[9].Round(time.Millisecond),
 		nextGrants[5].Round(time.Millisecond), nextGrants[9].Round(time.Millisecond))
+}
+
+// logHas says whether the file at path holds s past offset from.
+func logHas(path string, from int64, s string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.NewSectionReader(f, from, 1<<40))
+	return err == nil && strings.Contains(string(data), s)
+}
+
+// startTargetAgent runs nvmegate-target as target id, with an SVID of the
+// dev trust domain, on an nvmet tree in a directory (not configfs: the
+// driver writes the same files), dialing the replicas' addresses in turn;
+// it returns the tree.
+func startTargetAgent(t *testing.T, bin, work, dev, id string, replicas []*replicaProc) string {
+	t.Helper()
+	ca, err := devca.Load(filepath.Join(dev, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	svid, err := ca.Issue(spiffeid.RequireFromPath(ca.TrustDomain(), "/target/"+id), now.Add(-time.Minute), now.Add(24*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM, keyPEM, err := svid.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, key, tree := filepath.Join(work, id+".pem"), filepath.Join(work, id+".key"), filepath.Join(work, id+"-nvmet")
+	for path, data := range map[string][]byte{cert: certPEM, key: keyPEM} {
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(tree, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var addrs []string
+	for _, r := range replicas {
+		addrs = append(addrs, r.addr)
+	}
+	startProcess(t, filepath.Join(work, id+".log"), filepath.Join(bin, "nvmegate-target"),
+		"--cert", cert, "--key", key, "--bundle", devca.BundlePath(dev), "--addr", strings.Join(addrs, ","),
+		"--nvmet-root", tree, "--cryptsetup", "", "--reencrypt-dir", "")
+	return tree
+}
+
+func waitForFile(t *testing.T, path, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s after 30 s (%s)", what, path)
+		}
+	}
+}
+
+// hostsMatch waits until the hosts allowed on subsystem sub in the nvmet
+// tree are those of its active grants, and fails if they never are.
+func hostsMatch(t *testing.T, admin *grpc.ClientConn, tree, sub string) {
+	t.Helper()
+	ctx := context.Background()
+	var granted, allowed []string
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		granted, allowed = nil, nil
+		req := &pb.ListGrantsRequest{State: pb.GrantState_GRANT_STATE_ACTIVE, PageSize: 1000}
+		for {
+			resp, err := pb.NewAccessClient(admin).ListGrants(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, g := range resp.Grants {
+				if g.SubsystemNqn == sub && !slices.Contains(granted, g.HostNqn) {
+					granted = append(granted, g.HostNqn)
+				}
+			}
+			if req.PageToken = resp.NextPageToken; req.PageToken == "" {
+				break
+			}
+		}
+		ents, _ := os.ReadDir(filepath.Join(tree, "subsystems", sub, "allowed_hosts"))
+		for _, e := range ents {
+			allowed = append(allowed, e.Name())
+		}
+		slices.Sort(granted)
+		slices.Sort(allowed)
+		if slices.Equal(granted, allowed) {
+			t.Logf("the agent's target holds exactly the %d hosts of the active grants on %s", len(allowed), sub)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent's target allows %d hosts %v; the active grants name %d: %v", len(allowed), allowed, len(granted), granted)
+		}
+	}
 }

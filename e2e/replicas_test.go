@@ -138,6 +138,7 @@ type replicaConfig struct {
 	prefix    string   // in etcd; "" is the daemon's default
 	extra     string   // more lines of the etcd section
 	audit     string   // more lines of the audit section
+	targets   string   // more lines of the targets section
 }
 
 // startReplicas starts n nvmegated replicas on one dev trust domain (dev,
@@ -153,7 +154,7 @@ func startReplicas(t testing.TB, bin, work, dev string, n int, c replicaConfig) 
 			state: filepath.Join(work, fmt.Sprintf("r%d", i)), log: filepath.Join(work, fmt.Sprintf("r%d.log", i)),
 			cfg: filepath.Join(work, fmt.Sprintf("r%d.yaml", i))}
 		cfg := fmt.Sprintf("keys:\n  backend: vault\n  vault:\n    address: %s\n    approle:\n      role_id: %s\n      secret_id_file: %s\n"+
-			"audit:\n  key_dir: %s\n%stargets:\n  reconcile_interval: 1s\n", c.vault, c.role.RoleID, c.role.SecretIDFile, c.keyDir, c.audit)
+			"audit:\n  key_dir: %s\n%stargets:\n  reconcile_interval: 1s\n%s", c.vault, c.role.RoleID, c.role.SecretIDFile, c.keyDir, c.audit, c.targets)
 		if len(c.endpoints) > 0 {
 			cfg += fmt.Sprintf("etcd:\n  endpoints: [%s]\n  name: %s\n%s", strings.Join(c.endpoints, ", "), r.name, c.extra)
 			if c.prefix != "" {

@@ -565,6 +565,9 @@ func (m *Main) Run(ctx context.Context) error {
 	} else {
 		once(func(ctx context.Context) {
 			sweep(ctx) // a new leader sweeps at once: the last one may have died mid-period
+			if ctx.Err() == nil {
+				m.log.Info("swept at the start of this replica's term")
+			}
 			every(ctx, reconcileEvery, func() { sweep(ctx) })
 		})
 		g.Go(func() error {
