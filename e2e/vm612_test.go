@@ -105,6 +105,16 @@ func TestRealKernel612(t *testing.T) {
 	if strings.Contains(rk.Kernel, "new ctrl") || strings.Contains(rk.Output, "reads 0 ") {
 		t.Errorf("rekey-live: a reconnect, or no reads:\n%s", rk.excerpt())
 	}
+	// The re-key replaced node 1's PSKs in .nvme: as many, all new.
+	granted, rekeyed := node1Keys(ok("keyids-after-grant").Output, node1), node1Keys(ok("keyids-after-rekey").Output, node1)
+	if len(granted) != 3 || len(rekeyed) != 3 {
+		t.Errorf("node 1's PSKs: %d before the re-key, %d after, want 3 and 3", len(granted), len(rekeyed))
+	}
+	for _, k := range rekeyed {
+		if slices.Contains(granted, k) {
+			t.Errorf("node 1's PSK %s is still in .nvme after the re-key", k)
+		}
+	}
 	refused("tls-old-after-rekey")
 	wrong := refused("tls-wrong-psk")
 	has(wrong, "output", "failed to search 'psk' key")
@@ -161,4 +171,16 @@ func TestRealKernel612(t *testing.T) {
 	tm := ok("timing", "timing plain: mean", "timing dhchap: mean", "timing tls: mean", "timing tls+dhchap: mean", "queues per connect")
 	t.Logf("connect times (Linux 6.12 under TCG):\n%s", tm.Output)
 	ok("gateway-log", "/tmp/gateway.log:0", "/tmp/agent.log:0", "/tmp/tlshd.log:0", "/tmp/node.log:0")
+}
+
+// node1Keys are the serials of node's PSKs in keyids' output (lines of
+// "<serial> <identity>").
+func node1Keys(out, node string) []string {
+	var serials []string
+	for _, line := range strings.Split(out, "\n") {
+		if serial, id, ok := strings.Cut(strings.TrimSpace(line), " "); ok && strings.Contains(id, " "+node+" ") {
+			serials = append(serials, serial)
+		}
+	}
+	return serials
 }

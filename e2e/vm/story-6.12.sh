@@ -97,6 +97,13 @@ keys() {
   ring=$(grep 'keyring   .nvme:' /proc/keys | cut -d' ' -f1)
   for k in $(keyctl rlist "$((0x$ring))"); do keyctl rdescribe "$k" | sed -n 's/^psk;[^;]*;[^;]*;[^;]*;//p'; done | sort
 }
+# keyids: the key serials and identities in .nvme: a re-key replaces a
+# host's PSKs (new keys, new serials), never adds to them.
+keyids() {
+  local ring k
+  ring=$(grep 'keyring   .nvme:' /proc/keys | cut -d' ' -f1)
+  for k in $(keyctl rlist "$((0x$ring))"); do echo "$k $(keyctl rdescribe "$k" | sed -n 's/^psk;[^;]*;[^;]*;[^;]*;//p')"; done | sort -k2
+}
 # wrong_psk NAME: the grant's connect line with another, valid PSK.
 wrong_psk() {
   other=$(nvme gen-tls-key --hmac=1 2>/dev/null | grep -o 'NVMeTLSkey-1:[^ ]*')
@@ -128,10 +135,12 @@ step acme-job as acme-scheduler job admit vm-train-1 --tenant acme --node "$NODE
   --namespace "$ACME/1:ro" --region eu-west --expires-in 2h
 step grant-node1 grant node1 acme-node-1 connect --job vm-train-1 --subsystem "$ACME"
 step keys-after-grant keys
+step keyids-after-grant keyids
 step tree-after-grant tree
 step tls-connect-node1 tls_connect node1
 step tls-key-node1 sh -c 'for c in /sys/class/nvme/nvme*; do k=$(cat $c/tls_key); echo "$(basename $c): state $(cat $c/state), TLS key $k: $(grep "^$k " /proc/keys | sed "s/^.* psk *//")"; done'
 step rekey-live rekey_live node1 acme-node-1
+step keyids-after-rekey keyids
 step disconnect-node1 disconnect
 step tls-old-after-rekey tls_connect node1
 step disconnect-old-after-rekey disconnect
