@@ -242,4 +242,38 @@ tls_timing() {
 }
 step timing-target timing_target
 step timing tls_timing
+# bidir_rekey: how this kernel takes a live re-key of a bidirectional
+# DH-HMAC-CHAP controller (both secrets new), which Linux 6.1 does not
+# survive (the host and controller secrets are two sysfs writes, and the
+# re-authentication between them fails): on the hand-made target, host T2
+# connects with both secrets, a read loop runs, the target's entry gets
+# both new secrets, and the host's two attributes are written in turn.
+# It reports what happened; the agent's make-before-break does not depend on it.
+bidir_rekey() {
+  local ctrl dev
+  nvme gen-dhchap-key --nqn="$SUBT" --hmac=1 2>/dev/null | grep -o 'DHHC-1:[^ ]*' > /tmp/t2.ctrl || return 1
+  cat /tmp/t2.ctrl > "$CFS/hosts/$T2/dhchap_ctrl_key"
+  nvme connect -t tcp -a 127.0.0.1 -s 4422 -n "$SUBT" --hostnqn="$T2" --dhchap-secret="$(cat /tmp/t2.secret)" \
+    --dhchap-ctrl-secret="$(cat /tmp/t2.ctrl)" >/tmp/bd.err 2>&1 || { echo "bidirectional connect failed"; cat /tmp/bd.err; return 1; }
+  for _ in $(seq 50); do dev=$(ls /sys/block | grep -E '^nvme[0-9]+n[0-9]+$' | head -1); [ -n "$dev" ] && break; sleep 0.1; done
+  ctrl=$(ls /sys/class/nvme | head -1)
+  [ -n "$dev" ] || { echo "no block device"; return 1; }
+  echo "connected $ctrl with both secrets, state $(cat "/sys/class/nvme/$ctrl/state")"
+  start_reads "/dev/$dev"
+  nvme gen-dhchap-key --nqn="$T2" --hmac=1 2>/dev/null | grep -o 'DHHC-1:[^ ]*' > /tmp/t2.secret2 || return 1
+  nvme gen-dhchap-key --nqn="$SUBT" --hmac=1 2>/dev/null | grep -o 'DHHC-1:[^ ]*' > /tmp/t2.ctrl2 || return 1
+  cat /tmp/t2.secret2 > "$CFS/hosts/$T2/dhchap_key"; cat /tmp/t2.ctrl2 > "$CFS/hosts/$T2/dhchap_ctrl_key"
+  printf %s "$(cat /tmp/t2.secret2)" > "/sys/class/nvme/$ctrl/dhchap_secret" 2>/tmp/bd.err || echo "host secret write: $(cat /tmp/bd.err)"
+  printf %s "$(cat /tmp/t2.ctrl2)" > "/sys/class/nvme/$ctrl/dhchap_ctrl_secret" 2>/tmp/bd.err || echo "controller secret write: $(cat /tmp/bd.err)"
+  sleep 3
+  stop_reads
+  if [ -e "/sys/class/nvme/$ctrl" ]; then
+    echo "outcome: controller $ctrl state $(cat "/sys/class/nvme/$ctrl/state")"
+  else
+    echo "outcome: controller $ctrl gone"
+  fi
+  nvme disconnect -n "$SUBT" >/dev/null 2>&1
+  return 0
+}
+step bidir-rekey bidir_rekey
 step gateway-log sh -c "grep -c . /tmp/gateway.log; grep -ciE 'panic|DHHC-1|NVMeTLSkey' /tmp/gateway.log /tmp/agent.log /tmp/tlshd.log /tmp/node.log || true"
