@@ -128,9 +128,6 @@ func (l *Log) gather(batch []*appendReq, round int) []*appendReq {
 			}
 			runtime.Gosched()
 		}
-		if last.After(deadline) {
-			return batch
-		}
 	}
 	return batch
 }

@@ -130,8 +130,8 @@ const DefaultReplicaInFlight = 1
 // still arriving (pipeline.go, gather); groupGap ends it sooner when none
 // comes. A closed loop of 16 appenders on a 3-member etcd otherwise splits
 // into two groups that take turns, each append waiting for the other
-// group's round and then its own: with the wait, one group, p99 11.4–12.2 →
-// 6.5–9.3 ms and twice the appends/s (docs/PERFORMANCE.md).
+// group's round and then its own: with the wait, one group, p99 7.8–9.7 →
+// 4.8–6.5 ms and about twice the appends/s (docs/PERFORMANCE.md).
 const (
 	DefaultGroupWait = 500 * time.Microsecond
 	groupGap         = 100 * time.Microsecond

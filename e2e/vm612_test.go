@@ -106,7 +106,7 @@ func TestRealKernel612(t *testing.T) {
 		t.Errorf("rekey-live: a reconnect, or no reads:\n%s", rk.excerpt())
 	}
 	// The re-key replaced node 1's PSKs in .nvme: as many, all new.
-	granted, rekeyed := node1Keys(ok("keyids-after-grant").Output, node1), node1Keys(ok("keyids-after-rekey").Output, node1)
+	granted, rekeyed := nodeKeys(ok("keyids-after-grant").Output, node1), nodeKeys(ok("keyids-after-rekey").Output, node1)
 	if len(granted) != 3 || len(rekeyed) != 3 {
 		t.Errorf("node 1's PSKs: %d before the re-key, %d after, want 3 and 3", len(granted), len(rekeyed))
 	}
@@ -178,9 +178,9 @@ func TestRealKernel612(t *testing.T) {
 	ok("gateway-log", "/tmp/gateway.log:0", "/tmp/agent.log:0", "/tmp/tlshd.log:0", "/tmp/node.log:0")
 }
 
-// node1Keys are the serials of node's PSKs in keyids' output (lines of
+// nodeKeys are the serials of node's PSKs in keyids' output (lines of
 // "<serial> <identity>").
-func node1Keys(out, node string) []string {
+func nodeKeys(out, node string) []string {
 	var serials []string
 	for _, line := range strings.Split(out, "\n") {
 		if serial, id, ok := strings.Cut(strings.TrimSpace(line), " "); ok && strings.Contains(id, " "+node+" ") {

@@ -438,16 +438,20 @@ func TestConnectTLS(t *testing.T) {
 	}
 }
 
-// recordingDriver accepts every state and keeps the last.
+// recordingDriver accepts every state and keeps the last, and every
+// whole state it was given (namespaces and subsystems change only in
+// those; a delta changes hosts).
 type recordingDriver struct {
-	mu   sync.Mutex
-	last fabric.State
+	mu    sync.Mutex
+	last  fabric.State
+	whole []fabric.State
 }
 
 func (r *recordingDriver) Apply(_ context.Context, s fabric.State) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.last = s
+	r.whole = append(r.whole, s)
 	return nil
 }
 

@@ -17,7 +17,6 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/nvmegate/nvmegate/cryptdev"
-	"github.com/nvmegate/nvmegate/fabric"
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
 	"github.com/nvmegate/nvmegate/gateway"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
@@ -108,21 +107,6 @@ func xtsFile(t *testing.T, path string, k []byte, decrypt bool) []byte {
 	return b
 }
 
-// seenDriver keeps every whole state its agent applied.
-type seenDriver struct {
-	mu     sync.Mutex
-	states []fabric.State
-}
-
-func (d *seenDriver) Apply(_ context.Context, s fabric.State) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.states = append(d.states, s)
-	return nil
-}
-
-func (d *seenDriver) ApplyDelta(context.Context, fabric.Delta) error { return nil }
-
 // A data-key rotation end to end over a remote target agent: the
 // namespace is re-encrypted from the old data key to the new one and
 // exported again under it; the old key reads nothing; the report is taken
@@ -181,7 +165,7 @@ func TestReencryptEndToEnd(t *testing.T) {
 	wg.Add(1)
 	go func() { defer wg.Done(); r.Run(rctx) }()
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	otherSeen := &seenDriver{}
+	otherSeen := &recordingDriver{}
 	waitApplied(t, startRemote(t, g, "stor-eu-2", otherSeen))
 
 	if _, err := inv.AddNamespace(ctx, &pb.AddNamespaceRequest{Namespace: ns}); err != nil {
@@ -292,10 +276,10 @@ func TestReencryptEndToEnd(t *testing.T) {
 	_ = g.agent.Program(ctx, "stor-eu-2")
 	otherSeen.mu.Lock()
 	defer otherSeen.mu.Unlock()
-	if len(otherSeen.states) == 0 {
+	if len(otherSeen.whole) == 0 {
 		t.Fatal("the other target's agent received no state")
 	}
-	for _, st := range otherSeen.states {
+	for _, st := range otherSeen.whole {
 		for _, sub := range st.Subsystems {
 			if sub.NQN != otherSub.Nqn {
 				t.Errorf("the other target's agent received subsystem %s", sub.NQN)

@@ -80,23 +80,7 @@ func BenchmarkAppend(b *testing.B) {
 	for _, backend := range []string{"etcd3", "etcd3-no-group-wait", "etcd3-two-in-flight", "bbolt"} {
 		for _, n := range []int{16, 256} {
 			b.Run(fmt.Sprintf("%s/appenders=%d", backend, n), func(b *testing.B) {
-				opts := audit.Options{Origin: origin}
-				var tr *timedReplica
-				if backend != "bbolt" {
-					tr = &timedReplica{Replica: etcdlog.New(cl, fmt.Sprintf("/bench/%s/%d/%d/", backend, n, benchRuns.Add(1)))}
-					opts.Replica = tr
-				}
-				switch backend {
-				case "etcd3-two-in-flight":
-					opts.ReplicaInFlight = 2
-				case "etcd3-no-group-wait":
-					opts.GroupWait = -1
-				}
-				l, err := audit.Open(filepath.Join(b.TempDir(), "audit.db"), opts)
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer l.Close()
+				l, tr := benchLog(b, cl, backend)
 				benchAppenders(b, l, n)
 				tr.report(b)
 			})
@@ -108,16 +92,7 @@ func BenchmarkAppend(b *testing.B) {
 	for _, backend := range []string{"etcd3", "etcd3-no-group-wait"} {
 		for _, rate := range []int{1000, 3000} {
 			b.Run(fmt.Sprintf("open/%s/rate=%d", backend, rate), func(b *testing.B) {
-				tr := &timedReplica{Replica: etcdlog.New(cl, fmt.Sprintf("/bench/open/%s/%d/%d/", backend, rate, benchRuns.Add(1)))}
-				opts := audit.Options{Origin: origin, Replica: tr}
-				if backend == "etcd3-no-group-wait" {
-					opts.GroupWait = -1
-				}
-				l, err := audit.Open(filepath.Join(b.TempDir(), "audit.db"), opts)
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer l.Close()
+				l, tr := benchLog(b, cl, backend)
 				ctx := context.Background()
 				benchload.RunOpen(b, float64(rate), "appends", func(i int) error {
 					_, _, err := l.Append(ctx, entry(i))
@@ -131,6 +106,30 @@ func BenchmarkAppend(b *testing.B) {
 
 // benchRuns gives every run a log of its own in etcd.
 var benchRuns atomic.Int64
+
+// benchLog opens a log of the backend a benchmark row names, closed when
+// the row ends: bbolt alone, or replicated on cl (etcd3 as it runs, or
+// with one setting changed), with the replica's share timed.
+func benchLog(b *testing.B, cl *clientv3.Client, backend string) (*audit.Log, *timedReplica) {
+	opts := audit.Options{Origin: origin}
+	var tr *timedReplica
+	if backend != "bbolt" {
+		tr = &timedReplica{Replica: etcdlog.New(cl, fmt.Sprintf("/bench/%s/%d/", backend, benchRuns.Add(1)))}
+		opts.Replica = tr
+	}
+	switch backend {
+	case "etcd3-two-in-flight":
+		opts.ReplicaInFlight = 2
+	case "etcd3-no-group-wait":
+		opts.GroupWait = -1
+	}
+	l, err := audit.Open(filepath.Join(b.TempDir(), "audit.db"), opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { l.Close() })
+	return l, tr
+}
 
 func benchAppenders(b *testing.B, l *audit.Log, n int) {
 	ctx := context.Background()
