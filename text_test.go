@@ -3,6 +3,7 @@ package nvmegate_test
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -33,6 +34,18 @@ var invisible = []rune{
 	0x2060,  // word joiner
 	0xfeff,  // byte order mark / zero-width no-break space
 	0xe0041, // tag latin capital letter A
+	// Default_Ignorable_Code_Point outside Cf (issue 29): letters and
+	// marks that render as nothing.
+	0x034f,  // combining grapheme joiner
+	0x115f,  // Hangul choseong filler
+	0x1160,  // Hangul jungseong filler
+	0x17b4,  // Khmer vowel inherent AQ
+	0x180b,  // Mongolian free variation selector one
+	0x2065,  // reserved, default-ignorable
+	0x3164,  // Hangul filler
+	0xfe0f,  // variation selector-16 (emoji presentation)
+	0xffa0,  // halfwidth Hangul filler
+	0xe0100, // variation selector-17
 }
 
 // validators are every Validate function of caller-supplied strings, each
@@ -88,9 +101,18 @@ func TestValidatorsRefuseInvisibleCharacters(t *testing.T) {
 }
 
 // Printable non-ASCII text is free text, not a spoof: descriptions and the
-// user part of NQNs may hold it.
+// user part of NQNs may hold it, in any script, with its combining marks,
+// and emoji without a variation selector.
 func TestValidatorsAcceptPrintableUnicode(t *testing.T) {
-	for _, s := range []string{"Größe – 東京 ✓", "café ×2 (β)", "naïve\u00a0text", "𝒳 \U0001F680"} {
+	for _, s := range []string{"Größe – 東京 ✓", "café ×2 (β)", "naïve\u00a0text", "𝒳 \U0001F680",
+		// Hangul syllables (not the fillers); Cyrillic; Hebrew and Arabic,
+		// right to left by themselves
+		"디스크 교체 후 재구축", "замена диска", "החלפת דיסק", "استبدال القرص",
+		// Devanagari, katakana, Telugu and Khmer, with their marks
+		"डिस्क बदली", "ディスク交換", "ఢిల్లీ", "ស្ថានីយ",
+		// a combining accent; emoji, one with a skin-tone modifier
+		"cafe\u0301", "✔ done 🚀🔥", "👍🏽",
+	} {
 		if err := nvmegate.ValidateText("description", s, true); err != nil {
 			t.Errorf("ValidateText(%q) = %v", s, err)
 		}
@@ -100,10 +122,100 @@ func TestValidatorsAcceptPrintableUnicode(t *testing.T) {
 	}
 }
 
+// Default_Ignorable_Code_Point is refused in every caller string (issue
+// 29), with the code point named: the characters of the issue and the
+// emoji presentation selector after an emoji. "✔️" (U+2714 U+FE0F) is
+// refused although "✔" is accepted: the selector renders as nothing, so a
+// value holding it cannot be told from one without it.
+func TestDefaultIgnorableRefused(t *testing.T) {
+	for _, c := range []struct {
+		s    string
+		want string
+	}{
+		{"rebuilt\u3164after swap", "U+3164"},
+		{"\u115fadmin", "U+115F"},
+		{"a\u1160b", "U+1160"},
+		{"ops\uffa0", "U+FFA0"},
+		{"done \u2714\ufe0f", "U+FE0F"},
+		{"\u1820\u180b", "U+180B"},
+		{"o\u034fk", "U+034F"},
+	} {
+		for _, check := range []func() error{
+			func() error { return nvmegate.ValidateText("reason", c.s, true) },
+			func() error { return nvmegate.ValidateNQN("nqn", "nqn.2026-01.io.example:"+c.s) },
+		} {
+			err := check()
+			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "default-ignorable") {
+				t.Errorf("%q: %v, want a refusal naming %s", c.s, err, c.want)
+			}
+		}
+	}
+}
+
+// isDefaultIgnorable is Default_Ignorable_Code_Point as
+// DerivedCoreProperties.txt derives it, from the tables of Go's unicode
+// package: independent of the validator's own table.
+func isDefaultIgnorable(r rune) bool {
+	if !unicode.In(r, unicode.Other_Default_Ignorable_Code_Point, unicode.Cf, unicode.Variation_Selector) {
+		return false
+	}
+	return !unicode.In(r, unicode.White_Space, unicode.Prepended_Concatenation_Mark) &&
+		!(0xfff9 <= r && r <= 0xfffb) && !(0x13430 <= r && r <= 0x1343f)
+}
+
+// refused says whether ValidateString must refuse r: Cc, Cf, Zl, Zp and
+// Default_Ignorable_Code_Point.
+func refused(r rune) bool {
+	return unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp) || isDefaultIgnorable(r)
+}
+
+// Every code point, one at a time: ValidateString refuses exactly Cc, Cf,
+// Zl, Zp and Default_Ignorable_Code_Point as derived from its definition
+// (so its table matches DerivedCoreProperties.txt, and keeps matching when
+// Go's Unicode edition changes), and naming it.
+func TestDefaultIgnorableTable(t *testing.T) {
+	if unicode.Version != "15.0.0" {
+		t.Logf("Go's unicode tables are of Unicode %s; the validator's Default_Ignorable_Code_Point table is of 15.0.0", unicode.Version)
+	}
+	bad := 0
+	for r := rune(0); r <= unicode.MaxRune && bad < 10; r++ {
+		if 0xd800 <= r && r <= 0xdfff {
+			continue // surrogates: not encodable in UTF-8
+		}
+		err := nvmegate.ValidateString("f", string(r))
+		if want := refused(r); (err != nil) != want {
+			t.Errorf("ValidateString(%U) = %v, want refused=%v", r, err, want)
+			bad++
+		} else if err != nil && !strings.Contains(err.Error(), fmt.Sprintf("%U", r)) {
+			t.Errorf("ValidateString(%U) = %q, want the code point named", r, err)
+			bad++
+		}
+	}
+}
+
+// Quote escapes every character a value may not hold, including the
+// default-ignorable letters and marks strconv.Quote would leave as they
+// are, and reads back with strconv.Unquote.
+func TestQuote(t *testing.T) {
+	for _, r := range invisible {
+		s := "a" + string(r) + "b"
+		q := nvmegate.Quote(s)
+		if strings.ContainsRune(q, r) {
+			t.Errorf("Quote(%U) = %q holds it", r, q)
+		}
+		if u, err := strconv.Unquote(q); err != nil || u != s {
+			t.Errorf("Unquote(Quote(%U)) = %q, %v", r, u, err)
+		}
+	}
+	if q := nvmegate.Quote("Größe 東京 🚀"); q != `"Größe 東京 🚀"` {
+		t.Errorf("Quote kept no printable text as it is: %s", q)
+	}
+}
+
 // FuzzValidateText: no input panics, a refusal names the field, and an
 // accepted text is at most 256 bytes of valid UTF-8 without key material
-// or a character of the refused categories (checked here independently of
-// the validator).
+// or a character of the refused categories or Default_Ignorable_Code_Point
+// (checked here independently of the validator).
 func FuzzValidateText(f *testing.F) {
 	for _, s := range []string{"", "ok", "a\nb", "\xff", strings.Repeat("x", 257), "é"} {
 		f.Add(s)
@@ -129,7 +241,7 @@ func FuzzValidateText(f *testing.F) {
 			t.Fatalf("accepted %q", s)
 		}
 		for _, r := range s {
-			if unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp) {
+			if refused(r) {
 				t.Fatalf("accepted %q with %U", s, r)
 			}
 		}
