@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -182,8 +181,8 @@ func (s *targetAgentService) Reencrypted(ctx context.Context, r *pb.ReencryptedR
 // agentError is what the gateway keeps of an agent's error text, which ends
 // up in log lines: a message that looks like key material (a driver that
 // echoed a secret it could not install) is withheld, and one with control,
-// format or separator characters is quoted, so that it cannot forge or hide
-// log lines. The ack itself is taken either way: refusing it would leave
+// format, separator or default-ignorable characters is quoted with them
+// escaped (nvmegate.Quote), so that it cannot forge or hide log lines. The ack itself is taken either way: refusing it would leave
 // the generation to time out, and the agent did report a failure.
 func agentError(msg string) string {
 	switch {
@@ -192,7 +191,7 @@ func agentError(msg string) string {
 	case nvmegate.LooksLikeKeyMaterial(msg):
 		return "(the agent's message is withheld: it looks like key material)"
 	case nvmegate.ValidateString("error", msg) != nil:
-		return strconv.Quote(msg)
+		return nvmegate.Quote(msg)
 	}
 	return msg
 }

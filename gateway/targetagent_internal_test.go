@@ -16,6 +16,7 @@ func TestAgentError(t *testing.T) {
 		"failed\ntarget stor-2 applied":                  `"failed\ntarget stor-2 applied"`,
 		"ok \u202eliaf":                                  `"ok \u202eliaf"`,
 		"\xff":                                           `"\xff"`,
+		"ok\u3164\u3164failed":                           `"ok\u3164\u3164failed"`,
 	} {
 		got := agentError(in)
 		if got != want {

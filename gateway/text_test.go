@@ -99,6 +99,15 @@ func TestInvisibleCharactersInRequests(t *testing.T) {
 	_, err = pb.NewJobsClient(g.client(t, sched)).Finish(ctx, &pb.FinishRequest{JobId: "job-1", Reason: "done\u0085forged: line"})
 	wantCode(t, err, codes.InvalidArgument, "reason", "U+0085")
 
+	// Default_Ignorable_Code_Point (issue 29): a Hangul filler, blank in
+	// a description; an emoji's presentation selector in a reason.
+	sub.Nqn = subNQN + "-2"
+	sub.Description = "acme\u3164training"
+	_, err = inv.AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: sub})
+	wantCode(t, err, codes.InvalidArgument, "subsystem.description", "U+3164")
+	_, err = pb.NewJobsClient(g.client(t, sched)).Finish(ctx, &pb.FinishRequest{JobId: "job-1", Reason: "done \u2714\ufe0f"})
+	wantCode(t, err, codes.InvalidArgument, "reason", "U+FE0F")
+
 	// A candidate policy module named to read as another in a listing.
 	_, err = pb.NewPolicyClient(g.client(t, admin)).Explain(ctx, &pb.ExplainRequest{InputJson: []byte(`{}`),
 		CandidateModules: map[string]string{"allow-all\u202eoger.rego": "package x"}})

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -36,14 +35,15 @@ func (a *app) print(msg proto.Message, header []string, rows [][]string) error {
 	return tw.Flush()
 }
 
-// cell is a value as a table shows it: quoted, with escapes, if it holds
-// what the gateway refuses in new records (control, format or separator
-// characters, which would shift columns, start a new row or reorder the
-// text around them). The gateway refuses those, but a record stored by an
+// cell is a value as a table shows it: quoted, with escapes
+// (nvmegate.Quote), if it holds what the gateway refuses in new records
+// (control, format, separator or default-ignorable characters, which would
+// shift columns, start a new row, reorder the text around them or hide in
+// it). The gateway refuses those, but a record stored by an
 // older version, or a misbehaving server, could still carry them.
 func cell(s string) string {
 	if nvmegate.ValidateString("", s) != nil {
-		return strconv.Quote(s)
+		return nvmegate.Quote(s)
 	}
 	return s
 }

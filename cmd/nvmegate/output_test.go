@@ -17,20 +17,21 @@ func TestTableQuotesInvisibleCharacters(t *testing.T) {
 		{"nqn.2026-01.io.example:b", "acme \u202egniniart"},
 		{"nqn.2026-01.io.example:c", "one\ttwo\nnqn.2026-01.io.example:forged\tx"},
 		{"nqn.2026-01.io.example:d", "next\u0085line\u2028sep\u200bzw"},
+		{"nqn.2026-01.io.example:e", "acme\u3164\ufe0f"},
 	}
 	if err := a.print(nil, []string{"NQN", "DESCRIPTION"}, rows); err != nil {
 		t.Fatal(err)
 	}
 	got := out.String()
-	for _, r := range []string{"\u202e", "\t", "\u0085", "\u2028", "\u200b"} {
+	for _, r := range []string{"\u202e", "\t", "\u0085", "\u2028", "\u200b", "\u3164", "\ufe0f"} {
 		if strings.Contains(got, r) {
 			t.Errorf("table holds %q:\n%s", r, got)
 		}
 	}
-	if n := strings.Count(got, "\n"); n != 5 {
-		t.Errorf("%d lines, want 5 (header and 4 rows):\n%s", n, got)
+	if n := strings.Count(got, "\n"); n != 6 {
+		t.Errorf("%d lines, want 6 (header and 5 rows):\n%s", n, got)
 	}
-	for _, want := range []string{"plain text, é 東京", `"acme \u202egniniart"`, `"one\ttwo\nnqn.2026-01.io.example:forged\tx"`} {
+	for _, want := range []string{"plain text, é 東京", `"acme \u202egniniart"`, `"one\ttwo\nnqn.2026-01.io.example:forged\tx"`, `"acme\u3164\ufe0f"`} {
 		if !strings.Contains(got, want) {
 			t.Errorf("table lacks %s:\n%s", want, got)
 		}
