@@ -60,10 +60,14 @@ func (a *app) attestCmd() *cobra.Command {
 		},
 	}
 
-	var keyFiles []string
+	var (
+		keyFiles  []string
+		maxAge    time.Duration
+		notBefore string
+	)
 	verify := &cobra.Command{
-		Use:   "verify FILE --key FILE [--key FILE...]",
-		Short: "Verify an attestation offline (lineage or compliance): its signature, the checkpoints', every proof",
+		Use:   "verify FILE --key FILE [--key FILE...] [--max-age DURATION] [--not-before TIME]",
+		Short: "Verify an attestation offline (lineage or compliance): its signature, the checkpoints', every proof, and a compliance attestation's age",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			keys, err := checkpointKeys(keyFiles)
@@ -73,12 +77,27 @@ func (a *app) attestCmd() *cobra.Command {
 			if len(keys) == 0 {
 				return errors.New("--key is required: verification trusts only the keys you give")
 			}
+			fresh := compliance.Freshness{MaxAge: maxAge}
+			if maxAge < 0 {
+				return fmt.Errorf("--max-age must be 0 (no bound) or positive, got %s", maxAge)
+			}
+			if notBefore != "" {
+				if fresh.NotBefore, err = time.Parse(time.RFC3339, notBefore); err != nil {
+					return fmt.Errorf("--not-before must be an RFC 3339 time such as 2026-12-07T01:00:00Z: %w", err)
+				}
+			}
 			env, err := os.ReadFile(args[0])
 			if err != nil {
 				return err
 			}
 			if isComplianceBundle(env) {
-				return a.printCompliance(env, keys)
+				return a.printCompliance(env, keys, fresh, !cmd.Flags().Changed("max-age"), time.Now())
+			}
+			// A lineage attestation proves a job's entries, each with its
+			// own time; it states no time it was made, so there is nothing
+			// to bound. Saying so beats ignoring a bound that was asked for.
+			if cmd.Flags().Changed("max-age") || notBefore != "" {
+				return errors.New("--max-age and --not-before apply to compliance attestations: a lineage attestation states no time it was made (its entries carry theirs)")
 			}
 			rep, err := lineage.Verify(env, keys)
 			if err != nil {
@@ -93,6 +112,10 @@ func (a *app) attestCmd() *cobra.Command {
 		},
 	}
 	verify.Flags().StringSliceVar(&keyFiles, "key", nil, "public key of the log (v<N>.pem from an export's keys/)")
+	verify.Flags().DurationVar(&maxAge, "max-age", compliance.DefaultMaxAge,
+		"refuse a compliance attestation made longer ago than this (by its signed time); 0: no bound, to verify archived evidence")
+	verify.Flags().StringVar(&notBefore, "not-before", "",
+		"refuse a compliance attestation made before this RFC 3339 time (e.g. when you made a change it must reflect)")
 	cmd.AddCommand(get, comp, verify)
 	return cmd
 }
@@ -109,15 +132,46 @@ func isComplianceBundle(data []byte) bool {
 	return json.Unmarshal(data, &probe) == nil && len(probe.Envelope) > 0
 }
 
-func (a *app) printCompliance(bundle []byte, keys []attest.PublicKey) error {
+// printCompliance verifies a compliance bundle, refuses it outside fresh
+// (measured at now) and prints what it states, its time and age first: a
+// bundle proves what the fabric was when it was signed, and a replayed one
+// verifies as well as a new one, so its age is the first thing to read.
+// byDefault says that fresh.MaxAge is the default, not the caller's.
+func (a *app) printCompliance(bundle []byte, keys []attest.PublicKey, fresh compliance.Freshness, byDefault bool, now time.Time) error {
 	rep, err := compliance.Verify(bundle, keys)
 	if err != nil {
 		return fmt.Errorf("verification failed: %w", err)
 	}
-	if a.output == "json" {
-		return json.NewEncoder(a.stdout).Encode(rep)
+	age := now.Sub(rep.Time)
+	if err := fresh.Check(rep, now); err != nil {
+		if byDefault && age > fresh.MaxAge {
+			return fmt.Errorf("verification failed: %w; %s is the default, pass --max-age 0 to verify archived evidence without a bound", err, compliance.Span(fresh.MaxAge))
+		}
+		return fmt.Errorf("verification failed: %w", err)
 	}
-	fmt.Fprintf(a.stdout, "compliance at:     %s, policy revision %s\n", rep.Time.Format("2006-01-02T15:04:05Z07:00"), rep.PolicyRevision)
+	if fresh.MaxAge == 0 && age > compliance.DefaultMaxAge {
+		fmt.Fprintf(a.stderr, "warning: this attestation states the fabric as of %s, %s; its age was not bounded (--max-age 0)\n",
+			rep.Time.UTC().Format(time.RFC3339), compliance.Ago(age))
+	}
+	if a.output == "json" {
+		return json.NewEncoder(a.stdout).Encode(struct {
+			*compliance.Report
+			VerifiedAt    time.Time `json:"verified_at"`
+			AgeSeconds    int64     `json:"age_seconds"`
+			MaxAgeSeconds int64     `json:"max_age_seconds,omitempty"`
+			NotBefore     time.Time `json:"not_before,omitzero"`
+		}{rep, now.UTC(), int64(age / time.Second), int64(fresh.MaxAge / time.Second), fresh.NotBefore.UTC()})
+	}
+	fmt.Fprintf(a.stdout, "issued:            %s (%s)\n", rep.Time.UTC().Format(time.RFC3339), compliance.Ago(age))
+	bounds := "not bounded (--max-age 0)"
+	if fresh.MaxAge > 0 {
+		bounds = "within --max-age " + compliance.Span(fresh.MaxAge)
+	}
+	if !fresh.NotBefore.IsZero() {
+		bounds += ", not before " + fresh.NotBefore.UTC().Format(time.RFC3339)
+	}
+	fmt.Fprintf(a.stdout, "freshness:         %s\n", bounds)
+	fmt.Fprintf(a.stdout, "policy revision:   %s\n", rep.PolicyRevision)
 	fmt.Fprintf(a.stdout, "stated:            %d namespace(s), %d active grant(s)\n", rep.Namespaces, rep.Grants)
 	fmt.Fprintf(a.stdout, "anchored to:       the signed log at size %d; recorded at index %d (proved under size %d)\n", rep.AnchorSize, rep.RecordedAt, rep.TreeSize)
 	fmt.Fprintf(a.stdout, "signed by:         %s\n", rep.SignedBy)
@@ -139,6 +193,6 @@ func (a *app) printCompliance(bundle []byte, keys []attest.PublicKey) error {
 			fmt.Fprintf(a.stdout, "  - %s\n", f)
 		}
 	}
-	_, err = fmt.Fprintln(a.stdout, "result:            OK (the attestation verifies; its findings are above)")
+	_, err = fmt.Fprintf(a.stdout, "result:            OK (the attestation verifies; it states the fabric as of %s; its findings are above)\n", compliance.Ago(age))
 	return err
 }

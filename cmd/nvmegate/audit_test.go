@@ -136,6 +136,10 @@ func TestAttestCompliance(t *testing.T) {
 	if !strings.Contains(out, "1 namespace(s)") || !strings.Contains(out, "out of compliance: nothing") || !strings.Contains(out, "result:            OK") {
 		t.Fatalf("verify:\n%s", out)
 	}
+	if first, _, _ := strings.Cut(out, "\n"); !strings.HasPrefix(first, "issued:            ") ||
+		!strings.HasSuffix(first, " (just now)") && !strings.HasSuffix(first, "s ago)") {
+		t.Fatalf("verify: the first line is not the issue time and age:\n%s", out)
+	}
 	if err := os.WriteFile(f, []byte(strings.Replace(bundle, `"index": `, `"index": 1`, 1)), 0o644); err != nil {
 		t.Fatal(err)
 	}

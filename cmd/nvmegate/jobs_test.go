@@ -105,6 +105,11 @@ func TestJobCommands(t *testing.T) {
 	if !strings.Contains(out, "job:       job-7 (tenant acme)") || !strings.Contains(out, "result:    OK") || !strings.Contains(out, "ds@"+digest) {
 		t.Fatalf("attest verify:\n%s", out)
 	}
+	// A lineage attestation states no time it was made: a freshness bound
+	// asked for is refused, not ignored.
+	if _, err := cli(t, dir, "auditor", "attest", "verify", lf, "--key", keys[0], "--max-age", "1h"); err == nil || !strings.Contains(err.Error(), "lineage attestation states no time") {
+		t.Fatalf("lineage with --max-age: %v", err)
+	}
 	if err := os.WriteFile(lf, []byte(strings.Replace(env, `"payload": "`, `"payload": "AAAA`, 1)), 0o644); err != nil {
 		t.Fatal(err)
 	}
