@@ -15,5 +15,8 @@
 // and the consistency proof from the anchor to it. Verify checks all of it
 // offline with the log's public keys: an auditor needs nothing from the
 // gateway to know the attestation was signed by the log's key, describes
-// the log at its anchor, and was itself recorded in that log.
+// the log at its anchor, and was itself recorded in that log. What it
+// cannot know from that is whether the attestation is current: a replayed
+// one verifies as well. Freshness.Check bounds its signed time (a maximum
+// age, DefaultMaxAge unless the verifier chooses, and a not-before time).
 package compliance
