@@ -26,6 +26,11 @@ const (
 	// EUNAVAILABLE: a dependency is down or a bound was exceeded; the caller
 	// may retry later. The gateway never grants on this path (fail closed).
 	EUNAVAILABLE = "unavailable"
+	// EEXHAUSTED: the caller (its identity, or its role's callers
+	// together) already has as many calls under way as its share of the
+	// gateway allows; refused at once, without waiting. The caller may
+	// retry when one of its calls has ended.
+	EEXHAUSTED = "exhausted"
 	// EUNIMPLEMENTED: the operation exists in the API but is not built yet.
 	EUNIMPLEMENTED = "unimplemented"
 	// EINTERNAL: a bug or an unexpected failure. Details go to the log, never

@@ -44,8 +44,11 @@ func ParseCaller(id spiffeid.ID) Caller {
 	}
 	c := Caller{ID: id.String(), TrustDomain: id.TrustDomain().Name(), Role: RoleUnknown}
 	// spiffeid guarantees a path of "/"-separated non-empty segments of
-	// [A-Za-z0-9._-], none of them "." or "..".
-	seg := strings.Split(strings.TrimPrefix(id.Path(), "/"), "/")
+	// [A-Za-z0-9._-], none of them "." or "..". The segments are cut into
+	// an array on the stack: the call limiter classifies every call by its
+	// caller's role (gateway/limit.go), so this allocates nothing.
+	var buf [4]string
+	seg := pathSegments(id.Path(), &buf)
 	switch {
 	case len(seg) == 2 && seg[0] == "admin":
 		c.Role, c.Name = RoleAdmin, seg[1]
@@ -61,4 +64,22 @@ func ParseCaller(id spiffeid.ID) Caller {
 		c.Role, c.Tenant, c.Name = RoleScheduler, seg[1], seg[3]
 	}
 	return c
+}
+
+// pathSegments cuts path ("/a/b/…") into buf and returns the segments, or
+// nil if there are more than fit: no convention has more than four.
+func pathSegments(path string, buf *[4]string) []string {
+	rest := strings.TrimPrefix(path, "/")
+	n := 0
+	for {
+		if n == len(buf) {
+			return nil
+		}
+		var more bool
+		buf[n], rest, more = strings.Cut(rest, "/")
+		n++
+		if !more {
+			return buf[:n]
+		}
+	}
 }

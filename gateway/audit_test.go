@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -399,16 +400,21 @@ func TestInvalidRequestsAreRecorded(t *testing.T) {
 		t.Errorf("detail %q, want %q", got[0].Detail, want)
 	}
 
-	// A flood: one append each, group-committed.
+	// A flood: one append each, group-committed. Ten nodes send it, 20
+	// calls each: one identity's calls past its share (32) would be
+	// refused before validation (limit.go), and not recorded.
 	before, size := appends.Load(), g.audit.Size()
-	inv := pb.NewInventoryClient(g.client(t, node))
+	var invs []pb.InventoryClient
+	for i := range 10 {
+		invs = append(invs, pb.NewInventoryClient(g.client(t, fmt.Sprintf("/node/flood-%d", i))))
+	}
 	var wg sync.WaitGroup
 	const flood = 200
-	for range flood {
+	for i := range flood {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := inv.GetTarget(ctx, &pb.GetTargetRequest{Id: "NOT A LABEL"})
+			_, err := invs[i%len(invs)].GetTarget(ctx, &pb.GetTargetRequest{Id: "NOT A LABEL"})
 			if status.Code(err) != codes.InvalidArgument {
 				t.Errorf("flood: %v", err)
 			}

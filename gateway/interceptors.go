@@ -21,6 +21,7 @@ import (
 //	observe   metrics and one log line per call (never bodies: they can carry secrets)
 //	recover   a panic becomes Internal, the stack goes to the log
 //	status    domain errors become gRPC statuses (status.go)
+//	limit     the caller's share and a slot of the in-flight pool (limit.go)
 //	validate  malformed requests stop here with InvalidArgument, recorded
 //	          in the audit log (audit.go recordInvalid); a call gets the
 //	          slot its typed scope is kept in (describe.go)
@@ -40,6 +41,9 @@ type metrics struct {
 	// redecisions counts what re-decisions after a change did to active
 	// grants: revoked, or required to renew (must_renew).
 	redecisions *prometheus.CounterVec
+	// overShare counts the calls refused over their caller's share of the
+	// in-flight pool (limit.go), by bound and the caller's role.
+	overShare *prometheus.CounterVec
 	// keyAge is, per data class and key (access_root, kek), the oldest
 	// key's age at the last compliance attestation.
 	keyAge *prometheus.GaugeVec
@@ -69,13 +73,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "nvmegate", Name: "grants_redecided_total",
 			Help: "Active grants a change (a policy revision, an inventory, binding or job change) re-decided and acted on, by outcome: revoked, must_renew.",
 		}, []string{"outcome"}),
+		overShare: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "nvmegate", Name: "grpc_calls_over_share_total",
+			Help: "Calls refused ResourceExhausted because their caller already had its share of the in-flight calls under way, by bound (identity: the caller's own share; role: its role's) and the caller's role.",
+		}, []string{"bound", "role"}),
 		keyAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "nvmegate", Name: "key_age_max_seconds",
 			Help: "Age of the oldest current key of a data class's namespaces (access_root, kek), as of the last compliance attestation.",
 		}, []string{"class", "key"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.latency, m.agentsRefused, m.redecisions, m.keyAge} {
+		for _, c := range []prometheus.Collector{m.requests, m.latency, m.agentsRefused, m.redecisions, m.overShare, m.keyAge} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -101,10 +109,11 @@ func (s *Server) unaryInterceptors() []grpc.UnaryServerInterceptor {
 			return resp, toStatus(ctx, s.log, info.FullMethod, err)
 		},
 		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-			if err := s.limit.acquire(ctx); err != nil {
+			sh, err := s.limit.acquire(ctx)
+			if err != nil {
 				return nil, err
 			}
-			defer s.limit.release()
+			defer s.limit.release(sh) // also when the handler panics
 			return h(ctx, req)
 		},
 		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {

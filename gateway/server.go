@@ -102,6 +102,17 @@ type Config struct {
 	// more wait for a slot until their deadline, and past MaxWaiting
 	// waiting (default 16384) they are refused Unavailable (limit.go).
 	MaxInFlight, MaxWaiting int
+	// MaxPerIdentity bounds one caller's (one SPIFFE ID's) unary calls
+	// under way, working or waiting for a slot: default MaxInFlight/8 (32
+	// of 256), negative none. MaxPerRole bounds those of all callers of a
+	// role together (authz.Role*): a role not in it keeps its default
+	// (admin, auditor and scheduler MaxInFlight/4 each, unknown
+	// MaxInFlight/16, node, target and gateway none), a role mapped to a
+	// negative number has none. A call past either is refused
+	// ResourceExhausted at once, naming the bound (limit.go). New refuses
+	// a role ParseCaller does not yield.
+	MaxPerIdentity int
+	MaxPerRole     map[string]int
 }
 
 // Server is the gRPC gateway: every nvmegate service plus health and
@@ -159,7 +170,6 @@ func New(cfg Config) (*Server, error) {
 		log:              cfg.Logger,
 		now:              cfg.Now,
 		shutdownTimeout:  cfg.ShutdownTimeout,
-		limit:            newLimiter(cfg.MaxInFlight, cfg.MaxWaiting),
 		revisions:        cfg.Revisions,
 		barrier:          cfg.ReadBarrier,
 		self:             cfg.Self,
@@ -183,6 +193,11 @@ func New(cfg Config) (*Server, error) {
 	if s.metrics, err = newMetrics(cfg.Registerer); err != nil {
 		return nil, err
 	}
+	if s.limit, err = newLimiter(limits{inFlight: cfg.MaxInFlight, waiting: cfg.MaxWaiting,
+		perIdentity: cfg.MaxPerIdentity, perRole: cfg.MaxPerRole}); err != nil {
+		return nil, err
+	}
+	s.limit.refused = s.metrics.overShare
 	if cfg.Registerer != nil {
 		if err := s.registerComplianceMetrics(cfg.Registerer); err != nil {
 			return nil, err

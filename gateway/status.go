@@ -22,6 +22,7 @@ var codeOf = map[string]codes.Code{
 	nvmegate.EPERMISSION:      codes.PermissionDenied,
 	nvmegate.EUNAUTHENTICATED: codes.Unauthenticated,
 	nvmegate.EUNAVAILABLE:     codes.Unavailable,
+	nvmegate.EEXHAUSTED:       codes.ResourceExhausted,
 	nvmegate.EUNIMPLEMENTED:   codes.Unimplemented,
 	nvmegate.EINTERNAL:        codes.Internal,
 }
