@@ -36,6 +36,12 @@ type Namespace struct {
 	// the storage operator (not encrypted by nvmegate).
 	BackingDevice string
 	CreatedAt     time.Time // set by the store
+	// Incarnation names this record among every namespace ever added
+	// under the same subsystem NQN and NSID: random, set by the store when
+	// it creates the record ("" for records from before incarnations).
+	// The namespace's data key is bound to it, so a namespace removed
+	// without erase and added again never inherits the old data key.
+	Incarnation string
 }
 
 // Dataset names the data in a namespace for lineage: auditors match these

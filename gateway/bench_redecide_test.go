@@ -117,7 +117,7 @@ func BenchmarkAttestCompliance(b *testing.B) {
 			if err := g.db.CreateNamespace(ctx, ns); err != nil {
 				b.Fatal(err)
 			}
-			if _, err := g.keyStore.CreateDataKey(ctx, gateway.NamespaceKeyName(nqn, uint32(n))); err != nil {
+			if _, err := g.keyStore.CreateDataKey(ctx, gateway.NamespaceKeyName(nqn, uint32(n)), ns.Incarnation); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -312,15 +312,20 @@ func (s *Server) atRest(ctx context.Context, n *nvmegate.Namespace, period time.
 			ar.ReencryptEvery = period.String()
 		}
 	}
+	// A key stored under the name for another record (a namespace removed
+	// without erase) is not n's: n has none yet, and its age is not n's.
+	gen, _, err := s.keys.DataKeyGeneration(ctx, name, n.Incarnation)
+	if errors.Is(err, keys.ErrForeign) {
+		return ar, nil
+	}
+	if err != nil {
+		return ar, err
+	}
 	vs, err := s.keys.KEKVersions(ctx, name)
 	if err != nil && !errors.Is(err, keys.ErrNotFound) && nvmegate.ErrorCode(err) != nvmegate.ENOTFOUND {
 		return ar, err
 	}
 	if len(vs) > 0 {
-		gen, _, err := s.keys.DataKeyGeneration(ctx, name)
-		if err != nil {
-			return ar, err
-		}
 		ar.DataKey.Version, ar.DataKey.CreatedAt = max(gen, 1), vs[0].Created.UTC()
 		if ar.Encrypted {
 			age(&ar.DataKey, period, now)

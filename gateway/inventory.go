@@ -51,13 +51,16 @@ type inventoryService struct {
 	// before the NQN is bound (lease.Lifecycle.Rebind), and ends a node's
 	// grants when its binding is removed.
 	rebind Rebinder
-	// erase, if set, destroys a removed namespace's data key (crypto-erase).
+	// erase, if set, destroys a removed namespace's data key (crypto-erase)
+	// and tells who a stored data key belongs to.
 	erase DataKeyEraser
 }
 
-// DataKeyEraser destroys a namespace's data key and KEK (keys.Manager).
+// DataKeyEraser destroys a namespace's data key and KEK, and tells which
+// namespace record a stored data key belongs to (keys.Manager).
 type DataKeyEraser interface {
 	DestroyDataKey(ctx context.Context, namespace, reason string) error
+	DataKeyOwner(ctx context.Context, namespace string) (owner string, found bool, err error)
 }
 
 // Rebinder prepares a host NQN for a new holder and ends the grants of a
@@ -163,6 +166,9 @@ func (s *inventoryService) AddNamespace(ctx context.Context, r *pb.AddNamespaceR
 	if err != nil {
 		return nil, nvmegate.WithFieldPrefix("namespace", err)
 	}
+	if err := s.leftoverKey(ctx, n); err != nil {
+		return nil, err
+	}
 	if err := s.store.CreateNamespace(ctx, n); err != nil {
 		return nil, nvmegate.WithFieldPrefix("namespace", err)
 	}
@@ -190,12 +196,50 @@ func (s *inventoryService) ListNamespaces(ctx context.Context, r *pb.ListNamespa
 	return resp, nil
 }
 
+// leftoverKey refuses a namespace to be encrypted at rest whose name
+// still holds the data key of a namespace removed without erase: the new
+// record would never get that key (keys.ErrForeign), so its target could
+// not open it; the caller is told how to free the name now rather than
+// find the namespace unserved later.
+func (s *inventoryService) leftoverKey(ctx context.Context, n *nvmegate.Namespace) error {
+	if s.erase == nil || n.BackingDevice == "" {
+		return nil
+	}
+	if _, found, err := s.erase.DataKeyOwner(ctx, n.Key().KeyName()); err != nil || !found {
+		return keyErr(err)
+	}
+	return nvmegate.Errorf(nvmegate.ECONFLICT,
+		"namespace %d of %s: the data key of a namespace removed without erase is still stored under this subsystem NQN and NSID, and a new namespace never inherits it; erase it first (inventory namespace remove --erase), or use another NSID",
+		n.NSID, n.SubsystemNQN)
+}
+
+// RemoveNamespace removes a namespace from the inventory, and with erase
+// crypto-erases it. A plain remove keeps the data key, and says so: the
+// key stays bound to the removed record, no namespace added again under
+// the name gets it, and only an erase destroys it.
 func (s *inventoryService) RemoveNamespace(ctx context.Context, r *pb.RemoveNamespaceRequest) (*pb.RemoveNamespaceResponse, error) {
 	if r.Erase {
 		return s.eraseNamespace(ctx, r)
 	}
+	n, err := s.store.Namespace(ctx, r.SubsystemNqn, r.Nsid)
+	if err != nil {
+		return nil, err
+	}
 	defer s.changed(s.targetOf(ctx, r.SubsystemNqn))
-	return &pb.RemoveNamespaceResponse{}, s.store.DeleteNamespace(ctx, r.SubsystemNqn, r.Nsid)
+	if err := s.store.DeleteNamespace(ctx, r.SubsystemNqn, r.Nsid); err != nil {
+		return nil, err
+	}
+	resp := &pb.RemoveNamespaceResponse{DataKey: "none: nvmegate holds no data key for this namespace"}
+	if s.erase != nil {
+		owner, found, err := s.erase.DataKeyOwner(ctx, n.Key().KeyName())
+		switch {
+		case err != nil:
+			resp.DataKey = "unknown: the key store did not answer; if one exists it is kept, bound to the removed namespace; erase it with remove --erase"
+		case found && owner == n.Incarnation:
+			resp.DataKey = "kept: bound to the removed namespace, never given to a namespace added again under this NQN and NSID (which is refused until the key is erased); destroy it with remove --erase"
+		}
+	}
+	return resp, nil
 }
 
 // eraseNamespace removes a namespace and crypto-erases it: the target
@@ -239,10 +283,11 @@ func (s *inventoryService) eraseNamespace(ctx context.Context, r *pb.RemoveNames
 	case errors.Is(err, keys.ErrNotFound):
 		// It never had a data key (never exported by nvmegate): nothing
 		// of it to erase.
+		return &pb.RemoveNamespaceResponse{DataKey: "none: nvmegate held no data key for this namespace"}, nil
 	case err != nil:
 		return nil, keyErr(err)
 	}
-	return &pb.RemoveNamespaceResponse{}, nil
+	return &pb.RemoveNamespaceResponse{DataKey: "destroyed: the data key and every version of its KEK (crypto-erase, recorded in the audit log)"}, nil
 }
 
 // AddHostBinding binds a node to a host NQN. Besides validation (the NQN

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/keys"
@@ -14,7 +15,7 @@ type KeyManager interface {
 	Rotate(ctx context.Context, subsystem, reason string) (keys.Root, error)
 	Status(ctx context.Context, subsystem string) (keys.RootStatus, error)
 	Subsystems(ctx context.Context) ([]string, error)
-	EnsureDataKey(ctx context.Context, namespace string) error
+	EnsureDataKey(ctx context.Context, namespace, owner string) error
 	RotateDataKey(ctx context.Context, namespace, reason string) (keys.Wrapped, error)
 	KEKVersions(ctx context.Context, namespace string) ([]keys.KEKVersion, error)
 	Revoked(ctx context.Context, subsystemNQN, why string) error
@@ -24,7 +25,8 @@ type KeyManager interface {
 	Usable(ctx context.Context, subNQN string, v uint64) error
 	DestroyDataKey(ctx context.Context, namespace, reason string) error
 	BeginDataKeyRotation(ctx context.Context, namespace, reason string) (keys.Wrapped, error)
-	DataKeyGeneration(ctx context.Context, namespace string) (current, next uint64, err error)
+	DataKeyGeneration(ctx context.Context, namespace, owner string) (current, next uint64, err error)
+	DataKeyOwner(ctx context.Context, namespace string) (owner string, found bool, err error)
 }
 
 // SubsystemGrants lists a subsystem's grants (*store.DB): a namespace is
@@ -88,14 +90,14 @@ func (s *keysService) Rotate(ctx context.Context, r *pb.RotateRequest) (*pb.Rota
 		name := NamespaceKeyName(r.SubsystemNqn, r.Nsid)
 		// A namespace gets its data key on first use; rotating one that
 		// has none yet makes it.
-		if err := s.keys.EnsureDataKey(ctx, name); err != nil {
+		if err := s.keys.EnsureDataKey(ctx, name, n.Incarnation); err != nil {
 			return nil, keyErr(err)
 		}
 		w, err := s.keys.RotateDataKey(ctx, name, reason)
 		if err != nil {
 			return nil, keyErr(err)
 		}
-		st, err := s.dataKeyStatus(ctx, r.SubsystemNqn, r.Nsid)
+		st, err := s.dataKeyStatus(ctx, n)
 		if err != nil {
 			st = &pb.KeyStatus{Kind: pb.KeyKind_KEY_KIND_DATA_KEY, SubsystemNqn: r.SubsystemNqn, Nsid: r.Nsid, CurrentVersion: w.KEKVersion}
 		}
@@ -134,8 +136,8 @@ func (s *keysService) Status(ctx context.Context, r *pb.KeysStatusRequest) (*pb.
 			if err != nil {
 				return nil, err
 			}
-			for _, nsid := range nss {
-				st, err := s.dataKeyStatus(ctx, sub, nsid)
+			for _, n := range nss {
+				st, err := s.dataKeyStatus(ctx, n)
 				if err != nil {
 					return nil, err
 				}
@@ -174,15 +176,10 @@ func (s *keysService) allSubsystems(ctx context.Context) ([]string, error) {
 	return out, err
 }
 
-func (s *keysService) namespaces(ctx context.Context, sub string) ([]uint32, error) {
-	nss, err := store.All(func(p store.Page) ([]*nvmegate.Namespace, string, error) {
+func (s *keysService) namespaces(ctx context.Context, sub string) ([]*nvmegate.Namespace, error) {
+	return store.All(func(p store.Page) ([]*nvmegate.Namespace, string, error) {
 		return s.store.ListNamespaces(ctx, store.NamespaceFilter{SubsystemNQN: sub}, p)
 	})
-	out := make([]uint32, 0, len(nss))
-	for _, n := range nss {
-		out = append(out, n.NSID)
-	}
-	return out, err
 }
 
 // reencrypt begins a data-key rotation of namespace n and answers with
@@ -194,21 +191,29 @@ func (s *keysService) reencrypt(ctx context.Context, n *nvmegate.Namespace, reas
 	if err := s.reencrypter.begin(ctx, n, reason); err != nil {
 		return nil, err
 	}
-	st, err := s.dataKeyStatus(ctx, n.SubsystemNQN, n.NSID)
+	st, err := s.dataKeyStatus(ctx, n)
 	if err != nil {
 		return nil, err
 	}
 	return &pb.RotateResponse{Status: st}, nil
 }
 
-func (s *keysService) dataKeyStatus(ctx context.Context, sub string, nsid uint32) (*pb.KeyStatus, error) {
-	name := NamespaceKeyName(sub, nsid)
-	vs, err := s.keys.KEKVersions(ctx, name)
+// dataKeyStatus describes namespace n's data key. A key stored under its
+// name for another record (one removed without erase) is not n's: n is
+// described as having none yet.
+func (s *keysService) dataKeyStatus(ctx context.Context, n *nvmegate.Namespace) (*pb.KeyStatus, error) {
+	name := NamespaceKeyName(n.SubsystemNQN, n.NSID)
+	st := &pb.KeyStatus{Kind: pb.KeyKind_KEY_KIND_DATA_KEY, SubsystemNqn: n.SubsystemNQN, Nsid: n.NSID}
+	var err error
+	st.DataKeyGeneration, st.ReencryptingTo, err = s.keys.DataKeyGeneration(ctx, name, n.Incarnation)
+	if errors.Is(err, keys.ErrForeign) {
+		return st, nil
+	}
 	if err != nil {
 		return nil, keyErr(err)
 	}
-	st := &pb.KeyStatus{Kind: pb.KeyKind_KEY_KIND_DATA_KEY, SubsystemNqn: sub, Nsid: nsid}
-	if st.DataKeyGeneration, st.ReencryptingTo, err = s.keys.DataKeyGeneration(ctx, name); err != nil {
+	vs, err := s.keys.KEKVersions(ctx, name)
+	if err != nil {
 		return nil, keyErr(err)
 	}
 	for i := len(vs) - 1; i >= 0; i-- {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/keys"
 	"github.com/nvmegate/nvmegate/store"
 )
 
@@ -58,7 +59,7 @@ func (r *reencrypter) begin(ctx context.Context, n *nvmegate.Namespace, reason s
 		return nvmegate.Errorf(nvmegate.ECONFLICT, "namespace %d of %s is not encrypted at rest by nvmegate (no backing device): there is nothing to re-encrypt", n.NSID, n.SubsystemNQN)
 	}
 	name := NamespaceKeyName(n.SubsystemNQN, n.NSID)
-	if err := r.keys.EnsureDataKey(ctx, name); err != nil {
+	if err := r.keys.EnsureDataKey(ctx, name, n.Incarnation); err != nil {
 		return keyErr(err)
 	}
 	if _, err := r.keys.BeginDataKeyRotation(ctx, name, reason); err != nil {
@@ -128,8 +129,8 @@ func (s *Server) ReencryptDue(ctx context.Context) (started, waiting int, err er
 		if len(vs) == 0 || now.Sub(vs[0].Created) < period {
 			continue // no data key yet (made at first use), or young enough
 		}
-		if _, next, err := s.keys.DataKeyGeneration(ctx, name); err != nil || next != 0 {
-			if err != nil {
+		if _, next, err := s.keys.DataKeyGeneration(ctx, name, n.Incarnation); err != nil || next != 0 {
+			if err != nil && !errors.Is(err, keys.ErrForeign) { // foreign: not n's key; n has none yet
 				errs = append(errs, err)
 			}
 			continue // under way

@@ -3,6 +3,7 @@ package keys
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/nvmegate/nvmegate"
 )
@@ -18,6 +19,9 @@ func CallerError(err error) error {
 		return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "key store unavailable; retry later")
 	case errors.Is(err, ErrConflict):
 		return nvmegate.Errorf(nvmegate.ECONFLICT, "the key was rotated concurrently by another gateway; see Keys.Status")
+	case errors.Is(err, ErrForeign):
+		// Names and record IDs only: nothing of a key.
+		return nvmegate.Errorf(nvmegate.ECONFLICT, "%s", strings.TrimPrefix(err.Error(), "keys: "))
 	case errors.Is(err, ErrNotFound):
 		return nvmegate.Errorf(nvmegate.ENOTFOUND, "no such key")
 	}

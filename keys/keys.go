@@ -68,10 +68,17 @@ type Wrapped struct {
 func (w Wrapped) Gen() uint64 { return max(w.Generation, 1) }
 
 // DataKeyRecord is how backends store a namespace's data key: the current
-// one and, while a re-encryption is under way, the next.
+// one and, while a re-encryption is under way, the next, with the
+// namespace record they belong to.
 type DataKeyRecord struct {
 	Wrapped
-	Next *Wrapped `json:"next,omitempty"`
+	// Owner names the namespace record (its incarnation) the key was made
+	// for: a namespace added again under the same name is another record,
+	// and must never inherit the key of the one removed before it. ""
+	// for keys made before owners were recorded, which only a record
+	// without an incarnation (as old) may use.
+	Owner string   `json:"owner,omitempty"`
+	Next  *Wrapped `json:"next,omitempty"`
 }
 
 // Backend stores the hierarchy. Subsystems and namespaces are named by
@@ -88,11 +95,15 @@ type Backend interface {
 	// Subsystems lists the subsystems that have roots.
 	Subsystems(ctx context.Context) ([]string, error)
 
-	// CreateDataKey generates a namespace's data key, wrapped by its KEK
-	// (created if needed), and stores it; ErrConflict if one exists.
-	CreateDataKey(ctx context.Context, namespace string) (Wrapped, error)
-	// DataKey returns the stored wrapped data key, or ErrNotFound.
-	DataKey(ctx context.Context, namespace string) (Wrapped, error)
+	// CreateDataKey generates a namespace's data key for the namespace
+	// record owner, wrapped by its KEK (created if needed), and stores it;
+	// ErrConflict if one exists.
+	CreateDataKey(ctx context.Context, namespace, owner string) (Wrapped, error)
+	// DataKey returns the stored record: the wrapped data key, its owner
+	// and the next data key of a re-encryption under way (nil if none);
+	// ErrNotFound without one. One read serves both keys, so a caller
+	// never pairs a current key and a next one from different moments.
+	DataKey(ctx context.Context, namespace string) (DataKeyRecord, error)
 	// Unwrap returns the data key in w.
 	Unwrap(ctx context.Context, namespace string, w Wrapped) ([]byte, error)
 	// RotateDataKey rotates the namespace's KEK and rewraps the stored data
@@ -100,9 +111,6 @@ type Backend interface {
 	RotateDataKey(ctx context.Context, namespace string) (Wrapped, error)
 	// KEKVersions lists the namespace KEK's versions, oldest first.
 	KEKVersions(ctx context.Context, namespace string) ([]KEKVersion, error)
-	// NextDataKey returns the data key a re-encryption under way moves
-	// the namespace to, or ErrNotFound if none is.
-	NextDataKey(ctx context.Context, namespace string) (Wrapped, error)
 	// BeginDataKeyRotation makes the namespace's next data key (the
 	// generation after the current one, under a KEK of its own) and
 	// stores it beside the current one; if one is stored, it returns it.

@@ -2,6 +2,7 @@ package keys
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -70,14 +71,9 @@ type Manager struct {
 	mu       sync.RWMutex
 	cache    map[string]*cached  // subsystem NQN → roots
 	dataKeys map[string]struct{} // namespaces whose KEKs Run rotates on schedule
-	// unwrapped holds the data keys DataKey unwrapped: a namespace's data
-	// key never changes (a KEK rotation rewraps it), so the targets'
-	// periodic whole states do not cost a Transit call each, nor fail
-	// while the backend is briefly away. DestroyDataKey drops it.
-	unwrapped map[string]dataKey
-	// next holds, per namespace, the next data key of a re-encryption
-	// under way, or that there is none (a nil key): known once read.
-	next map[string]dataKey
+	// kept holds the data keys NamespaceKeys unwrapped, per namespace;
+	// each use checks them against the backend's record first.
+	kept map[string]*keptKeys
 
 	backendReads atomic.Uint64 // round trips to the backend, for metrics and benchmarks
 
@@ -153,7 +149,7 @@ func NewManager(opts Options) (*Manager, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Manager{b: opts.Backend, opts: opts, log: log, cache: map[string]*cached{}, dataKeys: map[string]struct{}{},
-		unwrapped: map[string]dataKey{}, next: map[string]dataKey{}}, nil
+		kept: map[string]*keptKeys{}}, nil
 }
 
 // BackendReads is the number of round trips to the backend so far.
@@ -515,56 +511,184 @@ func (m *Manager) Status(ctx context.Context, subNQN string) (RootStatus, error)
 // Subsystems lists the subsystems that have roots.
 func (m *Manager) Subsystems(ctx context.Context) ([]string, error) { return m.b.Subsystems(ctx) }
 
-// dataKey is an unwrapped data key and its latest wrapping.
-type dataKey struct {
+// keptKeys is what this manager unwrapped of one namespace's data keys:
+// kept so that the targets' periodic whole states cost no Transit call
+// each, but only ever served after the backend confirmed, in the same
+// call, that they are still the namespace's (see NamespaceKeys).
+type keptKeys struct {
+	owner     string
+	cur, next keptKey // next.key is nil when no re-encryption is under way
+	confirmed time.Time
+}
+
+// keptKey is one unwrapped data key and the wrapping it came from.
+type keptKey struct {
 	key     []byte
 	wrapped Wrapped
 }
 
-// DataKey returns the namespace's data key (the caller's copy), creating
-// it on first use, and tracks it for scheduled rotation. A key unwrapped
-// once is kept in memory until DestroyDataKey.
-func (m *Manager) DataKey(ctx context.Context, namespace string) ([]byte, Wrapped, error) {
-	m.TrackDataKeys(namespace)
-	m.mu.RLock()
-	d, ok := m.unwrapped[namespace]
-	m.mu.RUnlock()
-	if ok {
-		return bytes.Clone(d.key), d.wrapped, nil
-	}
-	m.backendReads.Add(2) // the wrapped key, then its unwrapping
-	w, err := m.b.DataKey(ctx, namespace)
-	if errors.Is(err, ErrNotFound) {
-		w, err = m.b.CreateDataKey(ctx, namespace)
-		if errors.Is(err, ErrConflict) {
-			w, err = m.b.DataKey(ctx, namespace)
-		}
-	}
-	if err != nil {
-		return nil, Wrapped{}, err
-	}
-	k, err := m.b.Unwrap(ctx, namespace, w)
-	if err != nil {
-		return nil, Wrapped{}, err
-	}
-	m.mu.Lock()
-	m.unwrapped[namespace] = dataKey{key: bytes.Clone(k), wrapped: w}
-	m.mu.Unlock()
-	return k, w, nil
+// same reports whether k was unwrapped from w: the same generation and
+// ciphertext (a KEK rotation rewraps the same key: it is unwrapped again
+// once, which costs one Transit call per KEK rotation).
+func (k keptKey) same(w Wrapped) bool {
+	return k.key != nil && k.wrapped.Gen() == w.Gen() && k.wrapped.Ciphertext == w.Ciphertext
 }
 
-// EnsureDataKey makes the namespace's data key if it has none, without
-// unwrapping it (no plaintext key in the gateway's memory).
-func (m *Manager) EnsureDataKey(ctx context.Context, namespace string) error {
+// NamespaceKeys is what a target needs to open a namespace it encrypts at
+// rest: its data key and, while a re-encryption is under way, the next
+// one. The keys are the caller's copies.
+type NamespaceKeys struct {
+	Key     []byte
+	Wrapped Wrapped
+	// Next is nil when no re-encryption is under way.
+	Next        []byte
+	NextWrapped Wrapped
+}
+
+// NamespaceKeys returns the data keys of the namespace record owner (its
+// incarnation: "" for a record from before incarnations), making its data
+// key on first use, and tracks the namespace for scheduled rotation.
+//
+// Every call reads the backend's record first: another gateway replica may
+// have committed a re-encryption, begun one, or crypto-erased the key, and
+// a kept key is served only while it is still the record's. A key stored
+// for another record of the same name (a namespace removed without erase
+// and added again) is refused with ErrForeign, never inherited. Only when
+// the backend cannot be reached are the keys confirmed last served, for at
+// most MaxStaleness, as credentials are.
+func (m *Manager) NamespaceKeys(ctx context.Context, namespace, owner string) (NamespaceKeys, error) {
 	m.TrackDataKeys(namespace)
-	_, err := m.b.DataKey(ctx, namespace)
-	if errors.Is(err, ErrNotFound) {
-		_, err = m.b.CreateDataKey(ctx, namespace)
-		if errors.Is(err, ErrConflict) {
-			err = nil
+	asked := m.opts.Now()
+	rec, err := m.keyRecord(ctx, namespace, owner)
+	if err != nil {
+		if errors.Is(err, ErrUnavailable) {
+			return m.keptFor(namespace, owner, asked, err)
 		}
+		m.forget(namespace)
+		return NamespaceKeys{}, err
+	}
+	if rec.Owner != owner {
+		m.forget(namespace)
+		return NamespaceKeys{}, foreign(namespace, rec.Owner, owner)
+	}
+	m.mu.RLock()
+	k := m.kept[namespace]
+	m.mu.RUnlock()
+	nk := keptKeys{owner: owner, confirmed: asked}
+	if k != nil && k.owner == owner && k.cur.same(rec.Wrapped) {
+		nk.cur = k.cur
+	} else if nk.cur.key, err = m.unwrap(ctx, namespace, rec.Wrapped); err != nil {
+		return NamespaceKeys{}, err
+	}
+	nk.cur.wrapped = rec.Wrapped
+	if rec.Next != nil {
+		if k != nil && k.owner == owner && k.next.same(*rec.Next) {
+			nk.next = k.next
+		} else if nk.next.key, err = m.unwrap(ctx, namespace, *rec.Next); err != nil {
+			return NamespaceKeys{}, err
+		}
+		nk.next.wrapped = *rec.Next
+	}
+	m.mu.Lock()
+	// A call that read the record earlier must not replace what a later
+	// one confirmed.
+	if old := m.kept[namespace]; old == nil || !old.confirmed.After(asked) {
+		m.kept[namespace] = &nk
+	}
+	m.mu.Unlock()
+	return nk.copy(), nil
+}
+
+// copy is the caller's copy of k's keys.
+func (k *keptKeys) copy() NamespaceKeys {
+	out := NamespaceKeys{Key: bytes.Clone(k.cur.key), Wrapped: k.cur.wrapped}
+	if k.next.key != nil {
+		out.Next, out.NextWrapped = bytes.Clone(k.next.key), k.next.wrapped
+	}
+	return out
+}
+
+// keptFor serves the kept keys of namespace while the backend is away
+// (err), if they belong to owner and were confirmed less than
+// MaxStaleness before asked.
+func (m *Manager) keptFor(namespace, owner string, asked time.Time, err error) (NamespaceKeys, error) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	k := m.kept[namespace]
+	if k == nil || k.owner != owner || asked.Sub(k.confirmed) > m.opts.MaxStaleness {
+		return NamespaceKeys{}, err
+	}
+	return k.copy(), nil
+}
+
+// record reads namespace's data key record, making the data key for owner
+// if there is none.
+func (m *Manager) keyRecord(ctx context.Context, namespace, owner string) (DataKeyRecord, error) {
+	m.backendReads.Add(1)
+	rec, err := m.b.DataKey(ctx, namespace)
+	if !errors.Is(err, ErrNotFound) {
+		return rec, err
+	}
+	m.backendReads.Add(1)
+	w, err := m.b.CreateDataKey(ctx, namespace, owner)
+	if errors.Is(err, ErrConflict) {
+		m.backendReads.Add(1)
+		return m.b.DataKey(ctx, namespace)
+	}
+	return DataKeyRecord{Wrapped: w, Owner: owner}, err
+}
+
+func (m *Manager) unwrap(ctx context.Context, namespace string, w Wrapped) ([]byte, error) {
+	m.backendReads.Add(1)
+	return m.b.Unwrap(ctx, namespace, w)
+}
+
+// forget drops and zeroes the kept keys of namespace.
+func (m *Manager) forget(namespace string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if k := m.kept[namespace]; k != nil {
+		clear(k.cur.key)
+		clear(k.next.key)
+		delete(m.kept, namespace)
+	}
+}
+
+// ErrForeign: the data key stored under a namespace's name belongs to
+// another namespace record (one removed without erase before this one was
+// added under the same subsystem NQN and NSID).
+var ErrForeign = errors.New("keys: the data key stored under this name belongs to another namespace record")
+
+func foreign(namespace, stored, owner string) error {
+	if stored == "" {
+		stored = "a record from before keys named their owner"
+	}
+	return fmt.Errorf("%w: %s's data key was made for namespace record %s, not %s: the namespace was removed without erase and added again; erase the old key (inventory namespace remove --erase) before this namespace can be encrypted",
+		ErrForeign, namespace, stored, cmp.Or(owner, "(none)"))
+}
+
+// EnsureDataKey makes the data key of the namespace record owner if it
+// has none, without unwrapping it (no plaintext key in the gateway's
+// memory), and refuses with ErrForeign a key that belongs to another
+// record of the same name.
+func (m *Manager) EnsureDataKey(ctx context.Context, namespace, owner string) error {
+	m.TrackDataKeys(namespace)
+	rec, err := m.keyRecord(ctx, namespace, owner)
+	if err == nil && rec.Owner != owner {
+		err = foreign(namespace, rec.Owner, owner)
 	}
 	return err
+}
+
+// DataKeyOwner is the namespace record a stored data key belongs to, and
+// whether one is stored.
+func (m *Manager) DataKeyOwner(ctx context.Context, namespace string) (owner string, found bool, err error) {
+	m.backendReads.Add(1)
+	rec, err := m.b.DataKey(ctx, namespace)
+	if errors.Is(err, ErrNotFound) {
+		return "", false, nil
+	}
+	return rec.Owner, err == nil, err
 }
 
 // RotateDataKey rotates the namespace's KEK and rewraps its data key. The
@@ -579,11 +703,6 @@ func (m *Manager) RotateDataKey(ctx context.Context, namespace, reason string) (
 		ev.Outcome = "not applied: " + outcome(err)
 	} else {
 		ev.Outcome, ev.Version = "applied", w.KEKVersion
-		m.mu.Lock()
-		if d, ok := m.unwrapped[namespace]; ok {
-			m.unwrapped[namespace] = dataKey{key: d.key, wrapped: w} // the same key, rewrapped
-		}
-		m.mu.Unlock()
 	}
 	ev.Time = m.opts.Now()
 	if rerr := m.record(ctx, ev); rerr != nil {
@@ -596,7 +715,9 @@ func (m *Manager) RotateDataKey(ctx context.Context, namespace, reason string) (
 // version of its KEK are destroyed in the backend, and the namespace
 // leaves the scheduled rotation. The audit hook hears of it before (and
 // may veto: nothing is destroyed unrecorded) and after. The caller makes
-// sure nothing holds the key any more (the target closed its mapping).
+// sure nothing holds the key any more (the target closed its mapping);
+// other replicas' kept copies are never served again, for every use reads
+// the backend's record first.
 func (m *Manager) DestroyDataKey(ctx context.Context, namespace, reason string) error {
 	ev := RotationEvent{Kind: KindDataKeyErase, Name: namespace, Reason: reason, Time: m.opts.Now()}
 	if err := m.record(ctx, ev); err != nil {
@@ -604,16 +725,7 @@ func (m *Manager) DestroyDataKey(ctx context.Context, namespace, reason string) 
 	}
 	// The kept copy goes first, whatever the backend does: a key being
 	// erased is not served again.
-	m.mu.Lock()
-	if d, ok := m.unwrapped[namespace]; ok {
-		clear(d.key)
-		delete(m.unwrapped, namespace)
-	}
-	if d, ok := m.next[namespace]; ok {
-		clear(d.key)
-		delete(m.next, namespace)
-	}
-	m.mu.Unlock()
+	m.forget(namespace)
 	err := m.b.DestroyDataKey(ctx, namespace)
 	if err != nil {
 		ev.Outcome = "not applied: " + outcome(err)
@@ -637,39 +749,6 @@ const KindDataKeyErase = "data_key_erase"
 // its beginning (Outcome "begun" after) and its commit ("applied").
 const KindDataKeyReencrypt = "data_key_reencrypt"
 
-// NextDataKey returns the next data key of a re-encryption under way
-// (unwrapped: the caller's copy), or ErrNotFound if none is. What it reads
-// is kept until the commit or a crypto-erase.
-func (m *Manager) NextDataKey(ctx context.Context, namespace string) ([]byte, Wrapped, error) {
-	m.mu.RLock()
-	d, ok := m.next[namespace]
-	m.mu.RUnlock()
-	if !ok {
-		m.backendReads.Add(1)
-		w, err := m.b.NextDataKey(ctx, namespace)
-		switch {
-		case errors.Is(err, ErrNotFound):
-			d = dataKey{}
-		case err != nil:
-			return nil, Wrapped{}, err
-		default:
-			m.backendReads.Add(1)
-			k, err := m.b.Unwrap(ctx, namespace, w)
-			if err != nil {
-				return nil, Wrapped{}, err
-			}
-			d = dataKey{key: k, wrapped: w}
-		}
-		m.mu.Lock()
-		m.next[namespace] = d
-		m.mu.Unlock()
-	}
-	if d.key == nil {
-		return nil, Wrapped{}, fmt.Errorf("%w: %s has no re-encryption under way", ErrNotFound, namespace)
-	}
-	return bytes.Clone(d.key), d.wrapped, nil
-}
-
 // BeginDataKeyRotation starts a data-key rotation: the namespace's next
 // data key is made (or the one under way returned) for the target to
 // re-encrypt the namespace to. The audit hook hears of it before (and may
@@ -684,9 +763,6 @@ func (m *Manager) BeginDataKeyRotation(ctx context.Context, namespace, reason st
 		ev.Outcome = "not applied: " + outcome(err)
 	} else {
 		ev.Outcome, ev.Version = "begun", w.Gen()
-		m.mu.Lock()
-		delete(m.next, namespace) // read again, unwrapped, on first use
-		m.mu.Unlock()
 	}
 	ev.Time = m.opts.Now()
 	if rerr := m.record(ctx, ev); rerr != nil {
@@ -709,16 +785,7 @@ func (m *Manager) CommitDataKeyRotation(ctx context.Context, namespace string, g
 		ev.Outcome = "not applied: " + outcome(err)
 	} else {
 		ev.Outcome = "applied"
-		m.mu.Lock()
-		if d, ok := m.unwrapped[namespace]; ok {
-			clear(d.key)
-			delete(m.unwrapped, namespace)
-		}
-		if d, ok := m.next[namespace]; ok && d.wrapped.Gen() == gen && d.key != nil {
-			m.unwrapped[namespace] = dataKey{key: d.key, wrapped: w}
-		}
-		m.next[namespace] = dataKey{}
-		m.mu.Unlock()
+		m.forget(namespace) // the old generation's key is destroyed: zero it here too
 	}
 	ev.Time = m.opts.Now()
 	if rerr := m.record(ctx, ev); rerr != nil {
@@ -733,22 +800,21 @@ func (m *Manager) KEKVersions(ctx context.Context, namespace string) ([]KEKVersi
 }
 
 // DataKeyGeneration reads, without unwrapping anything, the generation of
-// a namespace's data key and that of a re-encryption under way (0: none;
-// both 0 without a data key).
-func (m *Manager) DataKeyGeneration(ctx context.Context, namespace string) (current, next uint64, err error) {
-	w, err := m.b.DataKey(ctx, namespace)
-	if errors.Is(err, ErrNotFound) {
+// the data key of the namespace record owner and that of a re-encryption
+// under way (0: none; both 0 without a data key). A key of another record
+// of the same name is ErrForeign: it is not this namespace's.
+func (m *Manager) DataKeyGeneration(ctx context.Context, namespace, owner string) (current, next uint64, err error) {
+	m.backendReads.Add(1)
+	rec, err := m.b.DataKey(ctx, namespace)
+	switch {
+	case errors.Is(err, ErrNotFound):
 		return 0, 0, nil
-	}
-	if err != nil {
+	case err != nil:
 		return 0, 0, err
+	case rec.Owner != owner:
+		return 0, 0, foreign(namespace, rec.Owner, owner)
+	case rec.Next != nil:
+		return rec.Gen(), rec.Next.Gen(), nil
 	}
-	n, err := m.b.NextDataKey(ctx, namespace)
-	if errors.Is(err, ErrNotFound) {
-		return w.Gen(), 0, nil
-	}
-	if err != nil {
-		return 0, 0, err
-	}
-	return w.Gen(), n.Gen(), nil
+	return rec.Gen(), 0, nil
 }

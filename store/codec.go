@@ -62,6 +62,7 @@ type namespaceRecord struct {
 	QoSMaxMBps    uint64    `json:"qos_max_mbps,omitempty"`
 	BackingDevice string    `json:"backing_device,omitempty"`
 	CreatedAt     time.Time `json:"created_at"`
+	Incarnation   string    `json:"incarnation,omitempty"`
 }
 
 type hostBindingRecord struct {
@@ -126,7 +127,7 @@ func encodeNamespace(n *nvmegate.Namespace) ([]byte, error) {
 		Region: n.Region, DataClass: n.DataClass,
 		DatasetName: n.Dataset.Name, DatasetDigest: n.Dataset.Digest,
 		QoSMaxIOPS: n.QoS.MaxIOPS, QoSMaxMBps: n.QoS.MaxMBps,
-		BackingDevice: n.BackingDevice, CreatedAt: n.CreatedAt,
+		BackingDevice: n.BackingDevice, CreatedAt: n.CreatedAt, Incarnation: n.Incarnation,
 	})
 }
 
@@ -140,7 +141,7 @@ func decodeNamespace(v []byte) (*nvmegate.Namespace, error) {
 		Region: r.Region, DataClass: r.DataClass,
 		Dataset:       nvmegate.Dataset{Name: r.DatasetName, Digest: r.DatasetDigest},
 		QoS:           nvmegate.QoS{MaxIOPS: r.QoSMaxIOPS, MaxMBps: r.QoSMaxMBps},
-		BackingDevice: r.BackingDevice, CreatedAt: r.CreatedAt,
+		BackingDevice: r.BackingDevice, CreatedAt: r.CreatedAt, Incarnation: r.Incarnation,
 	}, nil
 }
 

@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 
 	"github.com/nvmegate/nvmegate"
 	bolt "go.etcd.io/bbolt"
@@ -34,6 +36,7 @@ func (db *DB) CreateNamespace(ctx context.Context, n *nvmegate.Namespace) error 
 	}
 	rec := *n
 	rec.CreatedAt = db.now().UTC()
+	rec.Incarnation = newIncarnation()
 	val, err := encodeNamespace(&rec)
 	if err != nil {
 		return err
@@ -77,7 +80,7 @@ func (db *DB) CreateNamespace(ctx context.Context, n *nvmegate.Namespace) error 
 	if err != nil {
 		return err
 	}
-	n.CreatedAt = rec.CreatedAt
+	n.CreatedAt, n.Incarnation = rec.CreatedAt, rec.Incarnation
 	return nil
 }
 
@@ -177,4 +180,11 @@ func backingDeviceFree(tx *txn, n *nvmegate.Namespace, targetID string) error {
 		}
 		return nil
 	})
+}
+
+// newIncarnation names a new namespace record: 128 random bits, in hex.
+func newIncarnation() string {
+	b := make([]byte, 16)
+	rand.Read(b) // never fails (crypto/rand)
+	return hex.EncodeToString(b)
 }

@@ -37,12 +37,11 @@ type Store interface {
 // Credentials derives a grant's credentials.
 type Credentials interface {
 	CredentialsAt(ctx context.Context, hostNQN, subNQN string, version uint64, p keys.CredentialParams) (keys.Credentials, error)
-	// DataKey returns a namespace's data key, unwrapped (made on first
-	// use), for the namespaces the target exports encrypted at rest.
-	DataKey(ctx context.Context, namespace string) ([]byte, keys.Wrapped, error)
-	// NextDataKey returns the data key a rotation under way re-encrypts
-	// the namespace to, or keys.ErrNotFound.
-	NextDataKey(ctx context.Context, namespace string) ([]byte, keys.Wrapped, error)
+	// NamespaceKeys returns the data key of the namespace record owner
+	// (its incarnation), unwrapped (made on first use), and the key a
+	// rotation under way re-encrypts it to, for the namespaces the target
+	// exports encrypted at rest.
+	NamespaceKeys(ctx context.Context, namespace, owner string) (keys.NamespaceKeys, error)
 }
 
 // Driver programs one target (fabric/nvmet, fabric/spdk). Both methods

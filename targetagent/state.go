@@ -81,15 +81,13 @@ func (a *Agent) build(ctx context.Context, t *nvmegate.Target) (*desired, error)
 			if n.BackingDevice != "" {
 				// Only a namespace of this target's own subsystems, only
 				// into the state of this target: its agent's stream.
-				if fn.DataKey, _, err = a.Keys.DataKey(ctx, n.Key().KeyName()); err != nil {
-					return nil, fmt.Errorf("targetagent: data key of namespace %d of %s: %w", n.NSID, n.SubsystemNQN, err)
+				k, err := a.Keys.NamespaceKeys(ctx, n.Key().KeyName(), n.Incarnation)
+				if err != nil {
+					return nil, fmt.Errorf("targetagent: data keys of namespace %d of %s: %w", n.NSID, n.SubsystemNQN, err)
 				}
-				next, w, err := a.Keys.NextDataKey(ctx, n.Key().KeyName())
-				switch {
-				case err == nil:
-					fn.NextDataKey, fn.NextGeneration = next, w.Gen()
-				case !errors.Is(err, keys.ErrNotFound):
-					return nil, fmt.Errorf("targetagent: next data key of namespace %d of %s: %w", n.NSID, n.SubsystemNQN, err)
+				fn.DataKey = k.Key
+				if k.Next != nil {
+					fn.NextDataKey, fn.NextGeneration = k.Next, k.NextWrapped.Gen()
 				}
 			}
 			ss.Namespaces = append(ss.Namespaces, fn)

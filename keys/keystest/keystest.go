@@ -28,6 +28,7 @@ func Run(t *testing.T, open Opener) {
 	t.Run("DataKeyRotation", func(t *testing.T) { testDataKeyRotation(t, open, prefix+"-dekrot/1") })
 	t.Run("Restart", func(t *testing.T) { testRestart(t, open, prefix+"-restart") })
 	t.Run("ManagerGraceAndSchedule", func(t *testing.T) { testManager(t, open, prefix+"-mgr") })
+	t.Run("ReplicasFollowTheStore", func(t *testing.T) { testReplicaKeys(t, open, prefix+"-replicas/1") })
 }
 
 func secret(t *testing.T) []byte {
@@ -140,15 +141,15 @@ func testDataKeys(t *testing.T, open Opener, ns string) {
 	if _, err := b.DataKey(ctx, ns); !errors.Is(err, keys.ErrNotFound) {
 		t.Fatalf("absent data key: %v", err)
 	}
-	w1, err := b.CreateDataKey(ctx, ns)
+	w1, err := b.CreateDataKey(ctx, ns, "rec-1")
 	if err != nil || w1.KEKVersion != 1 || w1.Ciphertext == "" {
 		t.Fatalf("create: %+v %v", w1, err)
 	}
-	if _, err := b.CreateDataKey(ctx, ns); !errors.Is(err, keys.ErrConflict) {
+	if _, err := b.CreateDataKey(ctx, ns, "rec-2"); !errors.Is(err, keys.ErrConflict) {
 		t.Fatalf("second create: %v", err)
 	}
 	stored, err := b.DataKey(ctx, ns)
-	if err != nil || stored != w1 {
+	if err != nil || stored.Wrapped != w1 || stored.Owner != "rec-1" || stored.Next != nil {
 		t.Fatalf("stored %+v %v", stored, err)
 	}
 	dek, err := b.Unwrap(ctx, ns, w1)
@@ -161,6 +162,9 @@ func testDataKeys(t *testing.T, open Opener, ns string) {
 	w2, err := b.RotateDataKey(ctx, ns)
 	if err != nil || w2.KEKVersion != 2 || w2.Ciphertext == w1.Ciphertext {
 		t.Fatalf("rotate: %+v %v", w2, err)
+	}
+	if rec, err := b.DataKey(ctx, ns); err != nil || rec.Owner != "rec-1" {
+		t.Fatalf("the owner after a KEK rotation: %+v %v", rec, err)
 	}
 	for _, w := range []keys.Wrapped{w1, w2} {
 		if d, err := b.Unwrap(ctx, ns, w); err != nil || !bytes.Equal(d, dek) {
@@ -199,7 +203,7 @@ func testDataKeys(t *testing.T, open Opener, ns string) {
 	if err := b.DestroyDataKey(ctx, ns); !errors.Is(err, keys.ErrNotFound) {
 		t.Fatalf("second destroy: %v", err)
 	}
-	w3, err := b.CreateDataKey(ctx, ns)
+	w3, err := b.CreateDataKey(ctx, ns, "rec-2")
 	if err != nil {
 		t.Fatalf("create after destroy: %v", err)
 	}
@@ -218,12 +222,12 @@ func testDataKeyRotation(t *testing.T, open Opener, ns string) {
 	if _, err := b.BeginDataKeyRotation(ctx, ns); !errors.Is(err, keys.ErrNotFound) {
 		t.Fatalf("begin without a data key: %v", err)
 	}
-	w1, err := b.CreateDataKey(ctx, ns)
+	w1, err := b.CreateDataKey(ctx, ns, "rec-1")
 	if err != nil || w1.Gen() != 1 {
 		t.Fatalf("create: %+v %v", w1, err)
 	}
-	if _, err := b.NextDataKey(ctx, ns); !errors.Is(err, keys.ErrNotFound) {
-		t.Fatalf("next before a rotation: %v", err)
+	if rec, err := b.DataKey(ctx, ns); err != nil || rec.Next != nil {
+		t.Fatalf("next before a rotation: %+v %v", rec.Next, err)
 	}
 	if _, err := b.CommitDataKeyRotation(ctx, ns, 2); !errors.Is(err, keys.ErrConflict) {
 		t.Fatalf("commit with nothing under way: %v", err)
@@ -246,11 +250,10 @@ func testDataKeyRotation(t *testing.T, open Opener, ns string) {
 	if again, err := b.BeginDataKeyRotation(ctx, ns); err != nil || again != n {
 		t.Fatalf("a second begin made another key: %+v %v", again, err)
 	}
-	if got, err := b.NextDataKey(ctx, ns); err != nil || got != n {
-		t.Fatalf("next: %+v %v", got, err)
-	}
-	if cur, err := b.DataKey(ctx, ns); err != nil || cur != w1r {
-		t.Fatalf("the current key changed before the commit: %+v %v", cur, err)
+	if rec, err := b.DataKey(ctx, ns); err != nil || rec.Next == nil || *rec.Next != n {
+		t.Fatalf("next: %+v %v", rec.Next, err)
+	} else if rec.Wrapped != w1r || rec.Owner != "rec-1" {
+		t.Fatalf("the current key changed before the commit: %+v", rec)
 	}
 	if d, err := b.Unwrap(ctx, ns, w1r); err != nil || !bytes.Equal(d, old) {
 		t.Fatalf("the current key no longer unwraps during the rotation: %v", err)
@@ -262,11 +265,8 @@ func testDataKeyRotation(t *testing.T, open Opener, ns string) {
 	if err != nil || c != n {
 		t.Fatalf("commit: %+v %v", c, err)
 	}
-	if cur, err := b.DataKey(ctx, ns); err != nil || cur != n {
-		t.Fatalf("current after commit: %+v %v", cur, err)
-	}
-	if _, err := b.NextDataKey(ctx, ns); !errors.Is(err, keys.ErrNotFound) {
-		t.Fatalf("next after commit: %v", err)
+	if cur, err := b.DataKey(ctx, ns); err != nil || cur.Wrapped != n || cur.Next != nil || cur.Owner != "rec-1" {
+		t.Fatalf("after commit: %+v %v (want generation 2, nothing next, the same owner)", cur, err)
 	}
 	for _, w := range []keys.Wrapped{w1, w1r} {
 		if d, err := b.Unwrap(ctx, ns, w); err == nil || bytes.Equal(d, old) {
@@ -312,7 +312,7 @@ func testRestart(t *testing.T, open Opener, sub string) {
 	if _, err := b.AddRoot(ctx, sub, 0, s, t0, t0); err != nil {
 		t.Fatal(err)
 	}
-	w, err := b.CreateDataKey(ctx, sub+"/1")
+	w, err := b.CreateDataKey(ctx, sub+"/1", "rec-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,10 +329,10 @@ func testRestart(t *testing.T, open Opener, sub string) {
 		t.Fatalf("roots after reopen: %v %v", rs, err)
 	}
 	w2, err := b.DataKey(ctx, sub+"/1")
-	if err != nil || w2 != w {
-		t.Fatalf("data key after reopen: %v", err)
+	if err != nil || w2.Wrapped != w || w2.Owner != "rec-1" {
+		t.Fatalf("data key after reopen: %+v %v", w2, err)
 	}
-	if d, err := b.Unwrap(ctx, sub+"/1", w2); err != nil || !bytes.Equal(d, dek) {
+	if d, err := b.Unwrap(ctx, sub+"/1", w2.Wrapped); err != nil || !bytes.Equal(d, dek) {
 		t.Fatalf("unwrap after reopen: %v", err)
 	}
 }
@@ -399,10 +399,11 @@ func testManager(t *testing.T, open Opener, sub string) {
 	// KEK is older than the period (the backend stamps KEKs with the real
 	// clock; the fake one is days ahead).
 	ns := sub + "/1"
-	dek, w1, err := m.DataKey(ctx, ns)
-	if err != nil || w1.KEKVersion != 1 {
-		t.Fatalf("data key: %v", err)
+	k1, err := m.NamespaceKeys(ctx, ns, "rec-1")
+	if err != nil || k1.Wrapped.KEKVersion != 1 || len(k1.Key) != 32 || k1.Next != nil {
+		t.Fatalf("data key: %+v %v", k1.Wrapped, err)
 	}
+	dek := k1.Key
 	// Past the period by the backend's clock too, which is the real one:
 	// t0 is a fixed date the real clock has long passed.
 	clk.Add(91*24*time.Hour + max(0, time.Since(clk.Now())))
@@ -411,27 +412,35 @@ func testManager(t *testing.T, open Opener, sub string) {
 	if err != nil || w2.KEKVersion != 2 {
 		t.Fatalf("after the data key period: %+v %v", w2, err)
 	}
-	if d, err := b.Unwrap(ctx, ns, w2); err != nil || !bytes.Equal(d, dek) {
+	if d, err := b.Unwrap(ctx, ns, w2.Wrapped); err != nil || !bytes.Equal(d, dek) {
 		t.Fatalf("rewrapped data key: %v", err)
 	}
 	if last := events[len(events)-1]; last.Kind != "data_key" || last.Reason != "scheduled" || last.Version != 2 {
 		t.Fatalf("rotation event %+v", last)
 	}
-	// The unwrapped key is kept: the same key, its latest wrapping, no
-	// backend read; a crypto-erase drops it, and the next is a new key.
+	// The unwrapped key is kept: the same key, its latest wrapping, one
+	// read of the record to confirm it and one unwrap of the new wrapping;
+	// asked again, the read alone.
 	reads := m.BackendReads()
-	if d, w, err := m.DataKey(ctx, ns); err != nil || !bytes.Equal(d, dek) || w.KEKVersion != 2 || m.BackendReads() != reads {
-		t.Fatalf("kept data key: v%d, %v, %d backend reads", w.KEKVersion, err, m.BackendReads()-reads)
-	}
-	// A data-key rotation: the next key is served beside the current one
-	// (read once), and after the commit it is the current one.
-	if _, _, err := m.NextDataKey(ctx, ns); !errors.Is(err, keys.ErrNotFound) {
-		t.Fatalf("next data key before a rotation: %v", err)
+	if k, err := m.NamespaceKeys(ctx, ns, "rec-1"); err != nil || !bytes.Equal(k.Key, dek) || k.Wrapped.KEKVersion != 2 || m.BackendReads()-reads != 2 {
+		t.Fatalf("kept data key: v%d, %v, %d backend reads", k.Wrapped.KEKVersion, err, m.BackendReads()-reads)
 	}
 	reads = m.BackendReads()
-	if _, _, err := m.NextDataKey(ctx, ns); !errors.Is(err, keys.ErrNotFound) || m.BackendReads() != reads {
-		t.Fatalf("no next data key, asked again: %v, %d backend reads", err, m.BackendReads()-reads)
+	if k, err := m.NamespaceKeys(ctx, ns, "rec-1"); err != nil || !bytes.Equal(k.Key, dek) || m.BackendReads()-reads != 1 {
+		t.Fatalf("kept data key asked again: %v, %d backend reads, want 1", err, m.BackendReads()-reads)
 	}
+	// Another record of the same name never gets it.
+	if _, err := m.NamespaceKeys(ctx, ns, "rec-2"); !errors.Is(err, keys.ErrForeign) {
+		t.Fatalf("another record's data key: %v, want ErrForeign", err)
+	}
+	if err := m.EnsureDataKey(ctx, ns, "rec-2"); !errors.Is(err, keys.ErrForeign) {
+		t.Fatalf("EnsureDataKey for another record: %v, want ErrForeign", err)
+	}
+	if _, _, err := m.DataKeyGeneration(ctx, ns, "rec-2"); !errors.Is(err, keys.ErrForeign) {
+		t.Fatalf("DataKeyGeneration for another record: %v, want ErrForeign", err)
+	}
+	// A data-key rotation: the next key is served beside the current one,
+	// and after the commit it is the current one.
 	nw, err := m.BeginDataKeyRotation(ctx, ns, "test rotation")
 	if err != nil || nw.Gen() != 2 {
 		t.Fatalf("begin: %+v %v", nw, err)
@@ -439,13 +448,14 @@ func testManager(t *testing.T, open Opener, sub string) {
 	if last := events[len(events)-1]; last.Kind != keys.KindDataKeyReencrypt || last.Outcome != "begun" || last.Version != 2 {
 		t.Fatalf("begin event %+v", last)
 	}
-	next, _, err := m.NextDataKey(ctx, ns)
-	if err != nil || bytes.Equal(next, dek) {
-		t.Fatalf("next data key: the current one, or %v", err)
+	k, err := m.NamespaceKeys(ctx, ns, "rec-1")
+	if err != nil || k.Next == nil || bytes.Equal(k.Next, dek) || k.NextWrapped.Gen() != 2 {
+		t.Fatalf("next data key: none, the current one, or %v", err)
 	}
-	if d, _, err := m.DataKey(ctx, ns); err != nil || !bytes.Equal(d, dek) {
-		t.Fatalf("the current data key changed before the commit: %v", err)
+	if !bytes.Equal(k.Key, dek) {
+		t.Fatal("the current data key changed before the commit")
 	}
+	next := k.Next
 	if _, err := m.CommitDataKeyRotation(ctx, ns, 3, "test commit"); !errors.Is(err, keys.ErrConflict) {
 		t.Fatalf("commit of another generation: %v", err)
 	}
@@ -455,18 +465,14 @@ func testManager(t *testing.T, open Opener, sub string) {
 	if last := events[len(events)-1]; last.Kind != keys.KindDataKeyReencrypt || last.Outcome != "applied" || last.Version != 2 {
 		t.Fatalf("commit event %+v", last)
 	}
-	reads = m.BackendReads()
-	if d, w, err := m.DataKey(ctx, ns); err != nil || !bytes.Equal(d, next) || w.Gen() != 2 || m.BackendReads() != reads {
-		t.Fatalf("after the commit: the next key is not the current one (gen %d, %v, %d reads)", w.Gen(), err, m.BackendReads()-reads)
-	}
-	if _, _, err := m.NextDataKey(ctx, ns); !errors.Is(err, keys.ErrNotFound) {
-		t.Fatalf("next data key after the commit: %v", err)
+	if k, err := m.NamespaceKeys(ctx, ns, "rec-1"); err != nil || !bytes.Equal(k.Key, next) || k.Wrapped.Gen() != 2 || k.Next != nil {
+		t.Fatalf("after the commit: the next key is not the current one (gen %d, %v)", k.Wrapped.Gen(), err)
 	}
 	dek = next
 	if err := m.DestroyDataKey(ctx, ns, "test erase"); err != nil {
 		t.Fatal(err)
 	}
-	if d, _, err := m.DataKey(ctx, ns); err != nil || bytes.Equal(d, dek) {
+	if k, err := m.NamespaceKeys(ctx, ns, "rec-1"); err != nil || bytes.Equal(k.Key, dek) {
 		t.Fatalf("the data key after a crypto-erase: the old key, or %v", err)
 	}
 	// Past the staleness bound without a refresh, issuance fails closed.
@@ -477,5 +483,79 @@ func testManager(t *testing.T, open Opener, sub string) {
 	m.Tick(ctx) // a refresh that succeeds restores service
 	if _, err := m.Credentials(ctx, host, sub, p); err != nil {
 		t.Fatalf("after refresh: %v", err)
+	}
+}
+
+// Two managers on one key store stand for two gateway replicas on one
+// Vault (issue 29): what one changes, the other serves at once — the
+// generation a re-encryption committed, one begun, a crypto-erase — and
+// a namespace added again under the same name never gets the key of the
+// record removed before it.
+func testReplicaKeys(t *testing.T, open Opener, ns string) {
+	ctx := context.Background()
+	b := openClosed(t, open)
+	mgr := func() *keys.Manager {
+		m, err := keys.NewManager(keys.Options{Backend: b})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	a, r := mgr(), mgr()
+	k1, err := a.NamespaceKeys(ctx, ns, "rec-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k, err := r.NamespaceKeys(ctx, ns, "rec-1"); err != nil || !bytes.Equal(k.Key, k1.Key) {
+		t.Fatalf("the second replica's data key differs, or %v", err)
+	}
+	// A re-encryption begun through r: a is asked next and serves the next
+	// key (it kept "none under way" before).
+	if _, err := r.BeginDataKeyRotation(ctx, ns, "test"); err != nil {
+		t.Fatal(err)
+	}
+	ka, err := a.NamespaceKeys(ctx, ns, "rec-1")
+	if err != nil || ka.Next == nil || ka.NextWrapped.Gen() != 2 {
+		t.Fatalf("a re-encryption begun on another replica is invisible: next %v, %v", ka.NextWrapped, err)
+	}
+	// Committed through r: a serves generation 2 as the current key, never
+	// generation 1 again.
+	if _, err := r.CommitDataKeyRotation(ctx, ns, 2, "test"); err != nil {
+		t.Fatal(err)
+	}
+	ka2, err := a.NamespaceKeys(ctx, ns, "rec-1")
+	if err != nil || ka2.Wrapped.Gen() != 2 || !bytes.Equal(ka2.Key, ka.Next) || bytes.Equal(ka2.Key, k1.Key) || ka2.Next != nil {
+		t.Fatalf("after a commit on another replica: generation %d (want 2, the old key gone), %v", ka2.Wrapped.Gen(), err)
+	}
+	// Crypto-erased through r: a never serves the erased key; a namespace
+	// added again (another record) gets a new key.
+	if err := r.DestroyDataKey(ctx, ns, "test erase"); err != nil {
+		t.Fatal(err)
+	}
+	ka3, err := a.NamespaceKeys(ctx, ns, "rec-2")
+	if err != nil || bytes.Equal(ka3.Key, ka2.Key) || bytes.Equal(ka3.Key, k1.Key) {
+		t.Fatalf("after a crypto-erase on another replica: the erased key served, or %v", err)
+	}
+	// Removed without erase and added again: the key stays rec-2's, on
+	// both replicas.
+	for i, m := range []*keys.Manager{a, r} {
+		if _, err := m.NamespaceKeys(ctx, ns, "rec-3"); !errors.Is(err, keys.ErrForeign) {
+			t.Fatalf("replica %d gave a key left by a removed namespace to a new one: %v", i, err)
+		}
+		if err := m.EnsureDataKey(ctx, ns, "rec-3"); !errors.Is(err, keys.ErrForeign) {
+			t.Fatalf("replica %d: EnsureDataKey adopted a foreign key: %v", i, err)
+		}
+	}
+	// A key made before owners were recorded belongs only to a record
+	// from before incarnations.
+	legacy := ns + "0"
+	if _, err := b.CreateDataKey(ctx, legacy, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.NamespaceKeys(ctx, legacy, "rec-4"); !errors.Is(err, keys.ErrForeign) {
+		t.Fatalf("an unowned key given to a new record: %v", err)
+	}
+	if _, err := a.NamespaceKeys(ctx, legacy, ""); err != nil {
+		t.Fatalf("an unowned key refused to its own (old) record: %v", err)
 	}
 }

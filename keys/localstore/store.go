@@ -327,7 +327,7 @@ func newKEK(version uint64, now time.Time) (kek, error) {
 }
 
 // CreateDataKey implements keys.Backend.
-func (s *Store) CreateDataKey(ctx context.Context, namespace string) (keys.Wrapped, error) {
+func (s *Store) CreateDataKey(ctx context.Context, namespace, owner string) (keys.Wrapped, error) {
 	if err := keys.CheckName("namespace", namespace); err != nil {
 		return keys.Wrapped{}, err
 	}
@@ -340,7 +340,7 @@ func (s *Store) CreateDataKey(ctx context.Context, namespace string) (keys.Wrapp
 		if w, err = s.newDataKey(tx, namespace, 1, false); err != nil {
 			return err
 		}
-		return s.put(tx, bucketDEKs, namespace, keys.DataKeyRecord{Wrapped: w})
+		return s.put(tx, bucketDEKs, namespace, keys.DataKeyRecord{Wrapped: w, Owner: owner})
 	})
 	return w, err
 }
@@ -393,23 +393,6 @@ func (s *Store) record(tx *bolt.Tx, namespace string) (keys.DataKeyRecord, error
 	return rec, err
 }
 
-// NextDataKey implements keys.Backend.
-func (s *Store) NextDataKey(ctx context.Context, namespace string) (keys.Wrapped, error) {
-	var w keys.Wrapped
-	err := s.db.View(func(tx *bolt.Tx) error {
-		rec, err := s.record(tx, namespace)
-		if err != nil {
-			return err
-		}
-		if rec.Next == nil {
-			return fmt.Errorf("%w: %s has no re-encryption under way", keys.ErrNotFound, namespace)
-		}
-		w = *rec.Next
-		return nil
-	})
-	return w, err
-}
-
 // BeginDataKeyRotation implements keys.Backend.
 func (s *Store) BeginDataKeyRotation(ctx context.Context, namespace string) (keys.Wrapped, error) {
 	if err := keys.CheckName("namespace", namespace); err != nil {
@@ -444,7 +427,7 @@ func (s *Store) CommitDataKeyRotation(ctx context.Context, namespace string, gen
 		}
 		switch {
 		case rec.Next != nil && rec.Next.Gen() == gen:
-			rec = keys.DataKeyRecord{Wrapped: *rec.Next}
+			rec.Wrapped, rec.Next = *rec.Next, nil
 			if err := s.put(tx, bucketDEKs, namespace, rec); err != nil {
 				return err
 			}
@@ -462,17 +445,17 @@ func (s *Store) CommitDataKeyRotation(ctx context.Context, namespace string, gen
 }
 
 // DataKey implements keys.Backend.
-func (s *Store) DataKey(ctx context.Context, namespace string) (keys.Wrapped, error) {
+func (s *Store) DataKey(ctx context.Context, namespace string) (keys.DataKeyRecord, error) {
 	if err := keys.CheckName("namespace", namespace); err != nil {
-		return keys.Wrapped{}, err
+		return keys.DataKeyRecord{}, err
 	}
-	var w keys.Wrapped
+	var rec keys.DataKeyRecord
 	err := s.db.View(func(tx *bolt.Tx) error {
-		rec, err := s.record(tx, namespace)
-		w = rec.Wrapped
+		var err error
+		rec, err = s.record(tx, namespace)
 		return err
 	})
-	return w, err
+	return rec, err
 }
 
 // Unwrap implements keys.Backend.

@@ -494,7 +494,7 @@ func kekVersionOf(ct string) (uint64, error) {
 }
 
 // CreateDataKey implements keys.Backend.
-func (s *Store) CreateDataKey(ctx context.Context, namespace string) (keys.Wrapped, error) {
+func (s *Store) CreateDataKey(ctx context.Context, namespace, owner string) (keys.Wrapped, error) {
 	if err := keys.CheckName("namespace", namespace); err != nil {
 		return keys.Wrapped{}, err
 	}
@@ -508,7 +508,7 @@ func (s *Store) CreateDataKey(ctx context.Context, namespace string) (keys.Wrapp
 	if err != nil {
 		return keys.Wrapped{}, err
 	}
-	return w, s.putJSON(ctx, s.dekPath(namespace), 0, keys.DataKeyRecord{Wrapped: w})
+	return w, s.putJSON(ctx, s.dekPath(namespace), 0, keys.DataKeyRecord{Wrapped: w, Owner: owner})
 }
 
 // newDataKey makes a data key of generation gen under that generation's
@@ -538,18 +538,6 @@ func (s *Store) record(ctx context.Context, namespace string) (keys.DataKeyRecor
 	return rec, kv, err
 }
 
-// NextDataKey implements keys.Backend.
-func (s *Store) NextDataKey(ctx context.Context, namespace string) (keys.Wrapped, error) {
-	rec, _, err := s.record(ctx, namespace)
-	if err != nil {
-		return keys.Wrapped{}, err
-	}
-	if rec.Next == nil {
-		return keys.Wrapped{}, fmt.Errorf("%w: %s has no re-encryption under way", keys.ErrNotFound, namespace)
-	}
-	return *rec.Next, nil
-}
-
 // BeginDataKeyRotation implements keys.Backend.
 func (s *Store) BeginDataKeyRotation(ctx context.Context, namespace string) (keys.Wrapped, error) {
 	rec, kv, err := s.record(ctx, namespace)
@@ -577,7 +565,7 @@ func (s *Store) CommitDataKeyRotation(ctx context.Context, namespace string, gen
 	}
 	switch {
 	case rec.Next != nil && rec.Next.Gen() == gen:
-		rec = keys.DataKeyRecord{Wrapped: *rec.Next}
+		rec.Wrapped, rec.Next = *rec.Next, nil
 		if err := s.putJSON(ctx, s.dekPath(namespace), kv, rec); err != nil {
 			return keys.Wrapped{}, err
 		}
@@ -608,12 +596,9 @@ func (s *Store) destroyKEK(ctx context.Context, name string) error {
 }
 
 // DataKey implements keys.Backend.
-func (s *Store) DataKey(ctx context.Context, namespace string) (keys.Wrapped, error) {
-	if err := keys.CheckName("namespace", namespace); err != nil {
-		return keys.Wrapped{}, err
-	}
+func (s *Store) DataKey(ctx context.Context, namespace string) (keys.DataKeyRecord, error) {
 	rec, _, err := s.record(ctx, namespace)
-	return rec.Wrapped, err
+	return rec, err
 }
 
 // Unwrap implements keys.Backend with transit/decrypt.

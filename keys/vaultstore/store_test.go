@@ -101,7 +101,7 @@ func TestConformanceAppRoleLeastPrivilege(t *testing.T) {
 	}
 	c.SetToken(login.Auth.ClientToken)
 	// A KEK the policy's token made (through the store).
-	if _, err := s.CreateDataKey(context.Background(), "nqn.2026-01.io.nvmegate.test:policy/1"); err != nil {
+	if _, err := s.CreateDataKey(context.Background(), "nqn.2026-01.io.nvmegate.test:policy/1", "rec-1"); err != nil {
 		t.Fatal(err)
 	}
 	kekName := kekOf(t, v, "nqn.2026-01.io.nvmegate.test:policy/1")

@@ -1836,9 +1836,15 @@ func (x *RemoveNamespaceRequest) GetErase() bool {
 	return false
 }
 
-// RemoveNamespaceResponse is empty on success.
+// RemoveNamespaceResponse says what became of the namespace's data key.
 type RemoveNamespaceResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What became of the data key: "none: …", "kept: …" after a plain
+	// remove (bound to the removed namespace record: a namespace added again
+	// under the same NQN and NSID never inherits it, and is refused until
+	// it is erased), "unknown: …" if the key store did not answer, or
+	// "destroyed: …" after an erase.
+	DataKey       string `protobuf:"bytes,1,opt,name=data_key,json=dataKey,proto3" json:"data_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1871,6 +1877,13 @@ func (x *RemoveNamespaceResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use RemoveNamespaceResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNamespaceResponse) Descriptor() ([]byte, []int) {
 	return file_nvmegate_v1_inventory_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *RemoveNamespaceResponse) GetDataKey() string {
+	if x != nil {
+		return x.DataKey
+	}
+	return ""
 }
 
 // AddHostBindingRequest binds a node identity to a host NQN.
@@ -2383,8 +2396,9 @@ const file_nvmegate_v1_inventory_proto_rawDesc = "" +
 	"\x16RemoveNamespaceRequest\x12#\n" +
 	"\rsubsystem_nqn\x18\x01 \x01(\tR\fsubsystemNqn\x12\x12\n" +
 	"\x04nsid\x18\x02 \x01(\rR\x04nsid\x12\x14\n" +
-	"\x05erase\x18\x03 \x01(\bR\x05erase\"\x19\n" +
-	"\x17RemoveNamespaceResponse\"K\n" +
+	"\x05erase\x18\x03 \x01(\bR\x05erase\"4\n" +
+	"\x17RemoveNamespaceResponse\x12\x19\n" +
+	"\bdata_key\x18\x01 \x01(\tR\adataKey\"K\n" +
 	"\x15AddHostBindingRequest\x122\n" +
 	"\abinding\x18\x01 \x01(\v2\x18.nvmegate.v1.HostBindingR\abinding\"L\n" +
 	"\x16AddHostBindingResponse\x122\n" +
