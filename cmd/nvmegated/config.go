@@ -1,12 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/nvmegate/nvmegate/attest"
+	"github.com/nvmegate/nvmegate/authz"
 )
 
 // Config is the daemon's configuration: a YAML file (--config) overridden by
@@ -32,6 +35,20 @@ type Config struct {
 	// wait for a slot until their deadline, so that a storm cannot take the
 	// gateway's memory.
 	MaxInFlight int `json:"max_inflight"`
+	// MaxInFlightPerIdentity bounds one caller's (one SPIFFE ID's) calls
+	// under way, working or waiting for a slot: default max_inflight/8 (32
+	// of 256), at most max_inflight; -1 none. A call past it is refused
+	// RESOURCE_EXHAUSTED at once, so that one auditor or node holding slow
+	// calls open cannot take the slots every node's connect needs.
+	MaxInFlightPerIdentity int `json:"max_inflight_per_identity"`
+	// MaxInFlightPerRole bounds the calls under way of all the callers of
+	// a role together, by role (admin, auditor, scheduler, node, target,
+	// gateway, unknown). A role not listed keeps its default: admin,
+	// auditor and scheduler max_inflight/4 each, unknown max_inflight/16,
+	// node, target and gateway none (a cluster's start is thousands of
+	// node identities at once; a connect waits for its target agent's
+	// acknowledgement). -1 lifts a role's bound.
+	MaxInFlightPerRole map[string]int `json:"max_inflight_per_role"`
 	// TrustDomain of the gateway and every caller, e.g. "example.org".
 	// Callers of other trust domains fail the TLS handshake. Required.
 	TrustDomain string `json:"trust_domain"`
@@ -463,10 +480,31 @@ func (a AuditConfig) checkpointInterval() time.Duration {
 	return d
 }
 
+// validateShares checks the callers' shares of the in-flight calls.
+func (c *Config) validateShares() error {
+	inFlight := cmp.Or(c.MaxInFlight, 256)
+	if n := c.MaxInFlightPerIdentity; n < -1 || n > inFlight {
+		return fmt.Errorf("max_inflight_per_identity must be 0 (the default, max_inflight/8), at most max_inflight (%d), or -1 for none; got %d", inFlight, n)
+	}
+	roles := []string{authz.RoleAdmin, authz.RoleAuditor, authz.RoleScheduler, authz.RoleNode, authz.RoleTarget, authz.RoleGateway, authz.RoleUnknown}
+	for role, n := range c.MaxInFlightPerRole {
+		if !slices.Contains(roles, role) {
+			return fmt.Errorf("max_inflight_per_role: no role %q; roles are %s", role, strings.Join(roles, ", "))
+		}
+		if n < -1 || n == 0 {
+			return fmt.Errorf("max_inflight_per_role.%s must be positive, or -1 for none; got %d", role, n)
+		}
+	}
+	return nil
+}
+
 // validate checks the configuration once, before anything starts.
 func (c *Config) validate() error {
 	if c.MaxInFlight < 0 {
 		return fmt.Errorf("max_inflight must be 0 (the default, 256) or positive, got %d", c.MaxInFlight)
+	}
+	if err := c.validateShares(); err != nil {
+		return err
 	}
 	if _, err := c.Runtime.memoryLimit(); err != nil {
 		return err

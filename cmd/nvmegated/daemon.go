@@ -295,7 +295,10 @@ func (m *Main) Open(ctx context.Context) (err error) {
 			Help: "Ended grants whose target has not yet acknowledged removing the host (the gateway retries; nvmegate grants list --removal-pending).",
 		}, func() float64 { return float64(m.db.PendingRemovalCount()) }))
 	m.server, err = gateway.New(gateway.Config{
-		MaxInFlight:   c.MaxInFlight,
+		MaxInFlight:    c.MaxInFlight,
+		MaxPerIdentity: c.MaxInFlightPerIdentity,
+		MaxPerRole:     c.MaxInFlightPerRole,
+
 		Credentials:   identity.ServerCredentials(m.source, td),
 		Store:         m.db,
 		Jobs:          m.db,

@@ -237,6 +237,10 @@ func TestConfigValidation(t *testing.T) {
 		"group wait":       {func(c *Config) { c.Etcd = EtcdConfig{Endpoints: []string{"e"}, LogGroupWait: "1s"} }, "etcd.log_group_wait"},
 		"group wait zero":  {func(c *Config) { c.Etcd = EtcdConfig{Endpoints: []string{"e"}, LogGroupWait: "0s"} }, "etcd.log_group_wait"},
 		"group wait word":  {func(c *Config) { c.Etcd = EtcdConfig{Endpoints: []string{"e"}, LogGroupWait: "none"} }, "etcd.log_group_wait"},
+		"identity share":   {func(c *Config) { c.MaxInFlightPerIdentity = 257 }, "at most max_inflight (256)"},
+		"identity share -": {func(c *Config) { c.MaxInFlight, c.MaxInFlightPerIdentity = 64, -2 }, "max_inflight_per_identity"},
+		"role share name":  {func(c *Config) { c.MaxInFlightPerRole = map[string]int{"auditors": 8} }, `no role "auditors"`},
+		"role share zero":  {func(c *Config) { c.MaxInFlightPerRole = map[string]int{"auditor": 0} }, "max_inflight_per_role.auditor must be positive"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := base
@@ -252,6 +256,15 @@ func TestConfigValidation(t *testing.T) {
 	c := base
 	c.Keys.RotationPeriod = "-1s"
 	c.setDefaults()
+	if err := c.validate(); err != nil {
+		t.Fatal(err)
+	}
+	// Shares: set, or lifted with -1.
+	c.MaxInFlight, c.MaxInFlightPerIdentity, c.MaxInFlightPerRole = 64, 64, map[string]int{"auditor": 8, "node": 48, "unknown": -1}
+	if err := c.validate(); err != nil {
+		t.Fatal(err)
+	}
+	c.MaxInFlightPerIdentity = -1
 	if err := c.validate(); err != nil {
 		t.Fatal(err)
 	}
