@@ -161,6 +161,17 @@ func (s *Server) streamInterceptors() []grpc.StreamServerInterceptor {
 		authz.StreamServerInterceptor(s.authorizer, s.describe, s.log,
 			authz.WithPeerID(identity.PeerID), authz.WithRefusalRecorder(s.recordRefusal)),
 		func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			if s.barrier != nil {
+				// As for a unary call: a stream's first answer (a target's
+				// whole state) comes from the latest state, never from a
+				// copy that has lost the others' changes (fail closed).
+				if err := s.barrier(ss.Context()); err != nil {
+					return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "this replica cannot read the latest state of the replicated store (%v); retry, or reconnect to another replica", err)
+				}
+			}
+			return h(srv, ss)
+		},
+		func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 			return h(srv, &validatingStream{ServerStream: ss, s: s, method: info.FullMethod})
 		},
 	}
@@ -204,6 +215,10 @@ func (s *Server) observe(ctx context.Context, method string, start time.Time, er
 	level := slog.LevelDebug
 	switch code {
 	case codes.OK, codes.NotFound, codes.AlreadyExists, codes.InvalidArgument, codes.Unimplemented:
+	case codes.ResourceExhausted:
+		// A caller over its share (limit.go): counted by caller role in
+		// nvmegate_grpc_calls_over_share_total. A line each at info would
+		// let one identity's flood of refused calls write the log.
 	case codes.Internal, codes.Unknown, codes.DataLoss:
 		level = slog.LevelError
 	default:

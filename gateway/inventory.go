@@ -15,6 +15,8 @@ import (
 // InventoryStore is what the Inventory service needs of a store. The bbolt
 // store implements it; an etcd store for several replicas will too.
 type InventoryStore interface {
+	// Revision is the revision of the store's latest applied change.
+	Revision() uint64
 	CreateTarget(ctx context.Context, t *nvmegate.Target) error
 	Target(ctx context.Context, id string) (*nvmegate.Target, error)
 	ListTargets(ctx context.Context, f store.TargetFilter, p store.Page) ([]*nvmegate.Target, string, error)

@@ -76,6 +76,9 @@ type Config struct {
 	// validated and decided (store.DB.Sync): what another replica wrote
 	// before the call began is seen. A call it fails is Unavailable.
 	ReadBarrier func(context.Context) error
+	// Heartbeat is the interval of the heartbeats target agents' streams
+	// get (those that take them); default targetagent.HeartbeatInterval.
+	Heartbeat time.Duration
 	// Self is the gateway's own SPIFFE ID: the caller of the entries of
 	// what it does on its own (a re-decision's revocations).
 	Self string
@@ -243,7 +246,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Targets != nil && cfg.TargetHub != nil {
 		ta := &targetAgentService{store: cfg.Store, hub: cfg.TargetHub, targets: cfg.Targets, stopping: s.stopping, log: s.log,
-			refused: s.metrics.agentsRefused}
+			refused: s.metrics.agentsRefused, barrier: cfg.ReadBarrier, heartbeat: cfg.Heartbeat}
 		if c, ok := cfg.Keys.(DataKeyCommitter); ok { // keys.Manager
 			ta.keys = c
 		}

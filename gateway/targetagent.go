@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -56,6 +57,13 @@ type targetAgentService struct {
 	log      *slog.Logger
 	refused  *prometheus.CounterVec // streams refused for a live one, by target
 	keys     DataKeyCommitter       // nil: re-encryption reports are refused
+	// barrier, for one of several replicas, brings this replica's copy of
+	// the store up to the latest state (Config.ReadBarrier); nil for one
+	// gateway.
+	barrier func(context.Context) error
+	// heartbeat is the interval of heartbeats to agents that take them
+	// (targetagent.HeartbeatInterval).
+	heartbeat time.Duration
 }
 
 func (s *targetAgentService) own(ctx context.Context) (*nvmegate.Target, error) {
@@ -84,6 +92,12 @@ func (s *targetAgentService) Watch(r *pb.WatchRequest, stream grpc.ServerStreami
 		return nvmegate.Errorf(nvmegate.ECONFLICT, "%v", err)
 	}
 	defer sub.Close()
+	var beat <-chan time.Time
+	if r.AcceptHeartbeats {
+		t := time.NewTicker(cmp.Or(s.heartbeat, targetagent.HeartbeatInterval))
+		defer t.Stop()
+		beat = t.C
+	}
 	// The first state comes the way every later one does: from a
 	// programming run, which runs one at a time per target (a new stream
 	// gets the whole state). A state built here, beside a run in flight,
@@ -104,6 +118,17 @@ func (s *targetAgentService) Watch(r *pb.WatchRequest, stream grpc.ServerStreami
 			// The hub ended the stream (no acknowledgement in time, a
 			// failed application): the agent reconnects and starts over.
 			return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "target %s: stream ended: %v; reconnect", t.ID, sub.Err())
+		case <-beat:
+			// A heartbeat says this replica is current: one that cannot
+			// read the latest state ends the stream, and the agent moves
+			// to another replica rather than wait here for changes this
+			// copy will not see.
+			if err := s.current(ctx); err != nil {
+				return err
+			}
+			if err := stream.Send(&pb.WatchResponse{TargetId: t.ID, StreamId: sub.ID(), Heartbeat: true, StoreRevision: s.store.Revision()}); err != nil {
+				return err
+			}
 		case u := <-sub.Updates():
 			m := targetagent.UpdateToProto(t.ID, u)
 			m.StreamId = sub.ID()
@@ -112,6 +137,20 @@ func (s *targetAgentService) Watch(r *pb.WatchRequest, stream grpc.ServerStreami
 			}
 		}
 	}
+}
+
+// current passes the read barrier within a heartbeat's interval, or says
+// why the stream ends.
+func (s *targetAgentService) current(ctx context.Context) error {
+	if s.barrier == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(s.heartbeat, targetagent.HeartbeatInterval))
+	defer cancel()
+	if err := s.barrier(ctx); err != nil {
+		return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "this replica cannot read the latest state of the replicated store (%v); reconnect to another replica", err)
+	}
+	return nil
 }
 
 func (s *targetAgentService) Ack(ctx context.Context, r *pb.AckRequest) (*pb.AckResponse, error) {

@@ -209,11 +209,14 @@ func (db *DB) applyChange(ch Change) error {
 	if err != nil {
 		return err
 	}
-	db.model.apply(change{revision: ch.Revision, ops: ops})
+	// The hook hears of the change before the copy's revision moves: one
+	// who reads the revision, then takes what the hook noted, has every
+	// change up to that revision (issue 29, defect 11).
 	if db.applied != nil {
 		targets, subsystems := touched(ops)
 		db.applied(ch.Revision, targets, subsystems)
 	}
+	db.model.apply(change{revision: ch.Revision, ops: ops})
 	return nil
 }
 
@@ -342,8 +345,7 @@ func (db *DB) resyncLocked(ctx context.Context) error {
 	if err := btx.Commit(); err != nil {
 		return fmt.Errorf("store: resync: commit: %w", err)
 	}
-	db.model.replace(recs, rev)
-	if db.applied != nil {
+	if db.applied != nil { // before the revision moves, as for a change
 		var targets []string
 		for id := range recs.targets {
 			targets = append(targets, id)
@@ -351,6 +353,7 @@ func (db *DB) resyncLocked(ctx context.Context) error {
 		slices.Sort(targets)
 		db.applied(rev, targets, nil)
 	}
+	db.model.replace(recs, rev)
 	return nil
 }
 

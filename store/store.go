@@ -86,10 +86,13 @@ type Options struct {
 	// of other replicas.
 	Replica Replica
 
-	// Applied, with a Replica, hears of each change of another replica
-	// once this copy applied it: its revision and the targets and
-	// subsystems whose desired state it may change (a replica programs
-	// the targets whose agents stream from it). It must not block.
+	// Applied, with a Replica, hears of each change of another replica:
+	// its revision and the targets and subsystems whose desired state it
+	// may change (a replica programs the targets whose agents stream from
+	// it). It is called just before Revision moves to the change, so one
+	// who reads Revision and then takes what Applied noted up to it has
+	// heard of every change up to it; reads see the change once Revision
+	// has. It must not block.
 	Applied func(rev uint64, targets, subsystems []string)
 }
 

@@ -32,6 +32,9 @@ type Store interface {
 	// NodeActiveGrants serves a change of one host entry: the grants of
 	// the nodes holding it, without the subsystem's others.
 	NodeActiveGrants(ctx context.Context, node string) ([]*nvmegate.Grant, error)
+	// Revision is the revision of the store's latest applied change: a
+	// state read before it holds no later change.
+	Revision() uint64
 }
 
 // Credentials derives a grant's credentials.
@@ -278,10 +281,13 @@ func (a *Agent) send(ctx context.Context, tgt *nvmegate.Target, t *target, whole
 		whole = whole || !sk.deltas()
 		gen := a.gen.Add(1)
 		t.synced = false
+		// Read after the state was read from the store: it holds no
+		// change past this revision.
+		rev := a.Store.Revision()
 		if whole {
-			err = sk.apply(ctx, a.Hub, Update{State: new(t.state.snapshot(gen))})
+			err = sk.apply(ctx, a.Hub, Update{State: new(t.state.snapshot(gen)), Revision: rev})
 		} else {
-			err = sk.apply(ctx, a.Hub, Update{Delta: &fabric.Delta{Base: t.state.gen, Generation: gen, Hosts: changes}})
+			err = sk.apply(ctx, a.Hub, Update{Delta: &fabric.Delta{Base: t.state.gen, Generation: gen, Hosts: changes}, Revision: rev})
 		}
 		if err == nil {
 			t.state.gen, t.sink, t.synced = gen, sk, true

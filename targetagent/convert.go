@@ -8,7 +8,9 @@ import (
 // UpdateToProto converts an update for the stream to a remote agent.
 func UpdateToProto(id string, u Update) *pb.WatchResponse {
 	if u.Delta == nil {
-		return StateToProto(id, *u.State)
+		m := StateToProto(id, *u.State)
+		m.StoreRevision = u.Revision
+		return m
 	}
 	d := &pb.TargetDelta{BaseGeneration: u.Delta.Base}
 	for _, c := range u.Delta.Hosts {
@@ -18,20 +20,20 @@ func UpdateToProto(id string, u Update) *pb.WatchResponse {
 		}
 		d.Hosts = append(d.Hosts, &pb.TargetHostChange{SubsystemNqn: c.Subsystem, Host: h, Remove: c.Remove})
 	}
-	return &pb.WatchResponse{TargetId: id, Generation: u.Delta.Generation, Delta: d}
+	return &pb.WatchResponse{TargetId: id, Generation: u.Delta.Generation, Delta: d, StoreRevision: u.Revision}
 }
 
 // UpdateFromProto converts a streamed update for a driver (the remote
 // agent's side): a delta if the message has one, else the whole state.
 func UpdateFromProto(p *pb.WatchResponse) Update {
 	if p.Delta == nil {
-		return Update{State: new(StateFromProto(p))}
+		return Update{State: new(StateFromProto(p)), Revision: p.StoreRevision}
 	}
 	d := &fabric.Delta{Base: p.Delta.BaseGeneration, Generation: p.Generation}
 	for _, c := range p.Delta.Hosts {
 		d.Hosts = append(d.Hosts, fabric.HostChange{Subsystem: c.SubsystemNqn, Remove: c.Remove, Host: hostFromProto(c.Host)})
 	}
-	return Update{Delta: d}
+	return Update{Delta: d, Revision: p.StoreRevision}
 }
 
 // StateToProto converts a whole desired state for the stream to a remote

@@ -27,6 +27,11 @@ var errStreamEnded = errors.New("targetagent: the target agent's stream ended")
 type Update struct {
 	State *fabric.State
 	Delta *fabric.Delta
+	// Revision is the store revision the update reflects, read after it
+	// was built (it holds no later change): comparable across the
+	// replicas of one store, so an agent can refuse a state older than
+	// one it applied. 0: unknown.
+	Revision uint64
 }
 
 // Generation is the generation the update brings the target to.

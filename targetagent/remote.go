@@ -1,6 +1,7 @@
 package targetagent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,21 +21,61 @@ import (
 // whole state.
 var ErrStaleDelta = errors.New("targetagent: a delta on top of a generation not applied here; reconnecting for the whole state")
 
+// ErrStaleReplica is why a remote agent leaves a gateway replica: it sent a
+// state (or a heartbeat) of a store revision older than one the agent has
+// already applied — a replica lagging behind the others — or fell silent.
+// The agent moves to the next replica.
+var ErrStaleReplica = errors.New("targetagent: the gateway replica is behind what this agent applied, or silent; moving to another")
+
+// DefaultSilence is how long a stream that sends heartbeats may go
+// without a message before the agent drops it: three of the gateway's
+// heartbeats (HeartbeatInterval).
+const DefaultSilence = 3 * HeartbeatInterval
+
+// HeartbeatInterval is how often the gateway sends a heartbeat on a
+// target agent's stream, while its replica passes the read barrier.
+const HeartbeatInterval = 2 * time.Second
+
 // Remote is the agent side of a target on its own storage server
 // (cmd/nvmegate-target): it streams the target's desired state from the
 // gateway — whole, then deltas — applies each generation in order with the
 // local driver and acknowledges it; it reconnects with backoff when the
-// stream ends (a gateway restart).
+// stream ends (a gateway restart), to the next replica when there are
+// several.
 type Remote struct {
-	Conn   grpc.ClientConnInterface // to the gateway, with the target's SVID
-	Driver Driver
-	Log    *slog.Logger
+	Conn grpc.ClientConnInterface // to the gateway, with the target's SVID
+	// Replicas, if set, are one connection to each gateway replica (Conn
+	// is then unused). The agent streams from one at a time and moves to
+	// the next when the stream ends, is refused, falls silent past Silence,
+	// or brings a state older than one already applied.
+	Replicas []grpc.ClientConnInterface
+	Driver   Driver
+	Log      *slog.Logger
 	// Applied, if set, is told of every generation applied, or refused
 	// (for tests and status).
 	Applied func(gen uint64, err error)
+	// Silence bounds the time between two messages of a stream that sends
+	// heartbeats; past it the agent drops the stream (its replica hangs,
+	// or cannot read the latest state) and moves on. Default
+	// DefaultSilence.
+	Silence time.Duration
 
-	stream atomic.Value // string: the ID of the live stream, for Reencrypted
+	stream   atomic.Value  // string: the ID of the live stream, for Reencrypted
+	live     atomic.Int64  // index of the replica the live stream is on
+	revision atomic.Uint64 // the highest store revision of a state applied and acknowledged
 }
+
+// conns are the connections the agent streams over, in turn.
+func (r *Remote) conns() []grpc.ClientConnInterface {
+	if len(r.Replicas) > 0 {
+		return r.Replicas
+	}
+	return []grpc.ClientConnInterface{r.Conn}
+}
+
+// Revision is the highest store revision of a state this agent applied
+// and acknowledged (0: none yet, or the gateway sends none).
+func (r *Remote) Revision() uint64 { return r.revision.Load() }
 
 // Reencrypted reports the end of a namespace's re-encryption to the
 // gateway on the live stream (cryptdev.Runner's Done). A report the
@@ -46,7 +87,8 @@ func (r *Remote) Reencrypted(ctx context.Context, sub string, nsid uint32, gen u
 	if rerr != nil {
 		msg = rerr.Error()
 	}
-	_, err := pb.NewTargetAgentClient(r.Conn).Reencrypted(ctx, &pb.ReencryptedRequest{SubsystemNqn: sub, Nsid: nsid,
+	cs := r.conns()
+	_, err := pb.NewTargetAgentClient(cs[int(r.live.Load())%len(cs)]).Reencrypted(ctx, &pb.ReencryptedRequest{SubsystemNqn: sub, Nsid: nsid,
 		Generation: gen, Error: msg, StreamId: id})
 	return err
 }
@@ -57,14 +99,22 @@ func (r *Remote) Run(ctx context.Context) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	cs := r.conns()
 	backoff := 100 * time.Millisecond
-	for {
-		got, err := r.once(ctx, log)
+	for i := 0; ; i = (i + 1) % len(cs) {
+		r.live.Store(int64(i))
+		got, err := r.once(ctx, log, cs[i])
 		if got {
 			backoff = 100 * time.Millisecond // a healthy stream: start over
 		}
 		if ctx.Err() != nil {
 			return nil
+		}
+		if len(cs) > 1 && (got || i < len(cs)-1) {
+			// Another replica may serve at once: wait only once every
+			// replica was tried without a state.
+			log.Warn("target agent: stream ended; moving to the next gateway replica", "err", err, "replica", (i+1)%len(cs))
+			continue
 		}
 		log.Warn("target agent: stream ended; reconnecting", "err", err, "in", backoff)
 		select {
@@ -81,12 +131,15 @@ func (r *Remote) Run(ctx context.Context) error {
 // once streams until the stream ends; got says whether any state came.
 // Deltas are applied only on top of the generation this stream applied
 // last: after a failed application, or a delta from another base, the
-// stream is dropped and the next one starts with the whole state.
-func (r *Remote) once(ctx context.Context, log *slog.Logger) (got bool, err error) {
+// stream is dropped and the next one starts with the whole state. A state
+// of a store revision older than one applied before, on any stream, is
+// refused: it comes from a replica that has not seen a change this agent
+// already applied (a released host would come back).
+func (r *Remote) once(ctx context.Context, log *slog.Logger, conn grpc.ClientConnInterface) (got bool, err error) {
 	ctx, cancel := context.WithCancel(ctx) // ends the stream when this returns
 	defer cancel()
-	c := pb.NewTargetAgentClient(r.Conn)
-	stream, err := c.Watch(ctx, &pb.WatchRequest{AcceptDeltas: true})
+	c := pb.NewTargetAgentClient(conn)
+	stream, err := c.Watch(ctx, &pb.WatchRequest{AcceptDeltas: true, AcceptHeartbeats: true})
 	if err != nil {
 		return false, err
 	}
@@ -111,6 +164,17 @@ func (r *Remote) once(ctx context.Context, log *slog.Logger) (got bool, err erro
 			}
 		}
 	}()
+	silence := cmp.Or(r.Silence, DefaultSilence)
+	// Armed by the first heartbeat: a gateway from before heartbeats
+	// sends none, and its stream may be quiet for as long as nothing
+	// changes.
+	var quiet <-chan time.Time
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	var (
 		applied uint64
 		have    bool // applied holds a generation applied on this stream
@@ -119,6 +183,8 @@ func (r *Remote) once(ctx context.Context, log *slog.Logger) (got bool, err erro
 		var m *pb.WatchResponse
 		select {
 		case m = <-msgs:
+		case <-quiet:
+			return got, fmt.Errorf("no message for %s: %w", silence, ErrStaleReplica)
 		case <-ctx.Done():
 			select {
 			case err := <-ended:
@@ -126,6 +192,26 @@ func (r *Remote) once(ctx context.Context, log *slog.Logger) (got bool, err erro
 			default:
 				return got, ctx.Err()
 			}
+		}
+		if m.Heartbeat {
+			if timer == nil {
+				timer = time.NewTimer(silence)
+				quiet = timer.C
+			}
+		}
+		if timer != nil {
+			timer.Reset(silence)
+		}
+		if acked := r.revision.Load(); acked > 0 && m.StoreRevision < acked {
+			// Not applied, and not acknowledged: the replica is behind.
+			err := fmt.Errorf("state of store revision %d, older than revision %d applied before: %w", m.StoreRevision, acked, ErrStaleReplica)
+			if !m.Heartbeat && r.Applied != nil {
+				r.Applied(m.Generation, err)
+			}
+			return got, err
+		}
+		if m.Heartbeat {
+			continue
 		}
 		got = true
 		r.stream.Store(m.StreamId)
@@ -158,6 +244,8 @@ func (r *Remote) once(ctx context.Context, log *slog.Logger) (got bool, err erro
 		}
 		if aerr != nil {
 			return got, aerr
+		}
+		for acked := r.revision.Load(); u.Revision > acked && !r.revision.CompareAndSwap(acked, u.Revision); acked = r.revision.Load() {
 		}
 	}
 }

@@ -28,6 +28,8 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/nvmegate/nvmegate/cryptdev"
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
 	"github.com/nvmegate/nvmegate/fabric/spdk"
@@ -96,15 +98,21 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	default:
 		return errors.New("give --nvmet-root, or --spdk-socket with --spdk-key-dir")
 	}
-	conn, src, err := clientconn.Dial(ctx, o)
+	// One connection per replica: the agent moves on from a replica that
+	// hangs, lags behind the others or cannot read the latest state.
+	conns, src, err := clientconn.DialEach(ctx, o)
 	if err != nil {
 		return err
 	}
 	defer src.Close()
-	defer conn.Close()
+	replicas := make([]grpc.ClientConnInterface, len(conns))
+	for i, c := range conns {
+		defer c.Close()
+		replicas[i] = c
+	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	log.Info("target agent running")
-	r := &targetagent.Remote{Conn: conn, Driver: d, Log: log, Applied: func(gen uint64, err error) {
+	log.Info("target agent running", "replicas", len(replicas))
+	r := &targetagent.Remote{Replicas: replicas, Driver: d, Log: log, Applied: func(gen uint64, err error) {
 		if err == nil {
 			log.Info("applied", "generation", gen)
 		}

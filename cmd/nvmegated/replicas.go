@@ -157,16 +157,17 @@ type targetPeers struct {
 	db     *store.DB
 	wait   time.Duration // at most, for another replica's agent
 
-	mu      sync.Mutex
-	rev     uint64
-	targets map[string]bool
-	subs    map[string]bool
+	mu sync.Mutex
+	// targets and subs are what other replicas' changes touched, each
+	// with the latest revision that touched it.
+	targets map[string]uint64
+	subs    map[string]uint64
 	notify  chan struct{}
 }
 
 func newTargetPeers(r *replication, db *store.DB, wait time.Duration) *targetPeers {
 	return &targetPeers{client: r.client, prefix: r.prefix + "targets/", db: db, wait: wait,
-		targets: map[string]bool{}, subs: map[string]bool{}, notify: make(chan struct{}, 1)}
+		targets: map[string]uint64{}, subs: map[string]uint64{}, notify: make(chan struct{}, 1)}
 }
 
 func (p *targetPeers) key(target string) string { return p.prefix + target + "/applied" }
@@ -202,21 +203,51 @@ func appliedRev(v []byte) uint64 {
 }
 
 // changed is the store's Applied hook: it notes what another replica's
-// change touched, for relay (it must not block).
+// change touched, and at which revision, for relay (it must not block).
+// The store calls it before its revision moves to rev.
 func (p *targetPeers) changed(rev uint64, targets, subsystems []string) {
 	p.mu.Lock()
-	p.rev = max(p.rev, rev)
 	for _, t := range targets {
-		p.targets[t] = true
+		p.targets[t] = max(p.targets[t], rev)
 	}
 	for _, s := range subsystems {
-		p.subs[s] = true
+		p.subs[s] = max(p.subs[s], rev)
 	}
 	p.mu.Unlock()
+	p.wake()
+}
+
+func (p *targetPeers) wake() {
 	select {
 	case p.notify <- struct{}{}:
 	default:
 	}
+}
+
+// take returns the targets and subsystems touched by changes up to rev,
+// and whether changes past it wait (noted, but not yet applied to the
+// copy when rev was read).
+func (p *targetPeers) take(rev uint64) (targets, subs map[string]bool, later bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	targets, subs = map[string]bool{}, map[string]bool{}
+	for t, r := range p.targets {
+		if r <= rev {
+			targets[t] = true
+			delete(p.targets, t)
+		} else {
+			later = true
+		}
+	}
+	for s, r := range p.subs {
+		if r <= rev {
+			subs[s] = true
+			delete(p.subs, s)
+		} else {
+			later = true
+		}
+	}
+	return targets, subs, later
 }
 
 // relay programs the targets whose agents stream from this replica as the
@@ -230,17 +261,23 @@ func (p *targetPeers) relay(ctx context.Context, agent *targetagent.Agent, hub *
 			return nil
 		case <-p.notify:
 		}
-		p.mu.Lock()
-		touched := p.targets
-		subs := p.subs
-		p.targets, p.subs = map[string]bool{}, map[string]bool{}
-		p.mu.Unlock()
+		// The revision first, then what the hook noted up to it: the hook
+		// hears of a change before the revision moves, so every change up
+		// to rev is in what is taken (or was in an earlier round), and an
+		// agent is never marked acknowledged at a revision whose change
+		// it was not sent (issue 29, defect 11).
+		rev := p.db.Revision()
+		touched, subs, later := p.take(rev)
+		if later {
+			// A change being applied now: its round comes once the
+			// revision has moved (the hook will not wake us again).
+			time.AfterFunc(time.Millisecond, p.wake)
+		}
 		for nqn := range subs {
 			if s, err := p.db.Subsystem(ctx, nqn); err == nil {
 				touched[s.TargetID] = true
 			}
 		}
-		rev := p.db.Revision() // every change up to it is applied to the copy
 		for _, id := range hub.Attached() {
 			if touched[id] {
 				agent.InventoryChanged(id)

@@ -16,10 +16,12 @@ import (
 	"net"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
 
@@ -41,6 +43,31 @@ type Options struct {
 
 // Dial connects. The caller closes both the connection and the source.
 func Dial(ctx context.Context, o Options) (*grpc.ClientConn, identity.Source, error) {
+	conns, src, err := dial(ctx, o, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	return conns[0], src, nil
+}
+
+// DialEach connects to each replica of an address list on a connection
+// of its own (one address: one connection), for an agent that chooses the
+// replica itself: a target agent leaves a replica that hangs or lags for
+// the next (targetagent.Remote.Replicas), which one connection over all of
+// them, staying on a replica that still answers pings, would not. The
+// caller closes the connections and the source.
+func DialEach(ctx context.Context, o Options) ([]*grpc.ClientConn, identity.Source, error) {
+	return dial(ctx, o, true)
+}
+
+// Keepalive is the clients' keepalive: a ping after 10 s without
+// activity (the least gRPC allows, and what the gateway permits), and the
+// connection closed 5 s after one goes unanswered — a gateway that hangs
+// (a process stopped, a host gone) is left within 15 s, even with no call
+// in flight.
+var Keepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}
+
+func dial(ctx context.Context, o Options, each bool) ([]*grpc.ClientConn, identity.Source, error) {
 	cert, key, bundle, addr := o.Cert, o.Key, o.Bundle, o.Addr
 	if o.DevDir != "" || o.DevIdentity != "" {
 		if o.DevDir == "" || o.DevIdentity == "" {
@@ -84,18 +111,48 @@ func Dial(ctx context.Context, o Options) (*grpc.ClientConn, identity.Source, er
 		src.Close()
 		return nil, nil, err
 	}
-	target, opts, err := resolve(addr)
-	if err != nil {
-		src.Close()
-		return nil, nil, err
+	addrs := []string{addr}
+	if each {
+		if addrs, err = split(addr); err != nil {
+			src.Close()
+			return nil, nil, err
+		}
 	}
-	opts = append(opts, grpc.WithTransportCredentials(identity.ClientCredentials(src, authorizer)))
-	conn, err := grpc.NewClient(target, opts...)
-	if err != nil {
-		src.Close()
-		return nil, nil, fmt.Errorf("dial %s: %w", addr, err)
+	var conns []*grpc.ClientConn
+	for _, a := range addrs {
+		target, opts, err := resolve(a)
+		if err != nil {
+			closeAll(conns)
+			src.Close()
+			return nil, nil, err
+		}
+		opts = append(opts, grpc.WithTransportCredentials(identity.ClientCredentials(src, authorizer)), grpc.WithKeepaliveParams(Keepalive))
+		conn, err := grpc.NewClient(target, opts...)
+		if err != nil {
+			closeAll(conns)
+			src.Close()
+			return nil, nil, fmt.Errorf("dial %s: %w", a, err)
+		}
+		conns = append(conns, conn)
 	}
-	return conn, src, nil
+	return conns, src, nil
+}
+
+func closeAll(conns []*grpc.ClientConn) {
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+// split checks and splits an address list.
+func split(addr string) ([]string, error) {
+	out := strings.Split(addr, ",")
+	for _, a := range out {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return nil, fmt.Errorf("--addr %q: each replica's address must be host:port: %w", addr, err)
+		}
+	}
+	return out, nil
 }
 
 // replicasScheme names the resolver of an address list.
@@ -110,11 +167,12 @@ func resolve(addr string) (string, []grpc.DialOption, error) {
 	if !strings.Contains(addr, ",") {
 		return addr, nil, nil
 	}
+	list, err := split(addr)
+	if err != nil {
+		return "", nil, err
+	}
 	var addrs []resolver.Address
-	for _, a := range strings.Split(addr, ",") {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			return "", nil, fmt.Errorf("--addr %q: each replica's address must be host:port: %w", addr, err)
-		}
+	for _, a := range list {
 		addrs = append(addrs, resolver.Address{Addr: a})
 	}
 	r := manual.NewBuilderWithScheme(replicasScheme)

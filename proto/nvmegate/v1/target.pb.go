@@ -144,9 +144,15 @@ type WatchRequest struct {
 	// The agent applies deltas (WatchResponse.delta) in order, each on top
 	// of the generation it names as its base. An agent that does not set it
 	// (one from before deltas) receives every change as a whole state.
-	AcceptDeltas  bool `protobuf:"varint,1,opt,name=accept_deltas,json=acceptDeltas,proto3" json:"accept_deltas,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	AcceptDeltas bool `protobuf:"varint,1,opt,name=accept_deltas,json=acceptDeltas,proto3" json:"accept_deltas,omitempty"`
+	// The agent takes heartbeats (WatchResponse.heartbeat): the gateway
+	// sends one every few seconds while this replica's copy of the store is
+	// current, so that the agent notices a replica that hangs or falls
+	// behind and moves to another. An agent from before heartbeats would
+	// take one for an empty state: it gets none.
+	AcceptHeartbeats bool `protobuf:"varint,2,opt,name=accept_heartbeats,json=acceptHeartbeats,proto3" json:"accept_heartbeats,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *WatchRequest) Reset() {
@@ -186,6 +192,13 @@ func (x *WatchRequest) GetAcceptDeltas() bool {
 	return false
 }
 
+func (x *WatchRequest) GetAcceptHeartbeats() bool {
+	if x != nil {
+		return x.AcceptHeartbeats
+	}
+	return false
+}
+
 // WatchResponse is a target's desired state at a generation: the whole
 // state (delta unset), or a change of the state at delta.base_generation
 // (subsystems empty). The stream starts with a whole state and sends one
@@ -203,7 +216,18 @@ type WatchResponse struct {
 	Delta *TargetDelta `protobuf:"bytes,4,opt,name=delta,proto3" json:"delta,omitempty"`
 	// Names the stream (random, the same on all its messages); the agent
 	// sends it back in every AckRequest.
-	StreamId      string `protobuf:"bytes,5,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
+	StreamId string `protobuf:"bytes,5,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
+	// The revision of the gateway's store this state reflects (read after
+	// the state was built: the state holds no change after it). The same
+	// store is shared by every replica, so the revisions of states from
+	// different replicas compare: an agent refuses a state older than one
+	// it has applied (a replica lagging behind the others), and moves on.
+	// 0: unknown (a gateway from before revisions).
+	StoreRevision uint64 `protobuf:"varint,6,opt,name=store_revision,json=storeRevision,proto3" json:"store_revision,omitempty"`
+	// A heartbeat, not a state: nothing to apply or acknowledge. Sent only
+	// to agents that accept them, while the replica passes its read
+	// barrier; store_revision is its copy's revision.
+	Heartbeat     bool `protobuf:"varint,7,opt,name=heartbeat,proto3" json:"heartbeat,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -271,6 +295,20 @@ func (x *WatchResponse) GetStreamId() string {
 		return x.StreamId
 	}
 	return ""
+}
+
+func (x *WatchResponse) GetStoreRevision() uint64 {
+	if x != nil {
+		return x.StoreRevision
+	}
+	return 0
+}
+
+func (x *WatchResponse) GetHeartbeat() bool {
+	if x != nil {
+		return x.Heartbeat
+	}
+	return false
 }
 
 // TargetDelta is a change of host entries. An agent that has not applied
@@ -877,9 +915,10 @@ const file_nvmegate_v1_target_proto_rawDesc = "" +
 	"generation\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12\x1b\n" +
 	"\tstream_id\x18\x05 \x01(\tR\bstreamId\"\x15\n" +
-	"\x13ReencryptedResponse\"3\n" +
+	"\x13ReencryptedResponse\"`\n" +
 	"\fWatchRequest\x12#\n" +
-	"\raccept_deltas\x18\x01 \x01(\bR\facceptDeltas\"\xd7\x01\n" +
+	"\raccept_deltas\x18\x01 \x01(\bR\facceptDeltas\x12+\n" +
+	"\x11accept_heartbeats\x18\x02 \x01(\bR\x10acceptHeartbeats\"\x9c\x02\n" +
 	"\rWatchResponse\x12\x1b\n" +
 	"\ttarget_id\x18\x01 \x01(\tR\btargetId\x12\x1e\n" +
 	"\n" +
@@ -889,7 +928,9 @@ const file_nvmegate_v1_target_proto_rawDesc = "" +
 	"subsystems\x18\x03 \x03(\v2\x1c.nvmegate.v1.TargetSubsystemR\n" +
 	"subsystems\x12.\n" +
 	"\x05delta\x18\x04 \x01(\v2\x18.nvmegate.v1.TargetDeltaR\x05delta\x12\x1b\n" +
-	"\tstream_id\x18\x05 \x01(\tR\bstreamId\"k\n" +
+	"\tstream_id\x18\x05 \x01(\tR\bstreamId\x12%\n" +
+	"\x0estore_revision\x18\x06 \x01(\x04R\rstoreRevision\x12\x1c\n" +
+	"\theartbeat\x18\a \x01(\bR\theartbeat\"k\n" +
 	"\vTargetDelta\x12'\n" +
 	"\x0fbase_generation\x18\x01 \x01(\x04R\x0ebaseGeneration\x123\n" +
 	"\x05hosts\x18\x02 \x03(\v2\x1d.nvmegate.v1.TargetHostChangeR\x05hosts\"|\n" +
