@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -159,15 +160,15 @@ type targetPeers struct {
 
 	mu sync.Mutex
 	// targets and subs are what other replicas' changes touched, each
-	// with the latest revision that touched it.
-	targets map[string]uint64
-	subs    map[string]uint64
+	// with the revisions of those changes not yet relayed.
+	targets map[string][]uint64
+	subs    map[string][]uint64
 	notify  chan struct{}
 }
 
 func newTargetPeers(r *replication, db *store.DB, wait time.Duration) *targetPeers {
 	return &targetPeers{client: r.client, prefix: r.prefix + "targets/", db: db, wait: wait,
-		targets: map[string]uint64{}, subs: map[string]uint64{}, notify: make(chan struct{}, 1)}
+		targets: map[string][]uint64{}, subs: map[string][]uint64{}, notify: make(chan struct{}, 1)}
 }
 
 func (p *targetPeers) key(target string) string { return p.prefix + target + "/applied" }
@@ -208,10 +209,10 @@ func appliedRev(v []byte) uint64 {
 func (p *targetPeers) changed(rev uint64, targets, subsystems []string) {
 	p.mu.Lock()
 	for _, t := range targets {
-		p.targets[t] = max(p.targets[t], rev)
+		p.targets[t] = append(p.targets[t], rev)
 	}
 	for _, s := range subsystems {
-		p.subs[s] = max(p.subs[s], rev)
+		p.subs[s] = append(p.subs[s], rev)
 	}
 	p.mu.Unlock()
 	p.wake()
@@ -226,28 +227,34 @@ func (p *targetPeers) wake() {
 
 // take returns the targets and subsystems touched by changes up to rev,
 // and whether changes past it wait (noted, but not yet applied to the
-// copy when rev was read).
+// copy when rev was read: they stay for a later round).
 func (p *targetPeers) take(rev uint64) (targets, subs map[string]bool, later bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	targets, subs = map[string]bool{}, map[string]bool{}
-	for t, r := range p.targets {
-		if r <= rev {
-			targets[t] = true
-			delete(p.targets, t)
-		} else {
-			later = true
+	split := func(pending map[string][]uint64) map[string]bool {
+		out := map[string]bool{}
+		for k, revs := range pending {
+			rest := slices.DeleteFunc(revs, func(r uint64) bool { return r <= rev })
+			if len(rest) < len(revs) || len(revs) == 0 {
+				out[k] = true
+			}
+			if len(rest) == 0 {
+				delete(pending, k)
+			} else {
+				pending[k], later = rest, true
+			}
 		}
+		return out
 	}
-	for s, r := range p.subs {
-		if r <= rev {
-			subs[s] = true
-			delete(p.subs, s)
-		} else {
-			later = true
-		}
-	}
-	return targets, subs, later
+	return split(p.targets), split(p.subs), later
+}
+
+// retry notes target as touched again at rev: its programming failed,
+// and it must not be marked acknowledged before a round programs it.
+func (p *targetPeers) retry(target string, rev uint64) {
+	p.mu.Lock()
+	p.targets[target] = append(p.targets[target], rev)
+	p.mu.Unlock()
 }
 
 // relay programs the targets whose agents stream from this replica as the
@@ -283,6 +290,8 @@ func (p *targetPeers) relay(ctx context.Context, agent *targetagent.Agent, hub *
 				agent.InventoryChanged(id)
 				if err := agent.Program(ctx, id); err != nil {
 					warn("target not programmed after another replica's change", "target", id, "err", err)
+					p.retry(id, rev)
+					time.AfterFunc(time.Second, p.wake)
 					continue
 				}
 			}

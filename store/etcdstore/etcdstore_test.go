@@ -151,3 +151,46 @@ func TestSyncOnCurrentCopyReadsOnlyTheRevision(t *testing.T) {
 		t.Fatalf("Sync on the copy behind: %v, %d catch-ups, revision %d of %d", err, rb.changes, b.Revision(), a.Revision())
 	}
 }
+
+// The Applied hook hears of another replica's change before the copy's
+// revision moves to it, and reads see the change once the revision has
+// (issue 29, defect 11): a relay that reads the revision first and then
+// takes what the hook noted never misses a change up to that revision.
+func TestAppliedHookBeforeTheRevisionMoves(t *testing.T) {
+	cl := etcdtest.Start(t, 1).Client(t)
+	a := replicaCopy(t, cl, "/s/")
+	var b *store.DB
+	type heard struct{ rev, copyRev uint64 }
+	var calls []heard
+	b, err := store.Open(filepath.Join(t.TempDir(), "store.db"), store.Options{Replica: etcdstore.New(cl, "/s/"),
+		Applied: func(rev uint64, targets, subsystems []string) {
+			calls = append(calls, heard{rev, b.Revision()})
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	ctx := context.Background()
+	for i := range 3 {
+		if err := a.CreateTarget(ctx, target(fmt.Sprintf("t%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(calls) != 3 {
+		t.Fatalf("the hook heard %d changes, want 3", len(calls))
+	}
+	for _, c := range calls {
+		if c.copyRev != c.rev-1 {
+			t.Fatalf("the hook heard of revision %d with the copy at %d: the revision moved first", c.rev, c.copyRev)
+		}
+	}
+	if b.Revision() != a.Revision() {
+		t.Fatalf("copy at %d, want %d", b.Revision(), a.Revision())
+	}
+	if _, err := b.Target(ctx, "t2"); err != nil {
+		t.Fatalf("the last change is not readable once the revision moved: %v", err)
+	}
+}
