@@ -16,6 +16,51 @@ import (
 // state instead.
 var ErrNeedFull = errors.New("fabric: the delta's base is not what is applied; a whole state is needed")
 
+// NotServedError is returned by a driver's Apply that applied a whole
+// state except some of its namespaces: the hosts, subsystems and ports are
+// as the state says (removals first), and the driver holds the state (a
+// delta on top of it is taken), but each namespace listed is not served as
+// the state asks. A namespace the target cannot serve — no dm-crypt for a
+// backing device, cryptsetup refusing to open it, a device not wholly
+// under its key, the operator's namespace on its NSID — is left not
+// exported, never in the clear; one the driver could not take down says
+// so in its Reason. The caller counts the generation as applied (its grants
+// are answered) and tells the operators of the namespaces: one namespace
+// must not hold back the programming of every tenant on the target.
+type NotServedError struct {
+	Namespaces []NotServed
+}
+
+// NotServed is one namespace a driver did not bring to what the state
+// says, and why (no secrets).
+type NotServed struct {
+	Subsystem string
+	NSID      uint32
+	Reason    string
+}
+
+func (n NotServed) String() string {
+	return fmt.Sprintf("namespace %d of %s: %s", n.NSID, n.Subsystem, n.Reason)
+}
+
+func (e *NotServedError) Error() string {
+	parts := make([]string, len(e.Namespaces))
+	for i, n := range e.Namespaces {
+		parts[i] = n.String()
+	}
+	return "fabric: applied, except namespaces not served: " + strings.Join(parts, "; ")
+}
+
+// NotServedIn reports whether err is a partial application (a
+// *NotServedError, possibly wrapped), and its namespaces.
+func NotServedIn(err error) ([]NotServed, bool) {
+	var e *NotServedError
+	if errors.As(err, &e) {
+		return e.Namespaces, true
+	}
+	return nil, false
+}
+
 // State is the desired state of a target, at a generation that grows with
 // every change (the agent acknowledges generations).
 type State struct {
@@ -89,6 +134,16 @@ type Subsystem struct {
 // Namespace is a namespace's QoS caps (0: no cap) and, for a namespace
 // the driver exports encrypted at rest, its backing device and data key.
 // It prints redacted.
+//
+// A namespace with a backing device and no data key is held (Held): the
+// gateway could not read its data key (its key store is away). A driver
+// keeps it as the target has it — exported through the mapping it already
+// has, or not at all — and never opens it anew: it has no key to open it
+// with, and taking it down would end a tenant's I/O for a blip of the key
+// store. (Leaving the namespace out of the state would take it down: a
+// driver removes the namespaces of its own that a state does not have.)
+// An agent from before held namespaces finds no key to open one with, and
+// keeps only a mapping already open (cryptdev.Cryptsetup.Open).
 type Namespace struct {
 	NSID    uint32
 	MaxIOPS uint64
@@ -106,10 +161,17 @@ type Namespace struct {
 	NextGeneration uint64
 }
 
+// Held reports whether the namespace is to be encrypted at rest and came
+// without its data key: the driver keeps it as it is (see Namespace).
+func (n Namespace) Held() bool { return n.BackingDevice != "" && len(n.DataKey) == 0 }
+
 // String redacts the data key.
 func (n Namespace) String() string {
 	if n.BackingDevice == "" {
 		return fmt.Sprintf("namespace %d", n.NSID)
+	}
+	if n.Held() {
+		return fmt.Sprintf("namespace %d on %s (held: no data key)", n.NSID, n.BackingDevice)
 	}
 	if n.NextDataKey != nil {
 		return fmt.Sprintf("namespace %d on %s (%d-byte data key redacted; re-encrypting to generation %d)", n.NSID, n.BackingDevice, len(n.DataKey), n.NextGeneration)

@@ -33,6 +33,17 @@
 // to the state they were computed from leave exactly the tree Apply of the
 // resulting state makes (delta_test.go checks this on random sequences).
 //
+// Namespaces with a backing device are the driver's own: exported through
+// a dm-crypt mapping keyed with the namespace's data key (namespace.go).
+// Apply writes them last, after every host and port, and one the target
+// cannot serve (no cryptsetup, cryptsetup refusing it, a device not wholly
+// under its key) is left not exported — never in the clear — and reported
+// in a *fabric.NotServedError while the rest of the state is applied:
+// hosts removed first, then added, and deltas taken on top. One namespace
+// must not stall the programming of every tenant on the target (issue 29,
+// defect 5). A held namespace (no data key: the gateway's key store is
+// away) is kept as the target has it, never opened anew.
+//
 // Linux nvmet has no per-namespace QoS: the state's namespace caps are not
 // enforced by this driver (fabric/spdk enforces them).
 //

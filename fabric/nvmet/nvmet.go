@@ -170,6 +170,17 @@ const stateKey = "\x00state"
 // Recheck: under load most programming runs change nothing on the target
 // (a node reconnecting gets the host entry it had), and walking the tree
 // was most of their cost.
+//
+// The order is the one that keeps a revocation from waiting on anything
+// else: what can be checked is checked before anything is written; then
+// removals (hosts' links the state no longer has, then hosts no subsystem
+// allows); then host entries, subsystems and ports; namespaces last. A
+// namespace the target cannot serve (no dm-crypt, cryptsetup refusing it,
+// see writeNamespaces) is left not exported and listed in a
+// *fabric.NotServedError returned once everything else is applied: the
+// driver then holds the state (deltas on top of it are taken), and does
+// not remember it as applied, so that the next whole state tries those
+// namespaces again.
 func (d *Driver) Apply(ctx context.Context, s fabric.State) (err error) {
 	d.apply.Lock()
 	defer d.apply.Unlock()
@@ -185,9 +196,11 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) (err error) {
 	d.state = nil
 	st := &applied{subs: map[string]bool{}, hosts: map[string]*appliedHost{}, psks: map[string][]string{}}
 	defer func() {
+		if _, partial := fabric.NotServedIn(err); err == nil || partial {
+			d.state = st
+		}
 		if err == nil {
 			d.remember(stateKey, sum)
-			d.state = st
 		}
 	}()
 	for _, dir := range []string{"hosts", "subsystems", "ports"} {
@@ -213,6 +226,30 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) (err error) {
 			wanted[h.NQN] = h
 		}
 	}
+	// Removals first: a host the state no longer allows on a subsystem
+	// loses its link there, and a host no subsystem allows loses its
+	// entry (after its links), before anything is added or exported.
+	for _, sub := range s.Subsystems {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := d.pruneHosts(sub); err != nil {
+			return err
+		}
+	}
+	ents, err := os.ReadDir(filepath.Join(d.Root, "hosts"))
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if _, ok := wanted[e.Name()]; !ok {
+			dir := filepath.Join(d.Root, "hosts", e.Name())
+			d.forget(dir)
+			if err := rmdir(dir); err != nil {
+				return err
+			}
+		}
+	}
 	for _, h := range wanted {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -222,14 +259,8 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) (err error) {
 		}
 	}
 	portSubs := map[uint16]map[string]bool{} // the subsystems each port serves
-	mapped := map[string]bool{}              // the dm-crypt mappings in use
 	for _, sub := range s.Subsystems {
 		if err := d.writeSubsystem(sub); err != nil {
-			return err
-		}
-		// Its namespaces of ours: mapped, then enabled (nvmet serves a
-		// namespace enabled after its ports were).
-		if err := d.writeNamespaces(sub, mapped); err != nil {
 			return err
 		}
 		for _, p := range sub.Ports {
@@ -244,24 +275,45 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) (err error) {
 			return err
 		}
 	}
-	// Hosts no subsystem allows any more go, after their links did.
-	ents, err := os.ReadDir(filepath.Join(d.Root, "hosts"))
-	if err != nil {
+	if err := d.syncPSKs(s, st); err != nil {
 		return err
 	}
-	for _, e := range ents {
-		if _, ok := wanted[e.Name()]; !ok {
-			dir := filepath.Join(d.Root, "hosts", e.Name())
-			d.forget(dir)
-			if err := rmdir(dir); err != nil {
-				return err
-			}
+	// Namespaces of ours last: mapped, then enabled (nvmet serves a
+	// namespace enabled after its ports were). One that cannot be served
+	// is reported, not a failure of the whole state.
+	var notServed []fabric.NotServed
+	mapped := map[string]bool{} // the dm-crypt mappings in use
+	for _, sub := range s.Subsystems {
+		if err := ctx.Err(); err != nil {
+			return err
 		}
+		ns, err := d.writeNamespaces(sub, mapped)
+		if err != nil {
+			return err
+		}
+		notServed = append(notServed, ns...)
 	}
 	if err := d.closeUnused(mapped); err != nil {
 		return err
 	}
-	return d.syncPSKs(s, st)
+	if len(notServed) > 0 {
+		return &fabric.NotServedError{Namespaces: notServed}
+	}
+	return nil
+}
+
+// pruneHosts removes the allowed_hosts links of sub to hosts sub no longer
+// allows (a subsystem not made yet has none).
+func (d *Driver) pruneHosts(sub fabric.Subsystem) error {
+	dir := filepath.Join(d.Root, "subsystems", sub.NQN, "allowed_hosts")
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	keep := make(map[string]bool, len(sub.Hosts))
+	for _, h := range sub.Hosts {
+		keep[h.NQN] = true
+	}
+	return d.prune(dir, keep)
 }
 
 // syncPSKs makes the ring hold exactly the PSK identities of the state's
