@@ -15,7 +15,11 @@
 //     nvmf_get_subsystems) with bdev_set_qos_limit, once after a start and
 //     then on change;
 //   - SPDK does not combine in-band authentication with a secure channel:
-//     a host with both a PSK and DH-HMAC-CHAP keys is refused.
+//     a host with both a PSK and DH-HMAC-CHAP keys is refused;
+//   - namespaces to encrypt at rest are not exported by this driver yet:
+//     each is reported in a *fabric.NotServedError, and the rest of the
+//     state is applied (hosts removed first), so that one namespace does
+//     not hold back every tenant on the target.
 //
 // Subsystems, namespaces and listeners are the storage operator's: the
 // driver only manages hosts and keys of subsystems that exist

@@ -116,7 +116,13 @@ func keyName(sub, host, kind, secret string) string {
 	return KeyPrefix + kind + "-" + hex.EncodeToString(h[:12])
 }
 
-// Apply makes the target's hosts and keys match s.
+// Apply makes the target's hosts and keys match s: what can be checked is
+// checked before any call, hosts no longer allowed are removed before any
+// is added, and a namespace to encrypt at rest — which this driver does
+// not export yet (SPDK's crypto bdev would be the way) — is reported in a
+// *fabric.NotServedError once the rest is applied, never served in the
+// clear by nvmegate: one namespace must not hold back every tenant's
+// hosts on the target.
 func (d *Driver) Apply(ctx context.Context, s fabric.State) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -126,13 +132,10 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) error {
 	if !filepath.IsAbs(d.KeyDir) {
 		return errors.New("spdk: KeyDir must be an absolute path (keyring_file_add_key requires one)")
 	}
-	// Namespaces to encrypt at rest are not exported by this driver yet
-	// (SPDK's crypto bdev would be the way): refused, never served in the
-	// clear.
 	for _, sub := range s.Subsystems {
-		for _, n := range sub.Namespaces {
-			if n.BackingDevice != "" {
-				return fmt.Errorf("spdk: namespace %d of %s is to be encrypted at rest, which this driver does not do yet", n.NSID, sub.NQN)
+		for _, h := range sub.Hosts {
+			if err := checkHost(h, sub.NQN); err != nil {
+				return err
 			}
 		}
 	}
@@ -185,18 +188,31 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) error {
 	}
 
 	d.subs = nil
-	used := map[string]bool{}
 	for _, sub := range s.Subsystems {
-		hosts, ok := present[sub.NQN]
-		if !ok {
+		if _, ok := present[sub.NQN]; !ok {
 			return fmt.Errorf("spdk: subsystem %s does not exist on the target (the operator creates subsystems)", sub.NQN)
 		}
+	}
+	// Removals first, on every subsystem: nothing after can hold them back.
+	for _, sub := range s.Subsystems {
 		want := map[string]bool{}
 		for _, h := range sub.Hosts {
 			want[h.NQN] = true
-			if err := checkHost(h, sub.NQN); err != nil {
-				return err
+		}
+		for h := range present[sub.NQN] {
+			if !want[h] {
+				if err := c.call("nvmf_subsystem_remove_host", d.params("nqn", sub.NQN, "host", h), nil); err != nil {
+					return err
+				}
+				delete(d.applied, sub.NQN+"\x00"+h)
 			}
+		}
+	}
+	used := map[string]bool{}
+	var notServed []fabric.NotServed
+	for _, sub := range s.Subsystems {
+		hosts := present[sub.NQN]
+		for _, h := range sub.Hosts {
 			k, err := d.registerKeys(c, sub.NQN, h, registered)
 			if err != nil {
 				return err
@@ -209,16 +225,19 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) error {
 			}
 		}
 		for _, n := range sub.Namespaces {
-			if err := d.setQoS(c, bdevs[fmt.Sprintf("%s/%d", sub.NQN, n.NSID)], n); err != nil {
-				return err
-			}
-		}
-		for h := range hosts {
-			if !want[h] {
-				if err := c.call("nvmf_subsystem_remove_host", d.params("nqn", sub.NQN, "host", h), nil); err != nil {
-					return err
+			bdev := bdevs[fmt.Sprintf("%s/%d", sub.NQN, n.NSID)]
+			if n.BackingDevice != "" {
+				why := "to be encrypted at rest, which this driver does not do yet; not exported by nvmegate"
+				if bdev != "" {
+					// The operator's, as every SPDK namespace is: say
+					// that it is served, and not encrypted by nvmegate.
+					why = fmt.Sprintf("to be encrypted at rest, which this driver does not do yet; the target serves it from the operator's bdev %s, not encrypted by nvmegate", bdev)
 				}
-				delete(d.applied, sub.NQN+"\x00"+h)
+				notServed = append(notServed, fabric.NotServed{Subsystem: sub.NQN, NSID: n.NSID, Reason: why})
+				continue
+			}
+			if err := d.setQoS(c, bdev, n); err != nil {
+				return err
 			}
 		}
 	}
@@ -238,6 +257,9 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) error {
 	d.subs = map[string]bool{}
 	for _, sub := range s.Subsystems {
 		d.subs[sub.NQN] = true
+	}
+	if len(notServed) > 0 {
+		return &fabric.NotServedError{Namespaces: notServed}
 	}
 	return nil
 }

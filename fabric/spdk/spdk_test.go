@@ -135,7 +135,7 @@ func count(ss []string, s string) int {
 // What SPDK cannot do is refused before anything is sent, and errors never
 // carry a secret.
 func TestApplyRefusals(t *testing.T) {
-	_, sock := startPeer(t, sub)
+	p, sock := startPeer(t, sub)
 	d := &spdk.Driver{Socket: sock, KeyDir: t.TempDir()}
 	ctx := context.Background()
 	err := d.Apply(ctx, state(fabric.Host{NQN: hostA, DHCHAPKey: key1, TLSPSK: psk1}))
@@ -149,11 +149,23 @@ func TestApplyRefusals(t *testing.T) {
 	if err := (&spdk.Driver{Socket: sock, KeyDir: "relative"}).Apply(ctx, state()); err == nil {
 		t.Fatal("relative key dir accepted")
 	}
-	// A namespace to encrypt at rest is refused, not served in the clear.
-	enc := state()
+	// A namespace to encrypt at rest is reported, not served in the clear
+	// by nvmegate, and holds back nothing else (issue 29, defect 5): the
+	// state's host is added, and the next state's removal taken.
+	enc := state(fabric.Host{NQN: hostA, DHCHAPKey: key1})
 	enc.Subsystems[0].Namespaces = []fabric.Namespace{{NSID: 1, BackingDevice: "/dev/nvme0n1", DataKey: make([]byte, 32)}}
-	if err := d.Apply(ctx, enc); err == nil || !strings.Contains(err.Error(), "encrypted at rest") {
+	err = d.Apply(ctx, enc)
+	if ns, partial := fabric.NotServedIn(err); !partial || len(ns) != 1 || ns[0].NSID != 1 || !strings.Contains(err.Error(), "encrypted at rest") {
 		t.Fatalf("a namespace to encrypt: %v", err)
+	}
+	if subs, _, _ := p.snapshot(); len(subs[sub]) != 1 {
+		t.Fatalf("hosts beside a namespace not served: %v", subs[sub])
+	}
+	if err := d.ApplyDelta(ctx, fabric.Delta{Hosts: []fabric.HostChange{{Subsystem: sub, Host: fabric.Host{NQN: hostA}, Remove: true}}}); err != nil {
+		t.Fatalf("a delta on top of a partial state: %v", err)
+	}
+	if subs, _, _ := p.snapshot(); len(subs[sub]) != 0 {
+		t.Fatalf("a released host is still on the target: %v", subs[sub])
 	}
 	if err := (&spdk.Driver{Socket: sock + ".none", KeyDir: t.TempDir()}).Apply(ctx, state()); err == nil {
 		t.Fatal("no socket: no error")
