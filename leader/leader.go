@@ -72,7 +72,7 @@ func (e *Elector) term(ctx context.Context, ttl int, lead func(Term)) error {
 	}
 	defer s.Close() // revokes the lease: a successor need not wait out the TTL
 	el := concurrency.NewElection(s, e.Prefix)
-	if err := el.Campaign(ctx, e.ID); err != nil {
+	if err := campaign(ctx, el, e.ID); err != nil {
 		return err
 	}
 	tctx, cancel := context.WithCancel(ctx)
@@ -90,7 +90,7 @@ func (e *Elector) term(ctx context.Context, ttl int, lead func(Term)) error {
 		e.Log.Info("leader: this replica leads", "id", e.ID, "term", el.Rev())
 	}
 	lead(Term{Ctx: tctx, Fence: clientv3.Compare(clientv3.CreateRevision(el.Key()), "=", el.Rev()), Rev: el.Rev(), Lease: s.Lease()})
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), resignTimeout)
 	defer rcancel()
 	if err := el.Resign(rctx); err != nil && !errors.Is(err, context.Canceled) {
 		return err
@@ -99,4 +99,32 @@ func (e *Elector) term(ctx context.Context, ttl int, lead func(Term)) error {
 		return errors.New("the session ended: leadership lost")
 	}
 	return nil
+}
+
+// resignTimeout bounds a resignation: a replica that stops while etcd
+// cannot be reached stops all the same, and its lease ends with its TTL.
+const resignTimeout = 5 * time.Second
+
+// campaign is el.Campaign, bounded by ctx. Campaign itself, when ctx ends
+// while it waits, resigns under the client's context, which has no
+// deadline: while etcd cannot be reached that lasts until the client is
+// closed, and a replica that was not the leader never stopped (issue 29,
+// defect 6). Here it is waited for no longer than a resignation; left to
+// finish on its own, it ends when etcd answers or the client is closed,
+// and the session's lease, revoked or run out, removes the candidate key
+// either way.
+func campaign(ctx context.Context, el *concurrency.Election, id string) error {
+	done := make(chan error, 1)
+	go func() { done <- el.Campaign(ctx, id) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(resignTimeout):
+		return ctx.Err()
+	}
 }

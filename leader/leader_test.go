@@ -136,3 +136,38 @@ func signer(t *testing.T) *attest.LocalSigner {
 	}
 	return s
 }
+
+// A replica that is not the leader waits in Campaign. When its context
+// ends while etcd cannot be reached, Run returns within the resignation's
+// bound: Campaign's own clean-up resigns under the client's context, with
+// no deadline, and would keep it until etcd came back (issue 29, defect
+// 6: a follower that never stopped).
+func TestFollowerStopsWhileEtcdIsDown(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cl := c.Client(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	terms := make(chan leader.Term, 1)
+	lead := &leader.Elector{Client: cl, Prefix: "/leader/", ID: "a", TTL: 10}
+	go lead.Run(ctx, func(tm leader.Term) { terms <- tm; <-tm.Ctx.Done() })
+	<-terms
+	follower := &leader.Elector{Client: cl, Prefix: "/leader/", ID: "b", TTL: 10}
+	fctx, fcancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- follower.Run(fctx, func(leader.Term) { t.Error("the follower led while the leader's lease lasted") })
+	}()
+	time.Sleep(500 * time.Millisecond) // campaigning: waiting for the leader's key to go
+	c.Close()                          // etcd unreachable
+	stopped := time.Now()
+	fcancel()
+	select {
+	case <-done:
+		t.Logf("the follower's elector returned %s after its stop, etcd down", time.Since(stopped).Round(time.Millisecond))
+	case <-time.After(20 * time.Second):
+		t.Fatal("the follower's elector still running 20 s after its stop, etcd down")
+	}
+	if d := time.Since(stopped); d > 10*time.Second {
+		t.Fatalf("the follower's elector returned %s after its stop; the bound is the resignation's 5 s", d)
+	}
+}
