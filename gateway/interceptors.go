@@ -142,6 +142,10 @@ func (s *Server) unaryInterceptors() []grpc.UnaryServerInterceptor {
 	}
 }
 
+// StreamBarrierTimeout bounds the read barrier a stream passes when it
+// opens.
+const StreamBarrierTimeout = 5 * time.Second
+
 func (s *Server) streamInterceptors() []grpc.StreamServerInterceptor {
 	return []grpc.StreamServerInterceptor{
 		func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
@@ -165,7 +169,13 @@ func (s *Server) streamInterceptors() []grpc.StreamServerInterceptor {
 				// As for a unary call: a stream's first answer (a target's
 				// whole state) comes from the latest state, never from a
 				// copy that has lost the others' changes (fail closed).
-				if err := s.barrier(ss.Context()); err != nil {
+				// Bounded: a stream has no deadline of its own, and a
+				// replica cut off from etcd would hold the agent here
+				// instead of letting it go to another replica.
+				ctx, cancel := context.WithTimeout(ss.Context(), StreamBarrierTimeout)
+				err := s.barrier(ctx)
+				cancel()
+				if err != nil {
 					return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "this replica cannot read the latest state of the replicated store (%v); retry, or reconnect to another replica", err)
 				}
 			}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/authz"
+	"github.com/nvmegate/nvmegate/fabric"
 	"github.com/nvmegate/nvmegate/keys"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 	"github.com/nvmegate/nvmegate/targetagent"
@@ -33,7 +34,9 @@ type TargetProgrammer interface {
 // programs itself.
 type TargetHub interface {
 	Subscribe(t *nvmegate.Target, deltas bool) (*targetagent.Subscription, error)
-	Ack(targetID, stream string, gen uint64, errMsg string) error
+	// Ack's notServed are the namespaces a generation was applied
+	// without (fabric.NotServedError): it counts as applied otherwise.
+	Ack(targetID, stream string, gen uint64, errMsg string, notServed ...fabric.NotServed) error
 	Live(targetID, stream string) bool
 }
 
@@ -94,9 +97,15 @@ func (s *targetAgentService) Watch(r *pb.WatchRequest, stream grpc.ServerStreami
 	defer sub.Close()
 	var beat <-chan time.Time
 	if r.AcceptHeartbeats {
-		t := time.NewTicker(cmp.Or(s.heartbeat, targetagent.HeartbeatInterval))
-		defer t.Stop()
-		beat = t.C
+		tick := time.NewTicker(cmp.Or(s.heartbeat, targetagent.HeartbeatInterval))
+		defer tick.Stop()
+		beat = tick.C
+		// One at once: the agent learns from the start that this gateway
+		// beats (and at which revision its copy is), so it can leave it if
+		// it hangs even before its first state.
+		if err := stream.Send(&pb.WatchResponse{TargetId: t.ID, StreamId: sub.ID(), Heartbeat: true, StoreRevision: s.store.Revision()}); err != nil {
+			return err
+		}
 	}
 	// The first state comes the way every later one does: from a
 	// programming run, which runs one at a time per target (a new stream
@@ -158,10 +167,38 @@ func (s *targetAgentService) Ack(ctx context.Context, r *pb.AckRequest) (*pb.Ack
 	if err != nil {
 		return nil, err
 	}
-	if err := s.hub.Ack(t.ID, r.StreamId, r.Generation, agentError(r.Error)); err != nil {
+	if err := s.hub.Ack(t.ID, r.StreamId, r.Generation, agentError(r.Error), notServed(r.NotServed)...); err != nil {
 		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "%v", err)
 	}
 	return &pb.AckResponse{}, nil
+}
+
+// maxNotServed bounds the namespaces one acknowledgement reports: what the
+// gateway keeps of them is checked against the state it sent (an agent
+// speaks of its own target's namespaces only), and an agent cannot make it
+// keep more than that.
+const maxNotServed = 1024
+
+// notServed is what the gateway keeps of an agent's report of namespaces
+// not served: at most maxNotServed, their reasons as agentError keeps an
+// agent's error text.
+func notServed(ps []*pb.NamespaceNotServed) []fabric.NotServed {
+	if len(ps) == 0 {
+		return nil
+	}
+	out := make([]fabric.NotServed, 0, min(len(ps), maxNotServed))
+	for _, p := range ps[:min(len(ps), maxNotServed)] {
+		why := agentError(p.Reason)
+		if why == "" {
+			why = "(no reason given)"
+		}
+		sub := p.SubsystemNqn
+		if nvmegate.ValidateString("subsystem", sub) != nil {
+			sub = nvmegate.Quote(sub) // names no subsystem of the state: dropped, logged escaped
+		}
+		out = append(out, fabric.NotServed{Subsystem: sub, NSID: p.Nsid, Reason: why})
+	}
+	return out
 }
 
 // Reencrypted takes a target agent's report that a namespace of its own

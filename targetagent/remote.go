@@ -52,7 +52,8 @@ type Remote struct {
 	Driver   Driver
 	Log      *slog.Logger
 	// Applied, if set, is told of every generation applied, or refused
-	// (for tests and status).
+	// (for tests and status); one applied except namespaces the target
+	// cannot serve comes with its *fabric.NotServedError.
 	Applied func(gen uint64, err error)
 	// Silence bounds the time between two messages of a stream that sends
 	// heartbeats; past it the agent drops the stream (its replica hangs,
@@ -165,10 +166,14 @@ func (r *Remote) once(ctx context.Context, log *slog.Logger, conn grpc.ClientCon
 		}
 	}()
 	silence := cmp.Or(r.Silence, DefaultSilence)
-	// Armed by the first heartbeat: a gateway from before heartbeats
-	// sends none, and its stream may be quiet for as long as nothing
-	// changes.
-	var quiet <-chan time.Time
+	// The first message is due within a few silences (a gateway that
+	// beats sends a heartbeat at once; one from before heartbeats, its
+	// first state); after it, the bound is armed by the first heartbeat
+	// alone: a gateway from before heartbeats sends none, and its stream
+	// may be quiet for as long as nothing changes.
+	first := time.NewTimer(5 * silence)
+	defer first.Stop()
+	var quiet <-chan time.Time = first.C
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -193,14 +198,14 @@ func (r *Remote) once(ctx context.Context, log *slog.Logger, conn grpc.ClientCon
 				return got, ctx.Err()
 			}
 		}
-		if m.Heartbeat {
-			if timer == nil {
-				timer = time.NewTimer(silence)
-				quiet = timer.C
-			}
+		first.Stop()
+		quiet = nil
+		if m.Heartbeat && timer == nil {
+			timer = time.NewTimer(silence)
 		}
 		if timer != nil {
 			timer.Reset(silence)
+			quiet = timer.C
 		}
 		if acked := r.revision.Load(); acked > 0 && m.StoreRevision < acked {
 			// Not applied, and not acknowledged: the replica is behind.
@@ -227,9 +232,16 @@ func (r *Remote) once(ctx context.Context, log *slog.Logger, conn grpc.ClientCon
 		} else {
 			aerr = r.Driver.Apply(ctx, *u.State)
 		}
-		applied, have = gen, aerr == nil
+		// Namespaces the target cannot serve (fabric.NotServedError) do
+		// not fail the generation: the driver applied the rest and holds
+		// it, and the acknowledgement lists them.
+		notServed, partial := fabric.NotServedIn(aerr)
+		applied, have = gen, aerr == nil || partial
 		msg := ""
-		if aerr != nil {
+		switch {
+		case partial:
+			log.Warn("target agent: generation applied, except namespaces this target cannot serve (not exported)", "generation", gen, "err", aerr)
+		case aerr != nil:
 			msg = aerr.Error()
 			log.Error("target agent: generation not applied", "generation", gen, "err", aerr)
 		}
@@ -239,13 +251,18 @@ func (r *Remote) once(ctx context.Context, log *slog.Logger, conn grpc.ClientCon
 		// A refused acknowledgement (the gateway ended this stream: it
 		// took too long) drops the stream too; so does a failed
 		// application, which the gateway answers by ending the stream.
-		if _, err := c.Ack(ctx, &pb.AckRequest{Generation: gen, Error: msg, StreamId: m.StreamId}); err != nil {
+		if _, err := c.Ack(ctx, &pb.AckRequest{Generation: gen, Error: msg, StreamId: m.StreamId, NotServed: NotServedToProto(notServed)}); err != nil {
 			return got, errors.Join(errors.New("ack"), err)
 		}
-		if aerr != nil {
+		if aerr != nil && !partial {
 			return got, aerr
 		}
 		for acked := r.revision.Load(); u.Revision > acked && !r.revision.CompareAndSwap(acked, u.Revision); acked = r.revision.Load() {
+		}
+		if timer != nil {
+			// The silence is the gateway's, not the time this agent took
+			// to apply: what queued meanwhile is read first.
+			timer.Reset(silence)
 		}
 	}
 }
