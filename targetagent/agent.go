@@ -1,11 +1,14 @@
 package targetagent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,6 +99,18 @@ type Agent struct {
 	mu      sync.Mutex
 	targets map[string]*target
 	gen     atomic.Uint64
+
+	// notServed, by target: the namespaces of the last whole state its
+	// sink took that are not served as the store says (see NotServed).
+	nsMu      sync.Mutex
+	notServed map[string][]fabric.NotServed
+}
+
+func (a *Agent) log() *slog.Logger {
+	if a.Log != nil {
+		return a.Log
+	}
+	return slog.New(slog.DiscardHandler)
 }
 
 // target is the agent's side of one target. Program calls are coalesced:
@@ -289,8 +304,21 @@ func (a *Agent) send(ctx context.Context, tgt *nvmegate.Target, t *target, whole
 		} else {
 			err = sk.apply(ctx, a.Hub, Update{Delta: &fabric.Delta{Base: t.state.gen, Generation: gen, Hosts: changes}, Revision: rev})
 		}
+		// Namespaces the target cannot serve do not fail the generation:
+		// it is applied otherwise (its hosts are on the target, removals
+		// first), and those namespaces are not exported. The grants it
+		// carries are answered; the operators are told (report).
+		notServed, partial := fabric.NotServedIn(err)
+		if partial {
+			err = nil
+		}
 		if err == nil {
 			t.state.gen, t.sink, t.synced = gen, sk, true
+			if whole && sk.peers == nil {
+				// Only a whole state says what is served of every
+				// namespace; another replica's agent reports there.
+				a.report(tgt.ID, t.state, notServed)
+			}
 			return nil
 		}
 		if !retried && (errors.Is(err, fabric.ErrNeedFull) || errors.Is(err, errStreamEnded)) {
@@ -298,6 +326,77 @@ func (a *Agent) send(ctx context.Context, tgt *nvmegate.Target, t *target, whole
 			continue
 		}
 		return fmt.Errorf("target %s: %w", tgt.ID, err)
+	}
+}
+
+// NotServed returns, by target, the namespaces of the last whole state
+// each target's sink took (on this replica) that are not served as the
+// store says: those the target could not serve (no dm-crypt, cryptsetup
+// refusing one; fabric.NotServedError), held as the target has them
+// without exporting them, and those the gateway left out of the state
+// because their data keys could not be had (see build). A target whose
+// namespaces are all served is absent.
+func (a *Agent) NotServed() map[string][]fabric.NotServed {
+	a.nsMu.Lock()
+	defer a.nsMu.Unlock()
+	out := make(map[string][]fabric.NotServed, len(a.notServed))
+	for id, ns := range a.notServed {
+		out[id] = slices.Clone(ns)
+	}
+	return out
+}
+
+// NotServedCount is how many namespaces NotServed lists, over all targets
+// (the metric nvmegate_target_namespaces_not_served).
+func (a *Agent) NotServedCount() int {
+	a.nsMu.Lock()
+	defer a.nsMu.Unlock()
+	n := 0
+	for _, ns := range a.notServed {
+		n += len(ns)
+	}
+	return n
+}
+
+// report records what a target's sink did not serve of whole state d:
+// the namespaces the build left out, and those the sink reported, kept
+// only if d has them (an agent reports on its own target's namespaces,
+// and on nothing else). A change is logged; the same report again is not.
+func (a *Agent) report(targetID string, d *desired, reported []fabric.NotServed) {
+	ns := slices.Clone(d.leftOut)
+	for _, n := range reported {
+		ss := d.subs[n.Subsystem]
+		if ss == nil || !slices.ContainsFunc(ss.Namespaces, func(x fabric.Namespace) bool { return x.NSID == n.NSID }) {
+			a.log().Warn("target agent reported a namespace not served that its state does not have; ignored",
+				"target", targetID, "subsystem", n.Subsystem, "nsid", n.NSID)
+			continue
+		}
+		ns = append(ns, n)
+	}
+	slices.SortFunc(ns, func(x, y fabric.NotServed) int {
+		return cmp.Or(strings.Compare(x.Subsystem, y.Subsystem), cmp.Compare(x.NSID, y.NSID), strings.Compare(x.Reason, y.Reason))
+	})
+	ns = slices.CompactFunc(ns, func(x, y fabric.NotServed) bool { return x.Subsystem == y.Subsystem && x.NSID == y.NSID })
+	a.nsMu.Lock()
+	prev := a.notServed[targetID]
+	if len(ns) == 0 {
+		delete(a.notServed, targetID)
+	} else {
+		if a.notServed == nil {
+			a.notServed = map[string][]fabric.NotServed{}
+		}
+		a.notServed[targetID] = ns
+	}
+	a.nsMu.Unlock()
+	if slices.Equal(prev, ns) {
+		return
+	}
+	for _, n := range ns {
+		a.log().Error("namespace not served: the rest of its target is programmed; it is not exported (never in the clear) until the cause is fixed",
+			"target", targetID, "subsystem", n.Subsystem, "nsid", n.NSID, "reason", n.Reason)
+	}
+	if len(ns) == 0 {
+		a.log().Info("every namespace of the target is served again", "target", targetID)
 	}
 }
 
@@ -388,11 +487,11 @@ func (a *Agent) Subscribe(t *nvmegate.Target, deltas bool) (*Subscription, error
 }
 
 // Ack records a remote agent's acknowledgement (Hub.Ack).
-func (a *Agent) Ack(targetID, stream string, gen uint64, errMsg string) error {
+func (a *Agent) Ack(targetID, stream string, gen uint64, errMsg string, notServed ...fabric.NotServed) error {
 	if a.Hub == nil {
 		return fmt.Errorf("%w: target %s", ErrNotLiveStream, targetID)
 	}
-	return a.Hub.Ack(targetID, stream, gen, errMsg)
+	return a.Hub.Ack(targetID, stream, gen, errMsg, notServed...)
 }
 
 // Live reports whether stream is targetID's live agent stream.

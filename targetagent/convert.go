@@ -90,3 +90,13 @@ func hostFromProto(h *pb.TargetHost) fabric.Host {
 	return fabric.Host{NQN: h.GetNqn(), DHCHAPKey: h.GetDhchapKey(), DHCHAPCtrlKey: h.GetDhchapCtrlKey(),
 		DHCHAPHash: h.GetDhchapHash(), DHCHAPGroup: h.GetDhchapDhgroup(), TLSPSK: h.GetTlsPsk()}
 }
+
+// NotServedToProto converts the namespaces a generation was applied
+// without, for the acknowledgement (the remote agent's side).
+func NotServedToProto(ns []fabric.NotServed) []*pb.NamespaceNotServed {
+	out := make([]*pb.NamespaceNotServed, len(ns))
+	for i, n := range ns {
+		out[i] = &pb.NamespaceNotServed{SubsystemNqn: n.Subsystem, Nsid: n.NSID, Reason: n.Reason}
+	}
+	return out
+}

@@ -185,14 +185,23 @@ func (h *Hub) Live(targetID, stream string) bool {
 // what its target holds is unknown, and the agent's next stream starts
 // with the whole state. An acknowledgement from any stream but the
 // target's live one is refused with ErrNotLiveStream.
-func (h *Hub) Ack(targetID, stream string, gen uint64, errMsg string) error {
+//
+// notServed, with an empty errMsg, are namespaces the agent could not
+// serve (fabric.NotServedError): the generation is applied otherwise, its
+// waiters get a *fabric.NotServedError — a success for their hosts, which
+// the agent reports — and the stream stays.
+func (h *Hub) Ack(targetID, stream string, gen uint64, errMsg string, notServed ...fabric.NotServed) error {
 	r := h.get(targetID)
 	if r == nil || stream == "" || r.stream != stream {
 		return fmt.Errorf("%w: target %s, acknowledgement of generation %d", ErrNotLiveStream, targetID, gen)
 	}
-	var err error
-	if errMsg != "" {
+	var err, result error
+	switch {
+	case errMsg != "":
 		err = fmt.Errorf("target %s did not apply generation %d: %s", targetID, gen, errMsg)
+		result = err
+	case len(notServed) > 0:
+		result = &fabric.NotServedError{Namespaces: slices.Clone(notServed)}
 	}
 	r.mu.Lock()
 	if gen > r.head {
@@ -204,7 +213,7 @@ func (h *Hub) Ack(targetID, stream string, gen uint64, errMsg string) error {
 	for g, ws := range r.waiters {
 		if g <= gen {
 			for _, w := range ws {
-				w <- err
+				w <- result
 			}
 			delete(r.waiters, g)
 		}

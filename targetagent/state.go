@@ -20,6 +20,9 @@ import (
 type desired struct {
 	gen  uint64 // the generation last sent
 	subs map[string]*subState
+	// leftOut are the namespaces of the store the state does not have:
+	// their data keys could not be had (build).
+	leftOut []fabric.NotServed
 }
 
 // subState is one subsystem: its ports and namespaces, and its host
@@ -82,12 +85,34 @@ func (a *Agent) build(ctx context.Context, t *nvmegate.Target) (*desired, error)
 				// Only a namespace of this target's own subsystems, only
 				// into the state of this target: its agent's stream.
 				k, err := a.Keys.NamespaceKeys(ctx, n.Key().KeyName(), n.Incarnation)
-				if err != nil {
-					return nil, fmt.Errorf("targetagent: data keys of namespace %d of %s: %w", n.NSID, n.SubsystemNQN, err)
-				}
-				fn.DataKey = k.Key
-				if k.Next != nil {
-					fn.NextDataKey, fn.NextGeneration = k.Next, k.NextWrapped.Gen()
+				switch {
+				case err == nil:
+					fn.DataKey = k.Key
+					if k.Next != nil {
+						fn.NextDataKey, fn.NextGeneration = k.Next, k.NextWrapped.Gen()
+					}
+				case errors.Is(err, keys.ErrUnavailable):
+					// The key store is away (past the manager's
+					// MaxStaleness): held, without a key. The target keeps
+					// it as it is — exported through the mapping it has,
+					// or not at all — never opened anew. Leaving it out
+					// would tell the target to take down a namespace it
+					// serves, for a blip of the key store; and nothing is
+					// given that the target does not already hold.
+					a.log().WarnContext(ctx, "namespace held as its target has it: its data key cannot be read now",
+						"target", t.ID, "subsystem", n.SubsystemNQN, "nsid", n.NSID, "err", err)
+				default:
+					// The key store answered, and there is no key to give:
+					// another record's key (keys.ErrForeign), none, or one
+					// that cannot be unwrapped. Left out of the state, so
+					// the target takes it down if it exports it (holding
+					// it would keep serving what another record's key
+					// opened), and the rest of the target is programmed.
+					a.log().ErrorContext(ctx, "namespace left out of its target's state: its data key cannot be had",
+						"target", t.ID, "subsystem", n.SubsystemNQN, "nsid", n.NSID, "err", err)
+					d.leftOut = append(d.leftOut, fabric.NotServed{Subsystem: n.SubsystemNQN, NSID: n.NSID,
+						Reason: fmt.Sprintf("left out of the target's state: its data key cannot be had (%v)", err)})
+					continue
 				}
 			}
 			ss.Namespaces = append(ss.Namespaces, fn)

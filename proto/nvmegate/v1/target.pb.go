@@ -809,7 +809,14 @@ type AckRequest struct {
 	// Empty if applied; else why not (no secrets).
 	Error string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
 	// WatchResponse.stream_id of the stream the generation came on.
-	StreamId      string `protobuf:"bytes,3,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
+	StreamId string `protobuf:"bytes,3,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
+	// With an empty error: the generation is applied except these
+	// namespaces, which the target cannot serve (no dm-crypt, cryptsetup
+	// refusing one) and left not exported, never in the clear. The
+	// acknowledgement counts for everything else (the hosts of every
+	// subsystem): one namespace does not hold back the target. A gateway
+	// from before this field takes the generation as applied.
+	NotServed     []*NamespaceNotServed `protobuf:"bytes,4,rep,name=not_served,json=notServed,proto3" json:"not_served,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -865,6 +872,78 @@ func (x *AckRequest) GetStreamId() string {
 	return ""
 }
 
+func (x *AckRequest) GetNotServed() []*NamespaceNotServed {
+	if x != nil {
+		return x.NotServed
+	}
+	return nil
+}
+
+// NamespaceNotServed is a namespace of a generation the agent did not
+// bring to what the state says, and why (no secrets).
+type NamespaceNotServed struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The namespace's subsystem, one of the state's.
+	SubsystemNqn string `protobuf:"bytes,1,opt,name=subsystem_nqn,json=subsystemNqn,proto3" json:"subsystem_nqn,omitempty"`
+	// The namespace's NSID.
+	Nsid uint32 `protobuf:"varint,2,opt,name=nsid,proto3" json:"nsid,omitempty"`
+	// Why it is not served as the state says (no secrets).
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NamespaceNotServed) Reset() {
+	*x = NamespaceNotServed{}
+	mi := &file_nvmegate_v1_target_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NamespaceNotServed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NamespaceNotServed) ProtoMessage() {}
+
+func (x *NamespaceNotServed) ProtoReflect() protoreflect.Message {
+	mi := &file_nvmegate_v1_target_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NamespaceNotServed.ProtoReflect.Descriptor instead.
+func (*NamespaceNotServed) Descriptor() ([]byte, []int) {
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *NamespaceNotServed) GetSubsystemNqn() string {
+	if x != nil {
+		return x.SubsystemNqn
+	}
+	return ""
+}
+
+func (x *NamespaceNotServed) GetNsid() uint32 {
+	if x != nil {
+		return x.Nsid
+	}
+	return 0
+}
+
+func (x *NamespaceNotServed) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // AckResponse is empty.
 type AckResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -874,7 +953,7 @@ type AckResponse struct {
 
 func (x *AckResponse) Reset() {
 	*x = AckResponse{}
-	mi := &file_nvmegate_v1_target_proto_msgTypes[11]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -886,7 +965,7 @@ func (x *AckResponse) String() string {
 func (*AckResponse) ProtoMessage() {}
 
 func (x *AckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nvmegate_v1_target_proto_msgTypes[11]
+	mi := &file_nvmegate_v1_target_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -899,7 +978,7 @@ func (x *AckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckResponse.ProtoReflect.Descriptor instead.
 func (*AckResponse) Descriptor() ([]byte, []int) {
-	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{11}
+	return file_nvmegate_v1_target_proto_rawDescGZIP(), []int{12}
 }
 
 var File_nvmegate_v1_target_proto protoreflect.FileDescriptor
@@ -971,14 +1050,20 @@ const file_nvmegate_v1_target_proto_rawDesc = "" +
 	"\x06traddr\x18\x04 \x01(\tR\x06traddr\x12\x18\n" +
 	"\atrsvcid\x18\x05 \x01(\tR\atrsvcid\x12\x12\n" +
 	"\x04treq\x18\x06 \x01(\tR\x04treq\x12\x12\n" +
-	"\x04tsas\x18\a \x01(\tR\x04tsas\"_\n" +
+	"\x04tsas\x18\a \x01(\tR\x04tsas\"\x9f\x01\n" +
 	"\n" +
 	"AckRequest\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
 	"generation\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\x1b\n" +
-	"\tstream_id\x18\x03 \x01(\tR\bstreamId\"\r\n" +
+	"\tstream_id\x18\x03 \x01(\tR\bstreamId\x12>\n" +
+	"\n" +
+	"not_served\x18\x04 \x03(\v2\x1f.nvmegate.v1.NamespaceNotServedR\tnotServed\"e\n" +
+	"\x12NamespaceNotServed\x12#\n" +
+	"\rsubsystem_nqn\x18\x01 \x01(\tR\fsubsystemNqn\x12\x12\n" +
+	"\x04nsid\x18\x02 \x01(\rR\x04nsid\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\r\n" +
 	"\vAckResponse2\xdb\x01\n" +
 	"\vTargetAgent\x12@\n" +
 	"\x05Watch\x12\x19.nvmegate.v1.WatchRequest\x1a\x1a.nvmegate.v1.WatchResponse0\x01\x128\n" +
@@ -997,7 +1082,7 @@ func file_nvmegate_v1_target_proto_rawDescGZIP() []byte {
 	return file_nvmegate_v1_target_proto_rawDescData
 }
 
-var file_nvmegate_v1_target_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_nvmegate_v1_target_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_nvmegate_v1_target_proto_goTypes = []any{
 	(*ReencryptedRequest)(nil),  // 0: nvmegate.v1.ReencryptedRequest
 	(*ReencryptedResponse)(nil), // 1: nvmegate.v1.ReencryptedResponse
@@ -1010,7 +1095,8 @@ var file_nvmegate_v1_target_proto_goTypes = []any{
 	(*TargetHost)(nil),          // 8: nvmegate.v1.TargetHost
 	(*TargetPort)(nil),          // 9: nvmegate.v1.TargetPort
 	(*AckRequest)(nil),          // 10: nvmegate.v1.AckRequest
-	(*AckResponse)(nil),         // 11: nvmegate.v1.AckResponse
+	(*NamespaceNotServed)(nil),  // 11: nvmegate.v1.NamespaceNotServed
+	(*AckResponse)(nil),         // 12: nvmegate.v1.AckResponse
 }
 var file_nvmegate_v1_target_proto_depIdxs = []int32{
 	6,  // 0: nvmegate.v1.WatchResponse.subsystems:type_name -> nvmegate.v1.TargetSubsystem
@@ -1020,17 +1106,18 @@ var file_nvmegate_v1_target_proto_depIdxs = []int32{
 	8,  // 4: nvmegate.v1.TargetSubsystem.hosts:type_name -> nvmegate.v1.TargetHost
 	9,  // 5: nvmegate.v1.TargetSubsystem.ports:type_name -> nvmegate.v1.TargetPort
 	7,  // 6: nvmegate.v1.TargetSubsystem.namespaces:type_name -> nvmegate.v1.TargetNamespace
-	2,  // 7: nvmegate.v1.TargetAgent.Watch:input_type -> nvmegate.v1.WatchRequest
-	10, // 8: nvmegate.v1.TargetAgent.Ack:input_type -> nvmegate.v1.AckRequest
-	0,  // 9: nvmegate.v1.TargetAgent.Reencrypted:input_type -> nvmegate.v1.ReencryptedRequest
-	3,  // 10: nvmegate.v1.TargetAgent.Watch:output_type -> nvmegate.v1.WatchResponse
-	11, // 11: nvmegate.v1.TargetAgent.Ack:output_type -> nvmegate.v1.AckResponse
-	1,  // 12: nvmegate.v1.TargetAgent.Reencrypted:output_type -> nvmegate.v1.ReencryptedResponse
-	10, // [10:13] is the sub-list for method output_type
-	7,  // [7:10] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	11, // 7: nvmegate.v1.AckRequest.not_served:type_name -> nvmegate.v1.NamespaceNotServed
+	2,  // 8: nvmegate.v1.TargetAgent.Watch:input_type -> nvmegate.v1.WatchRequest
+	10, // 9: nvmegate.v1.TargetAgent.Ack:input_type -> nvmegate.v1.AckRequest
+	0,  // 10: nvmegate.v1.TargetAgent.Reencrypted:input_type -> nvmegate.v1.ReencryptedRequest
+	3,  // 11: nvmegate.v1.TargetAgent.Watch:output_type -> nvmegate.v1.WatchResponse
+	12, // 12: nvmegate.v1.TargetAgent.Ack:output_type -> nvmegate.v1.AckResponse
+	1,  // 13: nvmegate.v1.TargetAgent.Reencrypted:output_type -> nvmegate.v1.ReencryptedResponse
+	11, // [11:14] is the sub-list for method output_type
+	8,  // [8:11] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_nvmegate_v1_target_proto_init() }
@@ -1044,7 +1131,7 @@ func file_nvmegate_v1_target_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nvmegate_v1_target_proto_rawDesc), len(file_nvmegate_v1_target_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
