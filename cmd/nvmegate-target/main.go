@@ -31,6 +31,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/nvmegate/nvmegate/cryptdev"
+	"github.com/nvmegate/nvmegate/fabric"
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
 	"github.com/nvmegate/nvmegate/fabric/spdk"
 	"github.com/nvmegate/nvmegate/internal/clientconn"
@@ -81,12 +82,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			fmt.Fprintf(stderr, "nvmegate-target: no TLS PSKs (%v): hosts granted with TLS will be refused\n", err)
 		}
 		// Namespaces with a backing device go out through dm-crypt,
-		// opened by cryptsetup; without it they are refused, never
-		// exported in the clear.
+		// opened by cryptsetup; without it they are not exported, never
+		// in the clear, and reported to the gateway with each state, whose
+		// other namespaces and hosts are applied.
 		if bin, err := exec.LookPath(*cryptsetup); *cryptsetup != "" && err == nil {
 			nd.Crypt = &cryptdev.Cryptsetup{Binary: bin}
 		} else {
-			fmt.Fprintf(stderr, "nvmegate-target: no cryptsetup (%v): namespaces to encrypt at rest will be refused\n", err)
+			fmt.Fprintf(stderr, "nvmegate-target: no cryptsetup (%v): namespaces to encrypt at rest will not be exported\n", err)
 		}
 		d = nd
 		if nd.Crypt != nil && *reencryptDir != "" {
@@ -113,8 +115,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	log.Info("target agent running", "replicas", len(replicas))
 	r := &targetagent.Remote{Replicas: replicas, Driver: d, Log: log, Applied: func(gen uint64, err error) {
-		if err == nil {
-			log.Info("applied", "generation", gen)
+		if ns, partial := fabric.NotServedIn(err); err == nil || partial {
+			log.Info("applied", "generation", gen, "namespaces_not_served", len(ns))
 		}
 	}}
 	if runner != nil {

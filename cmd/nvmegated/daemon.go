@@ -293,7 +293,11 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "nvmegate_grants_removal_pending",
 			Help: "Ended grants whose target has not yet acknowledged removing the host (the gateway retries; nvmegate grants list --removal-pending).",
-		}, func() float64 { return float64(m.db.PendingRemovalCount()) }))
+		}, func() float64 { return float64(m.db.PendingRemovalCount()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "nvmegate_target_namespaces_not_served",
+			Help: "Namespaces of the targets this replica programs that are not served as the inventory says: the target cannot serve them (no cryptsetup, cryptsetup refusing one), or their data keys cannot be had; not exported, never in the clear, while the rest of each target is programmed (the gateway's log names them).",
+		}, func() float64 { return float64(m.agent.NotServedCount()) }))
 	m.server, err = gateway.New(gateway.Config{
 		MaxInFlight:    c.MaxInFlight,
 		MaxPerIdentity: c.MaxInFlightPerIdentity,

@@ -76,10 +76,20 @@ func (c *Cluster) Client(tb testing.TB) *clientv3.Client {
 	return cl
 }
 
-// Close stops every member.
+// Stop stops member i alone (the others keep quorum if there are enough).
+func (c *Cluster) Stop(i int) {
+	if e := c.Members[i]; e != nil {
+		e.Close()
+		c.Members[i] = nil
+	}
+}
+
+// Close stops every member still running.
 func (c *Cluster) Close() {
 	for _, e := range c.Members {
-		e.Close()
+		if e != nil {
+			e.Close()
+		}
 	}
 	c.Members = nil
 }
