@@ -5,6 +5,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
 
+	"github.com/nvmegate/nvmegate/fabric"
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
 	"github.com/nvmegate/nvmegate/identity"
 	"github.com/nvmegate/nvmegate/identity/devca"
@@ -233,5 +236,111 @@ func TestTargetBehindAnotherReplica(t *testing.T) {
 	}
 	if hs := hosts(); len(hs) != 2 || !contains(hs, resp3.Grant.HostNqn) {
 		t.Fatalf("hosts after a reconnect through a: %v", hs)
+	}
+}
+
+// hostsLog wraps a target's driver and keeps the hosts on the subsystem
+// after every application, for a test that a released host never comes
+// back, however briefly.
+type hostsLog struct {
+	targetagent.Driver
+	hosts func() []string
+	mu    sync.Mutex
+	seen  [][]string
+}
+
+func (h *hostsLog) Apply(ctx context.Context, s fabric.State) error {
+	err := h.Driver.Apply(ctx, s)
+	h.note()
+	return err
+}
+
+func (h *hostsLog) ApplyDelta(ctx context.Context, d fabric.Delta) error {
+	err := h.Driver.ApplyDelta(ctx, d)
+	h.note()
+	return err
+}
+
+func (h *hostsLog) note() {
+	hs := h.hosts()
+	h.mu.Lock()
+	h.seen = append(h.seen, hs)
+	h.mu.Unlock()
+}
+
+func (h *hostsLog) since(i int) [][]string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.seen[min(i, len(h.seen)):])
+}
+
+func (h *hostsLog) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.seen)
+}
+
+// Issue 29, defect 2, as the review did it on real replicas: a node
+// connects through replica a; replica lag loses its etcd member; the
+// release through a answers OK and the agent, on replica b, removes the
+// host; b stops, and the agent's next replica in its list is lag. The
+// released host must not come back: lag refuses the stream (it cannot
+// pass its read barrier) and the agent moves on to a, whose state is
+// current.
+func TestReleasedHostStaysOffThroughALaggingReplica(t *testing.T) {
+	v := vaulttest.Start(t)
+	c := etcdtest.Start(t, 3)
+	dir := t.TempDir()
+	role := v.SetUpAppRole(t, filepath.Join(dir, "approle"))
+	a, _ := startReplica(t, dir, "a", c.Endpoints, v, role, "--remote-targets", "stor-eu-1")
+	b, stopB := startReplica(t, dir, "b", c.Endpoints, v, role, "--remote-targets", "stor-eu-1")
+	lag, _ := startReplica(t, dir, "lag", c.Endpoints[2:], v, role, "--remote-targets", "stor-eu-1")
+	sub := acmeJob(t, dir, a.GRPCAddr(), a.GRPCAddr(), "stor-eu-1")
+
+	var replicas []grpc.ClientConnInterface
+	for _, m := range []*Main{b, lag, a} {
+		replicas = append(replicas, devConn(t, m.GRPCAddr(), dir, "target-stor-eu-1"))
+	}
+	root := t.TempDir()
+	d := &hostsLog{Driver: &nvmet.Driver{Root: root}, hosts: func() []string {
+		ents, _ := os.ReadDir(filepath.Join(root, "subsystems", sub, "allowed_hosts"))
+		var out []string
+		for _, e := range ents {
+			out = append(out, e.Name())
+		}
+		return out
+	}}
+	r := &targetagent.Remote{Replicas: replicas, Driver: d}
+	rctx, rcancel := context.WithCancel(context.Background())
+	rdone := make(chan struct{})
+	go func() { r.Run(rctx); close(rdone) }()
+	defer func() { rcancel(); <-rdone }()
+	waitUntil(t, "the agent attached to b", func() bool { return b.hub.Connected("stor-eu-1") })
+
+	node := devConn(t, a.GRPCAddr(), dir, "acme-node-1")
+	resp, err := pb.NewAccessClient(node).Connect(ctxT(t), &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: sub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hs := d.hosts(); !contains(hs, resp.Grant.HostNqn) {
+		t.Fatalf("hosts on the target after the connect: %v", hs)
+	}
+	c.Stop(2) // lag's only etcd member
+	if _, err := pb.NewAccessClient(node).Release(ctxT(t), &pb.ReleaseRequest{GrantId: resp.Grant.GrantId}); err != nil {
+		t.Fatal(err)
+	}
+	if hs := d.hosts(); contains(hs, resp.Grant.HostNqn) {
+		t.Fatalf("the released host is still on the target: %v", hs)
+	}
+	released := d.count()
+	stopB()
+	waitUntil(t, "the agent attached to a", func() bool { return a.hub.Connected("stor-eu-1") })
+	if lag.hub.Connected("stor-eu-1") {
+		t.Fatal("the lagging replica took the agent's stream")
+	}
+	for i, hs := range d.since(released) {
+		if contains(hs, resp.Grant.HostNqn) {
+			t.Fatalf("the released host came back on the target (application %d after the release: %v)", i+1, hs)
+		}
 	}
 }
