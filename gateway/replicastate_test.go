@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/nvmegate/nvmegate/gateway"
 	"github.com/nvmegate/nvmegate/identity"
+	"github.com/nvmegate/nvmegate/internal/netfreeze"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 	"github.com/nvmegate/nvmegate/targetagent"
 )
@@ -119,62 +119,6 @@ func TestAgentRefusesAStateOlderThanOneApplied(t *testing.T) {
 	}
 }
 
-// freezer is a TCP proxy to a gateway that can freeze: it keeps the
-// connections open and stops forwarding, as a stopped process (SIGSTOP)
-// or a hung host would.
-type freezer struct {
-	lis    net.Listener
-	frozen atomic.Bool
-	thaw   chan struct{}
-}
-
-func newFreezer(t *testing.T, to string) *freezer {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &freezer{lis: lis, thaw: make(chan struct{})}
-	t.Cleanup(func() { lis.Close(); close(f.thaw) })
-	go func() {
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", to)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			go f.pipe(c, up)
-			go f.pipe(up, c)
-		}
-	}()
-	return f
-}
-
-func (f *freezer) pipe(dst, src net.Conn) {
-	defer dst.Close()
-	defer src.Close()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if f.frozen.Load() {
-			<-f.thaw // hold what came; forward nothing more
-			return
-		}
-		if n > 0 {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
 // lockedBuffer is a log sink for the agent.
 type lockedBuffer struct {
 	mu sync.Mutex
@@ -209,18 +153,18 @@ func TestAgentLeavesAHungReplica(t *testing.T) {
 	if _, err := pb.NewJobsClient(next.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
 		t.Fatal(err)
 	}
-	f := newFreezer(t, hung.addr)
+	f := netfreeze.Start(t, hung.addr)
 	svid, err := hung.ca.Issue(spiffeid.RequireFromPath(td, "/target/stor-eu-1"), time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
-	viaProxy := dial(t, f.lis.Addr().String(), identity.StaticSource(svid, hung.ca.Bundle()))
+	viaProxy := dial(t, f.Addr(), identity.StaticSource(svid, hung.ca.Bundle()))
 	d := &recordingDriver{}
 	logs := &lockedBuffer{}
 	r, events := runAgent(t, []grpc.ClientConnInterface{viaProxy, next.client(t, "/target/stor-eu-1")}, d,
 		slog.New(slog.NewTextHandler(logs, nil)), 300*time.Millisecond)
 	waitFor(t, "the first replica's state applied", func() bool { return r.Revision() == hung.db.Revision() })
-	f.frozen.Store(true)
+	f.Freeze()
 	for i := 0; r.Revision() != next.db.Revision(); i++ {
 		if i == 200 {
 			t.Fatalf("the next replica's state not applied (agent at %d, next at %d):\n%s", r.Revision(), next.db.Revision(), logs.String())
