@@ -24,22 +24,34 @@ var ErrNeedFull = errors.New("fabric: the delta's base is not what is applied; a
 // backing device, cryptsetup refusing to open it, a device not wholly
 // under its key, the operator's namespace on its NSID — is left not
 // exported, never in the clear; one the driver could not take down says
-// so in its Reason. The caller counts the generation as applied (its grants
-// are answered) and tells the operators of the namespaces: one namespace
-// must not hold back the programming of every tenant on the target.
+// so (Exported). The caller counts the generation as applied (its grants
+// are answered) unless a namespace is still Exported, and tells the
+// operators of the namespaces: one namespace must not hold back the
+// programming of every tenant on the target.
 type NotServedError struct {
 	Namespaces []NotServed
 }
 
 // NotServed is one namespace a driver did not bring to what the state
-// says, and why (no secrets).
+// says, and why (no secrets). Subsystem is "" for a dm-crypt mapping whose
+// namespace the driver cannot name (Exported).
 type NotServed struct {
 	Subsystem string
 	NSID      uint32
 	Reason    string
+	// Exported: the driver could not take the namespace down, and it is
+	// still exported although the state does not export it (it left the
+	// state, or cannot be served as the state says). Unlike a namespace
+	// left not exported, this is a removal not done: whoever applies the
+	// state does not count it as applied (a crypto-erase waits for the
+	// namespace to be down).
+	Exported bool
 }
 
 func (n NotServed) String() string {
+	if n.Subsystem == "" {
+		return n.Reason // a mapping whose namespace is not known
+	}
 	return fmt.Sprintf("namespace %d of %s: %s", n.NSID, n.Subsystem, n.Reason)
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -186,17 +187,32 @@ func notServed(ps []*pb.NamespaceNotServed) []fabric.NotServed {
 	if len(ps) == 0 {
 		return nil
 	}
+	// Those still exported first: they decide whether the generation
+	// counts as applied, and are kept whatever the bound.
+	ps = slices.Clone(ps)
+	slices.SortStableFunc(ps, func(a, b *pb.NamespaceNotServed) int {
+		switch {
+		case a.Exported == b.Exported:
+			return 0
+		case a.Exported:
+			return -1
+		}
+		return 1
+	})
 	out := make([]fabric.NotServed, 0, min(len(ps), maxNotServed))
-	for _, p := range ps[:min(len(ps), maxNotServed)] {
+	for i, p := range ps {
+		if i >= maxNotServed && !p.Exported {
+			break
+		}
 		why := agentError(p.Reason)
 		if why == "" {
 			why = "(no reason given)"
 		}
 		sub := p.SubsystemNqn
-		if nvmegate.ValidateString("subsystem", sub) != nil {
+		if sub != "" && nvmegate.ValidateString("subsystem", sub) != nil {
 			sub = nvmegate.Quote(sub) // names no subsystem of the state: dropped, logged escaped
 		}
-		out = append(out, fabric.NotServed{Subsystem: sub, NSID: p.Nsid, Reason: why})
+		out = append(out, fabric.NotServed{Subsystem: sub, NSID: p.Nsid, Reason: why, Exported: p.Exported})
 	}
 	return out
 }

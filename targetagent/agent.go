@@ -311,6 +311,19 @@ func (a *Agent) send(ctx context.Context, tgt *nvmegate.Target, t *target, whole
 		notServed, partial := fabric.NotServedIn(err)
 		if partial {
 			err = nil
+			// A namespace the target could not take down is a removal
+			// not done: the generation does not count as applied (a
+			// crypto-erase waits for it, as for a host still allowed),
+			// and the next run sends the whole state again.
+			var stuck []string
+			for _, n := range notServed {
+				if n.Exported {
+					stuck = append(stuck, n.String())
+				}
+			}
+			if len(stuck) > 0 {
+				err = fmt.Errorf("namespaces still exported that the state takes down: %s", strings.Join(stuck, "; "))
+			}
 		}
 		if err == nil {
 			t.state.gen, t.sink, t.synced = gen, sk, true

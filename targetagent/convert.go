@@ -96,7 +96,7 @@ func hostFromProto(h *pb.TargetHost) fabric.Host {
 func NotServedToProto(ns []fabric.NotServed) []*pb.NamespaceNotServed {
 	out := make([]*pb.NamespaceNotServed, len(ns))
 	for i, n := range ns {
-		out[i] = &pb.NamespaceNotServed{SubsystemNqn: n.Subsystem, Nsid: n.NSID, Reason: n.Reason}
+		out[i] = &pb.NamespaceNotServed{SubsystemNqn: n.Subsystem, Nsid: n.NSID, Reason: n.Reason, Exported: n.Exported}
 	}
 	return out
 }

@@ -128,6 +128,16 @@ func TestNamespaceKeysNotHadStopNothing(t *testing.T) {
 	if len(ns) != 2 || ns[0].NSID != 1 || ns[1].NSID != 2 {
 		t.Fatalf("not served: %v", ns)
 	}
+	// A namespace the target could not take down is a removal not done:
+	// the generation is not answered as applied.
+	d.refuse = []fabric.NotServed{{Subsystem: sub, NSID: 1, Reason: "not taken down", Exported: true}}
+	if err := a.Program(ctx, "t1"); err == nil || !strings.Contains(err.Error(), "still exported") {
+		t.Fatalf("Program with a namespace still exported: %v", err)
+	}
+	d.refuse = []fabric.NotServed{{Subsystem: sub, NSID: 1, Reason: "no dm-crypt"}}
+	if err := a.Program(ctx, "t1"); err != nil {
+		t.Fatal(err)
+	}
 	// Deltas go on top: a change of the host is answered.
 	if err := db.PutGrant(ctx, &nvmegate.Grant{ID: "grant-aaaa", JobID: "j", Tenant: "acme", Node: "spiffe://x/node/a", HostNQN: hostA, SubsystemNQN: sub,
 		KeyVersion: 1, IssuedAt: g.IssuedAt, ExpiresAt: g.ExpiresAt, State: nvmegate.GrantReleased, DHCHAPHash: "sha256", DHGroup: "null"}); err != nil {

@@ -77,6 +77,9 @@ func (d *Driver) writeNamespaces(sub fabric.Subsystem, used map[string]bool) ([]
 	refuse := func(nsid uint32, format string, args ...any) {
 		notServed = append(notServed, fabric.NotServed{Subsystem: sub.NQN, NSID: nsid, Reason: fmt.Sprintf(format, args...)})
 	}
+	stuck := func(nsid uint32, format string, args ...any) {
+		notServed = append(notServed, fabric.NotServed{Subsystem: sub.NQN, NSID: nsid, Reason: fmt.Sprintf(format, args...), Exported: true})
+	}
 	export := map[string]fabric.Namespace{} // NSID → a namespace to export
 	var rekey []cryptdev.Job
 	for _, n := range sub.Namespaces {
@@ -107,9 +110,9 @@ func (d *Driver) writeNamespaces(sub fabric.Subsystem, used map[string]bool) ([]
 		if _, ok := export[e.Name()]; ok {
 			continue
 		}
-		if err := d.takeDown(filepath.Join(dir, e.Name())); err != nil {
+		if err := d.takeDown(filepath.Join(dir, e.Name()), used); err != nil {
 			nsid, _ := strconv.ParseUint(e.Name(), 10, 32)
-			refuse(uint32(nsid), "still exported, and not to be: %v", err)
+			stuck(uint32(nsid), "not to be exported, and not taken down: %v", err)
 		}
 	}
 	for _, n := range sub.Namespaces {
@@ -127,8 +130,9 @@ func (d *Driver) writeNamespaces(sub fabric.Subsystem, used map[string]bool) ([]
 		if err := d.writeNamespace(ns, mapping(sub.NQN, n.NSID), n, used); err != nil {
 			// Never left half made: taken down if it is ours (the
 			// operator's stays the operator's).
-			if derr := d.takeDown(ns); derr != nil {
-				err = fmt.Errorf("%w; and still exported: %w", err, derr)
+			if derr := d.takeDown(ns, used); derr != nil {
+				stuck(n.NSID, "%v; and not taken down: %v", err, derr)
+				continue
 			}
 			refuse(n.NSID, "%v", err)
 		}
@@ -206,8 +210,10 @@ func (d *Driver) keep(ns, name string, used map[string]bool) (why string) {
 }
 
 // takeDown disables and removes namespace directory ns if it is ours, and
-// closes its mapping; the operator's, or none, is left alone.
-func (d *Driver) takeDown(ns string) error {
+// closes its mapping; the operator's, or none, is left alone. A mapping
+// that does not close is marked used (it is: held open), so that
+// closeUnused does not report it again.
+func (d *Driver) takeDown(ns string, used map[string]bool) error {
 	dp, err := os.ReadFile(filepath.Join(ns, "device_path"))
 	if err != nil {
 		return nil // none
@@ -224,6 +230,7 @@ func (d *Driver) takeDown(ns string) error {
 	}
 	if d.Crypt != nil {
 		if err := d.Crypt.Close(name); err != nil {
+			used[name] = true
 			return fmt.Errorf("nvmet: %w", err)
 		}
 	}
@@ -231,21 +238,24 @@ func (d *Driver) takeDown(ns string) error {
 }
 
 // closeUnused closes the mappings of ours no namespace of the state uses
-// (their namespace or subsystem went while the agent was away).
-func (d *Driver) closeUnused(used map[string]bool) error {
+// (their namespace or subsystem went while the agent was away). One that
+// does not close holds its key in the kernel: reported as not taken down
+// (its namespace is not known here, only the mapping's name).
+func (d *Driver) closeUnused(used map[string]bool) ([]fabric.NotServed, error) {
 	if d.Crypt == nil {
-		return nil
+		return nil, nil
 	}
 	names, err := d.Crypt.List()
 	if err != nil {
-		return fmt.Errorf("nvmet: %w", err)
+		return nil, fmt.Errorf("nvmet: %w", err)
 	}
+	var stuck []fabric.NotServed
 	for _, n := range names {
 		if !used[n] {
 			if err := d.Crypt.Close(n); err != nil {
-				return fmt.Errorf("nvmet: %w", err)
+				stuck = append(stuck, fabric.NotServed{Reason: fmt.Sprintf("dm-crypt mapping %s of a namespace no longer in the state not closed: %v", n, err), Exported: true})
 			}
 		}
 	}
-	return nil
+	return stuck, nil
 }

@@ -121,8 +121,18 @@ func TestEncryptedNamespaces(t *testing.T) {
 }
 
 // failCrypt is dm-crypt whose cryptsetup refuses to open anything new
-// (mappings already open stay).
-type failCrypt struct{ memCrypt }
+// (mappings already open stay), and, with stuck, to close anything.
+type failCrypt struct {
+	memCrypt
+	stuck bool
+}
+
+func (c *failCrypt) Close(name string) error {
+	if c.stuck {
+		return errors.New("cryptsetup: device in use")
+	}
+	return c.memCrypt.Close(name)
+}
 
 func (c *failCrypt) Open(name, device string, key []byte) (string, error) {
 	if _, ok := c.open[name]; ok {
@@ -257,5 +267,14 @@ func TestNamespaceOpenFailsAndHeld(t *testing.T) {
 	}
 	if read(t, filepath.Join(nsDir("1"), "enable")) != "1" {
 		t.Fatal("the namespace beside it is not exported")
+	}
+	// A namespace that leaves the state and cannot be taken down (its
+	// mapping will not close) is reported as still exported: a removal
+	// not done, which the agent does not count as applied.
+	c.stuck = true
+	err = d.Apply(ctx, state())
+	ns, partial = fabric.NotServedIn(err)
+	if !partial || len(ns) != 1 || ns[0].NSID != 1 || !ns[0].Exported {
+		t.Fatalf("a namespace that cannot be taken down: %v", err)
 	}
 }

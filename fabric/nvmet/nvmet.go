@@ -293,9 +293,11 @@ func (d *Driver) Apply(ctx context.Context, s fabric.State) (err error) {
 		}
 		notServed = append(notServed, ns...)
 	}
-	if err := d.closeUnused(mapped); err != nil {
+	stuck, err := d.closeUnused(mapped)
+	if err != nil {
 		return err
 	}
+	notServed = append(notServed, stuck...)
 	if len(notServed) > 0 {
 		return &fabric.NotServedError{Namespaces: notServed}
 	}

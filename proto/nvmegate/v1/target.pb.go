@@ -888,7 +888,11 @@ type NamespaceNotServed struct {
 	// The namespace's NSID.
 	Nsid uint32 `protobuf:"varint,2,opt,name=nsid,proto3" json:"nsid,omitempty"`
 	// Why it is not served as the state says (no secrets).
-	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The agent could not take the namespace down: it is still exported
+	// although the state does not export it. The gateway does not count
+	// the generation as applied (a removal, or a crypto-erase, waits).
+	Exported      bool `protobuf:"varint,4,opt,name=exported,proto3" json:"exported,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -942,6 +946,13 @@ func (x *NamespaceNotServed) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *NamespaceNotServed) GetExported() bool {
+	if x != nil {
+		return x.Exported
+	}
+	return false
 }
 
 // AckResponse is empty.
@@ -1059,11 +1070,12 @@ const file_nvmegate_v1_target_proto_rawDesc = "" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\x1b\n" +
 	"\tstream_id\x18\x03 \x01(\tR\bstreamId\x12>\n" +
 	"\n" +
-	"not_served\x18\x04 \x03(\v2\x1f.nvmegate.v1.NamespaceNotServedR\tnotServed\"e\n" +
+	"not_served\x18\x04 \x03(\v2\x1f.nvmegate.v1.NamespaceNotServedR\tnotServed\"\x81\x01\n" +
 	"\x12NamespaceNotServed\x12#\n" +
 	"\rsubsystem_nqn\x18\x01 \x01(\tR\fsubsystemNqn\x12\x12\n" +
 	"\x04nsid\x18\x02 \x01(\rR\x04nsid\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\r\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1a\n" +
+	"\bexported\x18\x04 \x01(\bR\bexported\"\r\n" +
 	"\vAckResponse2\xdb\x01\n" +
 	"\vTargetAgent\x12@\n" +
 	"\x05Watch\x12\x19.nvmegate.v1.WatchRequest\x1a\x1a.nvmegate.v1.WatchResponse0\x01\x128\n" +
