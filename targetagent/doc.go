@@ -38,6 +38,23 @@
 // (delta_test.go checks it against the store, on nvmet trees, locally and
 // over gRPC).
 //
+// # Namespaces a target cannot serve
+//
+// One namespace must not hold back a whole target (issue 29, defect 5). A
+// driver that applied a state except some namespaces — no dm-crypt for a
+// backing device, cryptsetup refusing one — returns a
+// *fabric.NotServedError: those namespaces are not exported (never in the
+// clear) and everything else is applied, hosts removed first. The remote
+// agent acknowledges such a generation as applied with the list
+// (AckRequest.not_served) and keeps its stream; the agent here answers the
+// generation's callers and keeps the list per target (NotServed, logged on
+// change, counted by nvmegate_target_namespaces_not_served). A namespace
+// whose data key cannot be had is, in the state the agent builds, held
+// (fabric.Namespace.Held: the key store is away) or left out (the key
+// store says there is none for it). Only a namespace the target could not
+// take down (NotServed.Exported) still fails the generation: a removal not
+// done.
+//
 // # One programmer per target
 //
 // A target is programmed one way, chosen by configuration: by a local
