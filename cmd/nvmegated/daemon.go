@@ -182,7 +182,7 @@ func (m *Main) Open(ctx context.Context) (err error) {
 	if c.Etcd.enabled() {
 		// One of several replicas: the files are this replica's copies of
 		// the store and the log kept in etcd.
-		if m.repl, err = openReplication(c.Etcd); err != nil {
+		if m.repl, err = openReplication(c.Etcd, m.log); err != nil {
 			return err
 		}
 		storeOpts.Replica, auditOpts.Replica = m.repl.store, m.repl.log
@@ -321,6 +321,8 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		Self:          self,
 		Compliance:    m.engine,
 		ReadBarrier:   m.readBarrier(),
+
+		ShutdownTimeout: stopTimeout,
 	})
 	if err != nil {
 		return err
@@ -483,6 +485,11 @@ func (m *Main) Run(ctx context.Context) error {
 		return errors.New("Run called before a successful Open")
 	}
 	g, ctx := errgroup.WithContext(ctx)
+	if m.repl != nil {
+		stopped := make(chan struct{})
+		defer close(stopped)
+		go m.etcdStopDeadline(ctx, stopped)
+	}
 	// The checkpointer signs its last checkpoint after the server has
 	// stopped, so that it covers every entry of every answered call.
 	cpCtx, cpCancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -651,6 +658,34 @@ func (m *Main) Run(ctx context.Context) error {
 	return err
 }
 
+// stopTimeout is the stop's deadline: how long the graceful stop waits for
+// the calls in flight before it ends them, and a replica for whatever
+// still waits on etcd.
+const stopTimeout = 10 * time.Second
+
+// etcdStopDeadline aborts the etcd client stopTimeout after ctx ends,
+// unless Run returned (stopped) before. The calls the graceful stop ends
+// return on their own, but not what waits on etcd under a context of its
+// own — a write that once begun runs to its end, the elector's campaign —
+// and the etcd client waits for a member to be ready as long as a call's
+// context lasts: while etcd was unreachable, a replica stopped never
+// (issue 29, defect 6). Aborted, the client fails every such call at once.
+func (m *Main) etcdStopDeadline(ctx context.Context, stopped <-chan struct{}) {
+	select {
+	case <-stopped:
+		return
+	case <-ctx.Done():
+	}
+	t := time.NewTimer(stopTimeout)
+	defer t.Stop()
+	select {
+	case <-stopped:
+	case <-t.C:
+		m.log.Warn("stopping: calls still wait on etcd; ending them", "after", stopTimeout)
+		m.repl.abort()
+	}
+}
+
 // GRPCAddr is the bound gRPC address, after Open.
 func (m *Main) GRPCAddr() string {
 	if m.grpcLis == nil {
@@ -689,7 +724,7 @@ func (m *Main) Close() error {
 		errs = append(errs, m.audit.Close())
 	}
 	if m.repl != nil {
-		errs = append(errs, m.repl.client.Close())
+		errs = append(errs, m.repl.close())
 	}
 	if m.Config.ReadyFile != "" {
 		os.Remove(m.Config.ReadyFile)

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"sync"
@@ -14,6 +15,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/audit/etcdlog"
@@ -31,14 +33,20 @@ const compactInterval = 5 * time.Minute
 // the store, the audit log and the leadership of the background work.
 type replication struct {
 	client  *clientv3.Client
+	members *members // keeps the client off a member that hangs (etcdclient.go)
 	store   *etcdstore.Store
 	log     *etcdlog.Log
 	elector *leader.Elector
 	prefix  string
+
+	calls     *etcdCalls
+	closeOnce sync.Once
+	closeErr  error
 }
 
-// openReplication connects to etcd (mTLS from files when configured).
-func openReplication(c EtcdConfig) (*replication, error) {
+// openReplication connects to etcd (mTLS from files when configured),
+// with a client that rides out a member that hangs (etcdclient.go).
+func openReplication(c EtcdConfig, log *slog.Logger) (*replication, error) {
 	prefix := c.Prefix
 	if prefix == "" {
 		prefix = "/nvmegate/"
@@ -55,7 +63,9 @@ func openReplication(c EtcdConfig) (*replication, error) {
 	if c.DialTimeout != "" {
 		dial, _ = time.ParseDuration(c.DialTimeout) // checked by validate
 	}
-	cfg := clientv3.Config{Endpoints: c.Endpoints, DialTimeout: dial, Logger: zap.NewNop()}
+	conns := &etcdConns{}
+	cfg := clientv3.Config{Endpoints: c.Endpoints, DialTimeout: dial, Logger: zap.NewNop(),
+		DialKeepAliveTime: etcdKeepAliveTime, DialKeepAliveTimeout: etcdKeepAliveTimeout}
 	if c.CACert != "" {
 		pool := x509.NewCertPool()
 		pem, err := os.ReadFile(c.CACert)
@@ -71,21 +81,51 @@ func openReplication(c EtcdConfig) (*replication, error) {
 		}
 		cfg.TLS = &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
+	probeCfg := cfg
+	calls := newEtcdCalls()
+	cfg.DialOptions = []grpc.DialOption{grpc.WithContextDialer(conns.dial), grpc.WithChainUnaryInterceptor(calls.unary)}
 	cl, err := clientv3.New(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("etcd: %w", err)
+	}
+	r := &replication{client: cl, prefix: prefix, calls: calls,
+		store:   etcdstore.New(cl, prefix+"store/"),
+		log:     etcdlog.New(cl, prefix+"audit/"),
+		elector: &leader.Elector{Client: cl, Prefix: prefix + "leader/", ID: name, TTL: c.LeaseTTL}}
+	if len(c.Endpoints) > 1 {
+		if r.members, err = watchMembers(cl, conns, probeCfg, prefix+"store/rev", log); err != nil {
+			cl.Close()
+			return nil, fmt.Errorf("etcd: %w", err)
+		}
 	}
 	// Fail the start, not the first write, when etcd cannot be reached.
 	ctx, cancel := context.WithTimeout(context.Background(), dial)
 	defer cancel()
 	if _, err := cl.Get(ctx, prefix+"store/rev"); err != nil {
-		cl.Close()
+		r.close()
 		return nil, fmt.Errorf("etcd %v: %w", c.Endpoints, err)
 	}
-	return &replication{client: cl, prefix: prefix,
-		store:   etcdstore.New(cl, prefix+"store/"),
-		log:     etcdlog.New(cl, prefix+"audit/"),
-		elector: &leader.Elector{Client: cl, Prefix: prefix + "leader/", ID: name, TTL: c.LeaseTTL}}, nil
+	return r, nil
+}
+
+// abort ends every call to etcd, in flight or to come, with
+// errEtcdStopped, and closes the client (its watches, the lease's
+// keepalives): the stop's deadline (Main.etcdStopDeadline).
+func (r *replication) abort() {
+	r.calls.abort()
+	_ = r.close()
+}
+
+// close closes the etcd client and its probes. Idempotent: the stop's
+// deadline may have closed it before Main.Close.
+func (r *replication) close() error {
+	r.closeOnce.Do(func() {
+		if r.members != nil {
+			r.members.close()
+		}
+		r.closeErr = r.client.Close()
+	})
+	return r.closeErr
 }
 
 // followStore applies the other replicas' changes to this copy as they
