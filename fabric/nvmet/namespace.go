@@ -15,7 +15,7 @@ import (
 
 // Crypt opens the dm-crypt mappings that namespaces with a backing device
 // are exported through (cryptdev.Cryptsetup). nil: this driver exports no
-// namespace of its own, and refuses a state that asks it to.
+// namespace of its own, and reports those a state asks it to export.
 type Crypt interface {
 	// Open maps device as name with the namespace's data key and returns
 	// the mapped device's path (an open mapping on device is kept).

@@ -36,10 +36,12 @@ type Driver struct {
 	// ".nvme" keyring); nil: this driver lets in no host with a PSK.
 	PSKs PSKs
 	// Crypt exports namespaces that have a backing device encrypted at
-	// rest (cryptdev.Cryptsetup); nil: it refuses them.
+	// rest (cryptdev.Cryptsetup); nil: it exports none of them (never in
+	// the clear) and reports them, applying the rest of the state
+	// (fabric.NotServedError).
 	Crypt Crypt
 	// Reencrypt re-encrypts namespaces for data-key rotations
-	// (cryptdev.Runner); nil: it refuses them.
+	// (cryptdev.Runner); nil: those namespaces are reported likewise.
 	Reencrypt Reencrypter
 
 	mu   sync.Mutex
