@@ -522,13 +522,24 @@ func (a *Agent) Reconcile(ctx context.Context) error {
 		return err
 	}
 	var errs []error
+	here := map[string]bool{} // the targets programmed here
 	for _, t := range ts {
 		if sk, err := a.sinkOf(t); err == nil && sk.peers != nil {
 			continue // its agent streams from another replica, which reconciles it
 		}
+		here[t.ID] = true
 		if err := a.Program(ctx, t.ID); err != nil && !errors.Is(err, ErrNotManaged) {
 			errs = append(errs, err)
 		}
 	}
+	// What this replica reported of a target removed, or now programmed
+	// by another replica, is no longer its to report.
+	a.nsMu.Lock()
+	for id := range a.notServed {
+		if !here[id] {
+			delete(a.notServed, id)
+		}
+	}
+	a.nsMu.Unlock()
 	return errors.Join(errs...)
 }
