@@ -41,27 +41,29 @@ func BenchmarkConnectUnderFlood(b *testing.B) {
 		c.MaxPerIdentity = -1
 		c.MaxPerRole = map[string]int{"admin": -1, "auditor": -1, "scheduler": -1, "unknown": -1}
 	}
+	shares := func(*gateway.Config) {}
 	for _, v := range []struct {
 		name  string
 		opt   gatewayOption
+		calls int           // the flood's calls kept under way
 		pause time.Duration // before a refused flood call is sent again
 	}{
-		{"single-pool", single, 0},
-		{"shares/retry-100ms", func(*gateway.Config) {}, 100 * time.Millisecond},
-		{"shares/retry-1ms", func(*gateway.Config) {}, time.Millisecond},
+		{"single-pool", single, 512, 0},
+		{"shares/32-calls", shares, 32, 0},
+		{"shares/retry-100ms", shares, 512, 100 * time.Millisecond},
+		{"shares/retry-1ms", shares, 512, time.Millisecond},
 	} {
-		b.Run(v.name, func(b *testing.B) { benchConnectUnderFlood(b, v.opt, v.pause) })
+		b.Run(v.name, func(b *testing.B) { benchConnectUnderFlood(b, v.opt, v.calls, v.pause) })
 	}
 }
 
 const (
-	floodPath  = "/node/acme-flood"
-	floodCalls = 512
-	floodHold  = 100 * time.Millisecond
-	victims    = 4
+	floodPath = "/node/acme-flood"
+	floodHold = 100 * time.Millisecond
+	victims   = 4
 )
 
-func benchConnectUnderFlood(b *testing.B, opt gatewayOption, pause time.Duration) {
+func benchConnectUnderFlood(b *testing.B, opt gatewayOption, calls int, pause time.Duration) {
 	var held atomic.Int64 // the flood's calls held in the barrier now
 	flooder := "spiffe://nvmegate.test" + floodPath
 	slow := func(c *gateway.Config) {
@@ -131,12 +133,12 @@ func benchConnectUnderFlood(b *testing.B, opt gatewayOption, pause time.Duration
 		heldN     int64
 		flooded   time.Duration
 	)
-	// flood keeps floodCalls calls of one identity under way until the
-	// returned stop is called.
+	// flood keeps calls of one identity under way until the returned stop
+	// is called.
 	flood := func() (stop func()) {
 		fctx, cancel := context.WithCancel(ctx)
 		var wg sync.WaitGroup
-		for range floodCalls {
+		for range calls {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -155,7 +157,7 @@ func benchConnectUnderFlood(b *testing.B, opt gatewayOption, pause time.Duration
 		}
 		// Until the flood holds what it can (its share, or the whole
 		// pool), and a while more.
-		for deadline := time.Now().Add(10 * time.Second); held.Load() < 32 && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(10 * time.Second); held.Load() < int64(min(calls, 32)) && time.Now().Before(deadline); {
 			time.Sleep(10 * time.Millisecond)
 		}
 		time.Sleep(2 * floodHold)
@@ -202,4 +204,29 @@ func benchConnectUnderFlood(b *testing.B, opt gatewayOption, pause time.Duration
 	b.ReportMetric(float64(p99(loaded))/float64(p99(alone)), "p99-ratio")
 	b.ReportMetric(float64(heldSum)/float64(max(heldN, 1)), "flood-held")
 	b.ReportMetric(float64(refusedIn)/flooded.Seconds(), "flood-refused/s")
+}
+
+// BenchmarkOverShare is a call refused because its caller already has its
+// share under way (one call, held): the cost an identity over its share
+// imposes per call, beside BenchmarkDenied's (a call policy refuses, and
+// its audit entry).
+//
+//	go test -run '^$' -bench 'OverShare|Denied' -benchtime 3000x ./gateway
+func BenchmarkOverShare(b *testing.B) {
+	h := newHolder(node)
+	g := startGateway(b, h.option, func(c *gateway.Config) { c.MaxPerIdentity = 1 })
+	inv := pb.NewInventoryClient(g.client(b, node))
+	ctx := b.Context()
+	done := hold(1, func() error { _, err := inv.GetTarget(ctx, &pb.GetTargetRequest{Id: "stor-eu-1"}); return err })
+	<-h.entered
+	req := &pb.GetTargetRequest{Id: "stor-eu-1"}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := inv.GetTarget(ctx, req); status.Code(err) != codes.ResourceExhausted {
+			b.Fatalf("over its share: %v", err)
+		}
+	}
+	b.StopTimer()
+	h.open(node)
+	done()
 }
