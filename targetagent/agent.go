@@ -429,10 +429,17 @@ type sink struct {
 	driver Driver
 	peers  Peers // with target: programmed by the replica it streams from
 	target string
+	// attached, with peers, is closed when the target's agent attaches
+	// here: a wait for another replica's agent ends, and the state goes
+	// to the stream here.
+	attached <-chan struct{}
 }
 
 func (a *Agent) sinkOf(t *nvmegate.Target) (sink, error) {
+	var attached <-chan struct{}
 	if a.Hub != nil {
+		// The signal first: an agent attaching after it is heard of.
+		attached = a.Hub.attaching(t.ID)
 		if r := a.Hub.get(t.ID); r != nil {
 			return sink{remote: r}, nil
 		}
@@ -443,7 +450,7 @@ func (a *Agent) sinkOf(t *nvmegate.Target) (sink, error) {
 	}
 	if d == nil {
 		if a.Peers != nil {
-			return sink{peers: a.Peers, target: t.ID}, nil
+			return sink{peers: a.Peers, target: t.ID, attached: attached}, nil
 		}
 		return sink{}, fmt.Errorf("target %s (driver %s): %w", t.ID, t.Driver, ErrNotManaged)
 	}
@@ -472,7 +479,7 @@ func (s sink) deltas() bool { return s.peers == nil && (s.remote == nil || s.rem
 func (s sink) apply(ctx context.Context, h *Hub, u Update) error {
 	switch {
 	case s.peers != nil:
-		return s.peers.Await(ctx, s.target)
+		return s.await(ctx)
 	case s.remote != nil:
 		return h.push(ctx, s.remote, u)
 	case u.Delta != nil:
@@ -481,6 +488,35 @@ func (s sink) apply(ctx context.Context, h *Hub, u Update) error {
 		return s.driver.Apply(ctx, *u.State)
 	}
 }
+
+// await waits for the agent of s.target on another replica to
+// acknowledge, or for the agent to attach here: an agent that left a
+// hung replica for this one gets the state on its stream at once, rather
+// than after the wait for the replica it left runs out (errStreamEnded:
+// send starts over, whole, with the new sink).
+func (s sink) await(ctx context.Context) error {
+	if s.attached == nil {
+		return s.peers.Await(ctx, s.target)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-s.attached:
+			cancel(errAttachedHere)
+		case <-stop:
+		}
+	}()
+	err := s.peers.Await(ctx, s.target)
+	if errors.Is(context.Cause(ctx), errAttachedHere) {
+		return fmt.Errorf("%w: %w", errStreamEnded, errAttachedHere)
+	}
+	return err
+}
+
+var errAttachedHere = errors.New("targetagent: the target's agent attached to this replica")
 
 // ErrLocalTarget refuses a remote agent's stream for a target this agent
 // programs with its own driver: a target has one way of being programmed,

@@ -67,6 +67,25 @@ type Hub struct {
 
 	mu   sync.Mutex
 	subs map[string]*remote
+	// attach holds, per target, a channel closed when an agent of the
+	// target next subscribes (attaching).
+	attach map[string]chan struct{}
+}
+
+// attaching returns a channel closed when an agent of targetID next
+// subscribes here.
+func (h *Hub) attaching(targetID string) <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.attach == nil {
+		h.attach = map[string]chan struct{}{}
+	}
+	ch := h.attach[targetID]
+	if ch == nil {
+		ch = make(chan struct{})
+		h.attach[targetID] = ch
+	}
+	return ch
 }
 
 // remote is one connected agent: one stream.
@@ -136,6 +155,10 @@ func (h *Hub) Subscribe(targetID string, deltas bool) (*Subscription, error) {
 			ErrAgentConnected, targetID, old.since.UTC().Format(time.RFC3339))
 	}
 	h.subs[targetID] = r
+	if ch := h.attach[targetID]; ch != nil {
+		close(ch)
+		delete(h.attach, targetID)
+	}
 	return &Subscription{r: r, h: h}, nil
 }
 

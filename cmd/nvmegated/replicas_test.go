@@ -13,8 +13,10 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
+	"google.golang.org/grpc/status"
 
 	"github.com/nvmegate/nvmegate/fabric"
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
@@ -23,6 +25,7 @@ import (
 	"github.com/nvmegate/nvmegate/targetagent"
 
 	"github.com/nvmegate/nvmegate/internal/etcdtest"
+	"github.com/nvmegate/nvmegate/internal/netfreeze"
 	"github.com/nvmegate/nvmegate/internal/vaulttest"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
@@ -343,4 +346,68 @@ func TestReleasedHostStaysOffThroughALaggingReplica(t *testing.T) {
 			t.Fatalf("the released host came back on the target (application %d after the release: %v)", i+1, hs)
 		}
 	}
+}
+
+// Issue 29, defect 7: the agent's replica hangs (here its connection to
+// the agent is frozen: open, nothing answered, as under SIGSTOP), and a
+// grant is released through another replica. The release honestly says
+// the removal is pending; the agent notices the silence, moves to the
+// other replica, and the host leaves the target — target: within 10 s of
+// the release.
+func TestReleasedHostLeavesWhileTheAgentsReplicaHangs(t *testing.T) {
+	v := vaulttest.Start(t)
+	c := etcdtest.Start(t, 1)
+	dir := t.TempDir()
+	role := v.SetUpAppRole(t, filepath.Join(dir, "approle"))
+	a, _ := startReplica(t, dir, "a", c.Endpoints, v, role, "--remote-targets", "stor-eu-1")
+	b, _ := startReplica(t, dir, "b", c.Endpoints, v, role, "--remote-targets", "stor-eu-1")
+	sub := acmeJob(t, dir, a.GRPCAddr(), a.GRPCAddr(), "stor-eu-1")
+
+	hung := netfreeze.Start(t, b.GRPCAddr())
+	root := t.TempDir()
+	hosts := func() []string {
+		ents, _ := os.ReadDir(filepath.Join(root, "subsystems", sub, "allowed_hosts"))
+		var out []string
+		for _, e := range ents {
+			out = append(out, e.Name())
+		}
+		return out
+	}
+	r := &targetagent.Remote{Replicas: []grpc.ClientConnInterface{devConn(t, hung.Addr(), dir, "target-stor-eu-1"), devConn(t, a.GRPCAddr(), dir, "target-stor-eu-1")},
+		Driver: &nvmet.Driver{Root: root}}
+	rctx, rcancel := context.WithCancel(context.Background())
+	rdone := make(chan struct{})
+	go func() { r.Run(rctx); close(rdone) }()
+	defer func() { rcancel(); <-rdone }()
+	waitUntil(t, "the agent attached to b", func() bool { return b.hub.Connected("stor-eu-1") })
+
+	node := pb.NewAccessClient(devConn(t, a.GRPCAddr(), dir, "acme-node-1"))
+	resp, err := node.Connect(ctxT(t), &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: sub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !contains(hosts(), resp.Grant.HostNqn) {
+		t.Fatalf("hosts after the connect: %v", hosts())
+	}
+	hung.Freeze()
+	start := time.Now()
+	released := make(chan error, 1)
+	go func() {
+		_, err := node.Release(ctxT(t), &pb.ReleaseRequest{GrantId: resp.Grant.GrantId})
+		released <- err
+	}()
+	for contains(hosts(), resp.Grant.HostNqn) {
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("the released host is still on the target %s after the release", time.Since(start).Round(time.Millisecond))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	gone := time.Since(start)
+	// The release answers OK once the agent acknowledged through a, or
+	// Unavailable ("removal pending") if it waited out its bound first:
+	// never OK while the host was on the target.
+	if err := <-released; err != nil && status.Code(err) != codes.Unavailable {
+		t.Fatalf("release: %v", err)
+	}
+	t.Logf("the host left the target %s after the release", gone.Round(time.Millisecond))
 }
