@@ -70,3 +70,51 @@ func BenchmarkManagerCredentials(b *testing.B) {
 	})
 	b.ReportMetric(float64(m.BackendReads()-reads)*10000/float64(b.N), "roundtrips/10k-connects")
 }
+
+// BenchmarkNamespaceKeys is what a target's whole state costs per
+// encrypted namespace since issue 29: the key store's record read to
+// confirm the kept key ("confirmed", one round trip, nothing unwrapped),
+// against an unwrap on every use ("unwrap-each": what a cache-less
+// manager would pay) — on the local store, where a round trip is a bbolt
+// read and an unwrap an AES-GCM open.
+//
+//	go test -run '^$' -bench NamespaceKeys -benchmem ./keys
+func BenchmarkNamespaceKeys(b *testing.B) {
+	dir := b.TempDir()
+	s, err := localstore.Open(filepath.Join(dir, "k.db"), filepath.Join(dir, "k.key"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	ns := sub + "/1"
+	b.Run("confirmed", func(b *testing.B) {
+		m, err := keys.NewManager(keys.Options{Backend: s})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := m.NamespaceKeys(ctx, ns, "rec-1"); err != nil {
+			b.Fatal(err)
+		}
+		reads := m.BackendReads()
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := m.NamespaceKeys(ctx, ns, "rec-1"); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(m.BackendReads()-reads)/float64(b.N), "roundtrips/op")
+	})
+	b.Run("unwrap-each", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			rec, err := s.DataKey(ctx, ns)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := s.Unwrap(ctx, ns, rec.Wrapped); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
