@@ -38,6 +38,21 @@
 // (delta_test.go checks it against the store, on nvmet trees, locally and
 // over gRPC).
 //
+// # Replicas: states that never go back
+//
+// Behind several gateway replicas (one store shared in etcd) an agent
+// streams from one replica at a time (Remote.Replicas: one connection
+// each) and moves to the next when a stream ends, is refused, or falls
+// silent (issue 29, defects 2 and 7). Every update carries the store
+// revision it reflects (Update.Revision, read after the state was built),
+// and the agent refuses a state — or a heartbeat — older than one it has
+// applied: a replica that lags cannot bring back a host the others
+// removed. The gateway sends agents that ask a heartbeat at once and every
+// HeartbeatInterval, each only after its replica passes the read barrier;
+// an agent leaves a stream silent for Remote.Silence (DefaultSilence). A
+// replica waiting for another replica's agent to acknowledge stops waiting
+// when the agent attaches to it, and sends it the state at once.
+//
 // # Namespaces a target cannot serve
 //
 // One namespace must not hold back a whole target (issue 29, defect 5). A
