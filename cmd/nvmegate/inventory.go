@@ -366,6 +366,9 @@ target does not confirm, the key is kept and the command fails; repeat it.`,
 				if err != nil {
 					return err
 				}
+				if strings.HasPrefix(resp.DataKey, "destroyed") {
+					return a.done(resp, fmt.Sprintf("removed namespace %s/%d; its data key is destroyed (crypto-erase)", args[0], nsid))
+				}
 				return a.done(resp, fmt.Sprintf("removed namespace %s/%d; data key %s", args[0], nsid, resp.DataKey))
 			})
 		},

@@ -204,7 +204,11 @@ func TestInventoryCommands(t *testing.T) {
 	}
 
 	// Removal in order works.
-	mustCLI(t, dir, "admin", "inventory", "namespace", "remove", nqn, "7")
+	// A plain remove says what became of the data key (none was made:
+	// the namespace has no backing device).
+	if out := mustCLI(t, dir, "admin", "inventory", "namespace", "remove", nqn, "7"); !strings.Contains(out, "data key none:") {
+		t.Fatalf("namespace remove says nothing of the data key:\n%s", out)
+	}
 	mustCLI(t, dir, "admin", "inventory", "subsystem", "remove", nqn)
 	mustCLI(t, dir, "admin", "inventory", "target", "remove", "stor-eu-1")
 	if out := mustCLI(t, dir, "admin", "inventory", "target", "list"); strings.Contains(out, "stor-eu-1") {
