@@ -17,6 +17,7 @@ import (
 
 	"github.com/nvmegate/nvmegate/gateway"
 	"github.com/nvmegate/nvmegate/identity"
+	"github.com/nvmegate/nvmegate/internal/logbuf"
 	"github.com/nvmegate/nvmegate/internal/netfreeze"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 	"github.com/nvmegate/nvmegate/targetagent"
@@ -73,7 +74,7 @@ func TestAgentRefusesAStateOlderThanOneApplied(t *testing.T) {
 	current.remote.Store("stor-eu-1", true)
 	lagging.remote.Store("stor-eu-1", true)
 	d := &recordingDriver{}
-	logs := &lockedBuffer{}
+	logs := &logbuf.Buffer{}
 	r, events := runAgent(t, []grpc.ClientConnInterface{current.client(t, "/target/stor-eu-1"), lagging.client(t, "/target/stor-eu-1")}, d,
 		slog.New(slog.NewTextHandler(logs, nil)), 0)
 	if err := nextEvent(t, events); err != nil {
@@ -119,24 +120,6 @@ func TestAgentRefusesAStateOlderThanOneApplied(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a log sink for the agent.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // Issue 29, defect 7: an agent whose replica hangs (its connection open,
 // nothing answered) leaves it once the heartbeats stop, and takes its
 // state from the next replica — the target is not left with what the hung
@@ -160,7 +143,7 @@ func TestAgentLeavesAHungReplica(t *testing.T) {
 	}
 	viaProxy := dial(t, f.Addr(), identity.StaticSource(svid, hung.ca.Bundle()))
 	d := &recordingDriver{}
-	logs := &lockedBuffer{}
+	logs := &logbuf.Buffer{}
 	r, events := runAgent(t, []grpc.ClientConnInterface{viaProxy, next.client(t, "/target/stor-eu-1")}, d,
 		slog.New(slog.NewTextHandler(logs, nil)), 300*time.Millisecond)
 	waitFor(t, "the first replica's state applied", func() bool { return r.Revision() == hung.db.Revision() })

@@ -85,6 +85,27 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// subsystemHosts lists the hosts allowed on subsystem sub of the nvmet
+// tree at root (a target agent's driver).
+func subsystemHosts(root, sub string) func() []string {
+	return func() []string {
+		ents, _ := os.ReadDir(filepath.Join(root, "subsystems", sub, "allowed_hosts"))
+		var out []string
+		for _, e := range ents {
+			out = append(out, e.Name())
+		}
+		return out
+	}
+}
+
+// runAgent runs a target agent until the test ends.
+func runAgent(t *testing.T, r *targetagent.Remote) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
 // Two gateway replicas on one etcd serve one fabric: the inventory added
 // through one is the other's, a job admitted on one is connected to on
 // both, each sees the other's grants and audit entries, exactly one leads
@@ -191,21 +212,9 @@ func TestTargetBehindAnotherReplica(t *testing.T) {
 	}
 	defer conn.Close()
 	root := t.TempDir()
-	r := &targetagent.Remote{Conn: conn, Driver: &nvmet.Driver{Root: root}}
-	rctx, rcancel := context.WithCancel(context.Background())
-	rdone := make(chan struct{})
-	go func() { r.Run(rctx); close(rdone) }()
-	defer func() { rcancel(); <-rdone }()
+	runAgent(t, &targetagent.Remote{Conn: conn, Driver: &nvmet.Driver{Root: root}})
 	waitUntil(t, "the agent attached to b", func() bool { return b.hub.Connected("stor-eu-1") })
-
-	hosts := func() []string {
-		ents, _ := os.ReadDir(filepath.Join(root, "subsystems", sub, "allowed_hosts"))
-		var out []string
-		for _, e := range ents {
-			out = append(out, e.Name())
-		}
-		return out
-	}
+	hosts := subsystemHosts(root, sub)
 	// Through a, whose replica has no stream of the target: the answer
 	// comes once b programmed it.
 	resp, err := pb.NewAccessClient(devConn(t, a.GRPCAddr(), dir, "acme-node-1")).Connect(ctxT(t), &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: sub})
@@ -305,19 +314,8 @@ func TestReleasedHostStaysOffThroughALaggingReplica(t *testing.T) {
 		replicas = append(replicas, devConn(t, m.GRPCAddr(), dir, "target-stor-eu-1"))
 	}
 	root := t.TempDir()
-	d := &hostsLog{Driver: &nvmet.Driver{Root: root}, hosts: func() []string {
-		ents, _ := os.ReadDir(filepath.Join(root, "subsystems", sub, "allowed_hosts"))
-		var out []string
-		for _, e := range ents {
-			out = append(out, e.Name())
-		}
-		return out
-	}}
-	r := &targetagent.Remote{Replicas: replicas, Driver: d}
-	rctx, rcancel := context.WithCancel(context.Background())
-	rdone := make(chan struct{})
-	go func() { r.Run(rctx); close(rdone) }()
-	defer func() { rcancel(); <-rdone }()
+	d := &hostsLog{Driver: &nvmet.Driver{Root: root}, hosts: subsystemHosts(root, sub)}
+	runAgent(t, &targetagent.Remote{Replicas: replicas, Driver: d})
 	waitUntil(t, "the agent attached to b", func() bool { return b.hub.Connected("stor-eu-1") })
 
 	node := devConn(t, a.GRPCAddr(), dir, "acme-node-1")
@@ -365,20 +363,9 @@ func TestReleasedHostLeavesWhileTheAgentsReplicaHangs(t *testing.T) {
 
 	hung := netfreeze.Start(t, b.GRPCAddr())
 	root := t.TempDir()
-	hosts := func() []string {
-		ents, _ := os.ReadDir(filepath.Join(root, "subsystems", sub, "allowed_hosts"))
-		var out []string
-		for _, e := range ents {
-			out = append(out, e.Name())
-		}
-		return out
-	}
-	r := &targetagent.Remote{Replicas: []grpc.ClientConnInterface{devConn(t, hung.Addr(), dir, "target-stor-eu-1"), devConn(t, a.GRPCAddr(), dir, "target-stor-eu-1")},
-		Driver: &nvmet.Driver{Root: root}}
-	rctx, rcancel := context.WithCancel(context.Background())
-	rdone := make(chan struct{})
-	go func() { r.Run(rctx); close(rdone) }()
-	defer func() { rcancel(); <-rdone }()
+	hosts := subsystemHosts(root, sub)
+	runAgent(t, &targetagent.Remote{Replicas: []grpc.ClientConnInterface{devConn(t, hung.Addr(), dir, "target-stor-eu-1"), devConn(t, a.GRPCAddr(), dir, "target-stor-eu-1")},
+		Driver: &nvmet.Driver{Root: root}})
 	waitUntil(t, "the agent attached to b", func() bool { return b.hub.Connected("stor-eu-1") })
 
 	node := pb.NewAccessClient(devConn(t, a.GRPCAddr(), dir, "acme-node-1"))
