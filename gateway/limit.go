@@ -70,7 +70,9 @@ func roleDefaults(inFlight int) (b [numRoles]int) {
 // holding calls open cannot take the slots every node's connect needs, nor
 // fill the waiting room. Streams (a target agent's Watch, an export) are
 // not limited here, as before: an agent's open stream takes nothing of the
-// share its Acks need.
+// share its Acks need. A target agent's calls take no slot at all (while
+// the per-identity bound is on): connects hold their slots while they wait
+// for its Acks, which queued behind them would time them all out.
 //
 // The shares are counted under one mutex: two map operations and two array
 // updates. A call's acquire and release cost 200–345 ns on two cores, the
@@ -155,7 +157,11 @@ type share struct {
 	id      string // the caller's SPIFFE ID ("" without one)
 	role    int
 	counted bool // false: the shares are off
+	noSlot  bool // it holds no slot of the pool (a target agent's call)
 }
+
+// targetRole is the target agents' role: their calls take no slot.
+var targetRole = roleIndex(authz.RoleTarget)
 
 // acquire takes the caller's share and then a slot; release gives both
 // back. A call over its share is refused before it waits for anything.
@@ -163,6 +169,15 @@ func (l *limiter) acquire(ctx context.Context) (share, error) {
 	sh, err := l.take(ctx)
 	if err != nil {
 		return share{}, err
+	}
+	if sh.counted && sh.role == targetRole && l.perIdentity > 0 {
+		// A target agent's Ack is what every connect holding a slot
+		// waits for: queued behind them, it would time them all out. Its
+		// calls (one Ack at a time per stream, and the rare re-encryption
+		// report) are bounded by its identity's share alone (with the
+		// shares off they take slots, as before).
+		sh.noSlot = true
+		return sh, nil
 	}
 	select {
 	case l.slots <- struct{}{}:
@@ -185,7 +200,9 @@ func (l *limiter) acquire(ctx context.Context) (share, error) {
 }
 
 func (l *limiter) release(sh share) {
-	<-l.slots
+	if !sh.noSlot {
+		<-l.slots
+	}
 	l.give(sh)
 }
 

@@ -255,3 +255,21 @@ func TestSharesLeaveStreams(t *testing.T) {
 	}
 	sharesZero(t, g)
 }
+
+// A connect holds its slot while it waits for the target agent's Ack; the
+// Ack takes no slot, so a pool full of connects cannot starve the Acks
+// they wait for. With one slot, a connect through a remote agent succeeds
+// (before, the Ack queued behind it until the Hub's timeout).
+func TestAcksTakeNoSlot(t *testing.T) {
+	g := startGateway(t, func(c *gateway.Config) { c.MaxInFlight = 1 })
+	acmeInventory(t, g)
+	waitApplied(t, startRemote(t, g, "stor-eu-1", &recordingDriver{}))
+	ctx := ctxT(t)
+	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN}); err != nil {
+		t.Fatalf("a connect with the one slot taken by itself: %v", err)
+	}
+	sharesZero(t, g)
+}
