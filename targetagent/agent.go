@@ -276,24 +276,37 @@ func (a *Agent) programOnce(ctx context.Context, targetID string, t *target, r *
 			return fmt.Errorf("target %s: desired state: %w", targetID, err)
 		}
 	}
-	return a.send(ctx, tgt, t, whole, changes)
+	return a.send(ctx, tgt, t, whole, changes, whole)
 }
 
 // send brings the target's sink to t.state: the delta changes if the sink
 // holds the state they apply to, else the whole state. A sink that turns
 // out not to hold the delta's base (fabric.ErrNeedFull), or an agent that
-// reconnected meanwhile, gets the whole state at once.
-func (a *Agent) send(ctx context.Context, tgt *nvmegate.Target, t *target, whole bool, changes []fabric.HostChange) error {
-	for retried := false; ; retried = true {
+// reconnected meanwhile, gets the whole state at once. fresh says t.state
+// was just built whole from the store.
+func (a *Agent) send(ctx context.Context, tgt *nvmegate.Target, t *target, whole bool, changes []fabric.HostChange, fresh bool) error {
+	for retried := false; ; retried, fresh = true, false {
 		sk, err := a.sinkOf(tgt)
 		if err != nil {
 			return err
 		}
-		whole = whole || !t.synced || !sk.same(t.sink)
+		moved := !t.synced || !sk.same(t.sink)
+		whole = whole || moved
 		if !whole && len(changes) == 0 {
 			return nil // nothing changed, and the sink holds the state
 		}
 		whole = whole || !sk.deltas()
+		if whole && moved && !fresh && sk.peers == nil {
+			// A sink that holds nothing of ours, or the stream of an agent
+			// that came from another replica: the state kept here may be
+			// older than what that agent applied there (a replica keeps it
+			// current only for its own changes while the agent streams
+			// elsewhere), and would go out under a current revision. It is
+			// read from the store again.
+			if t.state, err = a.build(ctx, tgt); err != nil {
+				return fmt.Errorf("target %s: desired state: %w", tgt.ID, err)
+			}
+		}
 		gen := a.gen.Add(1)
 		t.synced = false
 		// Read after the state was read from the store: it holds no
