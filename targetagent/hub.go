@@ -192,6 +192,18 @@ func (h *Hub) Attached() []string {
 	return out
 }
 
+// Streams returns the live stream of each target whose agent streams from
+// this hub: target ID → stream ID (a reconnection is a new stream).
+func (h *Hub) Streams() map[string]string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make(map[string]string, len(h.subs))
+	for id, r := range h.subs {
+		out[id] = r.stream
+	}
+	return out
+}
+
 // Connected reports whether a target's agent is connected.
 func (h *Hub) Connected(targetID string) bool { return h.get(targetID) != nil }
 

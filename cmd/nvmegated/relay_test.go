@@ -1,9 +1,18 @@
 package main
 
 import (
+	"context"
 	"maps"
+	"path/filepath"
 	"slices"
 	"testing"
+	"time"
+
+	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/internal/etcdtest"
+	"github.com/nvmegate/nvmegate/store"
+	"github.com/nvmegate/nvmegate/store/etcdstore"
+	"github.com/nvmegate/nvmegate/targetagent"
 )
 
 // The relay takes only what changes up to the revision it read touched:
@@ -41,4 +50,53 @@ func TestRelayTakesOnlyChangesUpToTheRevisionRead(t *testing.T) {
 	if targets, _, _ := p.take(8); !targets["t4"] {
 		t.Fatalf("take(8) after a failed programming of t4 = %v; want t4", targets)
 	}
+}
+
+// An agent that has just attached here has acknowledged nothing yet: the
+// relay programs it and waits for its acknowledgement before it records
+// the target's revision in etcd, so another replica's call is not
+// answered on the strength of a state still on the way (found by a
+// review of issue 29's fixes).
+func TestRelayRecordsANewStreamOnlyOnceAcknowledged(t *testing.T) {
+	cl := etcdtest.Start(t, 1).Client(t)
+	db, err := store.Open(filepath.Join(t.TempDir(), "store.db"), store.Options{Replica: etcdstore.New(cl, "/r/store/")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	tgt := &nvmegate.Target{ID: "t1", Fabric: "f", Region: "eu-west", Driver: nvmegate.DriverNVMet,
+		Ports: []nvmegate.Port{{ID: 1, Transport: "tcp", AddressFamily: "ipv4", Address: "10.0.0.1", ServiceID: "4420"}}}
+	if err := db.CreateTarget(ctx, tgt); err != nil {
+		t.Fatal(err)
+	}
+	p := newTargetPeers(&replication{client: cl, prefix: "/r/"}, db, 5*time.Second)
+	hub := &targetagent.Hub{AckTimeout: time.Minute}
+	agent := &targetagent.Agent{Store: db, Hub: hub, Peers: p}
+	go p.relay(ctx, agent, hub, func(string, ...any) {})
+	recorded := func() bool {
+		resp, err := cl.Get(ctx, p.key("t1"))
+		return err == nil && len(resp.Kvs) == 1 && appliedRev(resp.Kvs[0].Value) >= db.Revision()
+	}
+
+	s, err := agent.Subscribe(tgt, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	p.wake() // a round, as another replica's change would start one
+	var u targetagent.Update
+	select {
+	case u = <-s.Updates():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the relay did not program the new stream")
+	}
+	if recorded() {
+		t.Fatal("the target's revision was recorded before its new stream acknowledged anything")
+	}
+	if err := hub.Ack("t1", s.ID(), u.Generation(), ""); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the revision recorded once acknowledged", recorded)
 }

@@ -302,6 +302,10 @@ func (p *targetPeers) retry(target string, rev uint64) {
 // revision: the touched ones once programmed, the others at once (their
 // state did not change).
 func (p *targetPeers) relay(ctx context.Context, agent *targetagent.Agent, hub *targetagent.Hub, warn func(string, ...any)) error {
+	// The stream each target had at the last round: a stream new since
+	// has acknowledged nothing yet, and is programmed before its revision
+	// is recorded (its first state may still be on the way).
+	seen := map[string]string{}
 	for {
 		select {
 		case <-ctx.Done():
@@ -325,8 +329,9 @@ func (p *targetPeers) relay(ctx context.Context, agent *targetagent.Agent, hub *
 				touched[s.TargetID] = true
 			}
 		}
-		for _, id := range hub.Attached() {
-			if touched[id] {
+		streams := hub.Streams()
+		for id, stream := range streams {
+			if touched[id] || seen[id] != stream {
 				agent.InventoryChanged(id)
 				if err := agent.Program(ctx, id); err != nil {
 					warn("target not programmed after another replica's change", "target", id, "err", err)
@@ -335,8 +340,14 @@ func (p *targetPeers) relay(ctx context.Context, agent *targetagent.Agent, hub *
 					continue
 				}
 			}
+			seen[id] = stream
 			if err := p.record(ctx, id, rev); err != nil {
 				warn("target's acknowledgement not recorded in etcd", "target", id, "err", err)
+			}
+		}
+		for id := range seen {
+			if _, ok := streams[id]; !ok {
+				delete(seen, id)
 			}
 		}
 	}
