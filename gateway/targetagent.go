@@ -96,6 +96,7 @@ func (s *targetAgentService) Watch(r *pb.WatchRequest, stream grpc.ServerStreami
 		return nvmegate.Errorf(nvmegate.ECONFLICT, "%v", err)
 	}
 	defer sub.Close()
+	lost := s.watchBarrier(ctx)
 	var beat <-chan time.Time
 	if r.AcceptHeartbeats {
 		tick := time.NewTicker(cmp.Or(s.heartbeat, targetagent.HeartbeatInterval))
@@ -128,14 +129,15 @@ func (s *targetAgentService) Watch(r *pb.WatchRequest, stream grpc.ServerStreami
 			// The hub ended the stream (no acknowledgement in time, a
 			// failed application): the agent reconnects and starts over.
 			return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "target %s: stream ended: %v; reconnect", t.ID, sub.Err())
+		case err := <-lost:
+			// This replica cannot read the latest state: the agent moves
+			// to another rather than wait here for changes this copy will
+			// not see.
+			return err
 		case <-beat:
-			// A heartbeat says this replica is current: one that cannot
-			// read the latest state ends the stream, and the agent moves
-			// to another replica rather than wait here for changes this
-			// copy will not see.
-			if err := s.current(ctx); err != nil {
-				return err
-			}
+			// A heartbeat says this replica is alive, and at which
+			// revision its copy is (an agent that applied a later one
+			// leaves at once).
 			if err := stream.Send(&pb.WatchResponse{TargetId: t.ID, StreamId: sub.ID(), Heartbeat: true, StoreRevision: s.store.Revision()}); err != nil {
 				return err
 			}
@@ -151,16 +153,36 @@ func (s *targetAgentService) Watch(r *pb.WatchRequest, stream grpc.ServerStreami
 
 // current passes the read barrier within a heartbeat's interval, or says
 // why the stream ends.
-func (s *targetAgentService) current(ctx context.Context) error {
+// watchBarrier passes the read barrier every heartbeat interval while the
+// stream lasts, each bounded by StreamBarrierTimeout (longer than one
+// read attempt on one etcd member, so a member that hangs is retried on
+// another within it), and says on the channel why the stream ends once
+// one fails. Apart from the heartbeats: a slow barrier must not silence
+// them, or every agent of the replica would leave at once.
+func (s *targetAgentService) watchBarrier(ctx context.Context) <-chan error {
+	lost := make(chan error, 1)
 	if s.barrier == nil {
-		return nil
+		return lost
 	}
-	ctx, cancel := context.WithTimeout(ctx, cmp.Or(s.heartbeat, targetagent.HeartbeatInterval))
-	defer cancel()
-	if err := s.barrier(ctx); err != nil {
-		return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "this replica cannot read the latest state of the replicated store (%v); reconnect to another replica", err)
-	}
-	return nil
+	go func() {
+		tick := time.NewTicker(cmp.Or(s.heartbeat, targetagent.HeartbeatInterval))
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			bctx, cancel := context.WithTimeout(ctx, StreamBarrierTimeout)
+			err := s.barrier(bctx)
+			cancel()
+			if err != nil && ctx.Err() == nil {
+				lost <- nvmegate.Errorf(nvmegate.EUNAVAILABLE, "this replica cannot read the latest state of the replicated store (%v); reconnect to another replica", err)
+				return
+			}
+		}
+	}()
+	return lost
 }
 
 func (s *targetAgentService) Ack(ctx context.Context, r *pb.AckRequest) (*pb.AckResponse, error) {
