@@ -558,6 +558,22 @@ type NamespaceKeys struct {
 // most MaxStaleness, as credentials are.
 func (m *Manager) NamespaceKeys(ctx context.Context, namespace, owner string) (NamespaceKeys, error) {
 	m.TrackDataKeys(namespace)
+	for attempt := 1; ; attempt++ {
+		k, err := m.namespaceKeys(ctx, namespace, owner)
+		// A commit between the record's read and the unwrap destroyed the
+		// generation read: the record has moved on; read it again.
+		if errors.Is(err, errGenerationGone) && attempt < 3 {
+			continue
+		}
+		return k, err
+	}
+}
+
+// errGenerationGone: the KEK of a generation just read from the record is
+// gone (a commit or an erase came between).
+var errGenerationGone = errors.New("keys: the data key generation read is gone")
+
+func (m *Manager) namespaceKeys(ctx context.Context, namespace, owner string) (NamespaceKeys, error) {
 	asked := m.opts.Now()
 	rec, err := m.keyRecord(ctx, namespace, owner)
 	if err != nil {
@@ -571,24 +587,35 @@ func (m *Manager) NamespaceKeys(ctx context.Context, namespace, owner string) (N
 		m.forget(namespace)
 		return NamespaceKeys{}, foreign(namespace, rec.Owner, owner)
 	}
-	m.mu.RLock()
-	k := m.kept[namespace]
-	m.mu.RUnlock()
+	// What is kept and still the record's is taken as copies, under the
+	// lock: forget zeroes the kept bytes in place, and an entry never
+	// shares its bytes with another.
 	nk := keptKeys{owner: owner, confirmed: asked}
-	if k != nil && k.owner == owner && k.cur.same(rec.Wrapped) {
-		nk.cur = k.cur
-	} else if nk.cur.key, err = m.unwrap(ctx, namespace, rec.Wrapped); err != nil {
-		return NamespaceKeys{}, err
+	m.mu.RLock()
+	if k := m.kept[namespace]; k != nil && k.owner == owner {
+		if k.cur.same(rec.Wrapped) {
+			nk.cur.key = bytes.Clone(k.cur.key)
+		}
+		if rec.Next != nil && k.next.same(*rec.Next) {
+			nk.next.key = bytes.Clone(k.next.key)
+		}
+	}
+	m.mu.RUnlock()
+	if nk.cur.key == nil {
+		if nk.cur.key, err = m.unwrap(ctx, namespace, rec.Wrapped); err != nil {
+			return NamespaceKeys{}, gone(err)
+		}
 	}
 	nk.cur.wrapped = rec.Wrapped
 	if rec.Next != nil {
-		if k != nil && k.owner == owner && k.next.same(*rec.Next) {
-			nk.next = k.next
-		} else if nk.next.key, err = m.unwrap(ctx, namespace, *rec.Next); err != nil {
-			return NamespaceKeys{}, err
+		if nk.next.key == nil {
+			if nk.next.key, err = m.unwrap(ctx, namespace, *rec.Next); err != nil {
+				return NamespaceKeys{}, gone(err)
+			}
 		}
 		nk.next.wrapped = *rec.Next
 	}
+	out := nk.copy() // before nk is kept: from then on forget may zero it
 	m.mu.Lock()
 	// A call that read the record earlier must not replace what a later
 	// one confirmed.
@@ -596,7 +623,7 @@ func (m *Manager) NamespaceKeys(ctx context.Context, namespace, owner string) (N
 		m.kept[namespace] = &nk
 	}
 	m.mu.Unlock()
-	return nk.copy(), nil
+	return out, nil
 }
 
 // copy is the caller's copy of k's keys.
@@ -636,6 +663,14 @@ func (m *Manager) keyRecord(ctx context.Context, namespace, owner string) (DataK
 		return m.b.DataKey(ctx, namespace)
 	}
 	return DataKeyRecord{Wrapped: w, Owner: owner}, err
+}
+
+// gone marks an unwrap that found no KEK: the generation read is gone.
+func gone(err error) error {
+	if errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("%w: %w", errGenerationGone, err)
+	}
+	return err
 }
 
 func (m *Manager) unwrap(ctx context.Context, namespace string, w Wrapped) ([]byte, error) {

@@ -29,6 +29,7 @@ func Run(t *testing.T, open Opener) {
 	t.Run("Restart", func(t *testing.T) { testRestart(t, open, prefix+"-restart") })
 	t.Run("ManagerGraceAndSchedule", func(t *testing.T) { testManager(t, open, prefix+"-mgr") })
 	t.Run("ReplicasFollowTheStore", func(t *testing.T) { testReplicaKeys(t, open, prefix+"-replicas/1") })
+	t.Run("KeysUsedDuringRotations", func(t *testing.T) { testKeysDuringRotations(t, open, prefix+"-busy/1") })
 }
 
 func secret(t *testing.T) []byte {
@@ -195,6 +196,8 @@ func testDataKeys(t *testing.T, open Opener, ns string) {
 	for _, w := range []keys.Wrapped{w1, w2} {
 		if d, err := b.Unwrap(ctx, ns, w); err == nil || bytes.Equal(d, dek) {
 			t.Fatalf("a wrapped copy (KEK v%d) unwrapped after destroy", w.KEKVersion)
+		} else if !errors.Is(err, keys.ErrNotFound) {
+			t.Fatalf("unwrap after destroy: %v, want ErrNotFound (the KEK is gone)", err)
 		}
 	}
 	if vs, err := b.KEKVersions(ctx, ns); err != nil || len(vs) != 0 {
@@ -558,4 +561,52 @@ func testReplicaKeys(t *testing.T, open Opener, ns string) {
 	if _, err := a.NamespaceKeys(ctx, legacy, ""); err != nil {
 		t.Fatalf("an unowned key refused to its own (old) record: %v", err)
 	}
+}
+
+// A manager's kept keys used while the same manager commits
+// re-encryptions: every key handed out is a whole key of the namespace,
+// never one zeroed in place by the commit (run with -race too).
+func testKeysDuringRotations(t *testing.T, open Opener, ns string) {
+	ctx := context.Background()
+	b := openClosed(t, open)
+	m, err := keys.NewManager(keys.Options{Backend: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.NamespaceKeys(ctx, ns, "rec-1"); err != nil {
+		t.Fatal(err)
+	}
+	zero := make([]byte, 32)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k, err := m.NamespaceKeys(ctx, ns, "rec-1")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if bytes.Equal(k.Key, zero) || (k.Next != nil && bytes.Equal(k.Next, zero)) {
+					t.Error("a zeroed data key was handed out")
+					return
+				}
+			}
+		})
+	}
+	for gen := uint64(2); gen <= 6; gen++ {
+		if _, err := m.BeginDataKeyRotation(ctx, ns, "test"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.CommitDataKeyRotation(ctx, ns, gen, "test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
 }

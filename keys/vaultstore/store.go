@@ -605,6 +605,10 @@ func (s *Store) DataKey(ctx context.Context, namespace string) (keys.DataKeyReco
 func (s *Store) Unwrap(ctx context.Context, namespace string, w keys.Wrapped) ([]byte, error) {
 	sec, err := s.write(ctx, s.cfg.TransitMount+"/decrypt/"+s.kekName(namespace, w.Gen()), map[string]any{"ciphertext": w.Ciphertext})
 	if err != nil {
+		if strings.Contains(err.Error(), "key not found") {
+			// The generation's KEK is gone (committed past, or erased).
+			return nil, fmt.Errorf("%w: %s has no KEK of generation %d", keys.ErrNotFound, namespace, w.Gen())
+		}
 		return nil, err
 	}
 	p, _ := sec.Data["plaintext"].(string)
