@@ -94,6 +94,21 @@ func (r *Remote) Reencrypted(ctx context.Context, sub string, nsid uint32, gen u
 	return err
 }
 
+// ackTimeout bounds an acknowledgement: a replica that hangs mid-call is
+// left, not waited for until the connection's keepalive gives up.
+const ackTimeout = 10 * time.Second
+
+// stuckExported reports whether a namespace not served is still exported
+// (the target could not take it down).
+func stuckExported(ns []fabric.NotServed) bool {
+	for _, n := range ns {
+		if n.Exported {
+			return true
+		}
+	}
+	return false
+}
+
 // Run works until ctx ends.
 func (r *Remote) Run(ctx context.Context) error {
 	log := r.Log
@@ -183,6 +198,7 @@ func (r *Remote) once(ctx context.Context, log *slog.Logger, conn grpc.ClientCon
 	var (
 		applied uint64
 		have    bool // applied holds a generation applied on this stream
+		beats   bool // the gateway sent a heartbeat: it knows not_served
 	)
 	for {
 		var m *pb.WatchResponse
@@ -216,6 +232,7 @@ func (r *Remote) once(ctx context.Context, log *slog.Logger, conn grpc.ClientCon
 			return got, err
 		}
 		if m.Heartbeat {
+			beats = true
 			continue
 		}
 		got = true
@@ -239,6 +256,14 @@ func (r *Remote) once(ctx context.Context, log *slog.Logger, conn grpc.ClientCon
 		applied, have = gen, aerr == nil || partial
 		msg := ""
 		switch {
+		case partial && !beats && stuckExported(notServed):
+			// A namespace that could not be taken down is a removal not
+			// done. A gateway from before not_served (it sends no
+			// heartbeats either) would read the list-only acknowledgement
+			// as applied, and could crypto-erase under an open mapping:
+			// it is told the generation failed.
+			msg = aerr.Error()
+			log.Error("target agent: generation not applied: a namespace could not be taken down", "generation", gen, "err", aerr)
 		case partial:
 			log.Warn("target agent: generation applied, except namespaces this target cannot serve (not exported)", "generation", gen, "err", aerr)
 		case aerr != nil:
@@ -251,10 +276,13 @@ func (r *Remote) once(ctx context.Context, log *slog.Logger, conn grpc.ClientCon
 		// A refused acknowledgement (the gateway ended this stream: it
 		// took too long) drops the stream too; so does a failed
 		// application, which the gateway answers by ending the stream.
-		if _, err := c.Ack(ctx, &pb.AckRequest{Generation: gen, Error: msg, StreamId: m.StreamId, NotServed: NotServedToProto(notServed)}); err != nil {
+		actx, acancel := context.WithTimeout(ctx, ackTimeout)
+		_, err := c.Ack(actx, &pb.AckRequest{Generation: gen, Error: msg, StreamId: m.StreamId, NotServed: NotServedToProto(notServed)})
+		acancel()
+		if err != nil {
 			return got, errors.Join(errors.New("ack"), err)
 		}
-		if aerr != nil && !partial {
+		if aerr != nil && (!partial || msg != "") {
 			return got, aerr
 		}
 		for acked := r.revision.Load(); u.Revision > acked && !r.revision.CompareAndSwap(acked, u.Revision); acked = r.revision.Load() {
