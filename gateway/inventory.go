@@ -239,6 +239,8 @@ func (s *inventoryService) RemoveNamespace(ctx context.Context, r *pb.RemoveName
 			resp.DataKey = "unknown: the key store did not answer; if one exists it is kept, bound to the removed namespace; erase it with remove --erase"
 		case found && owner == n.Incarnation:
 			resp.DataKey = "kept: bound to the removed namespace, never given to a namespace added again under this NQN and NSID (which is refused until the key is erased); destroy it with remove --erase"
+		case found:
+			resp.DataKey = "none of this namespace's; a key left by an earlier namespace of this NQN and NSID is stored, bound to that one: destroy it with remove --erase"
 		}
 	}
 	return resp, nil

@@ -2,13 +2,16 @@ package gateway_test
 
 import (
 	"bytes"
+	"context"
 	"strings"
+	"sync"
 	"testing"
 
 	"google.golang.org/grpc/codes"
 
 	"github.com/nvmegate/nvmegate/gateway"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
+	"github.com/nvmegate/nvmegate/targetagent"
 )
 
 // Issue 29, defect 4: a namespace removed without erase, its subsystem
@@ -128,4 +131,36 @@ func TestForeignDataKeyNotReported(t *testing.T) {
 	}
 	_, err = kc.Rotate(ctx, &pb.RotateRequest{Kind: pb.KeyKind_KEY_KIND_DATA_KEY, SubsystemNqn: subNQN, Nsid: 1, Reason: "test"})
 	wantCode(t, err, codes.FailedPrecondition, "removed without erase")
+
+	// The target's report of a re-encryption does not commit it.
+	g.remote.Store("stor-eu-1", true)
+	applied := make(chan struct{}, 10)
+	r := &targetagent.Remote{Conn: g.client(t, "/target/stor-eu-1"), Driver: &recordingDriver{}, Applied: func(uint64, error) {
+		select {
+		case applied <- struct{}{}:
+		default:
+		}
+	}}
+	rctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { r.Run(rctx) })
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	<-applied
+	if _, err := g.keyStore.BeginDataKeyRotation(ctx, gateway.NamespaceKeyName(subNQN, 1)); err != nil {
+		t.Fatal(err)
+	}
+	err = r.Reencrypted(ctx, subNQN, 1, 2, nil)
+	wantCode(t, err, codes.FailedPrecondition, "belongs to another namespace record")
+	if rec, err := g.keyStore.DataKey(ctx, gateway.NamespaceKeyName(subNQN, 1)); err != nil || rec.Gen() != 1 || rec.Next == nil {
+		t.Fatalf("the other record's key after the report: %+v %v (want generation 1, the next one still under way)", rec, err)
+	}
+
+	// A plain remove says the key stored under the name is not its own.
+	rm, err := inv.RemoveNamespace(ctx, &pb.RemoveNamespaceRequest{SubsystemNqn: subNQN, Nsid: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(rm.DataKey, "none of this namespace's") {
+		t.Fatalf("a plain remove over another record's key says %q", rm.DataKey)
+	}
 }

@@ -45,6 +45,7 @@ type TargetHub interface {
 // namespace for (keys.Manager).
 type DataKeyCommitter interface {
 	CommitDataKeyRotation(ctx context.Context, namespace string, gen uint64, reason string) (keys.Wrapped, error)
+	DataKeyOwner(ctx context.Context, namespace string) (owner string, found bool, err error)
 }
 
 // targetAgentService streams each target agent its own target's desired
@@ -264,7 +265,8 @@ func (s *targetAgentService) Reencrypted(ctx context.Context, r *pb.ReencryptedR
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.store.Namespace(ctx, r.SubsystemNqn, r.Nsid); err != nil {
+	n, err := s.store.Namespace(ctx, r.SubsystemNqn, r.Nsid)
+	if err != nil {
 		return nil, err
 	}
 	if r.Error != "" {
@@ -273,6 +275,14 @@ func (s *targetAgentService) Reencrypted(ctx context.Context, r *pb.ReencryptedR
 		return &pb.ReencryptedResponse{}, nil
 	}
 	name := NamespaceKeyName(r.SubsystemNqn, r.Nsid)
+	// Only this namespace record's key: one a removed record left under
+	// the name is never committed (nor its previous generation destroyed)
+	// on a report for this one.
+	if owner, found, err := s.keys.DataKeyOwner(ctx, name); err != nil {
+		return nil, keyErr(err)
+	} else if found && owner != n.Incarnation {
+		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "the data key stored for namespace %d of %s belongs to another namespace record; the report counts for nothing", r.Nsid, r.SubsystemNqn)
+	}
 	if _, err := s.keys.CommitDataKeyRotation(ctx, name, r.Generation, "re-encrypted by target "+t.ID); err != nil {
 		if errors.Is(err, keys.ErrConflict) {
 			return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "namespace %d of %s has no re-encryption to generation %d under way", r.Nsid, r.SubsystemNqn, r.Generation)
