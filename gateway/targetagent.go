@@ -211,7 +211,7 @@ func notServed(ps []*pb.NamespaceNotServed) []fabric.NotServed {
 		return nil
 	}
 	// Those still exported first: they decide whether the generation
-	// counts as applied, and are kept whatever the bound.
+	// counts as applied, and are kept before any other.
 	ps = slices.Clone(ps)
 	slices.SortStableFunc(ps, func(a, b *pb.NamespaceNotServed) int {
 		switch {
@@ -224,8 +224,8 @@ func notServed(ps []*pb.NamespaceNotServed) []fabric.NotServed {
 	})
 	out := make([]fabric.NotServed, 0, min(len(ps), maxNotServed))
 	for i, p := range ps {
-		if i >= maxNotServed && !p.Exported {
-			break
+		if i >= maxNotServed {
+			break // those still exported came first: one is enough to fail the generation
 		}
 		why := agentError(p.Reason)
 		if why == "" {

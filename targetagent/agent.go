@@ -335,7 +335,11 @@ func (a *Agent) send(ctx context.Context, tgt *nvmegate.Target, t *target, whole
 				}
 			}
 			if len(stuck) > 0 {
-				err = fmt.Errorf("namespaces still exported that the state takes down: %s", strings.Join(stuck, "; "))
+				more := ""
+				if len(stuck) > 5 {
+					stuck, more = stuck[:5], fmt.Sprintf(" (and %d more)", len(stuck)-5)
+				}
+				err = fmt.Errorf("namespaces still exported that the state takes down: %s%s", strings.Join(stuck, "; "), more)
 			}
 		}
 		if err == nil {
@@ -449,10 +453,7 @@ type sink struct {
 }
 
 func (a *Agent) sinkOf(t *nvmegate.Target) (sink, error) {
-	var attached <-chan struct{}
 	if a.Hub != nil {
-		// The signal first: an agent attaching after it is heard of.
-		attached = a.Hub.attaching(t.ID)
 		if r := a.Hub.get(t.ID); r != nil {
 			return sink{remote: r}, nil
 		}
@@ -463,6 +464,15 @@ func (a *Agent) sinkOf(t *nvmegate.Target) (sink, error) {
 	}
 	if d == nil {
 		if a.Peers != nil {
+			var attached <-chan struct{}
+			if a.Hub != nil {
+				// The signal, then a second look: an agent attaching
+				// after the first is heard of either way.
+				attached = a.Hub.attaching(t.ID)
+				if r := a.Hub.get(t.ID); r != nil {
+					return sink{remote: r}, nil
+				}
+			}
 			return sink{peers: a.Peers, target: t.ID, attached: attached}, nil
 		}
 		return sink{}, fmt.Errorf("target %s (driver %s): %w", t.ID, t.Driver, ErrNotManaged)
