@@ -10,6 +10,14 @@
 // reconnect for the whole state (targetagent.Remote). It reconnects with backoff when the gateway
 // restarts, and stops on SIGTERM.
 //
+// Behind several gateway replicas, list them all (--addr r0:7443,r1:7443,r2:7443):
+// the agent streams from one at a time, on a connection to each, and moves
+// to the next when its replica refuses the stream (it cannot read the
+// latest state), sends a state older than one applied, or falls silent
+// (no heartbeat for 6 s). Behind one address that balances over the
+// replicas it cannot choose: it leaves a replica only when the connection
+// fails.
+//
 //	nvmegate-target --spiffe-socket unix:///run/spire/agent.sock --addr gw:7443 \
 //	    --nvmet-root /sys/kernel/config/nvmet
 //	nvmegate-target --dev-dir .demo --dev-identity target-stor-eu-1 --nvmet-root .demo/nvmet
