@@ -2,14 +2,11 @@ package targetagent_test
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/keys"
-	"github.com/nvmegate/nvmegate/keys/localstore"
-	"github.com/nvmegate/nvmegate/store"
 	"github.com/nvmegate/nvmegate/targetagent"
 )
 
@@ -32,29 +29,7 @@ func (p *blockPeers) Await(ctx context.Context, target string) error {
 // with the current revision (found by a review of issue 29's fixes).
 func TestAttachedAgentGetsAFreshState(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	db, err := store.Open(filepath.Join(dir, "s.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	ks, err := localstore.Open(filepath.Join(dir, "k.db"), filepath.Join(dir, "k.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ks.Close()
-	km, err := keys.NewManager(keys.Options{Backend: ks, Grace: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tgt := &nvmegate.Target{ID: "t1", Fabric: "f", Region: "eu-west", Driver: nvmegate.DriverNVMet, Ports: []nvmegate.Port{
-		{ID: 1, Transport: "tcp", AddressFamily: "ipv4", Address: "10.0.0.1", ServiceID: "4420"}}}
-	if err := db.CreateTarget(ctx, tgt); err != nil {
-		t.Fatal(err)
-	}
-	if err := db.CreateSubsystem(ctx, &nvmegate.Subsystem{NQN: sub, TargetID: "t1", Tenant: "acme", PortIDs: []uint16{1}, DHCHAP: true}); err != nil {
-		t.Fatal(err)
-	}
+	db, _, km, tgt := oneTarget(t, keys.Options{Grace: time.Hour})
 	if _, err := km.Rotate(ctx, sub, "test"); err != nil {
 		t.Fatal(err)
 	}
