@@ -74,6 +74,9 @@ type Manager struct {
 	// kept holds the data keys NamespaceKeys unwrapped, per namespace;
 	// each use checks them against the backend's record first.
 	kept map[string]*keptKeys
+	// epochs counts each scope's Expire calls: a read that began before
+	// one is not kept.
+	epochs map[string]uint64
 
 	backendReads atomic.Uint64 // round trips to the backend, for metrics and benchmarks
 
@@ -149,7 +152,7 @@ func NewManager(opts Options) (*Manager, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Manager{b: opts.Backend, opts: opts, log: log, cache: map[string]*cached{}, dataKeys: map[string]struct{}{},
-		kept: map[string]*keptKeys{}}, nil
+		kept: map[string]*keptKeys{}, epochs: map[string]uint64{}}, nil
 }
 
 // BackendReads is the number of round trips to the backend so far.
@@ -253,26 +256,56 @@ func (m *Manager) fresh(ctx context.Context, subNQN string) (*cached, error) {
 
 // load reads subNQN's roots from the backend into the cache.
 func (m *Manager) load(ctx context.Context, subNQN string) (*cached, error) {
+	m.mu.RLock()
+	epoch := m.epochs[subNQN]
+	m.mu.RUnlock()
 	m.backendReads.Add(1)
 	roots, err := m.b.Roots(ctx, subNQN)
 	if err != nil {
 		return nil, err
 	}
-	return m.store(subNQN, roots), nil
+	return m.storeRead(subNQN, roots, epoch), nil
 }
 
-// store caches roots read or written just now, unless the cache already
-// holds a newer current version: a slow read that started before a
-// rotation must not roll the cache back to the superseded root.
+// store caches roots written just now, unless the cache already holds a
+// newer current version.
 func (m *Manager) store(subNQN string, roots []Root) *cached {
+	m.mu.RLock()
+	epoch := m.epochs[subNQN]
+	m.mu.RUnlock()
+	return m.storeRead(subNQN, roots, epoch)
+}
+
+// storeRead caches roots read since Expire's epoch of subNQN was epoch,
+// unless the cache already holds a newer current version: a slow read that
+// started before a rotation must not roll the cache back to the superseded
+// root. A read that began before an Expire is served to its caller but
+// not kept: the next use reads again.
+func (m *Manager) storeRead(subNQN string, roots []Root, epoch uint64) *cached {
 	c := &cached{roots: roots, fetched: m.opts.Now()}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.epochs[subNQN] != epoch {
+		return c
+	}
 	if old := m.cache[subNQN]; old != nil && currentVersion(old.roots) > currentVersion(roots) {
 		return old
 	}
 	m.cache[subNQN] = c
 	return c
+}
+
+// Expire drops the kept roots of scopes: their next use reads them from
+// the backend. A replica calls it when it applies another replica's
+// revocation, which rotated those roots before it was stored, so that it
+// never grants again under the root the revocation retired.
+func (m *Manager) Expire(scopes ...string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, s := range scopes {
+		delete(m.cache, s)
+		m.epochs[s]++
+	}
 }
 
 func currentVersion(roots []Root) uint64 {

@@ -108,8 +108,8 @@ type outcome struct {
 //     failure is recorded. An end is never undone: its grants are stored
 //     RemovalPending, settled once their target acknowledged the removal;
 //     those of a target that did not follow stay pending, for Settle to
-//     retry and the caller to be told. An end with rotate then rotates the
-//     roots the hosts knew.
+//     retry and the caller to be told. An end with rotate has rotated the
+//     roots the hosts knew before it was stored.
 func (l *Lifecycle) run(ctx context.Context, c *change) outcome {
 	// 1. Record.
 	put, err := l.record(ctx, c)
@@ -117,6 +117,17 @@ func (l *Lifecycle) run(ctx context.Context, c *change) outcome {
 		return outcome{err: err}
 	}
 	res := outcome{err: err}
+
+	// An end's rotation comes before the end is stored: every replica
+	// that applies the stored end then reloads the roots of the ended
+	// grants' scopes (store.Options.Ended) and finds the new one, so no
+	// replica grants the same host again under the root a revocation
+	// meant to retire (issue 29). A rotation that fails does not keep
+	// the end: it is reported, as before, and the schedule retries.
+	var rotateErr error
+	if c.rotate != "" {
+		rotateErr = l.rotate(ctx, put, c.rotate)
+	}
 
 	// 2. Store.
 	var storeErr error
@@ -149,9 +160,7 @@ func (l *Lifecycle) run(ctx context.Context, c *change) outcome {
 		// another host entry (c.hosts names them).
 		l.settle(ctx, pendingOf(c.superseded))
 	}
-	if c.rotate != "" {
-		res.unfollowed = errors.Join(res.unfollowed, l.rotate(ctx, res.done, c.rotate))
-	}
+	res.unfollowed = errors.Join(res.unfollowed, rotateErr)
 	return res
 }
 

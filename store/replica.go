@@ -216,8 +216,24 @@ func (db *DB) applyChange(ch Change) error {
 		targets, subsystems := touched(ops)
 		db.applied(ch.Revision, targets, subsystems)
 	}
+	if db.revoked != nil {
+		if scopes := revokedScopes(ops); len(scopes) > 0 {
+			db.revoked(scopes)
+		}
+	}
 	db.model.apply(change{revision: ch.Revision, ops: ops})
 	return nil
+}
+
+// revokedScopes names the key scopes of the grants ops store as revoked.
+func revokedScopes(ops []op) []string {
+	var out []string
+	for _, o := range ops {
+		if o.grant != nil && !o.del && o.grant.State == nvmegate.GrantRevoked {
+			out = append(out, o.grant.Scope())
+		}
+	}
+	return slices.Compact(slices.Sorted(slices.Values(out)))
 }
 
 // touched names the targets and subsystems whose desired state ops may

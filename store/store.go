@@ -94,6 +94,12 @@ type Options struct {
 	// heard of every change up to it; reads see the change once Revision
 	// has. It must not block.
 	Applied func(rev uint64, targets, subsystems []string)
+	// Revoked, with a Replica, hears of the key scopes of the grants each
+	// change of another replica ended as revoked, at the same moment as
+	// Applied (before Revision moves): the revocation rotated those scopes'
+	// roots before it was stored, so a replica drops the roots it keeps
+	// for them and reads the new ones. It must not block.
+	Revoked func(scopes []string)
 }
 
 // DB is the inventory store. Its methods are safe for concurrent use: the
@@ -112,6 +118,7 @@ type DB struct {
 	model   model
 	replica Replica
 	applied func(rev uint64, targets, subsystems []string)
+	revoked func(scopes []string)
 	syncs   syncRounds
 }
 
@@ -169,7 +176,7 @@ func openFile(path string, opts Options) (*DB, error) {
 		_ = bdb.Close()
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
-	db := &DB{bolt: bdb, now: opts.Now, replica: opts.Replica, applied: opts.Applied}
+	db := &DB{bolt: bdb, now: opts.Now, replica: opts.Replica, applied: opts.Applied, revoked: opts.Revoked}
 	if err := bdb.View(func(tx *bolt.Tx) error {
 		recs, rev, err := load(tx)
 		db.model.records = recs

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -56,6 +57,7 @@ type Main struct {
 	db        *store.DB
 	keyStore  keys.Backend
 	keys      *keys.Manager
+	expire    atomic.Pointer[keys.Manager] // m.keys, for the store's hook, which may come first
 	agent     *targetagent.Agent
 	hub       *targetagent.Hub // remote target agents
 	lease     *lease.Lifecycle // the grants: issued, renewed, ended, expired
@@ -190,6 +192,14 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		ack, _ := time.ParseDuration(c.Targets.AckTimeout) // checked by validate
 		m.peers = newTargetPeers(m.repl, nil, ack)
 		storeOpts.Applied = m.peers.changed
+		// Another replica's revocation rotated its scopes' roots before
+		// it was stored: this replica's kept roots of them go, and the
+		// next grant there is issued under the new root.
+		storeOpts.Revoked = func(scopes []string) {
+			if k := m.expire.Load(); k != nil {
+				k.Expire(scopes...)
+			}
+		}
 	}
 	if m.db, err = store.Open(filepath.Join(c.StateDir, "inventory.db"), storeOpts); err != nil {
 		return fmt.Errorf("inventory store: %w", err)
@@ -405,6 +415,7 @@ func (m *Main) openKeys(ctx context.Context, self string) error {
 	if err != nil {
 		return err
 	}
+	m.expire.Store(m.keys)
 	subs, err := store.All(func(p store.Page) ([]*nvmegate.Subsystem, string, error) {
 		return m.db.ListSubsystems(ctx, store.SubsystemFilter{}, p)
 	})

@@ -549,6 +549,26 @@ func testReplicaKeys(t *testing.T, open Opener, ns string) {
 			t.Fatalf("replica %d: EnsureDataKey adopted a foreign key: %v", i, err)
 		}
 	}
+	// A root rotated through r is used by a once a expires its kept
+	// roots of the scope (a replica does on applying a revocation).
+	sub := ns + "-root"
+	host := "nqn.2014-08.org.nvmexpress:uuid:00000001-aaaa-4000-8000-000000000000"
+	p := keys.CredentialParams{DHCHAPHash: nvmefmt.SHA256}
+	c1, err := a.Credentials(ctx, host, sub, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Rotate(ctx, sub, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := a.Credentials(ctx, host, sub, p); err != nil || c.RootVersion != c1.RootVersion {
+		t.Fatalf("before Expire: v%d, %v (want the kept v%d: the refresh has not run)", c.RootVersion, err, c1.RootVersion)
+	}
+	a.Expire(sub)
+	if c, err := a.Credentials(ctx, host, sub, p); err != nil || c.RootVersion != c1.RootVersion+1 {
+		t.Fatalf("after Expire: v%d, %v (want v%d, rotated through the other manager)", c.RootVersion, err, c1.RootVersion+1)
+	}
+
 	// A key made before owners were recorded belongs only to a record
 	// from before incarnations.
 	legacy := ns + "0"
