@@ -523,13 +523,11 @@ func (s sink) await(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stop := make(chan struct{})
-	defer close(stop)
 	go func() {
 		select {
 		case <-s.attached:
 			cancel(errAttachedHere)
-		case <-stop:
+		case <-ctx.Done():
 		}
 	}()
 	err := s.peers.Await(ctx, s.target)

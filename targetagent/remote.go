@@ -183,18 +183,13 @@ func (r *Remote) once(ctx context.Context, log *slog.Logger, conn grpc.ClientCon
 	silence := cmp.Or(r.Silence, DefaultSilence)
 	// The first message is due within a few silences (a gateway that
 	// beats sends a heartbeat at once; one from before heartbeats, its
-	// first state); after it, the bound is armed by the first heartbeat
-	// alone: a gateway from before heartbeats sends none, and its stream
-	// may be quiet for as long as nothing changes.
-	first := time.NewTimer(5 * silence)
-	defer first.Stop()
-	var quiet <-chan time.Time = first.C
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
+	// first state); after it, the bound holds only once the gateway has
+	// beaten: one from before heartbeats sends none, and its stream may be
+	// quiet for as long as nothing changes.
+	bound := 5 * silence
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	quiet := timer.C
 	var (
 		applied uint64
 		have    bool // applied holds a generation applied on this stream
@@ -205,7 +200,7 @@ func (r *Remote) once(ctx context.Context, log *slog.Logger, conn grpc.ClientCon
 		select {
 		case m = <-msgs:
 		case <-quiet:
-			return got, fmt.Errorf("no message for %s: %w", silence, ErrStaleReplica)
+			return got, fmt.Errorf("no message for %s: %w", bound, ErrStaleReplica)
 		case <-ctx.Done():
 			select {
 			case err := <-ended:
@@ -214,14 +209,13 @@ func (r *Remote) once(ctx context.Context, log *slog.Logger, conn grpc.ClientCon
 				return got, ctx.Err()
 			}
 		}
-		first.Stop()
-		quiet = nil
-		if m.Heartbeat && timer == nil {
-			timer = time.NewTimer(silence)
-		}
-		if timer != nil {
+		beats = beats || m.Heartbeat
+		if beats {
 			timer.Reset(silence)
-			quiet = timer.C
+			quiet, bound = timer.C, silence
+		} else {
+			timer.Stop()
+			quiet = nil
 		}
 		if acked := r.revision.Load(); acked > 0 && m.StoreRevision < acked {
 			// Not applied, and not acknowledged: the replica is behind.
@@ -232,7 +226,6 @@ func (r *Remote) once(ctx context.Context, log *slog.Logger, conn grpc.ClientCon
 			return got, err
 		}
 		if m.Heartbeat {
-			beats = true
 			continue
 		}
 		got = true
@@ -287,7 +280,7 @@ func (r *Remote) once(ctx context.Context, log *slog.Logger, conn grpc.ClientCon
 		}
 		for acked := r.revision.Load(); u.Revision > acked && !r.revision.CompareAndSwap(acked, u.Revision); acked = r.revision.Load() {
 		}
-		if timer != nil {
+		if beats {
 			// The silence is the gateway's, not the time this agent took
 			// to apply: what queued meanwhile is read first.
 			timer.Reset(silence)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -12,8 +11,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
-	"github.com/nvmegate/nvmegate/internal/etcdtest"
-	"github.com/nvmegate/nvmegate/internal/vaulttest"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 	"github.com/nvmegate/nvmegate/targetagent"
 )
@@ -29,12 +26,10 @@ import (
 // through B at once: it is made before the revocation is stored, and B
 // drops the scope's kept roots as it applies it.)
 func TestChangeThroughOneReplicaInForceThroughTheOther(t *testing.T) {
-	v := vaulttest.Start(t)
-	c := etcdtest.Start(t, 1)
-	dir := t.TempDir()
-	role := v.SetUpAppRole(t, filepath.Join(dir, "approle"))
-	a, _ := startReplica(t, dir, "a", c.Endpoints, v, role, "--remote-targets", "stor-eu-1")
-	b, _ := startReplica(t, dir, "b", c.Endpoints, v, role, "--remote-targets", "stor-eu-1")
+	f := newFleet(t, 1)
+	dir := f.dir
+	a, _ := f.replica(t, "a", "--remote-targets", "stor-eu-1")
+	b, _ := f.replica(t, "b", "--remote-targets", "stor-eu-1")
 	sub := acmeJob(t, dir, a.GRPCAddr(), a.GRPCAddr(), "stor-eu-1")
 	root := t.TempDir()
 	hosts := subsystemHosts(root, sub)

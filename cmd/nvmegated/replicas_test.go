@@ -76,6 +76,28 @@ func startReplica(t *testing.T, dir, name string, etcd []string, v *vaulttest.Se
 	return m, stop
 }
 
+// fleet is one Vault, one etcd cluster and a dev trust domain, for the
+// replicas a test starts on them.
+type fleet struct {
+	vault *vaulttest.Server
+	etcd  *etcdtest.Cluster
+	dir   string
+	role  vaulttest.AppRole
+}
+
+func newFleet(t *testing.T, members int) *fleet {
+	t.Helper()
+	f := &fleet{vault: vaulttest.Start(t), etcd: etcdtest.Start(t, members), dir: t.TempDir()}
+	f.role = f.vault.SetUpAppRole(t, filepath.Join(f.dir, "approle"))
+	return f
+}
+
+// replica starts replica name on every etcd member (startReplica).
+func (f *fleet) replica(t *testing.T, name string, flags ...string) (*Main, func()) {
+	t.Helper()
+	return startReplica(t, f.dir, name, f.etcd.Endpoints, f.vault, f.role, flags...)
+}
+
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
@@ -112,12 +134,10 @@ func runAgent(t *testing.T, r *targetagent.Remote) {
 // the background work, and when it stops the other takes over and serves
 // on alone.
 func TestTwoReplicasOnEtcd(t *testing.T) {
-	v := vaulttest.Start(t)
-	c := etcdtest.Start(t, 1)
-	dir := t.TempDir()
-	role := v.SetUpAppRole(t, filepath.Join(dir, "approle"))
-	a, stopA := startReplica(t, dir, "a", c.Endpoints, v, role)
-	b, stopB := startReplica(t, dir, "b", c.Endpoints, v, role)
+	f := newFleet(t, 1)
+	dir := f.dir
+	a, stopA := f.replica(t, "a")
+	b, stopB := f.replica(t, "b")
 	replicas := map[string]*Main{"a": a, "b": b}
 
 	// The inventory added through a, the job admitted through b right
@@ -187,12 +207,10 @@ func TestTwoReplicasOnEtcd(t *testing.T) {
 // When the agent's replica stops, the agent reconnects to the other and
 // the target keeps exactly the active grants' hosts.
 func TestTargetBehindAnotherReplica(t *testing.T) {
-	v := vaulttest.Start(t)
-	c := etcdtest.Start(t, 1)
-	dir := t.TempDir()
-	role := v.SetUpAppRole(t, filepath.Join(dir, "approle"))
-	a, _ := startReplica(t, dir, "a", c.Endpoints, v, role, "--remote-targets", "stor-eu-1")
-	b, stopB := startReplica(t, dir, "b", c.Endpoints, v, role, "--remote-targets", "stor-eu-1")
+	f := newFleet(t, 1)
+	dir := f.dir
+	a, _ := f.replica(t, "a", "--remote-targets", "stor-eu-1")
+	b, stopB := f.replica(t, "b", "--remote-targets", "stor-eu-1")
 
 	sub := acmeJob(t, dir, a.GRPCAddr(), a.GRPCAddr(), "stor-eu-1")
 
@@ -300,13 +318,11 @@ func (h *hostsLog) count() int {
 // pass its read barrier) and the agent moves on to a, whose state is
 // current.
 func TestReleasedHostStaysOffThroughALaggingReplica(t *testing.T) {
-	v := vaulttest.Start(t)
-	c := etcdtest.Start(t, 3)
-	dir := t.TempDir()
-	role := v.SetUpAppRole(t, filepath.Join(dir, "approle"))
-	a, _ := startReplica(t, dir, "a", c.Endpoints, v, role, "--remote-targets", "stor-eu-1")
-	b, stopB := startReplica(t, dir, "b", c.Endpoints, v, role, "--remote-targets", "stor-eu-1")
-	lag, _ := startReplica(t, dir, "lag", c.Endpoints[2:], v, role, "--remote-targets", "stor-eu-1")
+	f := newFleet(t, 3)
+	dir, c := f.dir, f.etcd
+	a, _ := f.replica(t, "a", "--remote-targets", "stor-eu-1")
+	b, stopB := f.replica(t, "b", "--remote-targets", "stor-eu-1")
+	lag, _ := startReplica(t, dir, "lag", c.Endpoints[2:], f.vault, f.role, "--remote-targets", "stor-eu-1")
 	sub := acmeJob(t, dir, a.GRPCAddr(), a.GRPCAddr(), "stor-eu-1")
 
 	var replicas []grpc.ClientConnInterface
@@ -353,12 +369,10 @@ func TestReleasedHostStaysOffThroughALaggingReplica(t *testing.T) {
 // other replica, and the host leaves the target — target: within 10 s of
 // the release.
 func TestReleasedHostLeavesWhileTheAgentsReplicaHangs(t *testing.T) {
-	v := vaulttest.Start(t)
-	c := etcdtest.Start(t, 1)
-	dir := t.TempDir()
-	role := v.SetUpAppRole(t, filepath.Join(dir, "approle"))
-	a, _ := startReplica(t, dir, "a", c.Endpoints, v, role, "--remote-targets", "stor-eu-1")
-	b, _ := startReplica(t, dir, "b", c.Endpoints, v, role, "--remote-targets", "stor-eu-1")
+	f := newFleet(t, 1)
+	dir := f.dir
+	a, _ := f.replica(t, "a", "--remote-targets", "stor-eu-1")
+	b, _ := f.replica(t, "b", "--remote-targets", "stor-eu-1")
 	sub := acmeJob(t, dir, a.GRPCAddr(), a.GRPCAddr(), "stor-eu-1")
 
 	hung := netfreeze.Start(t, b.GRPCAddr())

@@ -3,14 +3,11 @@ package main
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"runtime/pprof"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/nvmegate/nvmegate/internal/etcdtest"
-	"github.com/nvmegate/nvmegate/internal/vaulttest"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
 
@@ -23,12 +20,10 @@ import (
 // no deadline, and writes begun by the connects waited for etcd as long
 // as it was away (issue 29, defect 6).
 func TestReplicasStopWhileEtcdIsDown(t *testing.T) {
-	v := vaulttest.Start(t)
-	c := etcdtest.Start(t, 1)
-	dir := t.TempDir()
-	role := v.SetUpAppRole(t, filepath.Join(dir, "approle"))
-	a, stopA := startReplica(t, dir, "a", c.Endpoints, v, role)
-	b, stopB := startReplica(t, dir, "b", c.Endpoints, v, role)
+	f := newFleet(t, 1)
+	dir, c := f.dir, f.etcd
+	a, stopA := f.replica(t, "a")
+	b, stopB := f.replica(t, "b")
 	sub := acmeJob(t, dir, a.GRPCAddr(), b.GRPCAddr(), "stor-1")
 	waitUntil(t, "a leader", func() bool { return a.repl.elector.Leading() != b.repl.elector.Leading() })
 	follower := b
