@@ -350,11 +350,15 @@ func parseCanonicalTime(s string) (time.Time, bool) {
 
 func (d *decoder) entry(e *Entry) error {
 	var haveKind, haveTime, haveV bool
+	var version uint64
 	err := d.object(func(k string) error {
 		var err error
 		switch k {
 		case "caller":
 			e.Caller, err = d.nonEmpty()
+		case "change":
+			e.Change = &ChangeRef{}
+			err = d.change(e.Change)
 		case "decision":
 			if !d.view || e.Decision == nil {
 				e.Decision = &Decision{}
@@ -407,10 +411,10 @@ func (d *decoder) entry(e *Entry) error {
 		case "v":
 			var v uint64
 			v, err = d.uint(maxJSONInt)
-			if err == nil && v != SchemaVersion {
-				err = fmt.Errorf("%w: schema version %d (this reader knows %d)", ErrMalformedEntry, v, SchemaVersion)
+			if err == nil && (v < schemaV1 || v > SchemaVersion) {
+				err = fmt.Errorf("%w: schema version %d (this reader knows %d to %d)", ErrMalformedEntry, v, schemaV1, SchemaVersion)
 			}
-			haveV = true
+			version, haveV = v, true
 		default:
 			err = d.errf("unknown member %q", k)
 		}
@@ -421,6 +425,10 @@ func (d *decoder) entry(e *Entry) error {
 	}
 	if !haveKind || !haveTime || !haveV {
 		return fmt.Errorf("%w: kind, time and v are required", ErrMalformedEntry)
+	}
+	// One encoding per entry: version 2 exactly when a change is carried.
+	if (e.Change != nil) != (version == SchemaVersion) {
+		return fmt.Errorf("%w: version %d with%s a change", ErrMalformedEntry, version, map[bool]string{true: "", false: "out"}[e.Change != nil])
 	}
 	return nil
 }
@@ -454,6 +462,7 @@ func (d *decoder) fixed(names []string, member func(i int) error) error {
 }
 
 var (
+	changeNames    = []string{"digest", "revision"}
 	decisionNames  = []string{"allow", "id", "policy_revision", "reasons"}
 	keyRefNames    = []string{"class", "fingerprint", "id", "version"}
 	namespaceNames = []string{"dataset", "dataset_digest", "mode", "nsid", "subsystem_nqn"}
@@ -475,6 +484,21 @@ func (d *decoder) decision(x *Decision) error {
 				x.Reasons = append(x.Reasons, s)
 				return err
 			})
+		}
+		return err
+	})
+}
+
+func (d *decoder) change(x *ChangeRef) error {
+	return d.fixed(changeNames, func(i int) error {
+		var err error
+		switch i {
+		case 0:
+			if x.Digest, err = d.str(); err == nil && !validDigest(x.Digest) {
+				err = d.errf("change digest %q", x.Digest)
+			}
+		case 1:
+			x.Revision, err = d.uint(maxJSONInt)
 		}
 		return err
 	})

@@ -2,6 +2,7 @@ package audit
 
 import (
 	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 	"time"
@@ -10,9 +11,15 @@ import (
 	"github.com/nvmegate/nvmegate"
 )
 
-// SchemaVersion is the version of the entry encoding, written as "v" in
-// every entry. A decoder refuses other versions.
-const SchemaVersion = 1
+// SchemaVersion is the newest version of the entry encoding, written as
+// "v" in every entry: 2 in an entry that carries a change (Entry.Change),
+// 1 in every other, whose encoding version 2 left as it was. A decoder
+// refuses other versions, a change in a version 1 entry and a version 2
+// entry without one: each entry has one encoding.
+const SchemaVersion = 2
+
+// schemaV1 is the version of an entry without a change.
+const schemaV1 = 1
 
 // MaxEntrySize bounds an encoded entry: C2SP tlog-tiles entry bundles
 // prefix each entry with a 16-bit length.
@@ -45,6 +52,10 @@ const (
 	// EventComplianceAttestation records a compliance attestation: its
 	// detail is the digest of the signed envelope.
 	EventComplianceAttestation EventKind = "compliance_attestation"
+	// EventStateChange records a change of the gateway's state that no
+	// other entry of its proposal stands for (a settled removal, a
+	// renewal deadline): it carries the change (Entry.Change).
+	EventStateChange EventKind = "state_change"
 )
 
 var knownKinds = map[EventKind]bool{
@@ -52,6 +63,7 @@ var knownKinds = map[EventKind]bool{
 	EventExpire: true, EventRevoke: true, EventJobAdmit: true, EventJobFinish: true,
 	EventKeyRotation: true, EventInventoryChange: true, EventPolicyLoad: true,
 	EventTargetApply: true, EventInvalid: true, EventReauth: true, EventComplianceAttestation: true,
+	EventStateChange: true,
 }
 
 // Entry is one audit record: a decision or a state change. See doc.go for
@@ -72,6 +84,18 @@ type Entry struct {
 	GrantID      string      // the grant (lease), if any
 	ExpiresAt    time.Time   // expiry of the grant or job, if any
 	Detail       string      // free text (no secrets): why a step failed, what changed
+	// Change, if set, is the state change recorded with the entry: its
+	// payload sits beside the entry in the log, and the entry (so the
+	// leaf) commits to its digest. Set by the log when it sequences a
+	// proposal (Log.Propose), never by callers of Append.
+	Change *ChangeRef
+}
+
+// ChangeRef names a state change by its revision in the store's order and
+// the SHA-256 digest of its payload ("sha256:" and 64 hex digits).
+type ChangeRef struct {
+	Revision uint64
+	Digest   string
 }
 
 // Namespace is one namespace an entry concerns.
@@ -148,6 +172,9 @@ func (e *Entry) Validate() error {
 	set(check("host_nqn", e.HostNQN))
 	set(check("subsystem_nqn", e.SubsystemNQN))
 	set(check("grant_id", e.GrantID))
+	if c := e.Change; c != nil && !validDigest(c.Digest) {
+		set(fmt.Errorf("%w: change.digest is not sha256: and 64 lower-case hex digits", ErrInvalidEntry))
+	}
 	if d := e.Decision; d != nil {
 		set(check("decision.id", d.ID))
 		set(check("decision.policy_revision", d.PolicyRevision))
@@ -184,6 +211,19 @@ func (e *Entry) appendTo(b []byte) ([]byte, error) {
 	w := encoder{b: b}
 	w.raw(`{`)
 	w.optString("caller", e.Caller)
+	version := schemaV1
+	if c := e.Change; c != nil {
+		version = SchemaVersion
+		w.key("change")
+		w.raw(`{"digest":`)
+		w.str("change.digest", c.Digest)
+		w.raw(`,"revision":`)
+		if c.Revision > maxJSONInt {
+			w.fail(fmt.Errorf("%w: change.revision too large", ErrInvalidEntry))
+		}
+		w.b = strconv.AppendUint(w.b, c.Revision, 10)
+		w.raw(`}`)
+	}
 	if d := e.Decision; d != nil {
 		w.key("decision")
 		w.raw(`{"allow":`)
@@ -259,7 +299,7 @@ func (e *Entry) appendTo(b []byte) ([]byte, error) {
 	w.key("time")
 	w.time("time", e.Time)
 	w.raw(`,"v":`)
-	w.b = strconv.AppendInt(w.b, SchemaVersion, 10)
+	w.b = strconv.AppendInt(w.b, int64(version), 10)
 	w.raw(`}`)
 	if w.err != nil {
 		return nil, w.err
@@ -363,4 +403,24 @@ func (w *encoder) str(field, s string) {
 	}
 	w.b = append(w.b, s[start:]...)
 	w.b = append(w.b, '"')
+}
+
+// validDigest reports whether s is "sha256:" and 64 lower-case hex digits.
+func validDigest(s string) bool {
+	const prefix = "sha256:"
+	if len(s) != len(prefix)+64 || s[:len(prefix)] != prefix {
+		return false
+	}
+	for i := len(prefix); i < len(s); i++ {
+		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// PayloadDigest is the digest an entry's ChangeRef gives of payload.
+func PayloadDigest(payload []byte) string {
+	sum := sha256.Sum256(payload)
+	return "sha256:" + hex.EncodeToString(sum[:])
 }

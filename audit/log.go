@@ -35,10 +35,13 @@ var (
 	bucketIdxTenant   = []byte("idx_tenant")
 	bucketIdxNS       = []byte("idx_namespace")
 	bucketIdxTime     = []byte("idx_time")
+	// bucketChanges holds the payloads of sequenced proposals (Propose):
+	// revision -> index of the entry that records it, and the payload.
+	bucketChanges = []byte("changes")
 
 	allBuckets = [][]byte{
 		bucketMeta, bucketEntries, bucketTiles, bucketCheckpoints, bucketKeys,
-		bucketIdxJob, bucketIdxTenant, bucketIdxNS, bucketIdxTime,
+		bucketIdxJob, bucketIdxTenant, bucketIdxNS, bucketIdxTime, bucketChanges,
 	}
 
 	metaKind   = []byte("kind")
@@ -157,6 +160,7 @@ type appendReq struct {
 	unixNano int64
 	cond     any // WithCondition's, or nil
 	done     chan appendResult
+	prop     Proposal // a proposal: data, leaf and keys come from its Prepare
 }
 
 type appendResult struct {
@@ -511,23 +515,9 @@ func (l *Log) Append(ctx context.Context, e Entry) (uint64, [32]byte, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, [32]byte{}, err
 	}
-
-	l.closeMu.RLock()
-	if l.closed {
-		err := l.failed
-		l.closeMu.RUnlock()
-		if err != nil {
-			return 0, [32]byte{}, err
-		}
-		return 0, [32]byte{}, ErrClosed
+	if err := l.enqueue(ctx, r); err != nil {
+		return 0, [32]byte{}, err
 	}
-	select {
-	case l.reqs <- r:
-	case <-ctx.Done():
-		l.closeMu.RUnlock()
-		return 0, [32]byte{}, ctx.Err()
-	}
-	l.closeMu.RUnlock()
 
 	select {
 	case res := <-r.done:
@@ -537,6 +527,24 @@ func (l *Log) Append(ctx context.Context, e Entry) (uint64, [32]byte, error) {
 		return res.index, r.leaf, nil
 	case <-ctx.Done():
 		return 0, [32]byte{}, ctx.Err()
+	}
+}
+
+// enqueue hands r to the writer, unless the log is closed or failed.
+func (l *Log) enqueue(ctx context.Context, r *appendReq) error {
+	l.closeMu.RLock()
+	defer l.closeMu.RUnlock()
+	if l.closed {
+		if l.failed != nil {
+			return l.failed
+		}
+		return ErrClosed
+	}
+	select {
+	case l.reqs <- r:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
@@ -649,9 +657,30 @@ func (l *Log) commit(batch []*appendReq) {
 	l.closeMu.RUnlock()
 	if failed != nil {
 		for _, r := range batch {
-			r.done <- appendResult{err: failed}
+			if r.prop == nil {
+				r.done <- appendResult{err: failed}
+			}
 		}
+		var props []proposed
+		for _, r := range batch {
+			if r.prop != nil {
+				props = append(props, proposed{req: r})
+			}
+		}
+		answerUnprepared(props, failed)
 		return
+	}
+
+	// Proposals are prepared once, at the index the tree has now: only a
+	// log without a Replica takes them, so no other writer moves it.
+	var props []proposed
+	if l.opts.Replica == nil {
+		l.stmu.RLock()
+		size := l.size
+		l.stmu.RUnlock()
+		if batch, props = l.expand(size, batch); len(batch) == 0 {
+			return
+		}
 	}
 
 	var (
@@ -675,6 +704,9 @@ func (l *Log) commit(batch []*appendReq) {
 		}
 		l.dbmu.RLock()
 		err = l.db.Update(func(tx *bolt.Tx) error {
+			if err := putChanges(tx, props); err != nil {
+				return err
+			}
 			return l.writeBatch(tx, start, rng, batch, flush, replicate)
 		})
 		l.dbmu.RUnlock()
@@ -708,6 +740,7 @@ func (l *Log) commit(batch []*appendReq) {
 		for _, r := range batch {
 			r.done <- appendResult{err: err}
 		}
+		finish(props, err)
 		l.recoverAfter(err)
 		return
 	}
@@ -715,6 +748,7 @@ func (l *Log) commit(batch []*appendReq) {
 	for i, r := range batch {
 		r.done <- appendResult{index: start + uint64(i)}
 	}
+	finish(props, nil)
 }
 
 // writeBatch stores batch at start, growing rng over it. With replicate

@@ -1,0 +1,209 @@
+package audit
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// A Proposal is a state change the log sequences: the writer prepares it
+// in log order, when the index of its first entry is known, and appends
+// its entries and its payload in one commit with the batch it is in. That
+// commit is the change's only durable round: the state it changes (the
+// store) is a projection of the log, replayed from the payloads after a
+// crash (Changes).
+type Proposal interface {
+	// Prepare is called by the writer, in log order, with the index the
+	// proposal's first entry will have. It validates the change against
+	// the state every earlier proposal left and returns what to append,
+	// or an error, which is Propose's answer: nothing of the proposal is
+	// appended and Done is not called.
+	Prepare(first uint64) (Prepared, error)
+	// Done is called, after a successful Prepare, once the commit is
+	// durable (nil) or has failed (why). Those of one commit are called
+	// in log order on success and in reverse order on failure, so that
+	// each proposal can undo what it prepared.
+	Done(err error)
+}
+
+// Prepared is what a prepared proposal appends: its entries, and the
+// change's payload with the revision it makes. Entries[0] records the
+// change (its ChangeRef is set by the log).
+type Prepared struct {
+	Entries  []Entry
+	Revision uint64
+	Payload  []byte
+}
+
+// ErrNoProposals is Propose's answer on a replicated log: a proposal is
+// sequenced by the term's leader, which a replicated log does not yet do.
+var ErrNoProposals = errors.New("audit: proposals are sequenced only by a log without a replica")
+
+// Propose sequences p and returns the index of its first entry once its
+// entries and payload are durable. An error from p's Prepare is returned
+// unchanged; any other error means the change is not known to be durable.
+func (l *Log) Propose(ctx context.Context, p Proposal) (uint64, error) {
+	if l.opts.Replica != nil {
+		return 0, ErrNoProposals
+	}
+	r := &appendReq{prop: p, done: make(chan appendResult, 1)}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	if err := l.enqueue(ctx, r); err != nil {
+		return 0, err
+	}
+	// Not abandoned on ctx: the change may already be durable, and the
+	// proposal learns which through Done; the caller learns it here.
+	res := <-r.done
+	return res.index, res.err
+}
+
+// proposed is a proposal of a batch as the writer prepared it.
+type proposed struct {
+	req     *appendReq
+	first   uint64
+	n       int
+	rev     uint64
+	payload []byte
+}
+
+// expand prepares the proposals of batch, in order, at start: each one's
+// entries take its place in the batch returned, and a proposal whose
+// Prepare or entries fail is answered at once and leaves no gap.
+func (l *Log) expand(start uint64, batch []*appendReq) ([]*appendReq, []proposed) {
+	var props []proposed
+	out := batch[:0:0]
+	next := start
+	for _, r := range batch {
+		if r.prop == nil {
+			out = append(out, r)
+			next++
+			continue
+		}
+		reqs, pr, err := l.prepareProposal(r.prop, next)
+		if err != nil {
+			r.done <- appendResult{err: err}
+			continue
+		}
+		pr.req = r
+		props = append(props, pr)
+		out = append(out, reqs...)
+		next += uint64(pr.n)
+	}
+	return out, props
+}
+
+// prepareProposal runs p's Prepare at first and encodes its entries as
+// requests of the batch (answered by the proposal, not each). An entry
+// without a time gets the sequencer's.
+func (l *Log) prepareProposal(p Proposal, first uint64) ([]*appendReq, proposed, error) {
+	pp, err := p.Prepare(first)
+	if err != nil {
+		return nil, proposed{}, err
+	}
+	fail := func(err error) ([]*appendReq, proposed, error) {
+		p.Done(err)
+		return nil, proposed{}, err
+	}
+	if len(pp.Entries) == 0 || pp.Revision == 0 {
+		return fail(fmt.Errorf("%w: a proposal needs an entry and a revision", ErrInvalidEntry))
+	}
+	pp.Entries[0].Change = &ChangeRef{Revision: pp.Revision, Digest: PayloadDigest(pp.Payload)}
+	reqs := make([]*appendReq, len(pp.Entries))
+	for i := range pp.Entries {
+		e := &pp.Entries[i]
+		if e.Time.IsZero() {
+			e.Time = l.now()
+		}
+		data, err := e.Encode()
+		if err == nil {
+			err = e.Validate()
+		}
+		if err != nil {
+			return fail(err)
+		}
+		// Answered through the proposal; the channel takes the writer's
+		// answer to each entry unread.
+		reqs[i] = &appendReq{data: data, leaf: LeafHash(data), keys: makeIndexKeys(e), unixNano: e.Time.UnixNano(), done: make(chan appendResult, 1)}
+	}
+	return reqs, proposed{first: first, n: len(reqs), rev: pp.Revision, payload: pp.Payload}, nil
+}
+
+// putChanges stores the payloads of props beside their entries: revision
+// -> the index of the entry that records it, and the payload.
+func putChanges(tx *bolt.Tx, props []proposed) error {
+	b := tx.Bucket(bucketChanges)
+	b.FillPercent = 1 // appended in revision order
+	for _, p := range props {
+		if k, _ := b.Cursor().Last(); k != nil && binary.BigEndian.Uint64(k) >= p.rev {
+			return fmt.Errorf("%w: change revision %d after %d", ErrInvalidEntry, p.rev, binary.BigEndian.Uint64(k))
+		}
+		v := make([]byte, 8, 8+len(p.payload))
+		binary.BigEndian.PutUint64(v, p.first)
+		if err := b.Put(u64(p.rev), append(v, p.payload...)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// finish answers the proposals of a commit: Done in log order and their
+// first index on success, Done in reverse order and err on failure.
+func finish(props []proposed, err error) {
+	if err != nil {
+		for i := len(props) - 1; i >= 0; i-- {
+			props[i].req.prop.Done(err)
+			props[i].req.done <- appendResult{err: err}
+		}
+		return
+	}
+	for _, p := range props {
+		p.req.prop.Done(nil)
+		p.req.done <- appendResult{index: p.first}
+	}
+}
+
+// answerUnprepared refuses proposals the writer did not prepare (the log
+// failed): no Done, as after a failed Prepare.
+func answerUnprepared(props []proposed, err error) {
+	for _, p := range props {
+		p.req.done <- appendResult{err: err}
+	}
+}
+
+// Changes calls fn with each payload of a revision after from, in order,
+// with the index of the entry that records it. It reads one transaction:
+// the payloads durable when it began. payload is valid only during fn.
+func (l *Log) Changes(ctx context.Context, from uint64, fn func(rev, index uint64, payload []byte) error) error {
+	return l.view(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketChanges).Cursor()
+		for k, v := c.Seek(u64(from + 1)); k != nil; k, v = c.Next() {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if len(k) != 8 || len(v) < 8 {
+				return fmt.Errorf("%w: change record %x", ErrCorrupt, k)
+			}
+			if err := fn(binary.BigEndian.Uint64(k), binary.BigEndian.Uint64(v), v[8:]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// LastChange is the revision of the newest payload in the log (0: none).
+func (l *Log) LastChange() (uint64, error) {
+	var rev uint64
+	err := l.view(func(tx *bolt.Tx) error {
+		if k, _ := tx.Bucket(bucketChanges).Cursor().Last(); len(k) == 8 {
+			rev = binary.BigEndian.Uint64(k)
+		}
+		return nil
+	})
+	return rev, err
+}

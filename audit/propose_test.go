@@ -1,0 +1,113 @@
+package audit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/nvmegate/nvmegate/audit"
+)
+
+// recorder is a proposal that records what the log did with it.
+type recorder struct {
+	mu      *sync.Mutex
+	events  *[]string
+	name    string
+	rev     uint64
+	refuse  error
+	entries int
+}
+
+func (r recorder) Prepare(first uint64) (audit.Prepared, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	*r.events = append(*r.events, fmt.Sprintf("prepare %s at %d", r.name, first))
+	if r.refuse != nil {
+		return audit.Prepared{}, r.refuse
+	}
+	var es []audit.Entry
+	for i := 0; i < r.entries; i++ {
+		e := sampleEntry(int(first) + i)
+		es = append(es, e)
+	}
+	return audit.Prepared{Entries: es, Revision: r.rev, Payload: []byte("payload of " + r.name)}, nil
+}
+
+func (r recorder) Done(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	*r.events = append(*r.events, fmt.Sprintf("done %s %v", r.name, err))
+}
+
+func TestProposeAppendsEntriesAndPayloadInOneCommit(t *testing.T) {
+	l, _ := newLog(t)
+	ctx := context.Background()
+	appendN(t, l, 0, 3)
+	var mu sync.Mutex
+	var events []string
+	rec := func(name string, rev uint64, n int, refuse error) recorder {
+		return recorder{mu: &mu, events: &events, name: name, rev: rev, entries: n, refuse: refuse}
+	}
+	first, err := l.Propose(ctx, rec("a", 1, 2, nil))
+	if err != nil || first != 3 {
+		t.Fatalf("Propose a = %d, %v; want index 3", first, err)
+	}
+	// A refused proposal takes no index: the next one is at 5.
+	refusal := errors.New("the rules refuse it")
+	if _, err := l.Propose(ctx, rec("b", 2, 1, refusal)); !errors.Is(err, refusal) {
+		t.Fatalf("Propose b = %v, want the refusal", err)
+	}
+	if first, err := l.Propose(ctx, rec("c", 2, 1, nil)); err != nil || first != 5 {
+		t.Fatalf("Propose c = %d, %v; want index 5", first, err)
+	}
+	want := []string{"prepare a at 3", "done a <nil>", "prepare b at 5", "prepare c at 5", "done c <nil>"}
+	if fmt.Sprint(events) != fmt.Sprint(want) {
+		t.Fatalf("events %q, want %q", events, want)
+	}
+	if l.Size() != 6 {
+		t.Fatalf("size %d, want 6", l.Size())
+	}
+	// The payloads sit beside the entries, and each proposal's first entry
+	// commits to its payload's digest and revision.
+	var got []string
+	if err := l.Changes(ctx, 0, func(rev, index uint64, payload []byte) error {
+		got = append(got, fmt.Sprintf("%d@%d:%s", rev, index, payload))
+		recs, _, err := l.Query(ctx, audit.Filter{}, audit.Page{})
+		if err != nil || uint64(len(recs)) <= index {
+			return fmt.Errorf("entry %d: %v (%d records)", index, err, len(recs))
+		}
+		c := recs[index].Entry.Change
+		if c == nil || c.Revision != rev || c.Digest != audit.PayloadDigest(payload) {
+			return fmt.Errorf("entry %d carries change %+v, want revision %d digest %s", index, c, rev, audit.PayloadDigest(payload))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if want := "[1@3:payload of a 2@5:payload of c]"; fmt.Sprint(got) != want {
+		t.Fatalf("changes %v, want %s", got, want)
+	}
+	if rev, err := l.LastChange(); err != nil || rev != 2 {
+		t.Fatalf("LastChange = %d, %v; want 2", rev, err)
+	}
+}
+
+func TestProposeRefusesARevisionOutOfOrder(t *testing.T) {
+	l, _ := newLog(t)
+	var mu sync.Mutex
+	var events []string
+	ctx := context.Background()
+	if _, err := l.Propose(ctx, recorder{mu: &mu, events: &events, name: "a", rev: 5, entries: 1}); err != nil {
+		t.Fatal(err)
+	}
+	// A revision not after the last one stored fails the commit, and the
+	// proposal hears so (to undo what it prepared).
+	if _, err := l.Propose(ctx, recorder{mu: &mu, events: &events, name: "b", rev: 5, entries: 1}); err == nil {
+		t.Fatal("a repeated revision was appended")
+	}
+	if events[len(events)-1] == "done b <nil>" {
+		t.Fatalf("events %q: b was told it is durable", events)
+	}
+}
