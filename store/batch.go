@@ -33,6 +33,11 @@ func (db *DB) batch(ctx context.Context, fn func(*txn) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if db.journal != nil {
+		// The journal's writer groups concurrent changes into one commit,
+		// and a refused one is undone alone.
+		return db.propose(ctx, nil, fn)
+	}
 	c := &batchCall{fn: fn, done: make(chan error, 1)}
 	b := &db.batcher
 	b.mu.Lock()

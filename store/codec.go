@@ -3,6 +3,7 @@ package store
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -231,4 +232,48 @@ func indexKey(value, primary string) []byte {
 
 func indexPrefix(value string) []byte {
 	return append([]byte(value), keySep)
+}
+
+// EncodeWrites appends the encoding of ws to b: what a change's payload is
+// in the journal and in etcd. Each write is a flag byte (1: delete), the
+// bucket name's length (one byte) and name, and the key and the value,
+// each as a uvarint length and its bytes.
+func EncodeWrites(b []byte, ws []Write) []byte {
+	for _, w := range ws {
+		flag := byte(0)
+		if w.Delete {
+			flag = 1
+		}
+		b = append(b, flag, byte(len(w.Bucket)))
+		b = append(b, w.Bucket...)
+		b = binary.AppendUvarint(b, uint64(len(w.Key)))
+		b = append(b, w.Key...)
+		b = binary.AppendUvarint(b, uint64(len(w.Value)))
+		b = append(b, w.Value...)
+	}
+	return b
+}
+
+// DecodeWrites decodes EncodeWrites's encoding; the writes share b.
+func DecodeWrites(b []byte) ([]Write, error) {
+	var out []Write
+	for len(b) > 0 {
+		if len(b) < 2 || b[0] > 1 || len(b) < 2+int(b[1]) {
+			return nil, errors.New("truncated write")
+		}
+		w := Write{Delete: b[0] == 1, Bucket: b[2 : 2+int(b[1])]}
+		b = b[2+int(b[1]):]
+		for _, f := range []*[]byte{&w.Key, &w.Value} {
+			n, k := binary.Uvarint(b)
+			if k <= 0 || n > uint64(len(b)-k) {
+				return nil, errors.New("truncated write")
+			}
+			if k != len(binary.AppendUvarint(nil, n)) {
+				return nil, errors.New("a length not in its shortest form")
+			}
+			*f, b = b[k:k+int(n)], b[k+int(n):]
+		}
+		out = append(out, w)
+	}
+	return out, nil
 }

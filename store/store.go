@@ -94,6 +94,14 @@ type Options struct {
 	// heard of every change up to it; reads see the change once Revision
 	// has. It must not block.
 	Applied func(rev uint64, targets, subsystems []string)
+	// Journal, if set (and Replica not), is the log the store sequences
+	// its changes in (journal.go): each write commits there, with its
+	// entries, and the file is a projection checkpointed every
+	// CheckpointInterval (default DefaultCheckpointInterval). Open
+	// replays the changes the file lacks.
+	Journal            Journal
+	CheckpointInterval time.Duration
+
 	// Revoked, with a Replica, hears of the key scopes of the grants each
 	// change of another replica ended as revoked, at the same moment as
 	// Applied (before Revision moves): the revocation rotated those scopes'
@@ -120,6 +128,8 @@ type DB struct {
 	applied func(rev uint64, targets, subsystems []string)
 	revoked func(scopes []string)
 	syncs   syncRounds
+	journal Journal
+	jr      journalState
 }
 
 // Open opens (creating if needed, mode 0600) the store file at path, creates
@@ -148,6 +158,16 @@ func Open(path string, opts Options) (*DB, error) {
 		return nil, err
 	}
 	bdb := db.bolt
+	if opts.Journal != nil && opts.Replica == nil {
+		interval := opts.CheckpointInterval
+		if interval <= 0 {
+			interval = DefaultCheckpointInterval
+		}
+		if err := db.openJournal(opts.Journal, interval); err != nil {
+			_ = bdb.Close()
+			return nil, fmt.Errorf("store: open %s: %w", path, err)
+		}
+	}
 	if db.replica != nil {
 		// A new copy fills from the replicated store; a restarted one
 		// applies what it missed.
@@ -268,6 +288,9 @@ func (db *DB) ScopeRevision() uint64 { return db.model.scopeRev.Load() }
 
 // Close releases the file. Calls after Close fail with ErrClosed.
 func (db *DB) Close() error {
+	if db.journal != nil && db.jr.stop != nil {
+		db.closeJournal()
+	}
 	db.model.close()
 	if err := db.bolt.Close(); err != nil {
 		return fmt.Errorf("store: close: %w", err)
@@ -280,6 +303,9 @@ func (db *DB) Close() error {
 func (db *DB) view(ctx context.Context, fn func(*bolt.Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if db.journal != nil {
+		return db.viewJournaled(fn)
 	}
 	tx, err := db.bolt.Begin(false)
 	if err != nil {
@@ -296,8 +322,14 @@ func (db *DB) view(ctx context.Context, fn func(*bolt.Tx) error) error {
 type txn struct {
 	*bolt.Tx
 	ops    []op
-	writes []Write // every key written, for a Replica
+	writes []Write // every key written, for a Replica or the Journal
 	model  *model  // as of the last commit: this transaction's writes are in ops
+
+	// A journaled change's: the index its first entry gets, and, with
+	// undo, the keys as they were before it wrote them (rollback).
+	first   uint64
+	undo    bool
+	undoLog []undoRec
 }
 
 func (tx *txn) record(o op) { tx.ops = append(tx.ops, o) }
@@ -364,6 +396,9 @@ func (db *DB) update(ctx context.Context, fn func(*txn) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if db.journal != nil {
+		return db.propose(ctx, nil, fn)
+	}
 	db.writeMu.Lock()
 	defer db.writeMu.Unlock()
 	for round := 0; ; round++ {
@@ -428,6 +463,9 @@ func beginError(err error) error {
 
 // put writes one key of bucket name, wrapping bbolt's error with context.
 func put(tx *txn, name, k, v []byte) error {
+	if tx.undo {
+		tx.noteUndo(name, k)
+	}
 	if err := tx.Bucket(name).Put(k, v); err != nil {
 		return fmt.Errorf("store: put %s: %w", name, err)
 	}
@@ -437,6 +475,9 @@ func put(tx *txn, name, k, v []byte) error {
 
 // del deletes one key of bucket name, wrapping bbolt's error with context.
 func del(tx *txn, name, k []byte) error {
+	if tx.undo {
+		tx.noteUndo(name, k)
+	}
 	if err := tx.Bucket(name).Delete(k); err != nil {
 		return fmt.Errorf("store: delete %s: %w", name, err)
 	}

@@ -66,7 +66,7 @@ func (s *Store) Commit(ctx context.Context, ch store.Change) error {
 	}
 	resp, err := s.kv.Txn(ctx).If(cmps...).Then(
 		clientv3.OpPut(s.revKey(), u64(ch.Revision)),
-		clientv3.OpPut(s.changeKey(ch.Revision), string(encodeWrites(nil, ch.Writes))),
+		clientv3.OpPut(s.changeKey(ch.Revision), string(store.EncodeWrites(nil, ch.Writes))),
 	).Else(
 		clientv3.OpGet(s.revKey()),
 		// The changes this replica missed, to catch up in this round trip.
@@ -93,7 +93,7 @@ func (s *Store) Commit(ctx context.Context, ch store.Change) error {
 		if string(kv.Key) != s.changeKey(ch.Revision+uint64(i)) {
 			break // trimmed, or a gap: the store reads them itself
 		}
-		ws, err := decodeWrites(kv.Value)
+		ws, err := store.DecodeWrites(kv.Value)
 		if err != nil {
 			return fmt.Errorf("etcdstore: %s: %w", kv.Key, err)
 		}
@@ -151,7 +151,7 @@ func (s *Store) Changes(ctx context.Context, from uint64, fn func(store.Change) 
 				}
 				return fmt.Errorf("etcdstore: change %s where %s was due: a gap", kv.Key, s.changeKey(next))
 			}
-			ws, err := decodeWrites(kv.Value)
+			ws, err := store.DecodeWrites(kv.Value)
 			if err != nil {
 				return fmt.Errorf("etcdstore: %s: %w", kv.Key, err)
 			}
@@ -192,7 +192,7 @@ func (s *Store) Snapshot(ctx context.Context, fn func(store.Write) error) (uint6
 		if len(c.Kvs) != 1 {
 			return 0, fmt.Errorf("etcdstore: snapshot %d: chunk %d missing", rev, i)
 		}
-		ws, err := decodeWrites(c.Kvs[0].Value)
+		ws, err := store.DecodeWrites(c.Kvs[0].Value)
 		if err != nil {
 			return 0, fmt.Errorf("etcdstore: snapshot %d chunk %d: %w", rev, i, err)
 		}
@@ -217,7 +217,7 @@ func (s *Store) Compact(ctx context.Context, db interface {
 		cur    []byte
 	)
 	rev, err := db.Dump(ctx, func(w store.Write) error {
-		cur = encodeWrites(cur, []store.Write{w})
+		cur = store.EncodeWrites(cur, []store.Write{w})
 		if len(cur) >= chunkSize {
 			chunks, cur = append(chunks, cur), nil
 		}
@@ -271,43 +271,4 @@ func modRev(r *clientv3.GetResponse) int64 {
 		return 0
 	}
 	return r.Kvs[0].ModRevision
-}
-
-func encodeWrites(b []byte, ws []store.Write) []byte {
-	for _, w := range ws {
-		flag := byte(0)
-		if w.Delete {
-			flag = 1
-		}
-		b = append(b, flag, byte(len(w.Bucket)))
-		b = append(b, w.Bucket...)
-		b = binary.AppendUvarint(b, uint64(len(w.Key)))
-		b = append(b, w.Key...)
-		b = binary.AppendUvarint(b, uint64(len(w.Value)))
-		b = append(b, w.Value...)
-	}
-	return b
-}
-
-func decodeWrites(b []byte) ([]store.Write, error) {
-	var out []store.Write
-	for len(b) > 0 {
-		if len(b) < 2 || b[0] > 1 || len(b) < 2+int(b[1]) {
-			return nil, errors.New("truncated write")
-		}
-		w := store.Write{Delete: b[0] == 1, Bucket: b[2 : 2+int(b[1])]}
-		b = b[2+int(b[1]):]
-		for _, f := range []*[]byte{&w.Key, &w.Value} {
-			n, k := binary.Uvarint(b)
-			if k <= 0 || n > uint64(len(b)-k) {
-				return nil, errors.New("truncated write")
-			}
-			if k != len(binary.AppendUvarint(nil, n)) {
-				return nil, errors.New("a length not in its shortest form")
-			}
-			*f, b = b[k:k+int(n)], b[k+int(n):]
-		}
-		out = append(out, w)
-	}
-	return out, nil
 }

@@ -1,0 +1,451 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/audit"
+)
+
+// Journal is the ordered, durable log a store without a Replica
+// sequences its changes in (the audit log: audit.Log). Each write is a
+// proposal: the journal's writer runs the write's rules in log order,
+// and appends its entries and its change (the keys it wrote) in one
+// commit, the write's only durable round. The store's file is then a
+// projection of the journal, checkpointed with the revision it reflects:
+// Open replays the changes after it.
+type Journal interface {
+	Propose(ctx context.Context, p audit.Proposal) (uint64, error)
+	Changes(ctx context.Context, from uint64, fn func(rev, index uint64, payload []byte) error) error
+	LastChange() (uint64, error)
+}
+
+// Defaults of the journal's checkpoints.
+const (
+	// DefaultCheckpointInterval bounds how long the file lags the
+	// journal: what a restart replays.
+	DefaultCheckpointInterval = time.Second
+	// checkpointChanges checkpoints sooner under load: the open
+	// transaction's dirty pages stay bounded.
+	checkpointChanges = 8192
+)
+
+// journalState is a journaled store's write side, guarded by DB.writeMu.
+type journalState struct {
+	// open is the write transaction the changes since the last
+	// checkpoint are written in; nil: none open.
+	open *bolt.Tx
+	// next is the revision of the last change prepared: ahead of the
+	// model's by the changes prepared and not yet durable.
+	next uint64
+	// inflight are the ops of the changes prepared and not yet durable,
+	// in order: later changes' rules see them (txn.ops).
+	inflight []*proposal
+	readers  int        // views waiting for the in-flight changes
+	cond     *sync.Cond // on writeMu: inflight or readers changed
+	dirty    int        // changes since the checkpoint
+	since    time.Time  // of the checkpoint
+	interval time.Duration
+	failed   error // sticky: the file could not be kept; writes fail closed
+	stop     chan struct{}
+	stopped  chan struct{}
+}
+
+// proposal is one write of a journaled store, as the journal's writer
+// prepares and settles it (audit.Proposal).
+type proposal struct {
+	db      *DB
+	fn      func(*txn) error
+	entries []audit.Entry // the caller's; none: a state_change entry
+	tx      *txn
+	seed    int // tx.ops[:seed] are earlier in-flight changes'
+	rev     uint64
+}
+
+// Journaled reports whether the store sequences its writes in a Journal,
+// so that a write can carry its entries (OpenGrant).
+func (db *DB) Journaled() bool { return db.journal != nil }
+
+// propose runs fn as one change sequenced by the journal, with entries
+// (none: a state_change entry describing it). It returns once the change
+// is durable and applied to the model, or fn's error, or why the journal
+// did not take it (nothing changed).
+func (db *DB) propose(ctx context.Context, entries []audit.Entry, fn func(*txn) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	_, err := db.journal.Propose(ctx, &proposal{db: db, fn: fn, entries: entries})
+	return err
+}
+
+// Prepare runs the write's rules in the open transaction, on top of every
+// change before it, and returns its entries and change.
+func (p *proposal) Prepare(first uint64) (audit.Prepared, error) {
+	db := p.db
+	db.writeMu.Lock()
+	defer db.writeMu.Unlock()
+	j := &db.jr
+	for j.readers > 0 && len(j.inflight) == 0 {
+		j.cond.Wait()
+	}
+	if j.failed != nil {
+		return audit.Prepared{}, j.failed
+	}
+	if err := db.ensureOpenLocked(); err != nil {
+		return audit.Prepared{}, err
+	}
+	tx := &txn{Tx: j.open, model: &db.model, first: first, undo: true}
+	for _, q := range j.inflight {
+		tx.ops = append(tx.ops, q.tx.ops[q.seed:]...)
+	}
+	p.seed = len(tx.ops)
+	if err := p.fn(tx); err != nil {
+		if uerr := tx.rollback(); uerr != nil {
+			db.failLocked(fmt.Errorf("store: a refused change could not be undone: %w", uerr))
+		}
+		return audit.Prepared{}, err
+	}
+	p.tx, p.rev = tx, j.next+1
+	j.next = p.rev
+	j.inflight = append(j.inflight, p)
+	entries := p.entries
+	if len(entries) == 0 {
+		entries = []audit.Entry{stateChangeEntry(tx.ops[p.seed:])}
+	}
+	return audit.Prepared{Entries: entries, Revision: p.rev, Payload: EncodeWrites(nil, tx.writes)}, nil
+}
+
+// Done applies the change to the model once it is durable, or undoes it.
+func (p *proposal) Done(err error) {
+	db := p.db
+	db.writeMu.Lock()
+	defer db.writeMu.Unlock()
+	j := &db.jr
+	defer j.cond.Broadcast()
+	if err != nil {
+		// Called in reverse order: p is the last in flight.
+		if n := len(j.inflight); n > 0 && j.inflight[n-1] == p {
+			j.inflight = j.inflight[:n-1]
+		}
+		j.next = p.rev - 1
+		if uerr := p.tx.rollback(); uerr != nil {
+			db.failLocked(fmt.Errorf("store: a change the journal did not take could not be undone: %w", uerr))
+		}
+		return
+	}
+	if len(j.inflight) > 0 && j.inflight[0] == p {
+		j.inflight = j.inflight[1:]
+	}
+	db.model.apply(change{revision: p.rev, ops: p.tx.ops[p.seed:]})
+	j.dirty++
+	if len(j.inflight) == 0 && (j.dirty >= checkpointChanges || time.Since(j.since) >= j.interval) {
+		db.checkpointLocked()
+	}
+}
+
+// ensureOpenLocked begins the transaction the next changes are written
+// in.
+func (db *DB) ensureOpenLocked() error {
+	if db.jr.open != nil {
+		return nil
+	}
+	btx, err := db.bolt.Begin(true)
+	if err != nil {
+		return beginError(err)
+	}
+	db.jr.open = btx
+	return nil
+}
+
+// checkpointLocked commits the open transaction, with the model's
+// revision, and fsyncs it: what a restart starts its replay from. Only
+// durable changes are in it (no change is in flight). A failed commit
+// loses the transaction: the file is refilled from the journal.
+func (db *DB) checkpointLocked() {
+	j := &db.jr
+	j.since = time.Now()
+	if j.open == nil || j.dirty == 0 {
+		return
+	}
+	btx := j.open
+	j.open, j.dirty = nil, 0
+	err := btx.Bucket(bucketMeta).Put(metaRevision, binary.BigEndian.AppendUint64(nil, db.model.rev.Load()))
+	if err == nil {
+		err = btx.Commit()
+	} else {
+		_ = btx.Rollback()
+	}
+	if err != nil {
+		if rerr := db.refillLocked(); rerr != nil {
+			db.failLocked(fmt.Errorf("store: checkpoint: %w; refilling from the journal: %w", err, rerr))
+		}
+	}
+}
+
+// refillLocked writes into a new open transaction the changes the file
+// lacks (after a failed checkpoint): the model has them already.
+func (db *DB) refillLocked() error {
+	if err := db.ensureOpenLocked(); err != nil {
+		return err
+	}
+	var rev uint64
+	if v := db.jr.open.Bucket(bucketMeta).Get(metaRevision); len(v) == 8 {
+		rev = binary.BigEndian.Uint64(v)
+	}
+	want := db.model.rev.Load()
+	err := db.journal.Changes(context.Background(), rev, func(r, _ uint64, payload []byte) error {
+		if r > want {
+			return errStopReplay
+		}
+		ws, err := DecodeWrites(bytes.Clone(payload))
+		if err != nil {
+			return fmt.Errorf("change %d: %w", r, err)
+		}
+		for _, w := range ws {
+			if err := writeRaw(db.jr.open, w); err != nil {
+				return err
+			}
+		}
+		db.jr.dirty++
+		return nil
+	})
+	if errors.Is(err, errStopReplay) {
+		err = nil
+	}
+	return err
+}
+
+var errStopReplay = errors.New("store: replay reached the model")
+
+// failLocked makes every later write fail closed with err.
+func (db *DB) failLocked(err error) {
+	if db.jr.failed == nil {
+		db.jr.failed = err
+	}
+	if db.jr.open != nil {
+		_ = db.jr.open.Rollback()
+		db.jr.open = nil
+	}
+}
+
+// viewJournaled runs fn in the open transaction once no change is in
+// flight: it sees every durable change and nothing else.
+func (db *DB) viewJournaled(fn func(*bolt.Tx) error) error {
+	db.writeMu.Lock()
+	defer db.writeMu.Unlock()
+	j := &db.jr
+	j.readers++
+	for len(j.inflight) > 0 {
+		j.cond.Wait()
+	}
+	j.readers--
+	j.cond.Broadcast()
+	if j.failed != nil {
+		return j.failed
+	}
+	if err := db.ensureOpenLocked(); err != nil {
+		return err
+	}
+	return fn(j.open)
+}
+
+// openJournal replays the journal's changes after the file's revision
+// into the file and the model, checkpoints, and starts the idle
+// checkpoints.
+func (db *DB) openJournal(j Journal, interval time.Duration) error {
+	db.journal = j
+	db.jr.cond = sync.NewCond(&db.writeMu)
+	db.jr.interval = interval
+	db.jr.since = time.Now()
+	rev := db.model.rev.Load()
+	last, err := j.LastChange()
+	if err != nil {
+		return err
+	}
+	if last != 0 && last < rev {
+		return fmt.Errorf("%w: the store is at revision %d and the journal's changes end at %d: the journal is older than the store", ErrJournal, rev, last)
+	}
+	db.writeMu.Lock()
+	defer db.writeMu.Unlock()
+	if err := db.ensureOpenLocked(); err != nil {
+		return err
+	}
+	err = j.Changes(context.Background(), rev, func(r, _ uint64, payload []byte) error {
+		if r != db.model.rev.Load()+1 {
+			return fmt.Errorf("%w: change %d where %d was due", ErrJournal, r, db.model.rev.Load()+1)
+		}
+		ws, err := DecodeWrites(bytes.Clone(payload))
+		if err != nil {
+			return fmt.Errorf("%w: change %d: %w", ErrJournal, r, err)
+		}
+		var ops []op
+		for _, w := range ws {
+			o, err := db.opOf(db.jr.open, w)
+			if err != nil {
+				return fmt.Errorf("%w: change %d: %w", ErrJournal, r, err)
+			}
+			if o != nil {
+				ops = append(ops, *o)
+			}
+			if err := writeRaw(db.jr.open, w); err != nil {
+				return fmt.Errorf("%w: change %d: %w", ErrJournal, r, err)
+			}
+		}
+		db.model.apply(change{revision: r, ops: ops})
+		db.jr.dirty++
+		return nil
+	})
+	if err != nil {
+		db.failLocked(err)
+		return err
+	}
+	db.jr.next = db.model.rev.Load()
+	db.checkpointLocked()
+	if db.jr.failed != nil {
+		return db.jr.failed
+	}
+	db.jr.stop, db.jr.stopped = make(chan struct{}), make(chan struct{})
+	go db.idleCheckpoints()
+	return nil
+}
+
+// ErrJournal is what Open wraps when the journal and the store's file do
+// not fit together.
+var ErrJournal = errors.New("store: the journal does not continue the store")
+
+// idleCheckpoints checkpoints changes left when the writes stop.
+func (db *DB) idleCheckpoints() {
+	defer close(db.jr.stopped)
+	t := time.NewTicker(db.jr.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-db.jr.stop:
+			return
+		case <-t.C:
+		}
+		db.writeMu.Lock()
+		if len(db.jr.inflight) == 0 && time.Since(db.jr.since) >= db.jr.interval {
+			db.checkpointLocked()
+		}
+		db.writeMu.Unlock()
+	}
+}
+
+// closeJournal stops the idle checkpoints and checkpoints what is left.
+func (db *DB) closeJournal() {
+	close(db.jr.stop)
+	<-db.jr.stopped
+	db.writeMu.Lock()
+	defer db.writeMu.Unlock()
+	for len(db.jr.inflight) > 0 {
+		db.jr.cond.Wait()
+	}
+	db.checkpointLocked()
+	if db.jr.open != nil {
+		_ = db.jr.open.Rollback()
+		db.jr.open = nil
+	}
+}
+
+// writeRaw writes w into btx as it is: a replayed change.
+func writeRaw(btx *bolt.Tx, w Write) error {
+	if !replicatedBuckets[string(w.Bucket)] {
+		return fmt.Errorf("a change writes bucket %q", w.Bucket)
+	}
+	b := btx.Bucket(w.Bucket)
+	if w.Delete {
+		return b.Delete(w.Key)
+	}
+	return b.Put(w.Key, w.Value)
+}
+
+// undoRec is a key as it was before a journaled change wrote it.
+type undoRec struct {
+	bucket, key, old []byte
+	existed          bool
+}
+
+// noteUndo remembers k of bucket name as it is, before a write.
+func (tx *txn) noteUndo(name, k []byte) {
+	old := tx.Bucket(name).Get(k)
+	tx.undoLog = append(tx.undoLog, undoRec{bucket: name, key: bytes.Clone(k), old: bytes.Clone(old), existed: old != nil})
+}
+
+// rollback puts back every key the transaction's change wrote, newest
+// first: the open transaction is as before the change.
+func (tx *txn) rollback() error {
+	for i := len(tx.undoLog) - 1; i >= 0; i-- {
+		u := tx.undoLog[i]
+		b := tx.Bucket(u.bucket)
+		var err error
+		if u.existed {
+			err = b.Put(u.key, u.old)
+		} else {
+			err = b.Delete(u.key)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	tx.undoLog = nil
+	return nil
+}
+
+// stateChangeEntry is the entry of a change no caller's entry stands
+// for: what it wrote, by record.
+func stateChangeEntry(ops []op) audit.Entry {
+	var parts []string
+	e := audit.Entry{Kind: audit.EventStateChange}
+	for _, o := range ops {
+		verb := "stored"
+		if o.del {
+			verb = "removed"
+		}
+		switch {
+		case o.target != nil:
+			parts = append(parts, "target "+o.target.ID+" "+verb)
+		case o.subsystem != nil:
+			parts = append(parts, "subsystem "+o.subsystem.NQN+" "+verb)
+		case o.namespace != nil:
+			parts = append(parts, fmt.Sprintf("namespace %s/%d %s", o.namespace.SubsystemNQN, o.namespace.NSID, verb))
+		case o.binding != nil:
+			parts = append(parts, "host binding "+o.binding.SPIFFEID+" "+verb)
+		case o.job != nil:
+			parts = append(parts, "job "+o.job.ID+" "+o.job.State)
+			e.JobID = o.job.ID
+		case o.grant != nil:
+			g := o.grant
+			s := "grant " + g.ID + " " + g.State
+			if g.RemovalPending {
+				s += " (removal pending)"
+			}
+			parts = append(parts, s)
+			if len(ops) == 1 {
+				e.GrantID, e.JobID, e.Tenant = g.ID, g.JobID, g.Tenant
+			}
+		}
+	}
+	const most = 8
+	if len(parts) > most {
+		parts = append(parts[:most:most], fmt.Sprintf("and %d more", len(parts)-most))
+	}
+	if len(parts) == 0 {
+		parts = []string{"indexes only"}
+	}
+	e.Detail = strings.Join(slices.Clip(parts), "; ")
+	if nvmegate.LooksLikeKeyMaterial(e.Detail) {
+		e.Detail = "a state change"
+	}
+	return e
+}

@@ -1,0 +1,147 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/audit"
+	"github.com/nvmegate/nvmegate/store"
+)
+
+// openJournaled opens the audit log and the store journaled in it, in
+// dir, checkpointing every interval.
+func openJournaled(fail func(...any), dir, storeFile string, interval time.Duration) (*audit.Log, *store.DB) {
+	log, err := audit.Open(filepath.Join(dir, "audit.db"), audit.Options{Origin: "nvmegate.test/store"})
+	if err != nil {
+		fail(err)
+	}
+	db, err := store.Open(filepath.Join(dir, storeFile), store.Options{Journal: log, CheckpointInterval: interval})
+	if err != nil {
+		log.Close()
+		fail(err)
+	}
+	return log, db
+}
+
+// fillJournaled writes an inventory and n grants, one change each.
+func fillJournaled(fail func(...any), db *store.DB, n int) {
+	ctx := context.Background()
+	tg := &nvmegate.Target{ID: "t1", Fabric: "fab-a", Region: "eu-west", Driver: nvmegate.DriverNVMet,
+		Ports: []nvmegate.Port{{ID: 1, Transport: nvmegate.TransportTCP, AddressFamily: nvmegate.FamilyIPv4, Address: "192.0.2.10", ServiceID: "4420"}}}
+	sub := "nqn.2026-01.io.nvmegate:sub-0001"
+	for _, err := range []error{
+		db.CreateTarget(ctx, tg),
+		db.CreateSubsystem(ctx, &nvmegate.Subsystem{NQN: sub, TargetID: "t1", Tenant: "acme", PortIDs: []uint16{1}, DHCHAP: true}),
+		db.CreateNamespace(ctx, &nvmegate.Namespace{SubsystemNQN: sub, NSID: 1, Tenant: "acme", Region: "eu-west", DataClass: nvmegate.ClassRestricted,
+			Dataset: nvmegate.Dataset{Name: "common-crawl/2026-10", Digest: "sha256:" + strings.Repeat("ab", 32)}}),
+	} {
+		if err != nil {
+			fail(err)
+		}
+	}
+	t0 := time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)
+	for i := range n {
+		g := &nvmegate.Grant{ID: fmt.Sprintf("grant-%04d", i), JobID: "job-1", Tenant: "acme", Node: fmt.Sprintf("spiffe://example.org/node/n%04d", i%7),
+			HostNQN: fmt.Sprintf("nqn.2014-08.org.nvmexpress:uuid:%08x-0000-4000-8000-%012x", i%7, i%7), SubsystemNQN: sub, KeyVersion: 1,
+			IssuedAt: t0, ExpiresAt: t0.Add(time.Hour), State: nvmegate.GrantActive, DecisionID: "d", DHCHAPHash: "sha384", DHGroup: "ffdhe3072"}
+		if _, err := db.OpenGrant(ctx, g, nil, true, nil); err != nil {
+			fail(err)
+		}
+	}
+}
+
+// The journal's child: fill, print the digest, and exit without closing
+// anything — what kill -9 leaves (the checkpoint is an hour away, so the
+// file holds none of the changes).
+func TestMain(m *testing.M) {
+	if dir := os.Getenv("NVMEGATE_JOURNAL_CHILD"); dir != "" {
+		fail := func(args ...any) { fmt.Println(append([]any{"error"}, args...)...); os.Exit(2) }
+		_, db := openJournaled(fail, dir, "store.db", time.Hour)
+		fillJournaled(fail, db, 40)
+		rev, digest, err := db.StateDigest(context.Background())
+		if err != nil {
+			fmt.Println("error", err)
+			os.Exit(2)
+		}
+		fmt.Println(rev, digest)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// A journaled store that exits without a checkpoint loses nothing: the
+// restart replays the journal's changes and reaches the digest the store
+// had; and a fresh store replayed from the whole journal reaches it too.
+func TestJournalReplaysWhatTheFileLacks(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run", "^$")
+	cmd.Env = append(os.Environ(), "NVMEGATE_JOURNAL_CHILD="+dir)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	var rev uint64
+	var want string
+	if _, err := fmt.Sscan(strings.TrimSpace(string(out)), &rev, &want); err != nil {
+		t.Fatalf("child said %q: %v", out, err)
+	}
+	if rev != 43 {
+		t.Fatalf("child at revision %d, want 43 (3 inventory changes and 40 grants)", rev)
+	}
+	log, db := openJournaled(t.Fatal, dir, "store.db", time.Hour)
+	defer log.Close()
+	gotRev, got, err := db.StateDigest(context.Background())
+	if err != nil || gotRev != rev || got != want {
+		t.Fatalf("after the restart: revision %d digest %s (%v); want %d %s", gotRev, got, err, rev, want)
+	}
+	active, err := db.ActiveGrants(context.Background())
+	if err != nil || len(active) != 7 {
+		t.Fatalf("active grants after replay: %d (%v), want 7 (one per node; each connect superseded the one before)", len(active), err)
+	}
+	mustJ(t, db.Close())
+
+	fresh, err := store.Open(filepath.Join(dir, "fresh.db"), store.Options{Journal: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	if r, d, err := fresh.StateDigest(context.Background()); err != nil || r != rev || d != want {
+		t.Fatalf("fresh replay: revision %d digest %s (%v); want %d %s", r, d, err, rev, want)
+	}
+}
+
+// A store whose journal ends before the store's revision (an older log
+// put back, a log from elsewhere) is refused: the projection would claim
+// changes the log does not hold.
+func TestJournalOlderThanTheStoreRefused(t *testing.T) {
+	dir := t.TempDir()
+	log, db := openJournaled(t.Fatal, dir, "store.db", time.Hour)
+	fillJournaled(t.Fatal, db, 3)
+	mustJ(t, db.Close())
+	mustJ(t, log.Close())
+	// A second log whose changes end at revision 1.
+	other := t.TempDir()
+	olog, odb := openJournaled(t.Fatal, other, "store.db", time.Hour)
+	mustJ(t, odb.CreateTarget(context.Background(), &nvmegate.Target{ID: "t9", Fabric: "fab-a", Region: "eu-west", Driver: nvmegate.DriverNVMet,
+		Ports: []nvmegate.Port{{ID: 1, Transport: nvmegate.TransportTCP, AddressFamily: nvmegate.FamilyIPv4, Address: "192.0.2.10", ServiceID: "4420"}}}))
+	mustJ(t, odb.Close())
+	_, err := store.Open(filepath.Join(dir, "store.db"), store.Options{Journal: olog})
+	if err == nil || !strings.Contains(err.Error(), "older than the store") {
+		t.Fatalf("Open with an older journal = %v, want refused", err)
+	}
+	olog.Close()
+}
+
+func mustJ(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
