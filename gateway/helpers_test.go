@@ -73,15 +73,6 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 	// The store's clock is the gateway's (Config.Now, if an option sets
 	// one): expiries and renewal deadlines are read against it.
 	var clock func() time.Time
-	db, err := store.Open(filepath.Join(t.TempDir(), "inventory.db"), store.Options{Now: func() time.Time {
-		if clock != nil {
-			return clock()
-		}
-		return time.Now()
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	bundle, err := policy.Load(policy.Default())
 	if err != nil {
 		t.Fatal(err)
@@ -105,6 +96,17 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 	}
 	dir := t.TempDir()
 	alog, err := audit.Open(filepath.Join(dir, "audit.db"), audit.Options{Origin: "nvmegate.test/audit", Signer: ls})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Journaled, as one gateway's store is (cmd/nvmegated): the log
+	// sequences every write.
+	db, err := store.Open(filepath.Join(t.TempDir(), "inventory.db"), store.Options{Journal: alog, Now: func() time.Time {
+		if clock != nil {
+			return clock()
+		}
+		return time.Now()
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}

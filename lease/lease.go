@@ -44,6 +44,13 @@ type Grants interface {
 	// meanwhile by another's hand or they can no longer be active; it
 	// returns those put back (store.DB has the rules).
 	OpenGrant(ctx context.Context, g *nvmegate.Grant, move []string, supersede bool, at *store.BindingAt) ([]*nvmegate.Grant, error)
+	// Journaled stores sequence their writes in the audit log:
+	// OpenGrantRecorded makes the opening's entry (built from what it
+	// superseded, as decided in the commit) and the opening durable in
+	// one commit, and sets g.AuditIndex.
+	Journaled() bool
+	OpenGrantRecorded(ctx context.Context, g *nvmegate.Grant, move []string, supersede bool, at *store.BindingAt,
+		entry func(superseded []*nvmegate.Grant) audit.Entry) ([]*nvmegate.Grant, error)
 	UndoOpening(ctx context.Context, g *nvmegate.Grant) ([]*nvmegate.Grant, error)
 	// RequireReauth sets renewal deadlines on the grants still active
 	// under the decisions the marks name; it returns those it marked.

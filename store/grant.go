@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"errors"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/audit"
 )
 
 // GrantFilter narrows ListGrants; empty fields match everything.
@@ -332,7 +334,7 @@ func EntryOf(g *nvmegate.Grant) HostEntry { return g.HostEntry() }
 // from set, so is a grant whose entry is no longer *from (putting a move
 // back must not undo a later one).
 func (db *DB) PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []string, from *nvmegate.HostEntry, to nvmegate.HostEntry) error {
-	_, err := db.putGrants(ctx, gs, move, from, to, false, nil)
+	_, err := db.putGrants(ctx, gs, move, from, to, false, nil, nil)
 	return err
 }
 
@@ -354,7 +356,23 @@ func (db *DB) OpenGrant(ctx context.Context, g *nvmegate.Grant, move []string, s
 	if g == nil || g.State != nvmegate.GrantActive {
 		return nil, nvmegate.Invalid("", "an active grant is required")
 	}
-	return db.putGrants(ctx, []*nvmegate.Grant{g}, move, nil, g.HostEntry(), supersede, at)
+	return db.putGrants(ctx, []*nvmegate.Grant{g}, move, nil, g.HostEntry(), supersede, at, nil)
+}
+
+// OpenGrantRecorded is OpenGrant on a journaled store (Journaled), with
+// the opening's entry in the same commit — its one durable round: entry
+// is called in the commit with the grants g supersedes as decided there,
+// and g.AuditIndex becomes its entry's index. On a store that is not
+// journaled it fails: the caller appends the entry itself first.
+func (db *DB) OpenGrantRecorded(ctx context.Context, g *nvmegate.Grant, move []string, supersede bool, at *BindingAt,
+	entry func(superseded []*nvmegate.Grant) audit.Entry) ([]*nvmegate.Grant, error) {
+	if g == nil || g.State != nvmegate.GrantActive {
+		return nil, nvmegate.Invalid("", "an active grant is required")
+	}
+	if db.journal == nil || entry == nil {
+		return nil, errors.New("store: an opening with its entry needs a journaled store")
+	}
+	return db.putGrants(ctx, []*nvmegate.Grant{g}, move, nil, g.HostEntry(), supersede, at, entry)
 }
 
 // BindingAt is the host binding a call was decided with: the node's stored
@@ -383,7 +401,8 @@ func checkBindingAt(tx *txn, node string, at *BindingAt) error {
 	return nvmegate.Errorf(nvmegate.ECONFLICT, "the node's host binding changed while it connected; no grant was made")
 }
 
-func (db *DB) putGrants(ctx context.Context, gs []*nvmegate.Grant, move []string, from *nvmegate.HostEntry, to nvmegate.HostEntry, supersede bool, at *BindingAt) ([]*nvmegate.Grant, error) {
+func (db *DB) putGrants(ctx context.Context, gs []*nvmegate.Grant, move []string, from *nvmegate.HostEntry, to nvmegate.HostEntry, supersede bool, at *BindingAt,
+	entry func(superseded []*nvmegate.Grant) audit.Entry) ([]*nvmegate.Grant, error) {
 	vals := make([][]byte, len(gs))
 	stored := make([]*nvmegate.Grant, len(gs)) // the model's copies
 	for i, g := range gs {
@@ -402,8 +421,17 @@ func (db *DB) putGrants(ctx context.Context, gs []*nvmegate.Grant, move []string
 	var ended []*nvmegate.Grant
 	// Batched with concurrent grant writes (one commit for a storm's
 	// group); the function is safe to run twice.
-	err := db.batch(ctx, func(tx *txn) error {
+	write := func(tx *txn) error {
 		ended = ended[:0]
+		if entry != nil {
+			// Its entry is the commit's first: the grant names it.
+			gs[0].AuditIndex = tx.first
+			var err error
+			if vals[0], err = encodeGrant(gs[0]); err != nil {
+				return err
+			}
+			stored[0] = storedGrant(gs[0])
+		}
 		if at != nil {
 			if err := checkBindingAt(tx, gs[0].Node, at); err != nil {
 				return err
@@ -464,7 +492,19 @@ func (db *DB) putGrants(ctx context.Context, gs []*nvmegate.Grant, move []string
 			ended = append(ended, &c)
 		}
 		return nil
-	})
+	}
+	var err error
+	if entry != nil {
+		err = db.propose(ctx, nil, func(tx *txn) error {
+			if err := write(tx); err != nil {
+				return err
+			}
+			tx.entries = append(tx.entries, entry(ended))
+			return nil
+		})
+	} else {
+		err = db.batch(ctx, write)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -118,7 +118,10 @@ func (p *proposal) Prepare(first uint64) (audit.Prepared, error) {
 	p.tx, p.rev = tx, j.next+1
 	j.next = p.rev
 	j.inflight = append(j.inflight, p)
-	entries := p.entries
+	entries := tx.entries
+	if len(entries) == 0 {
+		entries = p.entries
+	}
 	if len(entries) == 0 {
 		entries = []audit.Entry{stateChangeEntry(tx.ops[p.seed:])}
 	}

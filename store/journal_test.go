@@ -145,3 +145,31 @@ func mustJ(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// An index key written by one change is found by the next while both are
+// in the open transaction (an empty value stored as nil read as absent
+// there): a release's pending removal is settled by the next change.
+func TestJournalSettlesInTheOpenTransaction(t *testing.T) {
+	log, db := openJournaled(t.Fatal, t.TempDir(), "store.db", time.Hour)
+	defer log.Close()
+	defer db.Close()
+	fillJournaled(t.Fatal, db, 1)
+	ctx := context.Background()
+	gs, err := db.ActiveGrants(ctx)
+	if err != nil || len(gs) != 1 {
+		t.Fatalf("active grants %v, %v", gs, err)
+	}
+	g := gs[0]
+	g.State, g.RemovalPending = nvmegate.GrantReleased, true
+	mustJ(t, db.PutGrants(ctx, g))
+	if n := db.PendingRemovalCount(); n != 1 {
+		t.Fatalf("%d removals pending after the release, want 1", n)
+	}
+	mustJ(t, db.SettleRemovals(ctx, []string{g.ID}))
+	if n := db.PendingRemovalCount(); n != 0 {
+		t.Fatalf("%d removals pending after the settlement, want 0", n)
+	}
+	if p, err := db.PendingRemovals(ctx); err != nil || len(p) != 0 {
+		t.Fatalf("pending removals %v, %v", p, err)
+	}
+}

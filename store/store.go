@@ -13,6 +13,7 @@ import (
 	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/audit"
 )
 
 // SchemaVersion is the version of the bucket layout and record encoding that
@@ -328,6 +329,7 @@ type txn struct {
 	// A journaled change's: the index its first entry gets, and, with
 	// undo, the keys as they were before it wrote them (rollback).
 	first   uint64
+	entries []audit.Entry // the change's own entries (none: its proposal's)
 	undo    bool
 	undoLog []undoRec
 }
@@ -463,6 +465,13 @@ func beginError(err error) error {
 
 // put writes one key of bucket name, wrapping bbolt's error with context.
 func put(tx *txn, name, k, v []byte) error {
+	if v == nil {
+		// An index key's value is empty. Stored as nil, bbolt's Get would
+		// answer nil — absent — within the transaction that wrote it
+		// (a journaled store's transaction spans many changes), and
+		// empty once committed.
+		v = []byte{}
+	}
 	if tx.undo {
 		tx.noteUndo(name, k)
 	}

@@ -201,18 +201,24 @@ func (m *Main) Open(ctx context.Context) (err error) {
 			}
 		}
 	}
-	if m.db, err = store.Open(filepath.Join(c.StateDir, "inventory.db"), storeOpts); err != nil {
-		return fmt.Errorf("inventory store: %w", err)
-	}
-	if m.peers != nil {
-		m.peers.db = m.db
-	}
 	if m.auditKey, err = openSigner(ctx, c.Audit); err != nil {
 		return fmt.Errorf("audit signing key: %w", err)
 	}
 	auditOpts.Origin, auditOpts.Signer = c.Audit.Origin, m.auditKey
 	if m.audit, err = audit.Open(c.Audit.Path, auditOpts); err != nil {
 		return fmt.Errorf("audit log: %w", err)
+	}
+	if storeOpts.Replica == nil {
+		// One gateway: the log is the system of record, and the store
+		// its projection (DESIGN §12): each write is sequenced in the
+		// log, its entries and its change in one commit.
+		storeOpts.Journal = m.audit
+	}
+	if m.db, err = store.Open(filepath.Join(c.StateDir, "inventory.db"), storeOpts); err != nil {
+		return fmt.Errorf("inventory store: %w", err)
+	}
+	if m.peers != nil {
+		m.peers.db = m.db
 	}
 	if m.source, err = m.openIdentity(ctx); err != nil {
 		return fmt.Errorf("identity: %w", err)
