@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,7 +19,6 @@ import (
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/fabric"
-	"github.com/nvmegate/nvmegate/gateway"
 	"github.com/nvmegate/nvmegate/keys/nvmefmt"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
@@ -835,28 +835,12 @@ func TestBindNQNOfActiveGrantRefused(t *testing.T) {
 
 // hookedAudit runs before (if set) ahead of each append: a test's way to
 // change the store between a call's description and its commit.
-type hookedAudit struct {
-	gateway.AuditLog
-	before func(audit.Entry)
-}
-
-func (h *hookedAudit) Append(ctx context.Context, e audit.Entry) (uint64, [32]byte, error) {
-	if h.before != nil {
-		h.before(e)
-	}
-	return h.AuditLog.Append(ctx, e)
-}
-
 // The reverse race of issue 14: an unbound node's connect is described
 // while its derived NQN is free, and an admin binds that NQN to a globex
 // node before the grant commits. The commit checks again and refuses: no
 // grant, the target never allows the host, the failure is recorded.
 func TestConnectRefusedWhenNQNBoundBeforeCommit(t *testing.T) {
-	hook := &hookedAudit{}
-	g := startGateway(t, func(cfg *gateway.Config) {
-		hook.AuditLog = cfg.Audit
-		cfg.Audit = hook
-	})
+	g := startGateway(t)
 	acmeInventory(t, g)
 	ctx := ctxT(t)
 	if _, err := pb.NewJobsClient(g.client(t, sched)).Admit(ctx, admitRequest("job-1")); err != nil {
@@ -866,19 +850,19 @@ func TestConnectRefusedWhenNQNBoundBeforeCommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var once sync.Once
-	hook.before = func(e audit.Entry) {
-		if e.Kind != audit.EventGrant {
+	// The connect's next write is its grant's commit: described and
+	// decided already, the binding comes first.
+	var fired atomic.Bool
+	bind := func() {
+		if fired.Swap(true) {
 			return
 		}
-		once.Do(func() {
-			// Described and decided already; the grant's entry is next.
-			if err := g.db.CreateHostBinding(context.Background(), &nvmegate.HostBinding{
-				SPIFFEID: "spiffe://nvmegate.test/node/globex-gpu-1", HostNQN: derived, Tenant: "globex"}); err != nil {
-				t.Errorf("binding during the connect: %v", err)
-			}
-		})
+		if err := g.db.CreateHostBinding(context.Background(), &nvmegate.HostBinding{
+			SPIFFEID: "spiffe://nvmegate.test/node/globex-gpu-1", HostNQN: derived, Tenant: "globex"}); err != nil {
+			t.Errorf("binding during the connect: %v", err)
+		}
 	}
+	g.journal.before.Store(&bind)
 	_, err = pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
 	wantCode(t, err, codes.FailedPrecondition, "bound to another identity", "not granted")
 	if _, err := os.Stat(filepath.Join(g.configfs, "stor-eu-1", "hosts", derived)); !os.IsNotExist(err) {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -50,10 +51,14 @@ type testGateway struct {
 	// the embedded driver leaves them alone.
 	remote *sync.Map
 	db     *store.DB
-	agent  *targetagent.Agent
-	lease  *lease.Lifecycle
-	srv    *gateway.Server
-	stop   func() error // shuts the gateway down (once) and returns what Serve did
+	// journal is the store's journal (the log), with a hook a test can
+	// set to act just before a write is proposed: between a call's
+	// decision and its commit.
+	journal *hookedJournal
+	agent   *targetagent.Agent
+	lease   *lease.Lifecycle
+	srv     *gateway.Server
+	stop    func() error // shuts the gateway down (once) and returns what Serve did
 }
 
 type gatewayOption func(*gateway.Config)
@@ -101,7 +106,8 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 	}
 	// Journaled, as one gateway's store is (cmd/nvmegated): the log
 	// sequences every write.
-	db, err := store.Open(filepath.Join(t.TempDir(), "inventory.db"), store.Options{Journal: alog, Now: func() time.Time {
+	journal := &hookedJournal{Log: alog}
+	db, err := store.Open(filepath.Join(t.TempDir(), "inventory.db"), store.Options{Journal: journal, Now: func() time.Time {
 		if clock != nil {
 			return clock()
 		}
@@ -190,7 +196,7 @@ func startGateway(t testing.TB, opts ...gatewayOption) *testGateway {
 		alog.Close()
 		ks.Close()
 	})
-	return &testGateway{addr: lis.Addr().String(), ca: ca, registry: reg, engine: engine, audit: alog, auditKey: ls.PublicKey(), keyStore: ks, configfs: configfs, remote: remote, db: db, agent: agent, lease: cfg.Lease, srv: srv, stop: stop}
+	return &testGateway{addr: lis.Addr().String(), ca: ca, registry: reg, engine: engine, audit: alog, auditKey: ls.PublicKey(), keyStore: ks, configfs: configfs, remote: remote, db: db, journal: journal, agent: agent, lease: cfg.Lease, srv: srv, stop: stop}
 }
 
 // client connects as spiffe://nvmegate.test/<path> with a fresh SVID.
@@ -218,4 +224,18 @@ func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// hookedJournal is the log as a store's journal, calling before (if set)
+// ahead of each proposal.
+type hookedJournal struct {
+	*audit.Log
+	before atomic.Pointer[func()]
+}
+
+func (h *hookedJournal) Propose(ctx context.Context, p audit.Proposal) (uint64, error) {
+	if f := h.before.Load(); f != nil {
+		(*f)()
+	}
+	return h.Log.Propose(ctx, p)
 }
