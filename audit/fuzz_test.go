@@ -22,6 +22,7 @@ func FuzzDecodeEntry(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte(`{"kind":"deny","time":"2026-12-01T09:00:00.000000000Z","v":1}`))
+	f.Add([]byte(`{"change":{"digest":"sha256:` + strings.Repeat("0a", 32) + `","revision":7},"kind":"state_change","time":"2026-12-01T09:00:00.000000000Z","v":2}`))
 	f.Add([]byte(`{"detail":"a\u0001\b\t\n\f\r\"\\é","kind":"x","time":"0001-01-01T00:00:00.000000000Z","v":1}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		e, err := audit.DecodeEntry(data)

@@ -1,6 +1,7 @@
 package audit_test
 
 import (
+	"sync"
 	"bytes"
 	"context"
 	"flag"
@@ -31,7 +32,14 @@ func makeGolden(t *testing.T, out string) {
 	if _, err := l.Checkpoint(ctx); err != nil {
 		t.Fatal(err)
 	}
-	appendN(t, l, 10, 290)
+	appendN(t, l, 10, 288)
+	// Two entries of schema version 2: a proposal's, committing to its
+	// change's payload.
+	var mu sync.Mutex
+	var events []string
+	if _, err := l.Propose(ctx, recorder{mu: &mu, events: &events, name: "golden", rev: 1, entries: 2}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := l.Checkpoint(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -111,3 +111,30 @@ func TestProposeRefusesARevisionOutOfOrder(t *testing.T) {
 		t.Fatalf("events %q: b was told it is durable", events)
 	}
 }
+
+// An entry has one encoding: version 2 exactly when it carries a change.
+func TestEntryVersionFollowsTheChange(t *testing.T) {
+	digest := audit.PayloadDigest([]byte("p"))
+	for _, tc := range []struct {
+		data string
+		ok   bool
+	}{
+		{`{"change":{"digest":"` + digest + `","revision":7},"kind":"state_change","time":"2026-12-01T09:00:00.000000000Z","v":2}`, true},
+		{`{"change":{"digest":"` + digest + `","revision":7},"kind":"state_change","time":"2026-12-01T09:00:00.000000000Z","v":1}`, false},
+		{`{"kind":"state_change","time":"2026-12-01T09:00:00.000000000Z","v":2}`, false},
+		{`{"change":{"digest":"sha256:00","revision":7},"kind":"state_change","time":"2026-12-01T09:00:00.000000000Z","v":2}`, false},
+		{`{"change":{"revision":7,"digest":"` + digest + `"},"kind":"state_change","time":"2026-12-01T09:00:00.000000000Z","v":2}`, false},
+		{`{"kind":"state_change","time":"2026-12-01T09:00:00.000000000Z","v":3}`, false},
+	} {
+		e, err := audit.DecodeEntry([]byte(tc.data))
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: %v, want ok=%v", tc.data, err, tc.ok)
+			continue
+		}
+		if err == nil {
+			if b, _ := e.Encode(); string(b) != tc.data {
+				t.Errorf("%s re-encodes as %s", tc.data, b)
+			}
+		}
+	}
+}
