@@ -355,10 +355,9 @@ func (db *DB) closeJournal() {
 		db.jr.cond.Wait()
 	}
 	db.checkpointLocked()
-	if db.jr.open != nil {
-		_ = db.jr.open.Rollback()
-		db.jr.open = nil
-	}
+	// Writes from now on fail (a proposal the log still holds must not
+	// open a transaction that would keep the file from closing).
+	db.failLocked(ErrClosed)
 }
 
 // writeRaw writes w into btx as it is: a replayed change.

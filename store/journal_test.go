@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -171,5 +172,19 @@ func TestJournalSettlesInTheOpenTransaction(t *testing.T) {
 	}
 	if p, err := db.PendingRemovals(ctx); err != nil || len(p) != 0 {
 		t.Fatalf("pending removals %v, %v", p, err)
+	}
+}
+
+// A write proposed after the store closed is refused, and the file
+// closes: no transaction is opened behind Close's back.
+func TestJournalWriteAfterCloseRefused(t *testing.T) {
+	log, db := openJournaled(t.Fatal, t.TempDir(), "store.db", time.Hour)
+	defer log.Close()
+	fillJournaled(t.Fatal, db, 1)
+	mustJ(t, db.Close())
+	err := db.CreateTarget(context.Background(), &nvmegate.Target{ID: "t2", Fabric: "fab-a", Region: "eu-west", Driver: nvmegate.DriverNVMet,
+		Ports: []nvmegate.Port{{ID: 1, Transport: nvmegate.TransportTCP, AddressFamily: nvmegate.FamilyIPv4, Address: "192.0.2.11", ServiceID: "4420"}}})
+	if !errors.Is(err, store.ErrClosed) {
+		t.Fatalf("a write after Close = %v, want ErrClosed", err)
 	}
 }
