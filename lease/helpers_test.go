@@ -79,15 +79,23 @@ type world struct {
 // something between the lifecycle and the agent (or the log).
 func newWorld(t *testing.T, wrap ...func(w *world, c *lease.Config)) *world {
 	t.Helper()
+	return openWorld(t, true, wrap...)
+}
+
+// newPlainWorld is newWorld with a store that is not journaled (a
+// replica's is not): entries are appended before the commits they record.
+func newPlainWorld(t *testing.T, wrap ...func(w *world, c *lease.Config)) *world {
+	t.Helper()
+	return openWorld(t, false, wrap...)
+}
+
+func openWorld(t *testing.T, journaled bool, wrap ...func(w *world, c *lease.Config)) *world {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	dir := t.TempDir()
 	w := &world{t: t, ctx: ctx, clock: &clock{t: time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)}, configfs: filepath.Join(dir, "configfs")}
 	var err error
-	if w.db, err = store.Open(filepath.Join(dir, "store.db"), store.Options{Now: w.clock.Now}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { w.db.Close() })
 	ks, err := localstore.Open(filepath.Join(dir, "keys.db"), filepath.Join(dir, "keys.key"))
 	if err != nil {
 		t.Fatal(err)
@@ -100,6 +108,16 @@ func newWorld(t *testing.T, wrap ...func(w *world, c *lease.Config)) *world {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { w.log.Close() })
+	// Journaled, as one gateway's store is: its writes are sequenced in
+	// the log, an opening's and an end's entries in their commits.
+	opts := store.Options{Now: w.clock.Now}
+	if journaled {
+		opts.Journal = w.log
+	}
+	if w.db, err = store.Open(filepath.Join(dir, "store.db"), opts); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.db.Close() })
 	driver := &nvmet.Driver{Root: filepath.Join(w.configfs, targetID)}
 	w.agent = &targetagent.Agent{Store: w.db, Keys: w.keys, Now: w.clock.Now, Driver: func(t *nvmegate.Target) targetagent.Driver {
 		if t.ID == targetID {

@@ -49,6 +49,9 @@ type Grants interface {
 	// superseded, as decided in the commit) and the opening durable in
 	// one commit, and sets g.AuditIndex.
 	Journaled() bool
+	// PutGrantsRecorded is PutGrants with the step's entries in the same
+	// commit (journaled stores).
+	PutGrantsRecorded(ctx context.Context, gs []*nvmegate.Grant, entries []audit.Entry) error
 	OpenGrantRecorded(ctx context.Context, g *nvmegate.Grant, move []string, supersede bool, at *store.BindingAt,
 		entry func(superseded []*nvmegate.Grant) audit.Entry) ([]*nvmegate.Grant, error)
 	UndoOpening(ctx context.Context, g *nvmegate.Grant) ([]*nvmegate.Grant, error)

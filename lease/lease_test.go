@@ -35,7 +35,7 @@ func (f programFunc) Program(ctx context.Context, id string, changed ...nvmegate
 // decision and the fingerprints of what was issued, never a secret.
 func TestIssue(t *testing.T) {
 	var looked atomic.Bool
-	w := newWorld(t, func(w *world, c *lease.Config) {
+	w := newPlainWorld(t, func(w *world, c *lease.Config) {
 		c.Audit = appendFunc(func(ctx context.Context, e audit.Entry) (uint64, [32]byte, error) {
 			if e.Kind == audit.EventGrant {
 				if _, err := w.db.Grant(ctx, e.GrantID); nvmegate.ErrorCode(err) != nvmegate.ENOTFOUND {
@@ -111,6 +111,25 @@ func TestIssueUnrecorded(t *testing.T) {
 // no longer active gets no grant, and the log says why.
 func TestIssueJobNoLongerActive(t *testing.T) {
 	w := newWorld(t)
+	r := w.request(node1, sub1, nvmegate.Obligations{})
+	j := *r.Scope.Job
+	j.State = nvmegate.JobFinished
+	r.Scope.Job = &j
+	_, err := w.lc.Issue(w.ctx, r)
+	wantCode(t, err, nvmegate.ECONFLICT, "job job-1 is finished; no grant")
+	grants, denies := w.entries(audit.EventGrant), w.entries(audit.EventDeny)
+	if len(grants) != 0 || len(denies) != 1 {
+		t.Fatalf("%d grant and %d deny entries, want 0 and 1: the grant's entry is made with its commit, which never ran", len(grants), len(denies))
+	}
+	if d := denies[0].Entry; d.GrantID == "" || d.Detail != "access.connect job-1: job job-1 is finished" || d.Decision == nil || d.Decision.ID != r.Decision.ID {
+		t.Fatalf("deny entry %+v", d)
+	}
+}
+
+// On a store that is not journaled the grant's entry comes first: then
+// the check runs, and the failure is recorded after it.
+func TestIssueJobNoLongerActiveUnjournaled(t *testing.T) {
+	w := newPlainWorld(t)
 	r := w.request(node1, sub1, nvmegate.Obligations{})
 	j := *r.Scope.Job
 	j.State = nvmegate.JobFinished
@@ -366,10 +385,10 @@ func TestRevoke(t *testing.T) {
 	wantCode(t, err, nvmegate.EINVALID)
 }
 
-// Ending access is the safe direction: a grant whose revoke entry cannot
-// be written is revoked all the same.
+// Ending access is the safe direction: on a store that is not journaled,
+// a grant whose revoke entry cannot be written is revoked all the same.
 func TestRevokeUnrecorded(t *testing.T) {
-	w := newWorld(t)
+	w := newPlainWorld(t)
 	a := w.issue(node1, sub1)
 	w.must(w.log.Close())
 	ids, err := w.lc.Revoke(w.ctx, lease.Selection{GrantID: a.Grant.ID}, admin, "revoked: test")
@@ -378,6 +397,22 @@ func TestRevokeUnrecorded(t *testing.T) {
 	}
 	if w.grant(a.Grant.ID).State != nvmegate.GrantRevoked || w.allowed(node1, sub1) {
 		t.Fatal("the grant was not ended")
+	}
+}
+
+// On a journaled store nothing changes unrecorded, an end neither: with
+// the log down a revocation is refused, and says so — it never reports a
+// grant revoked that the store and the target still hold.
+func TestRevokeUnrecordedJournaled(t *testing.T) {
+	w := newWorld(t)
+	a := w.issue(node1, sub1)
+	w.must(w.log.Close())
+	ids, err := w.lc.Revoke(w.ctx, lease.Selection{GrantID: a.Grant.ID}, admin, "revoked: test")
+	if err == nil || len(ids) != 0 {
+		t.Fatalf("revoked %v (%v) with the log closed", ids, err)
+	}
+	if w.grant(a.Grant.ID).State != nvmegate.GrantActive || !w.allowed(node1, sub1) {
+		t.Fatal("the grant changed though the refusal says it did not")
 	}
 }
 
@@ -659,5 +694,27 @@ func TestRenewRefusedUnderStrongerObligationsMustRenew(t *testing.T) {
 	if g.State != nvmegate.GrantActive || g.Bidirectional || g.ReauthBy.IsZero() || time.Until(g.ReauthBy) > 90*time.Second ||
 		!strings.Contains(g.ReauthWhy, "bidirectional") {
 		t.Fatalf("after the refused renewal: %+v", g)
+	}
+}
+
+// On a journaled store a grant and its entry are one commit: the entry at
+// the grant's index is its grant entry, carrying the change that stored
+// it, and an end's entry carries the end's change.
+func TestIssueRecordedWithItsCommit(t *testing.T) {
+	w := newWorld(t)
+	a := w.issue(node1, sub1)
+	grants := w.entries(audit.EventGrant)
+	if len(grants) != 1 {
+		t.Fatalf("%d grant entries", len(grants))
+	}
+	if r := grants[0]; r.Index != a.Grant.AuditIndex || r.Entry.GrantID != a.Grant.ID || r.Entry.Change == nil {
+		t.Fatalf("grant entry %d %+v; the grant says index %d", r.Index, r.Entry, a.Grant.AuditIndex)
+	}
+	if _, err := w.lc.Revoke(w.ctx, lease.Selection{GrantID: a.Grant.ID}, admin, "revoked: test"); err != nil {
+		t.Fatal(err)
+	}
+	revokes := w.entries(audit.EventRevoke)
+	if len(revokes) != 1 || revokes[0].Entry.Change == nil || revokes[0].Entry.GrantID != a.Grant.ID {
+		t.Fatalf("revoke entries %+v", revokes)
 	}
 }

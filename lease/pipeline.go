@@ -196,6 +196,15 @@ func (l *Lifecycle) record(ctx context.Context, c *change) ([]*nvmegate.Grant, e
 		}
 		return []*nvmegate.Grant{c.grant}, nil
 	}
+	if l.recordsWithCommit(c) {
+		// Recorded with their commit (store): one durable round.
+		put := make([]*nvmegate.Grant, len(c.ends))
+		for i, g := range c.ends {
+			g.State, g.RemovalPending = c.state, true
+			put[i] = g
+		}
+		return put, nil
+	}
 	// Appended together, the entries share commits.
 	unrecorded := make([]error, len(c.endEntries))
 	var wg sync.WaitGroup
@@ -247,21 +256,39 @@ func (l *Lifecycle) store(ctx context.Context, c *change, put []*nvmegate.Grant)
 		}
 		return put, nil
 	}
-	if err := l.put(ctx, put...); err == nil {
+	recorded := l.recordsWithCommit(c)
+	putAll := func(gs []*nvmegate.Grant, entries []audit.Entry) error {
+		if recorded {
+			return l.grants.PutGrantsRecorded(ctx, gs, entries)
+		}
+		return l.put(ctx, gs...)
+	}
+	if err := putAll(put, c.endEntries); err == nil {
 		return put, nil
 	}
 	var stored []*nvmegate.Grant
 	var errs []error
-	for _, g := range put {
+	for i, g := range put {
+		var entries []audit.Entry
+		if recorded {
+			entries = c.endEntries[i : i+1]
+		}
 		// A conflict is a grant that cannot change that way (its job,
 		// node, host or subsystem): there is nothing to end.
-		if err := l.put(ctx, g); err != nil && nvmegate.ErrorCode(err) != nvmegate.ECONFLICT {
+		if err := putAll([]*nvmegate.Grant{g}, entries); err != nil && nvmegate.ErrorCode(err) != nvmegate.ECONFLICT {
 			errs = append(errs, fmt.Errorf("grant %s: %w", g.ID, err))
 			continue
 		}
 		stored = append(stored, g)
 	}
 	return stored, errors.Join(errs...)
+}
+
+// recordsWithCommit says whether an end's entries are made durable in its
+// commit (a journaled store, and an entry for each grant) rather than
+// appended before it.
+func (l *Lifecycle) recordsWithCommit(c *change) bool {
+	return c.grant == nil && len(c.endEntries) > 0 && len(c.endEntries) == len(c.ends) && l.grants.Journaled()
 }
 
 func (l *Lifecycle) put(ctx context.Context, gs ...*nvmegate.Grant) error {

@@ -334,7 +334,7 @@ func EntryOf(g *nvmegate.Grant) HostEntry { return g.HostEntry() }
 // from set, so is a grant whose entry is no longer *from (putting a move
 // back must not undo a later one).
 func (db *DB) PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []string, from *nvmegate.HostEntry, to nvmegate.HostEntry) error {
-	_, err := db.putGrants(ctx, gs, move, from, to, false, nil, nil)
+	_, err := db.putGrants(ctx, gs, move, from, to, false, nil, nil, nil)
 	return err
 }
 
@@ -356,7 +356,7 @@ func (db *DB) OpenGrant(ctx context.Context, g *nvmegate.Grant, move []string, s
 	if g == nil || g.State != nvmegate.GrantActive {
 		return nil, nvmegate.Invalid("", "an active grant is required")
 	}
-	return db.putGrants(ctx, []*nvmegate.Grant{g}, move, nil, g.HostEntry(), supersede, at, nil)
+	return db.putGrants(ctx, []*nvmegate.Grant{g}, move, nil, g.HostEntry(), supersede, at, nil, nil)
 }
 
 // OpenGrantRecorded is OpenGrant on a journaled store (Journaled), with
@@ -372,7 +372,19 @@ func (db *DB) OpenGrantRecorded(ctx context.Context, g *nvmegate.Grant, move []s
 	if db.journal == nil || entry == nil {
 		return nil, errors.New("store: an opening with its entry needs a journaled store")
 	}
-	return db.putGrants(ctx, []*nvmegate.Grant{g}, move, nil, g.HostEntry(), supersede, at, entry)
+	return db.putGrants(ctx, []*nvmegate.Grant{g}, move, nil, g.HostEntry(), supersede, at, entry, nil)
+}
+
+// PutGrantsRecorded is PutGrants on a journaled store (Journaled), with
+// entries, the step's record (an end's entries), durable in the same
+// commit: its one round. On a store that is not journaled it fails: the
+// caller appends the entries itself first.
+func (db *DB) PutGrantsRecorded(ctx context.Context, gs []*nvmegate.Grant, entries []audit.Entry) error {
+	if db.journal == nil || len(entries) == 0 {
+		return errors.New("store: grants with their entries need a journaled store and entries")
+	}
+	_, err := db.putGrants(ctx, gs, nil, nil, nvmegate.HostEntry{}, false, nil, nil, entries)
+	return err
 }
 
 // BindingAt is the host binding a call was decided with: the node's stored
@@ -402,7 +414,7 @@ func checkBindingAt(tx *txn, node string, at *BindingAt) error {
 }
 
 func (db *DB) putGrants(ctx context.Context, gs []*nvmegate.Grant, move []string, from *nvmegate.HostEntry, to nvmegate.HostEntry, supersede bool, at *BindingAt,
-	entry func(superseded []*nvmegate.Grant) audit.Entry) ([]*nvmegate.Grant, error) {
+	entry func(superseded []*nvmegate.Grant) audit.Entry, entries []audit.Entry) ([]*nvmegate.Grant, error) {
 	vals := make([][]byte, len(gs))
 	stored := make([]*nvmegate.Grant, len(gs)) // the model's copies
 	for i, g := range gs {
@@ -494,7 +506,8 @@ func (db *DB) putGrants(ctx context.Context, gs []*nvmegate.Grant, move []string
 		return nil
 	}
 	var err error
-	if entry != nil {
+	switch {
+	case entry != nil:
 		err = db.propose(ctx, nil, func(tx *txn) error {
 			if err := write(tx); err != nil {
 				return err
@@ -502,7 +515,9 @@ func (db *DB) putGrants(ctx context.Context, gs []*nvmegate.Grant, move []string
 			tx.entries = append(tx.entries, entry(ended))
 			return nil
 		})
-	} else {
+	case len(entries) > 0:
+		err = db.propose(ctx, entries, write)
+	default:
 		err = db.batch(ctx, write)
 	}
 	if err != nil {

@@ -37,7 +37,7 @@ const (
 	DefaultCheckpointInterval = time.Second
 	// checkpointChanges checkpoints sooner under load: the open
 	// transaction's dirty pages stay bounded.
-	checkpointChanges = 8192
+	checkpointChanges = 1024
 )
 
 // journalState is a journaled store's write side, guarded by DB.writeMu.
