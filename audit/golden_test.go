@@ -1,13 +1,13 @@
 package audit_test
 
 import (
-	"sync"
 	"bytes"
 	"context"
 	"flag"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/nvmegate/nvmegate/attest"

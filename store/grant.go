@@ -3,9 +3,9 @@ package store
 import (
 	"bytes"
 	"context"
-	"errors"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
