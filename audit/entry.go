@@ -56,6 +56,9 @@ const (
 	// other entry of its proposal stands for (a settled removal, a
 	// renewal deadline): it carries the change (Entry.Change).
 	EventStateChange EventKind = "state_change"
+	// EventStateSnapshot records a whole state the log's changes start
+	// from (a genesis): it carries the snapshot as its change.
+	EventStateSnapshot EventKind = "state_snapshot"
 )
 
 var knownKinds = map[EventKind]bool{
@@ -63,7 +66,7 @@ var knownKinds = map[EventKind]bool{
 	EventExpire: true, EventRevoke: true, EventJobAdmit: true, EventJobFinish: true,
 	EventKeyRotation: true, EventInventoryChange: true, EventPolicyLoad: true,
 	EventTargetApply: true, EventInvalid: true, EventReauth: true, EventComplianceAttestation: true,
-	EventStateChange: true,
+	EventStateChange: true, EventStateSnapshot: true,
 }
 
 // Entry is one audit record: a decision or a state change. See doc.go for

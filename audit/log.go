@@ -38,10 +38,18 @@ var (
 	// bucketChanges holds the payloads of sequenced proposals (Propose):
 	// revision -> index of the entry that records it, and the payload.
 	bucketChanges = []byte("changes")
+	// bucketSnapshots holds whole states the changes start from (a
+	// genesis): revision -> index of the entry that records it, and the
+	// payload.
+	bucketSnapshots = []byte("snapshots")
+
+	// laterBuckets came after the first files: a file opened read-only
+	// (an export of an older log) may lack them.
+	laterBuckets = map[string]bool{string(bucketChanges): true, string(bucketSnapshots): true}
 
 	allBuckets = [][]byte{
 		bucketMeta, bucketEntries, bucketTiles, bucketCheckpoints, bucketKeys,
-		bucketIdxJob, bucketIdxTenant, bucketIdxNS, bucketIdxTime, bucketChanges,
+		bucketIdxJob, bucketIdxTenant, bucketIdxNS, bucketIdxTime, bucketChanges, bucketSnapshots,
 	}
 
 	metaKind   = []byte("kind")
@@ -354,7 +362,7 @@ func (l *Log) load() error {
 			return fmt.Errorf("audit: open %s: %w", l.path, err)
 		}
 		for _, name := range allBuckets {
-			if tx.Bucket(name) == nil {
+			if tx.Bucket(name) == nil && !laterBuckets[string(name)] {
 				return fmt.Errorf("audit: open %s: %w: bucket %s missing", l.path, ErrCorrupt, name)
 			}
 		}

@@ -36,6 +36,10 @@ type Prepared struct {
 	Entries  []Entry
 	Revision uint64
 	Payload  []byte
+	// Snapshot: the payload is the whole state at Revision, not a change
+	// (a genesis: the state a log that begins recording changes starts
+	// from); kept apart from the changes (Snapshot).
+	Snapshot bool
 }
 
 // ErrNoProposals is Propose's answer on a replicated log: a proposal is
@@ -64,11 +68,12 @@ func (l *Log) Propose(ctx context.Context, p Proposal) (uint64, error) {
 
 // proposed is a proposal of a batch as the writer prepared it.
 type proposed struct {
-	req     *appendReq
-	first   uint64
-	n       int
-	rev     uint64
-	payload []byte
+	req      *appendReq
+	first    uint64
+	n        int
+	rev      uint64
+	payload  []byte
+	snapshot bool
 }
 
 // expand prepares the proposals of batch, in order, at start: each one's
@@ -130,15 +135,18 @@ func (l *Log) prepareProposal(p Proposal, first uint64) ([]*appendReq, proposed,
 		// answer to each entry unread.
 		reqs[i] = &appendReq{data: data, leaf: LeafHash(data), keys: makeIndexKeys(e), unixNano: e.Time.UnixNano(), done: make(chan appendResult, 1)}
 	}
-	return reqs, proposed{first: first, n: len(reqs), rev: pp.Revision, payload: pp.Payload}, nil
+	return reqs, proposed{first: first, n: len(reqs), rev: pp.Revision, payload: pp.Payload, snapshot: pp.Snapshot}, nil
 }
 
 // putChanges stores the payloads of props beside their entries: revision
 // -> the index of the entry that records it, and the payload.
 func putChanges(tx *bolt.Tx, props []proposed) error {
-	b := tx.Bucket(bucketChanges)
-	b.FillPercent = 1 // appended in revision order
 	for _, p := range props {
+		b := tx.Bucket(bucketChanges)
+		if p.snapshot {
+			b = tx.Bucket(bucketSnapshots)
+		}
+		b.FillPercent = 1 // appended in revision order
 		if k, _ := b.Cursor().Last(); k != nil && binary.BigEndian.Uint64(k) >= p.rev {
 			return fmt.Errorf("%w: change revision %d after %d", ErrInvalidEntry, p.rev, binary.BigEndian.Uint64(k))
 		}
@@ -180,7 +188,11 @@ func answerUnprepared(props []proposed, err error) {
 // the payloads durable when it began. payload is valid only during fn.
 func (l *Log) Changes(ctx context.Context, from uint64, fn func(rev, index uint64, payload []byte) error) error {
 	return l.view(func(tx *bolt.Tx) error {
-		c := tx.Bucket(bucketChanges).Cursor()
+		b := tx.Bucket(bucketChanges)
+		if b == nil {
+			return nil // an older file, opened read-only
+		}
+		c := b.Cursor()
 		for k, v := c.Seek(u64(from + 1)); k != nil; k, v = c.Next() {
 			if err := ctx.Err(); err != nil {
 				return err
@@ -200,10 +212,34 @@ func (l *Log) Changes(ctx context.Context, from uint64, fn func(rev, index uint6
 func (l *Log) LastChange() (uint64, error) {
 	var rev uint64
 	err := l.view(func(tx *bolt.Tx) error {
-		if k, _ := tx.Bucket(bucketChanges).Cursor().Last(); len(k) == 8 {
+		if b := tx.Bucket(bucketChanges); b == nil {
+			return nil
+		} else if k, _ := b.Cursor().Last(); len(k) == 8 {
 			rev = binary.BigEndian.Uint64(k)
 		}
 		return nil
 	})
 	return rev, err
+}
+
+// Snapshot calls fn with the newest snapshot's revision, the index of the
+// entry that records it, and its payload (valid only during fn); found is
+// false if the log holds none.
+func (l *Log) Snapshot(fn func(rev, index uint64, payload []byte) error) (found bool, err error) {
+	err = l.view(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketSnapshots)
+		if b == nil {
+			return nil
+		}
+		k, v := b.Cursor().Last()
+		if k == nil {
+			return nil
+		}
+		if len(k) != 8 || len(v) < 8 {
+			return fmt.Errorf("%w: snapshot record %x", ErrCorrupt, k)
+		}
+		found = true
+		return fn(binary.BigEndian.Uint64(k), binary.BigEndian.Uint64(v), v[8:])
+	})
+	return found, err
 }

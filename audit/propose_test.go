@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	bolt "go.etcd.io/bbolt"
 	"sync"
 	"testing"
 
@@ -136,5 +137,40 @@ func TestEntryVersionFollowsTheChange(t *testing.T) {
 				t.Errorf("%s re-encodes as %s", tc.data, b)
 			}
 		}
+	}
+}
+
+// A log written before proposals (no changes or snapshots bucket) opens
+// read-only, as an export of it does, and holds no changes.
+func TestLogBeforeProposalsOpensReadOnly(t *testing.T) {
+	l, path := newLog(t)
+	appendN(t, l, 0, 3)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []string{"changes", "snapshots"} {
+		if err := db.Update(func(tx *bolt.Tx) error { return tx.DeleteBucket([]byte(b)) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+	ro, err := audit.Open(path, audit.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	n := 0
+	if err := ro.Changes(context.Background(), 0, func(uint64, uint64, []byte) error { n++; return nil }); err != nil || n != 0 {
+		t.Fatalf("changes of an older log: %d, %v", n, err)
+	}
+	if last, err := ro.LastChange(); err != nil || last != 0 {
+		t.Fatalf("LastChange %d, %v", last, err)
+	}
+	if found, err := ro.Snapshot(func(uint64, uint64, []byte) error { return nil }); err != nil || found {
+		t.Fatalf("Snapshot %v, %v", found, err)
 	}
 }

@@ -28,6 +28,8 @@ type Journal interface {
 	Propose(ctx context.Context, p audit.Proposal) (uint64, error)
 	Changes(ctx context.Context, from uint64, fn func(rev, index uint64, payload []byte) error) error
 	LastChange() (uint64, error)
+	// Snapshot reads the newest whole state the changes start from.
+	Snapshot(fn func(rev, index uint64, payload []byte) error) (bool, error)
 }
 
 // Defaults of the journal's checkpoints.
@@ -278,35 +280,41 @@ func (db *DB) openJournal(j Journal, interval time.Duration) error {
 	if last != 0 && last < rev {
 		return fmt.Errorf("%w: the store is at revision %d and the journal's changes end at %d: the journal is older than the store", ErrJournal, rev, last)
 	}
+	var snapRev uint64
+	if _, err := j.Snapshot(func(r, _ uint64, _ []byte) error { snapRev = r; return nil }); err != nil {
+		return err
+	}
+	if rev > 0 && last == 0 {
+		// A store older than its journal's changes (a gateway that
+		// recorded none before): its state is the genesis they start
+		// from, recorded once, so that a replay from nothing reaches it.
+		switch {
+		case snapRev == 0:
+			if err := db.recordGenesis(j, rev); err != nil {
+				return fmt.Errorf("%w: recording the genesis snapshot: %w", ErrJournal, err)
+			}
+		case snapRev != rev:
+			return fmt.Errorf("%w: the store is at revision %d and the journal's snapshot at %d, with no changes", ErrJournal, rev, snapRev)
+		}
+	}
 	db.writeMu.Lock()
 	defer db.writeMu.Unlock()
 	if err := db.ensureOpenLocked(); err != nil {
 		return err
 	}
+	if rev == 0 && snapRev > 0 {
+		// A new store replays from the genesis.
+		if _, err := j.Snapshot(func(r, _ uint64, payload []byte) error { return db.applyReplayed(r, payload) }); err != nil {
+			db.failLocked(err)
+			return err
+		}
+		rev = snapRev
+	}
 	err = j.Changes(context.Background(), rev, func(r, _ uint64, payload []byte) error {
 		if r != db.model.rev.Load()+1 {
 			return fmt.Errorf("%w: change %d where %d was due", ErrJournal, r, db.model.rev.Load()+1)
 		}
-		ws, err := DecodeWrites(bytes.Clone(payload))
-		if err != nil {
-			return fmt.Errorf("%w: change %d: %w", ErrJournal, r, err)
-		}
-		var ops []op
-		for _, w := range ws {
-			o, err := db.opOf(db.jr.open, w)
-			if err != nil {
-				return fmt.Errorf("%w: change %d: %w", ErrJournal, r, err)
-			}
-			if o != nil {
-				ops = append(ops, *o)
-			}
-			if err := writeRaw(db.jr.open, w); err != nil {
-				return fmt.Errorf("%w: change %d: %w", ErrJournal, r, err)
-			}
-		}
-		db.model.apply(change{revision: r, ops: ops})
-		db.jr.dirty++
-		return nil
+		return db.applyReplayed(r, payload)
 	})
 	if err != nil {
 		db.failLocked(err)
@@ -321,6 +329,71 @@ func (db *DB) openJournal(j Journal, interval time.Duration) error {
 	go db.idleCheckpoints()
 	return nil
 }
+
+// applyReplayed writes a change (or a snapshot) read from the journal into
+// the open transaction and the model, as revision r.
+func (db *DB) applyReplayed(r uint64, payload []byte) error {
+	ws, err := DecodeWrites(bytes.Clone(payload))
+	if err != nil {
+		return fmt.Errorf("%w: revision %d: %w", ErrJournal, r, err)
+	}
+	var ops []op
+	for _, w := range ws {
+		o, err := db.opOf(db.jr.open, w)
+		if err != nil {
+			return fmt.Errorf("%w: revision %d: %w", ErrJournal, r, err)
+		}
+		if o != nil {
+			ops = append(ops, *o)
+		}
+		if err := writeRaw(db.jr.open, w); err != nil {
+			return fmt.Errorf("%w: revision %d: %w", ErrJournal, r, err)
+		}
+	}
+	db.model.apply(change{revision: r, ops: ops})
+	db.jr.dirty++
+	return nil
+}
+
+// recordGenesis records the store's whole state, at revision rev, as the
+// journal's snapshot.
+func (db *DB) recordGenesis(j Journal, rev uint64) error {
+	var payload []byte
+	err := db.bolt.View(func(tx *bolt.Tx) error {
+		for _, name := range allBuckets {
+			if bytes.Equal(name, bucketMeta) {
+				continue
+			}
+			if err := tx.Bucket(name).ForEach(func(k, v []byte) error {
+				payload = EncodeWrites(payload, []Write{{Bucket: name, Key: k, Value: v}})
+				return nil
+			}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	_, err = j.Propose(context.Background(), genesis{rev: rev, payload: payload})
+	return err
+}
+
+// genesis is the proposal of a store's whole state as the journal's
+// snapshot: it changes nothing.
+type genesis struct {
+	rev     uint64
+	payload []byte
+}
+
+func (g genesis) Prepare(uint64) (audit.Prepared, error) {
+	e := audit.Entry{Kind: audit.EventStateSnapshot,
+		Detail: fmt.Sprintf("the store's state at revision %d: the genesis its later changes are recorded from", g.rev)}
+	return audit.Prepared{Entries: []audit.Entry{e}, Revision: g.rev, Payload: g.payload, Snapshot: true}, nil
+}
+
+func (genesis) Done(error) {}
 
 // ErrJournal is what Open wraps when the journal and the store's file do
 // not fit together.

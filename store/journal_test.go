@@ -188,3 +188,63 @@ func TestJournalWriteAfterCloseRefused(t *testing.T) {
 		t.Fatalf("a write after Close = %v, want ErrClosed", err)
 	}
 }
+
+// A store that recorded no changes before (one that ran unjournaled: an
+// upgrade) is not restarted: its state becomes the journal's genesis
+// snapshot, recorded once, and a replay from nothing — the snapshot, then
+// the changes — reaches the store's digest.
+func TestJournalGenesisOfAnOlderStore(t *testing.T) {
+	dir := t.TempDir()
+	plain, err := store.Open(filepath.Join(dir, "store.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fillJournaled(t.Fatal, plain, 5) // unjournaled: revisions 1–8 are in no log
+	mustJ(t, plain.Close())
+
+	log, db := openJournaled(t.Fatal, dir, "store.db", time.Hour)
+	defer log.Close()
+	ctx := context.Background()
+	snaps := 0
+	if _, err := log.Snapshot(func(rev, _ uint64, _ []byte) error {
+		snaps++
+		if rev != 8 {
+			t.Errorf("genesis at revision %d, want 8", rev)
+		}
+		return nil
+	}); err != nil || snaps != 1 {
+		t.Fatalf("snapshots %d, %v", snaps, err)
+	}
+	gs, err := db.ActiveGrants(ctx)
+	if err != nil || len(gs) != 5 {
+		t.Fatalf("active grants %d, %v", len(gs), err)
+	}
+	g := gs[0]
+	g.State, g.RemovalPending = nvmegate.GrantReleased, false
+	mustJ(t, db.PutGrants(ctx, g)) // revision 9, journaled
+	rev, want, err := db.StateDigest(ctx)
+	if err != nil || rev != 9 {
+		t.Fatalf("revision %d, %v", rev, err)
+	}
+	mustJ(t, db.Close())
+
+	// Reopened: no second genesis.
+	db2, err := store.Open(filepath.Join(dir, "store.db"), store.Options{Journal: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustJ(t, db2.Close())
+	recs, _, err := log.Query(ctx, audit.Filter{Kinds: []audit.EventKind{audit.EventStateSnapshot}}, audit.Page{})
+	if err != nil || len(recs) != 1 || recs[0].Entry.Change == nil || recs[0].Entry.Change.Revision != 8 {
+		t.Fatalf("snapshot entries %+v, %v", recs, err)
+	}
+
+	fresh, err := store.Open(filepath.Join(dir, "fresh.db"), store.Options{Journal: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	if r, d, err := fresh.StateDigest(ctx); err != nil || r != rev || d != want {
+		t.Fatalf("replay from the genesis: revision %d digest %s (%v); want %d %s", r, d, err, rev, want)
+	}
+}
