@@ -120,6 +120,12 @@ func TestBenchConnect(t *testing.T) {
 			t.Fatalf("storm granted %s of 100 nodes:\n%s", m[1], out)
 		}
 	}
+	// Open loop: calls start on a schedule, whatever the answers do; the
+	// run ends after --requests of them.
+	out, err := cli(t, bin, dir, "admin", "bench", "connect", "--acks", acks, "--nodes", "30", "--rate", "50", "--requests", "60", "--duration", "30s")
+	if m := ackedRE.FindStringSubmatch(out); err != nil || m == nil || m[1] != "60" || !strings.Contains(out, "open loop at 50 calls/s") || !strings.Contains(out, "errors     0\n") {
+		t.Fatalf("bench connect --rate: %v\n%s", err, out)
+	}
 	if out, err := cli(t, bin, dir, "admin", "bench", "verify", "--acks", acks); err != nil || !strings.Contains(out, "acknowledged grants are in the log") {
 		t.Fatalf("bench verify: %v\n%s", err, out)
 	}

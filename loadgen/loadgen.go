@@ -59,7 +59,17 @@ type Options struct {
 	Secrets io.Writer
 	// Call is what every node does; "" means CallConnect.
 	Call Call
+	// Rate, if positive, makes Run open-loop: calls start at this many
+	// per second on a fixed schedule whatever the answers do, up to
+	// MaxOpen in flight (more are counted as "Overloaded" errors), and
+	// each latency is measured from the call's scheduled start, so that
+	// a stall is not hidden by the calls it kept from starting.
+	// Concurrency is then ignored.
+	Rate float64
 }
+
+// MaxOpen bounds the calls in flight of an open-loop run.
+const MaxOpen = 8192
 
 // Call is what a node does in a run: the product's call, or one of its
 // floors — the same nodes, identities and connections doing the least a
@@ -310,7 +320,12 @@ type recorder struct {
 // whether the node was granted. A call that the end of a sustained run
 // (run, if non-nil) cut off is neither a success nor a failure.
 func (r *recorder) connect(ctx, run context.Context, f *Fleet, n *Node, call Call) bool {
-	start := time.Now()
+	return r.connectFrom(ctx, run, f, n, call, time.Now())
+}
+
+// connectFrom is connect with the latency measured from start (an
+// open-loop call's scheduled start).
+func (r *recorder) connectFrom(ctx, run context.Context, f *Fleet, n *Node, call Call, start time.Time) bool {
 	var (
 		resp *pb.ConnectResponse
 		err  error
@@ -437,6 +452,10 @@ func Run(ctx context.Context, f *Fleet, o Options) *Result {
 		wg   sync.WaitGroup
 	)
 	start, cpu0 := time.Now(), processCPU()
+	if o.Rate > 0 {
+		runOpen(ctx, f, o, &rec, start)
+		return rec.result(o.Call, time.Since(start), processCPU()-cpu0)
+	}
 	for range max(1, o.Concurrency) {
 		wg.Add(1)
 		go func() {
@@ -453,6 +472,52 @@ func Run(ctx context.Context, f *Fleet, o Options) *Result {
 	}
 	wg.Wait()
 	return rec.result(o.Call, time.Since(start), processCPU()-cpu0)
+}
+
+// runOpen starts calls at o.Rate per second from start until ctx ends
+// (or o.Requests were started), and waits for those in flight.
+func runOpen(ctx context.Context, f *Fleet, o Options, rec *recorder, start time.Time) {
+	var (
+		wg   sync.WaitGroup
+		open atomic.Int64
+	)
+	interval := time.Duration(float64(time.Second) / o.Rate)
+	for i := 0; o.Requests <= 0 || i < o.Requests; i++ {
+		due := start.Add(time.Duration(i) * interval)
+		if wait := time.Until(due); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				wg.Wait()
+				return
+			case <-t.C:
+			}
+		} else if ended(ctx) {
+			break
+		}
+		if open.Load() >= MaxOpen {
+			rec.mu.Lock()
+			if rec.errs == nil {
+				rec.errs = map[string]int{}
+			}
+			if rec.errs["Overloaded"] == 0 {
+				rec.firstErr = append(rec.firstErr, fmt.Sprintf("Overloaded: %d calls in flight", MaxOpen))
+			}
+			rec.errs["Overloaded"]++
+			rec.mu.Unlock()
+			continue
+		}
+		n := f.Nodes[i%len(f.Nodes)]
+		open.Add(1)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer open.Add(-1)
+			rec.connectFrom(ctx, ctx, f, n, o.Call, due)
+		}()
+	}
+	wg.Wait()
 }
 
 // Storm connects every node at once and reports when the last one was

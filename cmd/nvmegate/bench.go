@@ -115,7 +115,11 @@ Needs a dev gateway (nvmegated dev): the node SVIDs come from its CA.`,
 					if o.Requests > 0 {
 						limit = fmt.Sprintf(" or %d calls", o.Requests)
 					}
-					fmt.Fprintf(a.stdout, "load       %d in flight for %s%s: %s\n", o.Concurrency, o.Duration, limit, c)
+					if o.Rate > 0 {
+						fmt.Fprintf(a.stdout, "load       open loop at %g calls/s for %s%s: %s\n", o.Rate, o.Duration, limit, c)
+					} else {
+						fmt.Fprintf(a.stdout, "load       %d in flight for %s%s: %s\n", o.Concurrency, o.Duration, limit, c)
+					}
 					r = loadgen.Run(ctx, fleet, o)
 				}
 				fmt.Fprint(a.stdout, loadgen.Summary(r))
@@ -143,6 +147,7 @@ Needs a dev gateway (nvmegated dev): the node SVIDs come from its CA.`,
 	f.IntVar(&o.Nodes, "nodes", 100, "node identities (N)")
 	f.IntVar(&o.Namespaces, "namespaces", 8, "namespaces in every job's scope (M)")
 	f.IntVar(&o.Concurrency, "concurrency", 32, "connects in flight (C)")
+	f.Float64Var(&o.Rate, "rate", 0, "open loop: start this many calls per second on a fixed schedule, whatever the answers do (latency from each call's scheduled start); --concurrency is then ignored")
 	f.DurationVar(&o.Duration, "duration", 10*time.Second, "how long to keep connecting (D)")
 	f.IntVar(&o.Requests, "requests", 0, "stop after this many calls, if sooner than --duration (0: no limit)")
 	f.IntVar(&o.JobSize, "job-size", 256, "nodes per job")
