@@ -21,6 +21,7 @@ import (
 	"github.com/nvmegate/nvmegate/identity"
 	"github.com/nvmegate/nvmegate/lineage"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
+	"github.com/nvmegate/nvmegate/store"
 )
 
 // AuditLog is the audit log as the gateway uses it (*audit.Log): the
@@ -89,10 +90,30 @@ var changeKinds = map[string]audit.EventKind{
 type auditIndexKey struct{}
 
 // auditIndexFromContext is the log index of the entry recorded for this
-// call before its handler ran.
+// call: before its handler ran, or by the handler's write that recorded
+// it (recordedWithChange).
 func auditIndexFromContext(ctx context.Context) (uint64, bool) {
+	if r, ok := ctx.Value(auditIndexKey{}).(*store.CallRecord); ok {
+		return r.Index()
+	}
 	i, ok := ctx.Value(auditIndexKey{}).(uint64)
 	return i, ok
+}
+
+// recordedWithChange are the calls whose change is a store write and
+// nothing else before it: on a journaled store their entry is recorded in
+// that write's commit (store.CallRecord), one durable round, rather than
+// before the handler runs. The others change what the store does not
+// hold (keys, targets) before or besides their writes, and keep their
+// entry first.
+var recordedWithChange = map[string]bool{
+	"/nvmegate.v1.Inventory/AddTarget":         true,
+	"/nvmegate.v1.Inventory/RemoveTarget":      true,
+	"/nvmegate.v1.Inventory/AddSubsystem":      true,
+	"/nvmegate.v1.Inventory/RemoveSubsystem":   true,
+	"/nvmegate.v1.Inventory/AddHostBinding":    true,
+	"/nvmegate.v1.Inventory/RemoveHostBinding": true,
+	"/nvmegate.v1.Jobs/Admit":                  true,
 }
 
 // errAuditUnavailable answers a change that was not made because its entry
@@ -115,12 +136,43 @@ func (s *Server) auditChanges(ctx context.Context, req any, info *grpc.UnaryServ
 	d, _ := authz.DecisionFromContext(ctx)
 	e := entryFor(in, d, kind)
 	e.Time = s.now()
+	if recordedWithChange[info.FullMethod] && s.journaled {
+		return s.auditWithChange(ctx, req, info, h, e)
+	}
 	idx, _, err := s.audit.Append(ctx, e)
 	if err != nil {
 		s.log.ErrorContext(ctx, "audit append failed; change refused", "method", info.FullMethod, "error", err)
 		return nil, errAuditUnavailable
 	}
 	resp, err := h(context.WithValue(ctx, auditIndexKey{}, idx), req)
+	if err != nil {
+		e.Time = s.now()
+		e.Detail = fmt.Sprintf("%s failed (%s)", e.Detail, codeName(err))
+		if _, _, aerr := s.audit.Append(context.WithoutCancel(ctx), e); aerr != nil {
+			s.log.ErrorContext(ctx, "audit append of a failed change failed", "method", info.FullMethod, "error", aerr)
+		}
+	}
+	return resp, err
+}
+
+// auditWithChange runs a call of recordedWithChange whose entry e its
+// first store write records. A call whose writes recorded nothing changed
+// nothing in the store: its entry is appended after it, and its failure as
+// before.
+func (s *Server) auditWithChange(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler, e audit.Entry) (any, error) {
+	rec := &store.CallRecord{Entry: e}
+	resp, err := h(context.WithValue(store.WithCallRecord(ctx, rec), auditIndexKey{}, rec), req)
+	if _, recorded := rec.Index(); !recorded {
+		if _, _, aerr := s.audit.Append(context.WithoutCancel(ctx), e); aerr != nil {
+			s.log.ErrorContext(ctx, "audit append of a call that changed nothing failed", "method", info.FullMethod, "error", aerr)
+			// The log is down: the write failed for that (the store
+			// changes only through the log), unless the rules refused
+			// it first — a refusal stays a refusal.
+			if err == nil || nvmegate.ErrorCode(err) == "" || nvmegate.ErrorCode(err) == nvmegate.EINTERNAL {
+				return nil, errAuditUnavailable
+			}
+		}
+	}
 	if err != nil {
 		e.Time = s.now()
 		e.Detail = fmt.Sprintf("%s failed (%s)", e.Detail, codeName(err))

@@ -70,10 +70,13 @@ func TestAuditRecordsChangesAndRefusals(t *testing.T) {
 	if _, err := inv.AddTarget(ctx, &pb.AddTargetRequest{Target: validTarget()}); err != nil {
 		t.Fatal(err)
 	}
-	// The change's entry, and the state change it made (the store is
-	// journaled in the log: its write is a proposal with its own entry).
-	if g.audit.Size() != 2 {
-		t.Fatalf("log has %d entries after one change, want 2", g.audit.Size())
+	// One entry: the call's, recorded in the commit of the change it
+	// made (the store is journaled in the log).
+	if g.audit.Size() != 1 {
+		t.Fatalf("log has %d entries after one change, want 1", g.audit.Size())
+	}
+	if e := queryAll(t, pb.NewAuditClient(g.client(t, auditor)), &pb.QueryRequest{}); len(e) != 1 || e[0].Change == nil {
+		t.Fatalf("the change's entry %+v does not carry the change", e)
 	}
 	_, err := pb.NewInventoryClient(g.client(t, node)).AddTarget(ctx, &pb.AddTargetRequest{Target: validTarget()})
 	wantCode(t, err, codes.PermissionDenied)
@@ -228,31 +231,33 @@ func TestAuditCheckpointProofsExport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Each change: its entry and the state change's.
-	if c1.Size != 2 || c2.Size != 6 || cp2.Size != 6 || string(cp2.RootHash) != string(c2.Hash[:]) {
-		t.Fatalf("checkpoints of sizes %d and %d (response %d), want 2 and 6", c1.Size, c2.Size, cp2.Size)
+	// A target and a subsystem: an entry each, recorded with the change;
+	// a namespace (its keys are not the store's): the call's entry first,
+	// then the state change's.
+	if c1.Size != 1 || c2.Size != 4 || cp2.Size != 4 || string(cp2.RootHash) != string(c2.Hash[:]) {
+		t.Fatalf("checkpoints of sizes %d and %d (response %d), want 1 and 4", c1.Size, c2.Size, cp2.Size)
 	}
 
-	for i := range uint64(6) {
+	for i := range uint64(4) {
 		p, err := ac.InclusionProof(ctx, &pb.InclusionProofRequest{Index: i})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if p.TreeSize != 6 {
-			t.Fatalf("proof for tree size %d, want the latest checkpoint's 6", p.TreeSize)
+		if p.TreeSize != 4 {
+			t.Fatalf("proof for tree size %d, want the latest checkpoint's 4", p.TreeSize)
 		}
 		if err := proof.VerifyInclusion(rfc6962.DefaultHasher, i, p.TreeSize, p.LeafHash, p.Hashes, c2.Hash[:]); err != nil {
 			t.Fatalf("inclusion of %d: %v", i, err)
 		}
 	}
-	cons, err := ac.ConsistencyProof(ctx, &pb.ConsistencyProofRequest{FromSize: 2})
+	cons, err := ac.ConsistencyProof(ctx, &pb.ConsistencyProofRequest{FromSize: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := proof.VerifyConsistency(rfc6962.DefaultHasher, 2, cons.ToSize, cons.Hashes, c1.Hash[:], c2.Hash[:]); err != nil {
+	if err := proof.VerifyConsistency(rfc6962.DefaultHasher, 1, cons.ToSize, cons.Hashes, c1.Hash[:], c2.Hash[:]); err != nil {
 		t.Fatal(err)
 	}
-	_, err = ac.InclusionProof(ctx, &pb.InclusionProofRequest{Index: 6})
+	_, err = ac.InclusionProof(ctx, &pb.InclusionProofRequest{Index: 4})
 	wantCode(t, err, codes.InvalidArgument, "not covered")
 	_, err = ac.InclusionProof(ctx, &pb.InclusionProofRequest{Index: 1, TreeSize: 99})
 	wantCode(t, err, codes.InvalidArgument, "beyond the log")
@@ -286,11 +291,11 @@ func TestAuditCheckpointProofsExport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !rep.OK() || rep.TreeSize != 6 || rep.Entries != 6 {
+	if !rep.OK() || rep.TreeSize != 4 || rep.Entries != 4 {
 		t.Fatalf("export of %d files: %+v", files, rep)
 	}
 	// The same export with an entry bundle altered fails verification.
-	bundle := filepath.Join(dir, filepath.FromSlash(audit.EntryBundlePath(0, 6)))
+	bundle := filepath.Join(dir, filepath.FromSlash(audit.EntryBundlePath(0, 4)))
 	data, err := os.ReadFile(bundle)
 	if err != nil {
 		t.Fatal(err)

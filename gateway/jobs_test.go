@@ -113,10 +113,11 @@ func TestJobsLifecycle(t *testing.T) {
 	for _, e := range entries {
 		kinds = append(kinds, string(e.Kind))
 	}
-	// admitted (and the job stored); a duplicate (recorded, then its
-	// failure); two refusals of globex's scheduler; finished (and the job
-	// stored as finished); finished again (recorded, then failed).
-	want := "job_admit,state_change,job_admit,job_admit,deny,deny,job_finish,state_change,job_finish,job_finish"
+	// admitted (its entry recorded with the job); a duplicate (recorded,
+	// then its failure); two refusals of globex's scheduler; finished,
+	// then the job stored as finished (a finish ends grants too: its
+	// entry comes first); finished again (recorded, then failed).
+	want := "job_admit,job_admit,job_admit,deny,deny,job_finish,state_change,job_finish,job_finish"
 	if strings.Join(kinds, ",") != want {
 		t.Fatalf("job-1 entries %v, want %s", kinds, want)
 	}
@@ -125,14 +126,14 @@ func TestJobsLifecycle(t *testing.T) {
 		a.Namespaces[0].Mode != "ro" || a.Decision == nil || a.Decision.ID != j.DecisionId {
 		t.Fatalf("admission entry %+v", a)
 	}
-	if entries[1].Detail != "job job-1 active" || entries[1].Change == nil {
-		t.Errorf("the admission's state change %+v", entries[1])
+	if entries[0].Change == nil {
+		t.Errorf("the admission's entry does not carry the change that stored the job: %+v", entries[0])
 	}
-	if entries[2].Detail != "jobs.admit job-1" || entries[3].Detail != "jobs.admit job-1 failed (exists)" {
-		t.Errorf("duplicate admission entries %q, %q", entries[2].Detail, entries[3].Detail)
+	if entries[1].Detail != "jobs.admit job-1" || entries[2].Detail != "jobs.admit job-1 failed (exists)" || entries[1].Change != nil {
+		t.Errorf("duplicate admission entries %+v, %+v", entries[1], entries[2])
 	}
-	if entries[6].Kind != audit.EventJobFinish || entries[7].Detail != "job job-1 finished" || entries[9].Detail != "jobs.finish job-1 failed (conflict)" {
-		t.Errorf("finish entries %q / %q / %q", entries[6].Detail, entries[7].Detail, entries[9].Detail)
+	if entries[5].Kind != audit.EventJobFinish || entries[6].Detail != "job job-1 finished" || entries[8].Detail != "jobs.finish job-1 failed (conflict)" {
+		t.Errorf("finish entries %q / %q / %q", entries[5].Detail, entries[6].Detail, entries[8].Detail)
 	}
 }
 

@@ -151,6 +151,9 @@ type Server struct {
 	lastAttestation, outOfCompliance atomic.Int64
 	attestMu                         sync.Mutex
 	lastAttested                     *Attested // what Audit.Compliance serves for a minute
+	// journaled: the store sequences its writes in the audit log, and a
+	// call's entry can be recorded in its write's commit (auditChanges).
+	journaled bool
 }
 
 // New builds a Server from cfg.
@@ -164,7 +167,9 @@ func New(cfg Config) (*Server, error) {
 	case cfg.Lease != nil && cfg.Targets == nil:
 		return nil, errors.New("gateway: Lease needs Targets: the agent that programs the grants must hear of inventory changes")
 	}
+	j, _ := cfg.Store.(interface{ Journaled() bool })
 	s := &Server{
+		journaled:        j != nil && j.Journaled(),
 		authorizer:       cfg.Authorizer,
 		store:            cfg.Store,
 		jobs:             cfg.Jobs,

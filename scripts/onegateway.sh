@@ -62,14 +62,18 @@ one() {
   closed trivial "pgrep -f 'bench floor-server' | head -1"
   closed connect "echo $gp"
   if [ "$OPEN" = 1 ]; then
-    for r in 1000 2000; do
-      bench --rate "$r" --duration 15s --call trivial,connect >"$dir/open$r.txt" 2>&1
-      echo "$name   open loop $r/s: $(grep '^ratio' "$dir/open$r.txt")"
+    local rate
+    for rate in 1000 2000; do
+      if bench --rate "$rate" --duration 15s --call trivial,connect >"$dir/open$rate.txt" 2>&1; then
+        echo "$name   open loop $rate/s: $(grep '^ratio' "$dir/open$rate.txt")"
+      else
+        echo "$name   open loop $rate/s: not run ($(head -1 "$dir/open$rate.txt"))"
+      fi
     done
   fi
   if [ "$STORM" -gt 0 ]; then
     "$bin/nvmegate" --dev-dir "$dir/dev" --dev-identity admin --timeout 120s bench connect --nodes "$STORM" --job-size "$STORM" \
-      --namespaces "$M" --storm --call trivial,connect >"$dir/storm.txt" 2>&1
+      --namespaces "$M" --storm --call trivial,connect >"$dir/storm.txt" 2>&1 || true
     echo "$name   storm of $STORM: $(grep '^ratio' "$dir/storm.txt"); errors $(grep '^errors' "$dir/storm.txt" | tail -1 | awk '{print $2}'); gateway RSS max $(awk '/VmHWM/ {printf "%d MiB", $2/1024}' "/proc/$gp/status")"
   fi
   kill "$gp"; wait "$gp" 2>/dev/null || true
@@ -77,8 +81,8 @@ one() {
 }
 
 echo "== one gateway: C=$C D=$D N=$N M=$M, $(nproc) cores, client on the same machine"
-for r in $(seq "$ROUNDS"); do
+for round in $(seq "$ROUNDS"); do
   for b in "${builds[@]}"; do
-    one "$b" "$(basename "$b")-$r"
+    one "$b" "$(basename "$b")-$round"
   done
 done

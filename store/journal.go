@@ -79,14 +79,19 @@ type proposal struct {
 func (db *DB) Journaled() bool { return db.journal != nil }
 
 // propose runs fn as one change sequenced by the journal, with entries
-// (none: a state_change entry describing it). It returns once the change
+// (none: the call's record, if ctx carries one no write took yet, or
+// else a state_change entry describing it). It returns once the change
 // is durable and applied to the model, or fn's error, or why the journal
 // did not take it (nothing changed).
 func (db *DB) propose(ctx context.Context, entries []audit.Entry, fn func(*txn) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	_, err := db.journal.Propose(ctx, &proposal{db: db, fn: fn, entries: entries})
+	entries, rec := callEntries(ctx, entries)
+	first, err := db.journal.Propose(ctx, &proposal{db: db, fn: fn, entries: entries})
+	if rec != nil {
+		rec.settle(first, err == nil)
+	}
 	return err
 }
 
@@ -120,10 +125,9 @@ func (p *proposal) Prepare(first uint64) (audit.Prepared, error) {
 	p.tx, p.rev = tx, j.next+1
 	j.next = p.rev
 	j.inflight = append(j.inflight, p)
-	entries := tx.entries
-	if len(entries) == 0 {
-		entries = p.entries
-	}
+	// The change's own entries (an opening's, built in the commit) come
+	// first: the first records the change. Then the caller's.
+	entries := append(tx.entries, p.entries...)
 	if len(entries) == 0 {
 		entries = []audit.Entry{stateChangeEntry(tx.ops[p.seed:])}
 	}
