@@ -221,10 +221,7 @@ func (e *Entry) appendTo(b []byte) ([]byte, error) {
 		w.raw(`{"digest":`)
 		w.str("change.digest", c.Digest)
 		w.raw(`,"revision":`)
-		if c.Revision > maxJSONInt {
-			w.fail(fmt.Errorf("%w: change.revision too large", ErrInvalidEntry))
-		}
-		w.b = strconv.AppendUint(w.b, c.Revision, 10)
+		w.uint("change.revision", c.Revision)
 		w.raw(`}`)
 	}
 	if d := e.Decision; d != nil {
@@ -266,10 +263,7 @@ func (e *Entry) appendTo(b []byte) ([]byte, error) {
 			w.raw(`,"id":`)
 			w.str("keys.id", k.ID)
 			w.raw(`,"version":`)
-			if k.Version > maxJSONInt {
-				w.fail(fmt.Errorf("%w: keys.version too large", ErrInvalidEntry))
-			}
-			w.b = strconv.AppendUint(w.b, k.Version, 10)
+			w.uint("keys.version", k.Version)
 			w.raw(`}`)
 		}
 		w.raw(`]`)
@@ -326,6 +320,15 @@ func (w *encoder) fail(err error) {
 }
 
 func (w *encoder) raw(s string) { w.b = append(w.b, s...) }
+
+// uint writes v in decimal; one past what every JSON reader holds exactly
+// fails the entry.
+func (w *encoder) uint(field string, v uint64) {
+	if v > maxJSONInt {
+		w.fail(fmt.Errorf("%w: %s too large", ErrInvalidEntry, field))
+	}
+	w.b = strconv.AppendUint(w.b, v, 10)
+}
 
 // key writes a top-level member name (with its leading comma).
 func (w *encoder) key(k string) {

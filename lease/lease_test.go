@@ -111,12 +111,7 @@ func TestIssueUnrecorded(t *testing.T) {
 // no longer active gets no grant, and the log says why.
 func TestIssueJobNoLongerActive(t *testing.T) {
 	w := newWorld(t)
-	r := w.request(node1, sub1, nvmegate.Obligations{})
-	j := *r.Scope.Job
-	j.State = nvmegate.JobFinished
-	r.Scope.Job = &j
-	_, err := w.lc.Issue(w.ctx, r)
-	wantCode(t, err, nvmegate.ECONFLICT, "job job-1 is finished; no grant")
+	r := issueInFinishedJob(t, w)
 	grants, denies := w.entries(audit.EventGrant), w.entries(audit.EventDeny)
 	if len(grants) != 0 || len(denies) != 1 {
 		t.Fatalf("%d grant and %d deny entries, want 0 and 1: the grant's entry is made with its commit, which never ran", len(grants), len(denies))
@@ -126,16 +121,24 @@ func TestIssueJobNoLongerActive(t *testing.T) {
 	}
 }
 
-// On a store that is not journaled the grant's entry comes first: then
-// the check runs, and the failure is recorded after it.
-func TestIssueJobNoLongerActiveUnjournaled(t *testing.T) {
-	w := newPlainWorld(t)
+// issueInFinishedJob issues a grant decided while the job was active to
+// a request whose job has finished since: it must be refused.
+func issueInFinishedJob(t *testing.T, w *world) lease.Request {
+	t.Helper()
 	r := w.request(node1, sub1, nvmegate.Obligations{})
 	j := *r.Scope.Job
 	j.State = nvmegate.JobFinished
 	r.Scope.Job = &j
 	_, err := w.lc.Issue(w.ctx, r)
 	wantCode(t, err, nvmegate.ECONFLICT, "job job-1 is finished; no grant")
+	return r
+}
+
+// On a store that is not journaled the grant's entry comes first: then
+// the check runs, and the failure is recorded after it.
+func TestIssueJobNoLongerActiveUnjournaled(t *testing.T) {
+	w := newPlainWorld(t)
+	r := issueInFinishedJob(t, w)
 	grants, denies := w.entries(audit.EventGrant), w.entries(audit.EventDeny)
 	if len(grants) != 1 || len(denies) != 1 {
 		t.Fatalf("%d grant and %d deny entries, want 1 and 1", len(grants), len(denies))
