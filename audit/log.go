@@ -508,6 +508,11 @@ func (l *Log) Append(ctx context.Context, e Entry) (uint64, [32]byte, error) {
 	if e.Time.IsZero() {
 		e.Time = l.now()
 	}
+	if e.Change != nil {
+		// Only a proposal's entry records a change: one without its
+		// payload beside it would claim a change the log does not hold.
+		return 0, [32]byte{}, fmt.Errorf("%w: an appended entry carries no change (Propose records changes)", ErrInvalidEntry)
+	}
 	// Encode first: it checks every string for key material, which must
 	// be named as such whatever else is wrong with the entry.
 	data, err := e.Encode()
@@ -745,11 +750,22 @@ func (l *Log) commit(batch []*appendReq) {
 
 	if err != nil {
 		err = fmt.Errorf("%w: commit of %d entries at index %d: %w", ErrUnavailable, len(batch), start, err)
+		// The file may hold the batch all the same (a commit can fail
+		// after its meta page was written): recovery reopens it, and what
+		// it holds is the answer — a proposal told it failed must not be
+		// replayed from the log later, nor its revision reused.
+		l.recoverAfter(err)
+		if l.holds(start, batch) {
+			for i, r := range batch {
+				r.done <- appendResult{index: start + uint64(i)}
+			}
+			finish(props, nil)
+			return
+		}
 		for _, r := range batch {
 			r.done <- appendResult{err: err}
 		}
 		finish(props, err)
-		l.recoverAfter(err)
 		return
 	}
 	l.advance(start, rng, batch, flush)
@@ -965,6 +981,24 @@ func (l *Log) recoverAfter(cause error) {
 	if err := l.load(); err != nil {
 		fail(err)
 	}
+}
+
+// holds reports whether the log, as recovery reloaded it, holds batch at
+// start: the tree covers it and its leaves are the batch's.
+func (l *Log) holds(start uint64, batch []*appendReq) bool {
+	l.closeMu.RLock()
+	failed := l.failed
+	l.closeMu.RUnlock()
+	if failed != nil || l.Size() < start+uint64(len(batch)) {
+		return false
+	}
+	for i, r := range batch {
+		h, err := l.LeafHashAt(start + uint64(i))
+		if err != nil || h != r.leaf {
+			return false
+		}
+	}
+	return true
 }
 
 // validOrigin applies the note key-name rules to the origin (it is both).

@@ -1,11 +1,13 @@
 package audit
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 
+	"github.com/transparency-dev/merkle/compact"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -147,7 +149,11 @@ func putChanges(tx *bolt.Tx, props []proposed) error {
 			b = tx.Bucket(bucketSnapshots)
 		}
 		b.FillPercent = 1 // appended in revision order
-		if k, _ := b.Cursor().Last(); k != nil && binary.BigEndian.Uint64(k) >= p.rev {
+		k, _ := b.Cursor().Last()
+		if k != nil && len(k) != 8 {
+			return fmt.Errorf("%w: change record key %x", ErrCorrupt, k)
+		}
+		if k != nil && binary.BigEndian.Uint64(k) >= p.rev {
 			return fmt.Errorf("%w: change revision %d after %d", ErrInvalidEntry, p.rev, binary.BigEndian.Uint64(k))
 		}
 		v := make([]byte, 8, 8+len(p.payload))
@@ -200,7 +206,11 @@ func (l *Log) Changes(ctx context.Context, from uint64, fn func(rev, index uint6
 			if len(k) != 8 || len(v) < 8 {
 				return fmt.Errorf("%w: change record %x", ErrCorrupt, k)
 			}
-			if err := fn(binary.BigEndian.Uint64(k), binary.BigEndian.Uint64(v), v[8:]); err != nil {
+			rev, index, payload := binary.BigEndian.Uint64(k), binary.BigEndian.Uint64(v), v[8:]
+			if err := checkRecorded(tx, rev, index, payload); err != nil {
+				return err
+			}
+			if err := fn(rev, index, payload); err != nil {
 				return err
 			}
 		}
@@ -239,7 +249,48 @@ func (l *Log) Snapshot(fn func(rev, index uint64, payload []byte) error) (found 
 			return fmt.Errorf("%w: snapshot record %x", ErrCorrupt, k)
 		}
 		found = true
-		return fn(binary.BigEndian.Uint64(k), binary.BigEndian.Uint64(v), v[8:])
+		rev, index, payload := binary.BigEndian.Uint64(k), binary.BigEndian.Uint64(v), v[8:]
+		if err := checkRecorded(tx, rev, index, payload); err != nil {
+			return err
+		}
+		return fn(rev, index, payload)
 	})
 	return found, err
+}
+
+// checkRecorded refuses a payload its entry does not commit to: the entry
+// at index must be in the tree (its leaf hash the tree's) and record the
+// change at rev with payload's digest. The payloads sit beside the tree,
+// not in it: this is what ties a replayed change to the signed log.
+func checkRecorded(tx *bolt.Tx, rev, index uint64, payload []byte) error {
+	var size uint64
+	if v := tx.Bucket(bucketMeta).Get(metaTree); v != nil {
+		s, _, err := decodeTreeState(v)
+		if err != nil {
+			return err
+		}
+		size = s
+	}
+	if index >= size {
+		return fmt.Errorf("%w: change %d names entry %d beyond the tree (%d entries)", ErrCorrupt, rev, index, size)
+	}
+	data, err := readEntry(tx, index)
+	if err != nil {
+		return fmt.Errorf("%w: change %d: entry %d: %v", ErrCorrupt, rev, index, err)
+	}
+	leaf := make([][]byte, 1)
+	if err := getNodes(tx, []compact.NodeID{compact.NewNodeID(0, index)}, leaf); err != nil {
+		return fmt.Errorf("%w: change %d: leaf %d: %v", ErrCorrupt, rev, index, err)
+	}
+	if h := LeafHash(data); !bytes.Equal(h[:], leaf[0]) {
+		return fmt.Errorf("%w: change %d: entry %d is not the tree's", ErrCorrupt, rev, index)
+	}
+	e, err := DecodeEntry(data)
+	if err != nil {
+		return fmt.Errorf("%w: change %d: entry %d: %v", ErrCorrupt, rev, index, err)
+	}
+	if c := e.Change; c == nil || c.Revision != rev || c.Digest != PayloadDigest(payload) {
+		return fmt.Errorf("%w: change %d: its payload is not the one entry %d records", ErrCorrupt, rev, index)
+	}
+	return nil
 }

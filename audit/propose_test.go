@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	bolt "go.etcd.io/bbolt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -172,5 +173,51 @@ func TestLogBeforeProposalsOpensReadOnly(t *testing.T) {
 	}
 	if found, err := ro.Snapshot(func(uint64, uint64, []byte) error { return nil }); err != nil || found {
 		t.Fatalf("Snapshot %v, %v", found, err)
+	}
+}
+
+// A payload edited in the file (the changes sit beside the tree, not in
+// it) is refused where it is read: its entry's digest no longer matches,
+// so a replay cannot be fed a change the signed log does not record.
+func TestTamperedPayloadRefused(t *testing.T) {
+	l, path := newLog(t)
+	var mu sync.Mutex
+	var events []string
+	if _, err := l.Propose(context.Background(), recorder{mu: &mu, events: &events, name: "a", rev: 1, entries: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("changes"))
+		k, v := b.Cursor().First()
+		v = append([]byte(nil), v...)
+		v[len(v)-1] ^= 1
+		return b.Put(k, v)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	l2 := openLog(t, path, testSigner(t, "key-v1", 1))
+	defer l2.Close()
+	err = l2.Changes(context.Background(), 0, func(uint64, uint64, []byte) error { return nil })
+	if !errors.Is(err, audit.ErrCorrupt) || !strings.Contains(err.Error(), "not the one entry") {
+		t.Fatalf("Changes over a tampered payload = %v, want ErrCorrupt", err)
+	}
+}
+
+// Append refuses an entry that claims a change: only a proposal, whose
+// payload sits beside it, records one.
+func TestAppendRefusesAChange(t *testing.T) {
+	l, _ := newLog(t)
+	e := sampleEntry(1)
+	e.Change = &audit.ChangeRef{Revision: 1, Digest: audit.PayloadDigest(nil)}
+	if _, _, err := l.Append(context.Background(), e); !errors.Is(err, audit.ErrInvalidEntry) {
+		t.Fatalf("Append with a change = %v, want ErrInvalidEntry", err)
 	}
 }

@@ -100,8 +100,9 @@ func auditIndexFromContext(ctx context.Context) (uint64, bool) {
 	return i, ok
 }
 
-// recordedWithChange are the calls whose change is a store write and
-// nothing else before it: on a journaled store their entry is recorded in
+// recordedWithChange are the calls whose change is one store write and
+// nothing else (host bindings are not: a rebind rotates keys and revokes
+// grants, whose writes would take the call's record first): on a journaled store their entry is recorded in
 // that write's commit (store.CallRecord), one durable round, rather than
 // before the handler runs. The others change what the store does not
 // hold (keys, targets) before or besides their writes, and keep their
@@ -111,8 +112,6 @@ var recordedWithChange = map[string]bool{
 	"/nvmegate.v1.Inventory/RemoveTarget":      true,
 	"/nvmegate.v1.Inventory/AddSubsystem":      true,
 	"/nvmegate.v1.Inventory/RemoveSubsystem":   true,
-	"/nvmegate.v1.Inventory/AddHostBinding":    true,
-	"/nvmegate.v1.Inventory/RemoveHostBinding": true,
 	"/nvmegate.v1.Jobs/Admit":                  true,
 }
 

@@ -72,6 +72,9 @@ type proposal struct {
 	tx      *txn
 	seed    int // tx.ops[:seed] are earlier in-flight changes'
 	rev     uint64
+	// own is how many entries the change made itself (tx.entries),
+	// ahead of the caller's: the caller's first is at first+own.
+	own int
 }
 
 // Journaled reports whether the store sequences its writes in a Journal,
@@ -88,12 +91,20 @@ func (db *DB) propose(ctx context.Context, entries []audit.Entry, fn func(*txn) 
 		return err
 	}
 	entries, rec := callEntries(ctx, entries)
-	first, err := db.journal.Propose(ctx, &proposal{db: db, fn: fn, entries: entries})
+	p := &proposal{db: db, fn: fn, entries: entries}
+	first, err := db.journal.Propose(ctx, p)
+	if errors.Is(err, errNoChange) {
+		err = nil // nothing to record: not a revision, not an entry
+	}
 	if rec != nil {
-		rec.settle(first, err == nil)
+		rec.settle(first+uint64(p.own), err == nil && p.rev != 0)
 	}
 	return err
 }
+
+// errNoChange is Prepare's answer to a write that wrote nothing and has
+// no entry of its own: propose reports it as done.
+var errNoChange = errors.New("store: the write changed nothing")
 
 // Prepare runs the write's rules in the open transaction, on top of every
 // change before it, and returns its entries and change.
@@ -122,7 +133,10 @@ func (p *proposal) Prepare(first uint64) (audit.Prepared, error) {
 		}
 		return audit.Prepared{}, err
 	}
-	p.tx, p.rev = tx, j.next+1
+	if len(tx.writes) == 0 && len(tx.entries) == 0 && len(p.entries) == 0 {
+		return audit.Prepared{}, errNoChange
+	}
+	p.tx, p.rev, p.own = tx, j.next+1, len(tx.entries)
 	j.next = p.rev
 	j.inflight = append(j.inflight, p)
 	// The change's own entries (an opening's, built in the commit) come
@@ -179,7 +193,7 @@ func (db *DB) ensureOpenLocked() error {
 // checkpointLocked commits the open transaction, with the model's
 // revision, and fsyncs it: what a restart starts its replay from. Only
 // durable changes are in it (no change is in flight). A failed commit
-// loses the transaction: the file is refilled from the journal.
+// loses the transaction: the store fails closed until a restart.
 func (db *DB) checkpointLocked() {
 	j := &db.jr
 	j.since = time.Now()
@@ -195,46 +209,12 @@ func (db *DB) checkpointLocked() {
 		_ = btx.Rollback()
 	}
 	if err != nil {
-		if rerr := db.refillLocked(); rerr != nil {
-			db.failLocked(fmt.Errorf("store: checkpoint: %w; refilling from the journal: %w", err, rerr))
-		}
+		// The transaction is gone and the handle may be too: writes fail
+		// closed until a restart, which replays from the last checkpoint.
+		db.failLocked(fmt.Errorf("store: checkpoint at revision %d failed; restart to replay the journal: %w", db.model.rev.Load(), err))
 	}
 }
 
-// refillLocked writes into a new open transaction the changes the file
-// lacks (after a failed checkpoint): the model has them already.
-func (db *DB) refillLocked() error {
-	if err := db.ensureOpenLocked(); err != nil {
-		return err
-	}
-	var rev uint64
-	if v := db.jr.open.Bucket(bucketMeta).Get(metaRevision); len(v) == 8 {
-		rev = binary.BigEndian.Uint64(v)
-	}
-	want := db.model.rev.Load()
-	err := db.journal.Changes(context.Background(), rev, func(r, _ uint64, payload []byte) error {
-		if r > want {
-			return errStopReplay
-		}
-		ws, err := DecodeWrites(bytes.Clone(payload))
-		if err != nil {
-			return fmt.Errorf("change %d: %w", r, err)
-		}
-		for _, w := range ws {
-			if err := writeRaw(db.jr.open, w); err != nil {
-				return err
-			}
-		}
-		db.jr.dirty++
-		return nil
-	})
-	if errors.Is(err, errStopReplay) {
-		err = nil
-	}
-	return err
-}
-
-var errStopReplay = errors.New("store: replay reached the model")
 
 // failLocked makes every later write fail closed with err.
 func (db *DB) failLocked(err error) {
@@ -330,7 +310,7 @@ func (db *DB) openJournal(j Journal, interval time.Duration) error {
 		return db.jr.failed
 	}
 	db.jr.stop, db.jr.stopped = make(chan struct{}), make(chan struct{})
-	go db.idleCheckpoints()
+	go db.idleCheckpoints(db.jr.stop, db.jr.stopped)
 	return nil
 }
 
@@ -404,13 +384,13 @@ func (genesis) Done(error) {}
 var ErrJournal = errors.New("store: the journal does not continue the store")
 
 // idleCheckpoints checkpoints changes left when the writes stop.
-func (db *DB) idleCheckpoints() {
-	defer close(db.jr.stopped)
+func (db *DB) idleCheckpoints(stop <-chan struct{}, stopped chan<- struct{}) {
+	defer close(stopped)
 	t := time.NewTicker(db.jr.interval)
 	defer t.Stop()
 	for {
 		select {
-		case <-db.jr.stop:
+		case <-stop:
 			return
 		case <-t.C:
 		}
@@ -424,7 +404,14 @@ func (db *DB) idleCheckpoints() {
 
 // closeJournal stops the idle checkpoints and checkpoints what is left.
 func (db *DB) closeJournal() {
-	close(db.jr.stop)
+	db.writeMu.Lock()
+	stop := db.jr.stop
+	db.jr.stop = nil
+	db.writeMu.Unlock()
+	if stop == nil {
+		return // closed before
+	}
+	close(stop)
 	<-db.jr.stopped
 	db.writeMu.Lock()
 	defer db.writeMu.Unlock()
@@ -439,7 +426,7 @@ func (db *DB) closeJournal() {
 
 // writeRaw writes w into btx as it is: a replayed change.
 func writeRaw(btx *bolt.Tx, w Write) error {
-	if !replicatedBuckets[string(w.Bucket)] {
+	if !replicatedBuckets[string(w.Bucket)] || bytes.Equal(w.Bucket, bucketMeta) {
 		return fmt.Errorf("a change writes bucket %q", w.Bucket)
 	}
 	b := btx.Bucket(w.Bucket)

@@ -248,3 +248,18 @@ func TestJournalGenesisOfAnOlderStore(t *testing.T) {
 		t.Fatalf("replay from the genesis: revision %d digest %s (%v); want %d %s", r, d, err, rev, want)
 	}
 }
+
+// A write that changes nothing makes no revision and no entry, and a
+// second Close is harmless.
+func TestJournalNoChangeNoRevision(t *testing.T) {
+	log, db := openJournaled(t.Fatal, t.TempDir(), "store.db", time.Hour)
+	defer log.Close()
+	fillJournaled(t.Fatal, db, 1)
+	rev, size := db.Revision(), log.Size()
+	mustJ(t, db.SettleRemovals(context.Background(), []string{"grant-0000"})) // not pending: nothing to settle
+	if db.Revision() != rev || log.Size() != size {
+		t.Fatalf("a write that changed nothing: revision %d→%d, log %d→%d entries", rev, db.Revision(), size, log.Size())
+	}
+	mustJ(t, db.Close())
+	mustJ(t, db.Close())
+}

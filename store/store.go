@@ -289,7 +289,7 @@ func (db *DB) ScopeRevision() uint64 { return db.model.scopeRev.Load() }
 
 // Close releases the file. Calls after Close fail with ErrClosed.
 func (db *DB) Close() error {
-	if db.journal != nil && db.jr.stop != nil {
+	if db.journal != nil {
 		db.closeJournal()
 	}
 	db.model.close()
