@@ -383,21 +383,26 @@ func runVM(t *testing.T, r vmRun) map[string]vmStep {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build-initramfs: %v\n%s", err, out)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	// One TCG thread for both vCPUs: with a thread each, a 6.12 guest
-	// once panicked at boot on an int3 left by its own text patching
-	// (sched_clock_cpu, "Oops: int3"), a cross-vCPU race of multi-threaded
-	// TCG; the guest still has two CPUs.
-	cmd := exec.CommandContext(ctx, qemu, "-accel", "tcg,thread=single", "-cpu", "max", "-m", "2048", "-smp", "2",
-		"-nic", "none", "-nographic", "-no-reboot", "-kernel", r.Kernel, "-initrd", initrd,
-		"-append", fmt.Sprintf("console=ttyS0 loglevel=4 panic=-1 %s nvmegate.epoch=%d", r.Append, time.Now().Unix()))
-	var console bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &console, &console
-	start := time.Now()
-	runErr := cmd.Run()
-	out := strings.ReplaceAll(console.String(), "\r", "")
-	t.Logf("VM ran %s", time.Since(start).Round(time.Second))
+	// A guest that panics while booting, before the story began, is the
+	// emulator's (once, this session: "Oops: int3" in the 6.12 kernel's
+	// own text patching under multi-threaded TCG): booted again, once.
+	// Anything after the story began counts.
+	var (
+		console bytes.Buffer
+		runErr  error
+		out     string
+	)
+	for attempt := 1; ; attempt++ {
+		console.Reset()
+		var took time.Duration
+		took, runErr = bootStory(&console, qemu, initrd, r)
+		t.Logf("VM ran %s", took.Round(time.Second))
+		out = strings.ReplaceAll(console.String(), "\r", "")
+		if attempt == 2 || strings.Contains(out, "@@BEGIN") || !strings.Contains(out, "Kernel panic") {
+			break
+		}
+		t.Logf("the guest panicked before the story began; booting it again:\n%s", tail(out, 20))
+	}
 	if dir := os.Getenv(r.ConsoleEnv); dir != "" {
 		// Keep the console for reading (CI artifacts, the closing note).
 		_ = os.WriteFile(dir, console.Bytes(), 0o644)
@@ -411,6 +416,20 @@ func runVM(t *testing.T, r vmRun) map[string]vmStep {
 	steps, order := parseConsole(out)
 	t.Logf("%d steps: %s", len(order), strings.Join(order, " "))
 	return steps
+}
+
+// bootStory boots the VM with initrd and r's kernel, its console into
+// console, for at most 10 minutes.
+func bootStory(console *bytes.Buffer, qemu, initrd string, r vmRun) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, qemu, "-accel", "tcg", "-cpu", "max", "-m", "2048", "-smp", "2",
+		"-nic", "none", "-nographic", "-no-reboot", "-kernel", r.Kernel, "-initrd", initrd,
+		"-append", fmt.Sprintf("console=ttyS0 loglevel=4 panic=-1 %s nvmegate.epoch=%d", r.Append, time.Now().Unix()))
+	cmd.Stdout, cmd.Stderr = console, console
+	start := time.Now()
+	err := cmd.Run()
+	return time.Since(start), err
 }
 
 // hostNQNIn finds the host NQN in an inventory host listing.

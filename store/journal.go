@@ -56,6 +56,7 @@ type journalState struct {
 	readers  int        // views waiting for the in-flight changes
 	cond     *sync.Cond // on writeMu: inflight or readers changed
 	dirty    int        // changes since the checkpoint
+	behind   bool       // a checkpoint failed: the file lacks changes the model has
 	since    time.Time  // of the checkpoint
 	interval time.Duration
 	failed   error // sticky: the file could not be kept; writes fail closed
@@ -187,13 +188,65 @@ func (db *DB) ensureOpenLocked() error {
 		return beginError(err)
 	}
 	db.jr.open = btx
+	if db.jr.behind {
+		// A checkpoint failed: the file lacks durable changes the model
+		// has. They are written again from the journal first.
+		if err := db.refillLocked(); err != nil {
+			_ = btx.Rollback()
+			db.jr.open = nil
+			return fmt.Errorf("store: the file lacks changes after a failed checkpoint, and the journal did not give them: %w", err)
+		}
+		db.jr.behind = false
+	}
 	return nil
 }
+
+// refillLocked writes into the open transaction the changes between the
+// file's revision and the model's, from the journal, each in order and
+// checked (Journal.Changes checks each against its entry). The model has
+// them already.
+func (db *DB) refillLocked() error {
+	var rev uint64
+	if v := db.jr.open.Bucket(bucketMeta).Get(metaRevision); len(v) == 8 {
+		rev = binary.BigEndian.Uint64(v)
+	}
+	want, next := db.model.rev.Load(), rev+1
+	err := db.journal.Changes(context.Background(), rev, func(r, _ uint64, payload []byte) error {
+		if r > want {
+			return errReplayDone
+		}
+		if r != next {
+			return fmt.Errorf("%w: change %d where %d was due", ErrJournal, r, next)
+		}
+		ws, err := DecodeWrites(bytes.Clone(payload))
+		if err != nil {
+			return fmt.Errorf("%w: change %d: %w", ErrJournal, r, err)
+		}
+		for _, w := range ws {
+			if err := writeRaw(db.jr.open, w); err != nil {
+				return fmt.Errorf("%w: change %d: %w", ErrJournal, r, err)
+			}
+		}
+		next++
+		db.jr.dirty++
+		return nil
+	})
+	if errors.Is(err, errReplayDone) {
+		err = nil
+	}
+	if err == nil && next != want+1 {
+		err = fmt.Errorf("%w: the journal's changes end at %d, the store is at %d", ErrJournal, next-1, want)
+	}
+	return err
+}
+
+var errReplayDone = errors.New("store: replay reached the model")
 
 // checkpointLocked commits the open transaction, with the model's
 // revision, and fsyncs it: what a restart starts its replay from. Only
 // durable changes are in it (no change is in flight). A failed commit
-// loses the transaction: the store fails closed until a restart.
+// loses the transaction: the file is refilled from the journal before
+// it is used again.
 func (db *DB) checkpointLocked() {
 	j := &db.jr
 	j.since = time.Now()
@@ -211,10 +264,13 @@ func (db *DB) checkpointLocked() {
 	if err != nil {
 		// The transaction is gone and the handle may be too: writes fail
 		// closed until a restart, which replays from the last checkpoint.
-		db.failLocked(fmt.Errorf("store: checkpoint at revision %d failed; restart to replay the journal: %w", db.model.rev.Load(), err))
+		// The transaction is gone (bbolt rolled it back); the file is at
+		// the checkpoint before. The next write or read refills it from
+		// the journal (a disk that filled up and emptied again recovers
+		// without a restart; the journal's own commits fail meanwhile).
+		db.jr.behind = true
 	}
 }
-
 
 // failLocked makes every later write fail closed with err.
 func (db *DB) failLocked(err error) {
