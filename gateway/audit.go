@@ -108,11 +108,11 @@ func auditIndexFromContext(ctx context.Context) (uint64, bool) {
 // hold (keys, targets) before or besides their writes, and keep their
 // entry first.
 var recordedWithChange = map[string]bool{
-	"/nvmegate.v1.Inventory/AddTarget":         true,
-	"/nvmegate.v1.Inventory/RemoveTarget":      true,
-	"/nvmegate.v1.Inventory/AddSubsystem":      true,
-	"/nvmegate.v1.Inventory/RemoveSubsystem":   true,
-	"/nvmegate.v1.Jobs/Admit":                  true,
+	"/nvmegate.v1.Inventory/AddTarget":       true,
+	"/nvmegate.v1.Inventory/RemoveTarget":    true,
+	"/nvmegate.v1.Inventory/AddSubsystem":    true,
+	"/nvmegate.v1.Inventory/RemoveSubsystem": true,
+	"/nvmegate.v1.Jobs/Admit":                true,
 }
 
 // errAuditUnavailable answers a change that was not made because its entry
