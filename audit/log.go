@@ -143,6 +143,7 @@ type Log struct {
 
 	reqs     chan *appendReq
 	syncs    chan chan error // Sync's requests to the writer
+	changed  chan struct{}   // ChangesNotify
 	closeMu  sync.RWMutex
 	closed   bool
 	stop     chan struct{}
@@ -209,6 +210,7 @@ func Open(path string, opts Options) (*Log, error) {
 		now:      opts.Now,
 		reqs:     make(chan *appendReq, defaultQueue),
 		syncs:    make(chan chan error),
+		changed:  make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 		maxBatch: opts.MaxBatch,
@@ -684,16 +686,15 @@ func (l *Log) commit(batch []*appendReq) {
 		return
 	}
 
-	// Proposals are prepared once, at the index the tree has now: only a
-	// log without a Replica takes them, so no other writer moves it.
+	// Proposals are prepared once, at the index the tree has now: on a
+	// replicated log only the term's leader proposes, and a commit the
+	// Replica refuses fails them rather than preparing them again.
+	l.stmu.RLock()
+	size := l.size
+	l.stmu.RUnlock()
 	var props []proposed
-	if l.opts.Replica == nil {
-		l.stmu.RLock()
-		size := l.size
-		l.stmu.RUnlock()
-		if batch, props = l.expand(size, batch); len(batch) == 0 {
-			return
-		}
+	if batch, props = l.expand(size, batch); len(batch) == 0 {
+		return
 	}
 
 	var (
@@ -717,13 +718,10 @@ func (l *Log) commit(batch []*appendReq) {
 		}
 		l.dbmu.RLock()
 		err = l.db.Update(func(tx *bolt.Tx) error {
-			if err := putChanges(tx, props); err != nil {
-				return err
-			}
-			return l.writeBatch(tx, start, rng, batch, flush, replicate)
+			return l.writeBatch(tx, start, rng, batch, props, flush, replicate)
 		})
 		l.dbmu.RUnlock()
-		if errors.Is(err, ErrFenced) {
+		if errors.Is(err, ErrFenced) && len(props) == 0 {
 			// Refuse the appends whose condition failed; commit the rest.
 			var rest []*appendReq
 			for _, r := range batch {
@@ -738,7 +736,7 @@ func (l *Log) commit(batch []*appendReq) {
 			}
 			return
 		}
-		if !errors.Is(err, ErrConflict) || round == maxConflicts {
+		if !errors.Is(err, ErrConflict) || round == maxConflicts || len(props) > 0 {
 			break
 		}
 		// Another writer appended first: apply its commits, then append
@@ -760,6 +758,7 @@ func (l *Log) commit(batch []*appendReq) {
 				r.done <- appendResult{index: start + uint64(i)}
 			}
 			finish(props, nil)
+			l.noteChanges(len(props))
 			return
 		}
 		for _, r := range batch {
@@ -773,16 +772,18 @@ func (l *Log) commit(batch []*appendReq) {
 		r.done <- appendResult{index: start + uint64(i)}
 	}
 	finish(props, nil)
+	l.noteChanges(len(props))
 }
 
 // writeBatch stores batch at start, growing rng over it. With replicate
 // (this writer's own commit to a Replica), the commit is made durable
 // there last, once everything else of the transaction is written.
-func (l *Log) writeBatch(tx *bolt.Tx, start uint64, rng *compact.Range, batch []*appendReq, flush bool, replicate func(Commit) error) error {
+func (l *Log) writeBatch(tx *bolt.Tx, start uint64, rng *compact.Range, batch []*appendReq, props []proposed, flush bool, replicate func(Commit) error) error {
 	p, err := prepare(start, rng, batch)
 	if err != nil {
 		return err
 	}
+	p.props = props
 	if err := l.put(tx, p, flush); err != nil {
 		return err
 	}
@@ -801,6 +802,7 @@ type prepared struct {
 	prevRoot, root [32]byte
 	chunk          []byte
 	fresh          [8][][]byte // new nodes at tile levels (tree levels 0, 8, 16, …), in index order per level
+	props          []proposed  // the proposals whose entries the batch holds, with their payloads
 }
 
 // prepare grows rng, the tree of start entries, over batch.
@@ -830,6 +832,9 @@ func prepare(start uint64, rng *compact.Range, batch []*appendReq) (*prepared, e
 // tiles, the time index, the postings if flush, and the tree state.
 func (l *Log) put(tx *bolt.Tx, p *prepared, flush bool) error {
 	if err := putChunk(tx, p.start, p.chunk); err != nil {
+		return err
+	}
+	if err := putChanges(tx, p.props); err != nil {
 		return err
 	}
 	if err := putTiles(tx.Bucket(bucketTiles), p.start, p.rng.End(), p.fresh[:]); err != nil {
@@ -865,7 +870,7 @@ func (p *prepared) commit() Commit {
 		}
 		conds = append(conds, r.cond)
 	}
-	return Commit{Start: p.start, End: p.rng.End(), PrevRoot: p.prevRoot, Root: p.root, Records: p.chunk, Conditions: conds}
+	return Commit{Start: p.start, End: p.rng.End(), PrevRoot: p.prevRoot, Root: p.root, Records: p.chunk, Conditions: conds, Changes: records(p.props)}
 }
 
 // putTiles appends the new node hashes of each tile level to its tiles.

@@ -1,10 +1,12 @@
 package audit
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"time"
 
+	"github.com/transparency-dev/merkle/compact"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -147,6 +149,12 @@ func pendingAppends(inflight []*flight) int {
 func (l *Log) room(inflight []*flight) bool {
 	carried := 0
 	for _, f := range inflight {
+		if len(f.p.props) > 0 {
+			// Proposals are prepared on the tree their commit extends
+			// and undone in reverse if it fails: their commit flies
+			// alone.
+			return false
+		}
 		carried += len(f.p.chunk)
 	}
 	return len(inflight) == 0 || len(inflight) < l.opts.ReplicaInFlight && carried <= maxCarriedBytes
@@ -168,6 +176,7 @@ func (l *Log) land(inflight []*flight, wait bool) []*flight {
 			for _, g := range inflight[i+1:] {
 				g.take(true)
 				answer(g.p.batch, errBehind(g.p))
+				finish(g.p.props, errBehind(g.p))
 			}
 			return nil
 		}
@@ -196,21 +205,40 @@ func (l *Log) send(inflight []*flight, batch []*appendReq, wake chan<- struct{})
 		answer(batch, failed)
 		return inflight
 	}
-	var p *prepared
-	var err error
+	var start uint64
+	var rng *compact.Range
 	if n := len(inflight); n > 0 {
 		last := inflight[n-1].p
-		p, err = prepare(last.rng.End(), cloneRange(last.rng), batch)
+		start, rng = last.rng.End(), cloneRange(last.rng)
 	} else {
 		l.stmu.RLock()
-		start, rng := l.size, cloneRange(l.rng)
+		start, rng = l.size, cloneRange(l.rng)
 		l.stmu.RUnlock()
-		p, err = prepare(start, rng, batch)
 	}
+	var props []proposed
+	if hasProposal(batch) {
+		if len(inflight) > 0 {
+			// A proposal is prepared on the tree as this copy stores
+			// it: the flights before it land first.
+			for len(inflight) > 0 {
+				inflight = l.land(inflight, true)
+			}
+			l.stmu.RLock()
+			start, rng = l.size, cloneRange(l.rng)
+			l.stmu.RUnlock()
+		}
+		if batch, props = l.expand(start, batch); len(batch) == 0 {
+			return inflight
+		}
+	}
+	p, err := prepare(start, rng, batch)
 	if err != nil {
-		answer(batch, fmt.Errorf("%w: commit of %d entries: %w", ErrUnavailable, len(batch), err))
+		err = fmt.Errorf("%w: commit of %d entries: %w", ErrUnavailable, len(batch), err)
+		answer(batch, err)
+		finish(props, err)
 		return inflight
 	}
+	p.props = props
 	c := p.commit()
 	for _, f := range inflight {
 		c.Pending = append(c.Pending, f.p.commit())
@@ -246,13 +274,34 @@ func (l *Log) store(p *prepared) error {
 			for i, r := range p.batch {
 				r.done <- appendResult{index: p.start + uint64(i)}
 			}
+			finish(p.props, nil)
+			l.noteChanges(len(p.props))
 			return nil
 		}
 	}
 	err = fmt.Errorf("%w: commit of %d entries at index %d: %w", ErrUnavailable, len(p.batch), p.start, err)
 	answer(p.batch, err)
+	// The Replica holds the changes: the proposals are durable, and
+	// this copy's next catch-up applies them. Their proposer may not
+	// undo them: it is told they failed only if it can be kept from
+	// using them (fail closed: its store stops sequencing).
+	finish(p.props, fmt.Errorf("%w: %w", errReplicatedNotCopied, err))
 	l.recoverAfter(err)
 	return err
+}
+
+// errReplicatedNotCopied is Done's error for proposals the Replica holds
+// that this copy failed to store.
+var errReplicatedNotCopied = errors.New("audit: the replicated log holds the change but this copy failed to store it")
+
+// hasProposal says whether batch holds a proposal.
+func hasProposal(batch []*appendReq) bool {
+	for _, r := range batch {
+		if r.prop != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // settle ends the flights after the first one was refused. It waits for
@@ -270,6 +319,15 @@ func (l *Log) settle(inflight []*flight) {
 		}
 	}
 	for i, f := range inflight {
+		if i > last && len(f.p.props) > 0 {
+			// Prepared on a tree the Replica no longer has (another
+			// writer, or a fence that failed): refused, not prepared
+			// again.
+			err := fmt.Errorf("%w: commit of %d entries at index %d: %w", ErrUnavailable, len(f.p.batch), f.p.start, f.err)
+			answer(f.p.batch, err)
+			finish(f.p.props, err)
+			continue
+		}
 		if i > last {
 			l.commit(f.p.batch)
 			continue
@@ -277,6 +335,7 @@ func (l *Log) settle(inflight []*flight) {
 		if l.store(f.p) != nil {
 			for _, g := range inflight[i+1:] {
 				answer(g.p.batch, errBehind(g.p))
+				finish(g.p.props, errBehind(g.p))
 			}
 			return
 		}

@@ -44,18 +44,25 @@ type Prepared struct {
 	Snapshot bool
 }
 
-// ErrNoProposals is Propose's answer on a replicated log: a proposal is
-// sequenced by the term's leader, which a replicated log does not yet do.
-var ErrNoProposals = errors.New("audit: proposals are sequenced only by a log without a replica")
+// ErrNoProposals is Propose's answer on a replicated log to a proposal
+// without its term's fence (WithCondition): only the term's leader
+// sequences, and a former leader's proposal must be refused by the
+// replica, not raced against the new one's.
+var ErrNoProposals = errors.New("audit: a proposal on a replicated log needs its term's fence (only the leader sequences)")
 
 // Propose sequences p and returns the index of its first entry once its
-// entries and payload are durable. An error from p's Prepare is returned
+// entries and payload are durable (on a replicated log: in the Replica,
+// under ctx's condition). An error from p's Prepare is returned
 // unchanged; any other error means the change is not known to be durable.
+// A replicated proposal the Replica refuses (the tree moved: another
+// writer; or the fence failed) is not prepared again: its caller learns
+// ErrUnavailable and the proposal's Done hears the failure.
 func (l *Log) Propose(ctx context.Context, p Proposal) (uint64, error) {
-	if l.opts.Replica != nil {
+	cond := ConditionOf(ctx)
+	if l.opts.Replica != nil && cond == nil {
 		return 0, ErrNoProposals
 	}
-	r := &appendReq{prop: p, done: make(chan appendResult, 1)}
+	r := &appendReq{prop: p, done: make(chan appendResult, 1), cond: cond}
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -95,6 +102,9 @@ func (l *Log) expand(start uint64, batch []*appendReq) ([]*appendReq, []proposed
 		if err != nil {
 			r.done <- appendResult{err: err}
 			continue
+		}
+		for _, q := range reqs {
+			q.cond = r.cond // the commit carries the proposer's fence
 		}
 		pr.req = r
 		props = append(props, pr)
@@ -163,6 +173,31 @@ func putChanges(tx *bolt.Tx, props []proposed) error {
 		}
 	}
 	return nil
+}
+
+// records are props as a Commit carries them.
+func records(props []proposed) []ChangeRecord {
+	if len(props) == 0 {
+		return nil
+	}
+	out := make([]ChangeRecord, len(props))
+	for i, p := range props {
+		out[i] = ChangeRecord{Revision: p.rev, Index: p.first, Snapshot: p.snapshot, Payload: p.payload}
+	}
+	return out
+}
+
+// fromRecords are a replicated commit's changes as this copy stores them,
+// each checked to name an entry of the commit [start, end).
+func fromRecords(start, end uint64, recs []ChangeRecord) ([]proposed, error) {
+	out := make([]proposed, len(recs))
+	for i, c := range recs {
+		if c.Index < start || c.Index >= end || c.Revision == 0 {
+			return nil, fmt.Errorf("%w: replicated change %d names entry %d outside its commit [%d, %d)", ErrCorrupt, c.Revision, c.Index, start, end)
+		}
+		out[i] = proposed{first: c.Index, rev: c.Revision, payload: c.Payload, snapshot: c.Snapshot}
+	}
+	return out, nil
 }
 
 // finish answers the proposals of a commit: Done in log order and their

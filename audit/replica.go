@@ -53,6 +53,11 @@ type Commit struct {
 	PrevRoot, Root [32]byte
 	Records        []byte
 	Conditions     []any
+	// Changes are the payloads of the proposals the commit sequenced
+	// (Log.Propose on the term's leader), each beside the entry that
+	// records it: a replica's copy stores them with the entries, and its
+	// store projects them.
+	Changes []ChangeRecord
 
 	// Pending are the commits before this one, oldest first, that the
 	// writer sent and has no answer for yet (it pipelines its commits):
@@ -61,6 +66,15 @@ type Commit struct {
 	// that overtakes its predecessors stores them too, under their
 	// conditions, instead of being refused.
 	Pending []Commit
+}
+
+// ChangeRecord is one payload of a commit: the revision it makes, the
+// index of the entry that records it (and commits to its digest), and
+// whether it is a whole state (a snapshot) rather than a change.
+type ChangeRecord struct {
+	Revision, Index uint64
+	Snapshot        bool
+	Payload         []byte
 }
 
 // ErrFenced is what a Replica's Append wraps when a condition of the
@@ -236,6 +250,10 @@ func (l *Log) applyCommit(c Commit) error {
 	if err != nil || len(recs) == 0 || c.End != c.Start+uint64(len(recs)) {
 		return fmt.Errorf("%w: replicated commit at %d: %d records for [%d, %d) (%v)", ErrCorrupt, c.Start, len(recs), c.Start, c.End, err)
 	}
+	props, err := fromRecords(c.Start, c.End, c.Changes)
+	if err != nil {
+		return err
+	}
 	batch := make([]*appendReq, len(recs))
 	for i, data := range recs {
 		e, err := DecodeEntry(data)
@@ -247,7 +265,7 @@ func (l *Log) applyCommit(c Commit) error {
 	flush := l.flushDue(len(batch))
 	l.dbmu.RLock()
 	err = l.db.Update(func(tx *bolt.Tx) error {
-		if err := l.writeBatch(tx, start, rng, batch, flush, nil); err != nil {
+		if err := l.writeBatch(tx, start, rng, batch, props, flush, nil); err != nil {
 			return err
 		}
 		if got := rootOf(rng); got != c.Root {
@@ -260,7 +278,25 @@ func (l *Log) applyCommit(c Commit) error {
 		return err
 	}
 	l.advance(start, rng, batch, flush)
+	l.noteChanges(len(props))
 	return nil
+}
+
+// ChangesNotify is signalled (without blocking: one signal may stand for
+// many) after a commit that carried changes reached this copy: the
+// leader's own, or one another replica sequenced. A store projecting
+// the log (store.Journal) reads the changes after its revision then.
+func (l *Log) ChangesNotify() <-chan struct{} { return l.changed }
+
+// noteChanges signals ChangesNotify if a commit carried n > 0 changes.
+func (l *Log) noteChanges(n int) {
+	if n == 0 {
+		return
+	}
+	select {
+	case l.changed <- struct{}{}:
+	default:
+	}
 }
 
 // importCheckpoints stores the replicated checkpoints beyond this copy's

@@ -141,9 +141,7 @@ func (l *Log) store(chain []audit.Commit) ([]clientv3.Cmp, []clientv3.Op, error)
 			}
 			cmps = append(cmps, f)
 		}
-		v := binary.BigEndian.AppendUint64(make([]byte, 0, 72+len(x.Records)), x.End)
-		v = append(append(append(v, x.PrevRoot[:]...), x.Root[:]...), x.Records...)
-		puts = append(puts, clientv3.OpPut(l.commitKey(x.Start), string(v)))
+		puts = append(puts, clientv3.OpPut(l.commitKey(x.Start), string(encodeCommit(x))))
 	}
 	return cmps, puts, nil
 }
@@ -202,13 +200,84 @@ func (l *Log) Commits(ctx context.Context, from uint64, fn func(audit.Commit) er
 	return nil
 }
 
+// A commit's value is its end, the roots before and after it and its
+// records; one that carries changes (a leader's proposals) is marked by
+// a first byte no end can have (2^56 entries), and its records are
+// followed by the changes: revision, entry index, snapshot flag, and the
+// payload with its length.
+const changesMark = 0xff
+
+func encodeCommit(x audit.Commit) []byte {
+	n := 72 + len(x.Records)
+	for _, c := range x.Changes {
+		n += 8 + 8 + 1 + 4 + len(c.Payload)
+	}
+	v := make([]byte, 0, n+5)
+	if len(x.Changes) > 0 {
+		v = append(v, changesMark)
+		v = binary.BigEndian.AppendUint32(v, uint32(len(x.Records)))
+	}
+	v = binary.BigEndian.AppendUint64(v, x.End)
+	v = append(append(append(v, x.PrevRoot[:]...), x.Root[:]...), x.Records...)
+	for _, c := range x.Changes {
+		v = binary.BigEndian.AppendUint64(v, c.Revision)
+		v = binary.BigEndian.AppendUint64(v, c.Index)
+		flag := byte(0)
+		if c.Snapshot {
+			flag = 1
+		}
+		v = append(v, flag)
+		v = binary.BigEndian.AppendUint32(v, uint32(len(c.Payload)))
+		v = append(v, c.Payload...)
+	}
+	return v
+}
+
 func decodeCommit(v []byte) (audit.Commit, error) {
+	var recs = -1
+	if len(v) > 0 && v[0] == changesMark {
+		if len(v) < 5 {
+			return audit.Commit{}, fmt.Errorf("commit record of %d bytes", len(v))
+		}
+		recs, v = int(binary.BigEndian.Uint32(v[1:])), v[5:]
+	}
 	if len(v) < 72 {
 		return audit.Commit{}, fmt.Errorf("commit record of %d bytes", len(v))
 	}
-	c := audit.Commit{End: binary.BigEndian.Uint64(v), Records: v[72:]}
+	c := audit.Commit{End: binary.BigEndian.Uint64(v)}
+	if v[0] == changesMark {
+		return audit.Commit{}, fmt.Errorf("commit record: an end of %d", c.End)
+	}
 	copy(c.PrevRoot[:], v[8:40])
 	copy(c.Root[:], v[40:72])
+	v = v[72:]
+	if recs < 0 {
+		c.Records = v
+		return c, nil
+	}
+	if recs > len(v) {
+		return audit.Commit{}, fmt.Errorf("commit record: %d bytes of entries, %d left", recs, len(v))
+	}
+	c.Records, v = v[:recs], v[recs:]
+	for len(v) > 0 {
+		if len(v) < 21 {
+			return audit.Commit{}, fmt.Errorf("commit record: a change of %d bytes", len(v))
+		}
+		ch := audit.ChangeRecord{Revision: binary.BigEndian.Uint64(v), Index: binary.BigEndian.Uint64(v[8:])}
+		switch v[16] {
+		case 0:
+		case 1:
+			ch.Snapshot = true
+		default:
+			return audit.Commit{}, fmt.Errorf("commit record: change flag %d", v[16])
+		}
+		n := int(binary.BigEndian.Uint32(v[17:]))
+		if n > len(v)-21 {
+			return audit.Commit{}, fmt.Errorf("commit record: a payload of %d bytes, %d left", n, len(v)-21)
+		}
+		ch.Payload, v = v[21:21+n], v[21+n:]
+		c.Changes = append(c.Changes, ch)
+	}
 	return c, nil
 }
 

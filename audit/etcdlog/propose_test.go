@@ -1,0 +1,185 @@
+package etcdlog_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/nvmegate/nvmegate/audit"
+	"github.com/nvmegate/nvmegate/internal/etcdtest"
+)
+
+// change is a proposal whose payload names it; it remembers how it ended.
+type change struct {
+	rev     uint64
+	payload string
+
+	mu    sync.Mutex
+	first uint64
+	done  []error
+}
+
+func (c *change) Prepare(first uint64) (audit.Prepared, error) {
+	c.mu.Lock()
+	c.first = first
+	c.mu.Unlock()
+	return audit.Prepared{Entries: []audit.Entry{{Kind: audit.EventStateChange, Detail: c.payload}},
+		Revision: c.rev, Payload: []byte(c.payload)}, nil
+}
+
+func (c *change) Done(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.done = append(c.done, err)
+}
+
+func (c *change) ended() []error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]error(nil), c.done...)
+}
+
+// fence is a term's condition in these tests: a key that must still be
+// at the revision it was created at.
+func fence(t *testing.T, cl *clientv3.Client, key string) (context.Context, func()) {
+	t.Helper()
+	resp, err := cl.Put(context.Background(), key, "leader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmp := clientv3.Compare(clientv3.CreateRevision(key), "=", resp.Header.Revision)
+	return audit.WithCondition(context.Background(), cmp), func() {
+		if _, err := cl.Delete(context.Background(), key); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// The leader's proposals reach every copy with their payloads: a follower
+// that catches up holds each change beside the entry that records it, and
+// hears of it (ChangesNotify).
+func TestProposalsReplicateWithPayloads(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cl := c.Client(t)
+	leader, follower := replica(t, cl, t.TempDir()), replica(t, cl, t.TempDir())
+	ctx, _ := fence(t, cl, "/term")
+	if _, _, err := leader.Append(ctx, entry(0)); err != nil {
+		t.Fatal(err)
+	}
+	var props []*change
+	for i := range 20 {
+		p := &change{rev: uint64(i + 1), payload: "change " + string(rune('a'+i))}
+		props = append(props, p)
+	}
+	// In order: each proposal's revision follows the one before.
+	for _, p := range props {
+		first, err := leader.Propose(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first != p.first {
+			t.Fatalf("proposal answered at %d, prepared at %d", first, p.first)
+		}
+	}
+	select {
+	case <-leader.ChangesNotify():
+	default:
+		t.Fatal("the leader's copy stored changes and did not signal it")
+	}
+	if err := follower.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-follower.ChangesNotify():
+	default:
+		t.Fatal("the follower's copy stored changes and did not signal it")
+	}
+	for _, l := range []*audit.Log{leader, follower} {
+		var got []string
+		err := l.Changes(context.Background(), 0, func(rev, index uint64, payload []byte) error {
+			p := props[rev-1]
+			if index != p.first {
+				t.Errorf("change %d recorded by entry %d, prepared at %d", rev, index, p.first)
+			}
+			got = append(got, string(payload))
+			return nil
+		})
+		if err != nil || len(got) != len(props) {
+			t.Fatalf("%d changes (%v), want %d", len(got), err, len(props))
+		}
+		for i, g := range got {
+			if g != props[i].payload {
+				t.Fatalf("change %d is %q, want %q", i+1, g, props[i].payload)
+			}
+		}
+	}
+	for _, p := range props {
+		if d := p.ended(); len(d) != 1 || d[0] != nil {
+			t.Fatalf("proposal %d ended %v, want one success", p.rev, d)
+		}
+	}
+}
+
+// Only a fenced proposer sequences on a replicated log, and a proposal
+// whose fence failed (a former leader) is refused, undone, and stores
+// nothing.
+func TestProposalNeedsLiveFence(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cl := c.Client(t)
+	l := replica(t, cl, t.TempDir())
+	if _, err := l.Propose(context.Background(), &change{rev: 1, payload: "x"}); !errors.Is(err, audit.ErrNoProposals) {
+		t.Fatalf("a proposal without a fence: %v", err)
+	}
+	ctx, lose := fence(t, cl, "/term")
+	lose()
+	p := &change{rev: 1, payload: "after the term"}
+	if _, err := l.Propose(ctx, p); !errors.Is(err, audit.ErrUnavailable) {
+		t.Fatalf("a proposal under a lost fence: %v", err)
+	}
+	if d := p.ended(); len(d) != 1 || d[0] == nil {
+		t.Fatalf("the fenced proposal ended %v, want one failure", d)
+	}
+	if l.Size() != 0 {
+		t.Fatalf("the copy holds %d entries after a fenced proposal", l.Size())
+	}
+	if last, err := l.LastChange(); err != nil || last != 0 {
+		t.Fatalf("last change %d (%v) after a fenced proposal", last, err)
+	}
+}
+
+// A proposal prepared on a tree another writer moved (a failover: the
+// old leader's copy is behind) is refused and undone, not prepared again
+// on the new tree: its rules ran on a state that is not the log's.
+func TestProposalOnMovedTreeRefused(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cl := c.Client(t)
+	stale, other := replica(t, cl, t.TempDir()), replica(t, cl, t.TempDir())
+	ctx, _ := fence(t, cl, "/term")
+	if _, _, err := other.Append(context.Background(), entry(1)); err != nil {
+		t.Fatal(err)
+	}
+	p := &change{rev: 1, payload: "on an old tree"}
+	if _, err := stale.Propose(ctx, p); !errors.Is(err, audit.ErrUnavailable) {
+		t.Fatalf("a proposal on a moved tree: %v", err)
+	}
+	if d := p.ended(); len(d) != 1 || d[0] == nil {
+		t.Fatalf("the refused proposal ended %v, want one failure", d)
+	}
+	if err := stale.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if last, err := stale.LastChange(); err != nil || last != 0 || stale.Size() != 1 {
+		t.Fatalf("after catching up: last change %d (%v), %d entries; want none and 1", last, err, stale.Size())
+	}
+	// Caught up, it sequences again.
+	p2 := &change{rev: 1, payload: "on the tree"}
+	ctx2, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if first, err := stale.Propose(ctx2, p2); err != nil || first != 1 {
+		t.Fatalf("proposal after catching up: %d, %v", first, err)
+	}
+}
