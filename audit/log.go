@@ -9,6 +9,7 @@ import (
 	"os"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nvmegate/nvmegate/attest"
@@ -144,6 +145,7 @@ type Log struct {
 	reqs     chan *appendReq
 	syncs    chan chan error // Sync's requests to the writer
 	changed  chan struct{}   // ChangesNotify
+	lost     atomic.Uint64   // commits the Replica refused as conflicts (LostCompares)
 	closeMu  sync.RWMutex
 	closed   bool
 	stop     chan struct{}
@@ -713,7 +715,7 @@ func (l *Log) commit(batch []*appendReq) {
 			replicate = func(c Commit) error {
 				ctx, cancel := l.replicaCtx()
 				defer cancel()
-				return l.opts.Replica.Append(ctx, c)
+				return l.countLost(l.opts.Replica.Append(ctx, c))
 			}
 		}
 		l.dbmu.RLock()

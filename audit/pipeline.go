@@ -247,7 +247,7 @@ func (l *Log) send(inflight []*flight, batch []*appendReq, wake chan<- struct{})
 	go func() {
 		ctx, cancel := l.replicaCtx()
 		defer cancel()
-		f.done <- l.opts.Replica.Append(ctx, c)
+		f.done <- l.countLost(l.opts.Replica.Append(ctx, c))
 		select {
 		case wake <- struct{}{}:
 		default: // a wake-up is pending: the writer looks at every flight

@@ -282,6 +282,19 @@ func (l *Log) applyCommit(c Commit) error {
 	return nil
 }
 
+// LostCompares counts this copy's commits the Replica refused because the
+// replicated tree had moved: another writer appended first. With every
+// write sequenced by the term's leader it stays at zero outside a
+// failover; it is what the one-writer design is checked by.
+func (l *Log) LostCompares() uint64 { return l.lost.Load() }
+
+func (l *Log) countLost(err error) error {
+	if errors.Is(err, ErrConflict) {
+		l.lost.Add(1)
+	}
+	return err
+}
+
 // ChangesNotify is signalled (without blocking: one signal may stand for
 // many) after a commit that carried changes reached this copy: the
 // leader's own, or one another replica sequenced. A store projecting

@@ -7,6 +7,7 @@ import (
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/keys"
+	"github.com/nvmegate/nvmegate/store"
 )
 
 // Every audit entry of the lifecycle is built here, from typed values: the
@@ -92,6 +93,15 @@ func grantEntry(kind audit.EventKind, action string, sc *nvmegate.Scope, d *nvme
 		}
 	}
 	return e
+}
+
+// openingEntry is grantEntry before its commit decides what it
+// supersedes: the store inserts "; supersedes <ids>" after the action
+// and subsystem, where grantEntry names them.
+func openingEntry(kind audit.EventKind, action string, sc *nvmegate.Scope, d *nvmegate.Decision, g *nvmegate.Grant,
+	c keys.Credentials, moving []*nvmegate.Grant, at time.Time) *store.OpeningEntry {
+	e := grantEntry(kind, action, sc, d, g, c, nil, moving, at)
+	return &store.OpeningEntry{Entry: e, At: len(action + " " + g.SubsystemNQN)}
 }
 
 // denyEntry is the entry of a grant or renewal that policy allowed but

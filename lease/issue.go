@@ -61,12 +61,10 @@ func (l *Lifecycle) Issue(ctx context.Context, r Request) (Issued, error) {
 	// subsystems).
 	touched := append(append([]*nvmegate.Grant{g}, superseded...), moving...)
 	res := l.run(ctx, &change{
-		op:    "connect",
-		grant: g,
-		entry: grantEntry(audit.EventGrant, actionConnect, sc, d, g, creds, superseded, moving, now),
-		entryOf: func(decided []*nvmegate.Grant) audit.Entry {
-			return grantEntry(audit.EventGrant, actionConnect, sc, d, g, creds, decided, moving, now)
-		},
+		op:      "connect",
+		grant:   g,
+		entry:   grantEntry(audit.EventGrant, actionConnect, sc, d, g, creds, superseded, moving, now),
+		opening: openingEntry(audit.EventGrant, actionConnect, sc, d, g, creds, moving, now),
 		check: func() (string, error) {
 			// Finished between the policy decision and now.
 			if j.State != nvmegate.JobActive {
@@ -139,12 +137,10 @@ func (l *Lifecycle) Renew(ctx context.Context, g *nvmegate.Grant, r Request) (Is
 		undo.ReauthWhy = "its renewal under obligations it does not meet (" + strings.Join(short, "; ") + ") was refused by target " + t.ID
 	}
 	res := l.run(ctx, &change{
-		op:    "renew",
-		grant: g,
-		entry: grantEntry(audit.EventRenew, actionRenew, sc, d, g, creds, nil, moving, now),
-		entryOf: func([]*nvmegate.Grant) audit.Entry {
-			return grantEntry(audit.EventRenew, actionRenew, sc, d, g, creds, nil, moving, now)
-		},
+		op:      "renew",
+		grant:   g,
+		entry:   grantEntry(audit.EventRenew, actionRenew, sc, d, g, creds, nil, moving, now),
+		opening: openingEntry(audit.EventRenew, actionRenew, sc, d, g, creds, moving, now),
 		moving:  moving,
 		undo:    &undo,
 		deny:    denyEntry(actionRenew, sc, d, g),

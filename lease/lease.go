@@ -53,7 +53,7 @@ type Grants interface {
 	// commit (journaled stores).
 	PutGrantsRecorded(ctx context.Context, gs []*nvmegate.Grant, entries []audit.Entry) error
 	OpenGrantRecorded(ctx context.Context, g *nvmegate.Grant, move []string, supersede bool, at *store.BindingAt,
-		entry func(superseded []*nvmegate.Grant) audit.Entry) ([]*nvmegate.Grant, error)
+		entry store.OpeningEntry) ([]*nvmegate.Grant, error)
 	UndoOpening(ctx context.Context, g *nvmegate.Grant) ([]*nvmegate.Grant, error)
 	// RequireReauth sets renewal deadlines on the grants still active
 	// under the decisions the marks name; it returns those it marked.

@@ -23,10 +23,10 @@ type change struct {
 	// Opening access.
 	grant *nvmegate.Grant // issued or renewed
 	entry audit.Entry     // grant's entry, recorded first; its index becomes grant.AuditIndex
-	// entryOf is grant's entry built from the grants its commit
-	// superseded, as decided there: on a journaled store the entry is
-	// made durable in the grant's commit instead of before it.
-	entryOf func(superseded []*nvmegate.Grant) audit.Entry
+	// opening is grant's entry as the commit completes it with the
+	// grants it superseded, as decided there: on a journaled store the
+	// entry is made durable in the grant's commit instead of before it.
+	opening *store.OpeningEntry
 	// check, if set, runs after the record: why the grant may no longer
 	// be made (recorded as its failure) and what the caller gets, or "".
 	check func() (why string, err error)
@@ -171,7 +171,7 @@ func (l *Lifecycle) run(ctx context.Context, c *change) outcome {
 // record makes the step's entries durable and returns the grants that may
 // change.
 func (l *Lifecycle) record(ctx context.Context, c *change) ([]*nvmegate.Grant, error) {
-	if c.grant != nil && c.entryOf != nil && l.grants.Journaled() {
+	if c.grant != nil && c.opening != nil && l.grants.Journaled() {
 		// Recorded with its commit (store): one durable round.
 		if c.check != nil {
 			if why, err := c.check(); err != nil {
@@ -234,8 +234,8 @@ func (l *Lifecycle) record(ctx context.Context, c *change) ([]*nvmegate.Grant, e
 func (l *Lifecycle) store(ctx context.Context, c *change, put []*nvmegate.Grant) ([]*nvmegate.Grant, error) {
 	if c.grant != nil {
 		var err error
-		if c.entryOf != nil && l.grants.Journaled() {
-			c.superseded, err = l.grants.OpenGrantRecorded(ctx, c.grant, ids(c.moving), c.supersede, c.binding, c.entryOf)
+		if c.opening != nil && l.grants.Journaled() {
+			c.superseded, err = l.grants.OpenGrantRecorded(ctx, c.grant, ids(c.moving), c.supersede, c.binding, *c.opening)
 			if errors.Is(err, audit.ErrUnavailable) || errors.Is(err, audit.ErrClosed) || errors.Is(err, audit.ErrFailed) {
 				l.log.ErrorContext(ctx, c.op+": not recorded; nothing changed", "grant", c.grant.ID, "err", err)
 				return nil, ErrUnrecorded

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -334,6 +335,9 @@ func EntryOf(g *nvmegate.Grant) HostEntry { return g.HostEntry() }
 // from set, so is a grant whose entry is no longer *from (putting a move
 // back must not undo a later one).
 func (db *DB) PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []string, from *nvmegate.HostEntry, to nvmegate.HostEntry) error {
+	if ok, err := db.remote(ctx, "put_grants_moving", &putGrantsMovingOp{Grants: gs, Move: move, From: from, To: to}); ok {
+		return err
+	}
 	_, err := db.putGrants(ctx, gs, move, from, to, false, nil, nil, nil)
 	return err
 }
@@ -353,6 +357,11 @@ func (db *DB) PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []
 // changed or added meanwhile refuses g (ECONFLICT), so a connect decided
 // before an admin unbound its node cannot outlive the removal.
 func (db *DB) OpenGrant(ctx context.Context, g *nvmegate.Grant, move []string, supersede bool, at *BindingAt) ([]*nvmegate.Grant, error) {
+	if o := (&openGrantOp{Grant: g, Move: move, Supersede: supersede, At: at}); g != nil {
+		if ok, err := db.remote(ctx, "open_grant", o); ok {
+			return o.opened(g, err)
+		}
+	}
 	if g == nil || g.State != nvmegate.GrantActive {
 		return nil, nvmegate.Invalid("", "an active grant is required")
 	}
@@ -360,19 +369,49 @@ func (db *DB) OpenGrant(ctx context.Context, g *nvmegate.Grant, move []string, s
 }
 
 // OpenGrantRecorded is OpenGrant on a journaled store (Journaled), with
-// the opening's entry in the same commit — its one durable round: entry
-// is called in the commit with the grants g supersedes as decided there,
+// the opening's entry in the same commit — its one durable round: the
+// entry names the grants g supersedes as decided there (OpeningEntry),
 // and g.AuditIndex becomes its entry's index. On a store that is not
 // journaled it fails: the caller appends the entry itself first.
 func (db *DB) OpenGrantRecorded(ctx context.Context, g *nvmegate.Grant, move []string, supersede bool, at *BindingAt,
-	entry func(superseded []*nvmegate.Grant) audit.Entry) ([]*nvmegate.Grant, error) {
+	entry OpeningEntry) ([]*nvmegate.Grant, error) {
+	if o := (&openGrantOp{Grant: g, Move: move, Supersede: supersede, At: at, Entry: &entry}); g != nil {
+		if ok, err := db.remote(ctx, "open_grant", o); ok {
+			return o.opened(g, err)
+		}
+	}
 	if g == nil || g.State != nvmegate.GrantActive {
 		return nil, nvmegate.Invalid("", "an active grant is required")
 	}
-	if db.journal == nil || entry == nil {
+	if db.journal == nil {
 		return nil, errors.New("store: an opening with its entry needs a journaled store")
 	}
-	return db.putGrants(ctx, []*nvmegate.Grant{g}, move, nil, g.HostEntry(), supersede, at, entry, nil)
+	if entry.At < 0 || entry.At > len(entry.Entry.Detail) {
+		return nil, nvmegate.Invalid("", "the opening entry's insertion point %d is outside its detail", entry.At)
+	}
+	return db.putGrants(ctx, []*nvmegate.Grant{g}, move, nil, g.HostEntry(), supersede, at, &entry, nil)
+}
+
+// OpeningEntry is an opening's entry as its caller builds it, before the
+// commit decides what it supersedes: the commit inserts "; supersedes
+// <ids>" into Entry.Detail at byte At. It is data, not a function, so a
+// follower forwards it to the leader that sequences the opening.
+type OpeningEntry struct {
+	Entry audit.Entry `json:"entry"`
+	At    int         `json:"at"`
+}
+
+// entryFor is the entry with the grants superseded named.
+func (o *OpeningEntry) entryFor(superseded []*nvmegate.Grant) audit.Entry {
+	e := o.Entry
+	if len(superseded) > 0 {
+		ids := make([]string, len(superseded))
+		for i, g := range superseded {
+			ids[i] = g.ID
+		}
+		e.Detail = e.Detail[:o.At] + "; supersedes " + strings.Join(ids, ", ") + e.Detail[o.At:]
+	}
+	return e
 }
 
 // PutGrantsRecorded is PutGrants on a journaled store (Journaled), with
@@ -380,6 +419,9 @@ func (db *DB) OpenGrantRecorded(ctx context.Context, g *nvmegate.Grant, move []s
 // commit: its one round. On a store that is not journaled it fails: the
 // caller appends the entries itself first.
 func (db *DB) PutGrantsRecorded(ctx context.Context, gs []*nvmegate.Grant, entries []audit.Entry) error {
+	if ok, err := db.remote(ctx, "put_grants_recorded", &putGrantsRecordedOp{Grants: gs, Entries: entries}); ok {
+		return err
+	}
 	if db.journal == nil || len(entries) == 0 {
 		return errors.New("store: grants with their entries need a journaled store and entries")
 	}
@@ -414,7 +456,7 @@ func checkBindingAt(tx *txn, node string, at *BindingAt) error {
 }
 
 func (db *DB) putGrants(ctx context.Context, gs []*nvmegate.Grant, move []string, from *nvmegate.HostEntry, to nvmegate.HostEntry, supersede bool, at *BindingAt,
-	entry func(superseded []*nvmegate.Grant) audit.Entry, entries []audit.Entry) ([]*nvmegate.Grant, error) {
+	entry *OpeningEntry, entries []audit.Entry) ([]*nvmegate.Grant, error) {
 	vals := make([][]byte, len(gs))
 	stored := make([]*nvmegate.Grant, len(gs)) // the model's copies
 	for i, g := range gs {
@@ -512,7 +554,7 @@ func (db *DB) putGrants(ctx context.Context, gs []*nvmegate.Grant, move []string
 			if err := write(tx); err != nil {
 				return err
 			}
-			tx.entries = append(tx.entries, entry(ended))
+			tx.entries = append(tx.entries, entry.entryFor(ended))
 			return nil
 		})
 	case len(entries) > 0:
@@ -536,6 +578,11 @@ func (db *DB) putGrants(ctx context.Context, gs []*nvmegate.Grant, move []string
 // one instead; if g ended otherwise (a revocation, the job's end, an
 // expiry), they are final. It returns the grants put back.
 func (db *DB) UndoOpening(ctx context.Context, g *nvmegate.Grant) ([]*nvmegate.Grant, error) {
+	if o := (&undoOpeningOp{Grant: g}); g != nil {
+		if ok, err := db.remote(ctx, "undo_opening", o); ok {
+			return o.Back, err
+		}
+	}
 	if g == nil {
 		return nil, nvmegate.Invalid("", "a grant is required")
 	}
@@ -781,6 +828,11 @@ func (db *DB) PendingRemovalCount() int { return db.model.pendingRemovalCount() 
 // hosts of the ended grants ids: they are no longer pending removal. A
 // grant that is not pending (settled already, or active) is left alone.
 func (db *DB) SettleRemovals(ctx context.Context, ids []string) error {
+	if len(ids) > 0 {
+		if ok, err := db.remote(ctx, "settle_removals", &settleRemovalsOp{IDs: ids}); ok {
+			return err
+		}
+	}
 	if len(ids) == 0 {
 		return nil
 	}
@@ -826,6 +878,11 @@ type ReauthMark struct {
 // the grants still active under the decision each names; an earlier
 // deadline already set stays. It returns the grants it marked, as stored.
 func (db *DB) RequireReauth(ctx context.Context, marks []ReauthMark) ([]*nvmegate.Grant, error) {
+	if o := (&requireReauthOp{Marks: marks}); len(marks) > 0 {
+		if ok, err := db.remote(ctx, "require_reauth", o); ok {
+			return o.Marked, err
+		}
+	}
 	var out []*nvmegate.Grant
 	err := db.batch(ctx, func(tx *txn) error {
 		out = out[:0]

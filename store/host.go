@@ -35,6 +35,9 @@ func (db *DB) CreateHostBinding(ctx context.Context, h *nvmegate.HostBinding) er
 	if h == nil {
 		return nvmegate.Invalid("", "a host binding is required")
 	}
+	if ok, err := db.remote(ctx, "create_host_binding", &createHostBindingOp{Binding: h}); ok {
+		return err
+	}
 	if err := h.Validate(); err != nil {
 		return err
 	}
@@ -141,6 +144,9 @@ func (db *DB) ListHostBindings(ctx context.Context, f HostBindingFilter, page Pa
 // holds it while another still shares it fails with ECONFLICT naming that
 // other binding.
 func (db *DB) DeleteHostBinding(ctx context.Context, spiffeID string) error {
+	if ok, err := db.remote(ctx, "delete_host_binding", &deleteOp{Kind: "host_binding", ID: spiffeID}); ok {
+		return err
+	}
 	return db.update(ctx, func(tx *txn) error {
 		h, err := getHostBinding(tx.Tx, spiffeID)
 		if err != nil {

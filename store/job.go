@@ -75,6 +75,9 @@ func (db *DB) CreateJob(ctx context.Context, j *nvmegate.Job) error {
 	if j == nil {
 		return nvmegate.Invalid("", "a job is required")
 	}
+	if ok, err := db.remote(ctx, "create_job", &createJobOp{Job: j}); ok {
+		return err
+	}
 	now := db.now().UTC()
 	if err := j.Validate(now); err != nil {
 		return err
@@ -194,6 +197,11 @@ func (db *DB) ListJobs(ctx context.Context, f JobFilter, page Page) ([]*nvmegate
 // FinishJob marks an active job finished at now and returns it. A job that
 // already finished or expired fails with ECONFLICT.
 func (db *DB) FinishJob(ctx context.Context, id string) (*nvmegate.Job, error) {
+	if o := (&finishJobOp{ID: id}); db.lead.forward != nil {
+		if ok, err := db.remote(ctx, "finish_job", o); ok {
+			return o.Job, err
+		}
+	}
 	var j *nvmegate.Job
 	err := db.update(ctx, func(tx *txn) error {
 		var err error

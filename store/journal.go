@@ -30,6 +30,11 @@ type Journal interface {
 	LastChange() (uint64, error)
 	// Snapshot reads the newest whole state the changes start from.
 	Snapshot(fn func(rev, index uint64, payload []byte) error) (bool, error)
+	// Sync brings the journal's copy up to the replicated journal (a
+	// read barrier); ChangesNotify is signalled when changes reached the
+	// copy. A journal without replicas does nothing on Sync.
+	Sync(ctx context.Context) error
+	ChangesNotify() <-chan struct{}
 }
 
 // Defaults of the journal's checkpoints.
@@ -62,6 +67,8 @@ type journalState struct {
 	failed   error // sticky: the file could not be kept; writes fail closed
 	stop     chan struct{}
 	stopped  chan struct{}
+	// projected closes when the projector (a forwarding replica's) ends.
+	projected chan struct{}
 }
 
 // proposal is one write of a journaled store, as the journal's writer
@@ -91,9 +98,25 @@ func (db *DB) propose(ctx context.Context, entries []audit.Entry, fn func(*txn) 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	pctx := ctx
+	var term context.Context
+	if db.lead.forward != nil {
+		// A replicated journal takes the leader's proposals only, each
+		// under its term's fence.
+		var ok bool
+		if term, ok = db.leading(); !ok {
+			return ErrNotLeader
+		}
+		pctx = audit.WithCondition(ctx, audit.ConditionOf(term))
+	}
 	entries, rec := callEntries(ctx, entries)
 	p := &proposal{db: db, fn: fn, entries: entries}
-	first, err := db.journal.Propose(ctx, p)
+	first, err := db.journal.Propose(pctx, p)
+	if errors.Is(err, audit.ErrFenced) {
+		// Another replica leads: this one's term is over whatever its
+		// context says (it was paused past its lease). It follows.
+		db.resign(term)
+	}
 	if errors.Is(err, errNoChange) {
 		err = nil // nothing to record: not a revision, not an entry
 	}
@@ -312,6 +335,17 @@ func (db *DB) openJournal(j Journal, interval time.Duration) error {
 	db.jr.cond = sync.NewCond(&db.writeMu)
 	db.jr.interval = interval
 	db.jr.since = time.Now()
+	replicated := db.lead.forward != nil
+	if replicated {
+		// The copy of a replicated journal is written without fsync: it
+		// may be behind this file after a crash. It catches up first.
+		ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
+		err := j.Sync(ctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("store: catching up with the replicated journal: %w", err)
+		}
+	}
 	rev := db.model.rev.Load()
 	last, err := j.LastChange()
 	if err != nil {
@@ -324,7 +358,7 @@ func (db *DB) openJournal(j Journal, interval time.Duration) error {
 	if _, err := j.Snapshot(func(r, _ uint64, _ []byte) error { snapRev = r; return nil }); err != nil {
 		return err
 	}
-	if rev > 0 && last == 0 {
+	if rev > 0 && last == 0 && !replicated {
 		// A store older than its journal's changes (a gateway that
 		// recorded none before): its state is the genesis they start
 		// from, recorded once, so that a replay from nothing reaches it.
@@ -367,12 +401,89 @@ func (db *DB) openJournal(j Journal, interval time.Duration) error {
 	}
 	db.jr.stop, db.jr.stopped = make(chan struct{}), make(chan struct{})
 	go db.idleCheckpoints(db.jr.stop, db.jr.stopped)
+	if replicated {
+		db.jr.projected = make(chan struct{})
+		go db.projector(j.ChangesNotify(), db.jr.stop, db.jr.projected)
+	}
 	return nil
+}
+
+// project applies the journal's changes this replica did not sequence,
+// as they reach its copy: the leader's, on a follower (and any left by a
+// former term when it leads). A change this replica sequences is applied
+// by its Done; it is skipped while in flight.
+func (db *DB) projectLocked() error {
+	j := &db.jr
+	if len(j.inflight) > 0 {
+		return nil
+	}
+	if j.failed != nil {
+		return j.failed
+	}
+	if err := db.ensureOpenLocked(); err != nil {
+		return err
+	}
+	err := db.journal.Changes(context.Background(), db.model.rev.Load(), func(r, _ uint64, payload []byte) error {
+		if want := db.model.rev.Load() + 1; r != want {
+			return fmt.Errorf("%w: change %d where %d was due", ErrJournal, r, want)
+		}
+		return db.applyProjected(r, payload)
+	})
+	if err != nil {
+		db.failLocked(err)
+		return err
+	}
+	j.next = db.model.rev.Load()
+	if j.dirty >= checkpointChanges || time.Since(j.since) >= j.interval {
+		db.checkpointLocked()
+	}
+	return nil
+}
+
+// applyProjected is applyReplayed for a change another replica
+// sequenced: the hooks hear of it before the revision moves (Applied,
+// Revoked), as for a change of the replicated store.
+func (db *DB) applyProjected(r uint64, payload []byte) error {
+	if db.applied == nil && db.revoked == nil {
+		return db.applyReplayed(r, payload)
+	}
+	return db.applyReplayedHooked(r, payload, func(ops []op) {
+		if db.applied != nil {
+			targets, subsystems := touched(ops)
+			db.applied(r, targets, subsystems)
+		}
+		if db.revoked != nil {
+			if scopes := revokedScopes(ops); len(scopes) > 0 {
+				db.revoked(scopes)
+			}
+		}
+	})
+}
+
+// projector runs projectLocked whenever the journal signals changes.
+func (db *DB) projector(notify <-chan struct{}, stop <-chan struct{}, stopped chan<- struct{}) {
+	defer close(stopped)
+	for {
+		select {
+		case <-stop:
+			return
+		case <-notify:
+		}
+		db.writeMu.Lock()
+		_ = db.projectLocked() // a failure fails the store closed (failLocked)
+		db.writeMu.Unlock()
+	}
 }
 
 // applyReplayed writes a change (or a snapshot) read from the journal into
 // the open transaction and the model, as revision r.
 func (db *DB) applyReplayed(r uint64, payload []byte) error {
+	return db.applyReplayedHooked(r, payload, nil)
+}
+
+// applyReplayedHooked is applyReplayed calling hook with the change's ops
+// before the model (and its revision) moves.
+func (db *DB) applyReplayedHooked(r uint64, payload []byte, hook func([]op)) error {
 	ws, err := DecodeWrites(bytes.Clone(payload))
 	if err != nil {
 		return fmt.Errorf("%w: revision %d: %w", ErrJournal, r, err)
@@ -389,6 +500,9 @@ func (db *DB) applyReplayed(r uint64, payload []byte) error {
 		if err := writeRaw(db.jr.open, w); err != nil {
 			return fmt.Errorf("%w: revision %d: %w", ErrJournal, r, err)
 		}
+	}
+	if hook != nil {
+		hook(ops)
 	}
 	db.model.apply(change{revision: r, ops: ops})
 	db.jr.dirty++
@@ -469,6 +583,9 @@ func (db *DB) closeJournal() {
 	}
 	close(stop)
 	<-db.jr.stopped
+	if db.jr.projected != nil {
+		<-db.jr.projected
+	}
 	db.writeMu.Lock()
 	defer db.writeMu.Unlock()
 	for len(db.jr.inflight) > 0 {

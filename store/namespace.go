@@ -31,6 +31,9 @@ func (db *DB) CreateNamespace(ctx context.Context, n *nvmegate.Namespace) error 
 	if n == nil {
 		return nvmegate.Invalid("", "a namespace is required")
 	}
+	if ok, err := db.remote(ctx, "create_namespace", &createNamespaceOp{Namespace: n}); ok {
+		return err
+	}
 	if err := n.Validate(); err != nil {
 		return err
 	}
@@ -145,6 +148,9 @@ func (db *DB) ListNamespaces(ctx context.Context, f NamespaceFilter, page Page) 
 // DeleteNamespace removes namespace nsid of subsystem nqn, or fails with
 // ENOTFOUND.
 func (db *DB) DeleteNamespace(ctx context.Context, nqn string, nsid uint32) error {
+	if ok, err := db.remote(ctx, "delete_namespace", &deleteNamespaceOp{NQN: nqn, NSID: nsid}); ok {
+		return err
+	}
 	return db.update(ctx, func(tx *txn) error {
 		k := namespaceKey(nqn, nsid)
 		if tx.Bucket(bucketNamespaces).Get(k) == nil {

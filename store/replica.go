@@ -98,6 +98,9 @@ var replicatedBuckets = func() map[string]bool {
 // it), so a storm of callers costs one read of etcd per round, not one
 // each — the read barrier every replicated decision passes.
 func (db *DB) Sync(ctx context.Context) error {
+	if db.lead.forward != nil {
+		return db.syncJournal(ctx)
+	}
 	if db.replica == nil {
 		return nil
 	}
@@ -117,6 +120,23 @@ func (db *DB) Sync(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// syncJournal is Sync on a replica that projects a replicated journal:
+// the journal's copy catches up with the replicated log (one read of
+// etcd, shared by the calls waiting at that moment: the log's writer
+// coalesces them), then the store applies what it brought. The leader
+// holds every change already: it sequenced them.
+func (db *DB) syncJournal(ctx context.Context) error {
+	if _, ok := db.leading(); ok {
+		return nil
+	}
+	if err := db.journal.Sync(ctx); err != nil {
+		return fmt.Errorf("store: catching up with the replicated journal: %w", err)
+	}
+	db.writeMu.Lock()
+	defer db.writeMu.Unlock()
+	return db.projectLocked()
 }
 
 // syncRounds coalesces Sync calls (Sync).
@@ -382,6 +402,11 @@ func (db *DB) Dump(ctx context.Context, fn func(Write) error) (uint64, error) {
 	err := db.view(ctx, func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bucketMeta).Get(metaRevision); len(v) == 8 {
 			rev = binary.BigEndian.Uint64(v)
+		}
+		if db.journal != nil {
+			// The open transaction holds every durable change; its meta
+			// is the last checkpoint's.
+			rev = db.model.rev.Load()
 		}
 		for _, name := range allBuckets {
 			if bytes.Equal(name, bucketMeta) {

@@ -102,6 +102,12 @@ type Options struct {
 	// replays the changes the file lacks.
 	Journal            Journal
 	CheckpointInterval time.Duration
+	// Forward, with a Journal replicated among gateway replicas (an
+	// audit.Log on etcd), carries this replica's writes to the term's
+	// leader, which sequences them (forward.go); the file is then a
+	// projection of the journal's changes, applied as they arrive. The
+	// replica sequences writes itself only while it leads (Lead).
+	Forward Forwarder
 
 	// Revoked, with a Replica, hears of the key scopes of the grants each
 	// change of another replica ended as revoked, at the same moment as
@@ -131,6 +137,7 @@ type DB struct {
 	syncs   syncRounds
 	journal Journal
 	jr      journalState
+	lead    leadership
 }
 
 // Open opens (creating if needed, mode 0600) the store file at path, creates
@@ -159,6 +166,10 @@ func Open(path string, opts Options) (*DB, error) {
 		return nil, err
 	}
 	bdb := db.bolt
+	if opts.Forward != nil && (opts.Journal == nil || opts.Replica != nil) {
+		_ = bdb.Close()
+		return nil, fmt.Errorf("store: open %s: a forwarding replica needs a Journal and no Replica", path)
+	}
 	if opts.Journal != nil && opts.Replica == nil {
 		interval := opts.CheckpointInterval
 		if interval <= 0 {
@@ -198,6 +209,9 @@ func openFile(path string, opts Options) (*DB, error) {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
 	db := &DB{bolt: bdb, now: opts.Now, replica: opts.Replica, applied: opts.Applied, revoked: opts.Revoked}
+	if opts.Forward != nil {
+		db.lead.forward, db.lead.answered = opts.Forward, newAnswerCache()
+	}
 	if err := bdb.View(func(tx *bolt.Tx) error {
 		recs, rev, err := load(tx)
 		db.model.records = recs

@@ -24,6 +24,9 @@ func (db *DB) CreateSubsystem(ctx context.Context, s *nvmegate.Subsystem) error 
 	if s == nil {
 		return nvmegate.Invalid("", "a subsystem is required")
 	}
+	if ok, err := db.remote(ctx, "create_subsystem", &createSubsystemOp{Subsystem: s}); ok {
+		return err
+	}
 	if err := s.Validate(); err != nil {
 		return err
 	}
@@ -143,6 +146,9 @@ func (db *DB) ListSubsystems(ctx context.Context, f SubsystemFilter, page Page) 
 // DeleteSubsystem removes a subsystem. It fails with ENOTFOUND if absent and
 // with ECONFLICT while it has namespaces.
 func (db *DB) DeleteSubsystem(ctx context.Context, nqn string) error {
+	if ok, err := db.remote(ctx, "delete_subsystem", &deleteOp{Kind: "subsystem", ID: nqn}); ok {
+		return err
+	}
 	return db.update(ctx, func(tx *txn) error {
 		s, err := getSubsystem(tx.Tx, nqn)
 		if err != nil {

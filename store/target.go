@@ -23,6 +23,9 @@ func (db *DB) CreateTarget(ctx context.Context, t *nvmegate.Target) error {
 	if t == nil {
 		return nvmegate.Invalid("", "a target is required")
 	}
+	if ok, err := db.remote(ctx, "create_target", &createTargetOp{Target: t}); ok {
+		return err
+	}
 	if err := t.Validate(); err != nil {
 		return err
 	}
@@ -97,6 +100,9 @@ func (db *DB) ListTargets(ctx context.Context, f TargetFilter, page Page) ([]*nv
 // DeleteTarget removes a target. It fails with ENOTFOUND if absent and with
 // ECONFLICT while subsystems on it exist.
 func (db *DB) DeleteTarget(ctx context.Context, id string) error {
+	if ok, err := db.remote(ctx, "delete_target", &deleteOp{Kind: "target", ID: id}); ok {
+		return err
+	}
 	return db.update(ctx, func(tx *txn) error {
 		k := []byte(id)
 		if tx.Bucket(bucketTargets).Get(k) == nil {

@@ -1,0 +1,467 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/audit"
+)
+
+// Forwarder carries a write of a replica that is not the term's leader to
+// the one that is (an internal gRPC call): the leader runs it with Apply
+// and answers with Apply's answer. A Forwarder retries a request whose
+// answer it lost with the same body: its request ID makes the retry
+// answer as the first did.
+type Forwarder interface {
+	Forward(ctx context.Context, req []byte) ([]byte, error)
+}
+
+// ErrNotLeader is Apply's answer on a replica that is not the term's
+// leader (any more): the forwarder asks the leader it learns of next.
+var ErrNotLeader = errors.New("store: this replica is not the term's leader")
+
+// request is one write as data: what a follower forwards and the leader
+// applies. Op names the store method, Args are its arguments; Call is the
+// call's entry (WithCallRecord) if the follower's call had one no write
+// took yet.
+type request struct {
+	ID   string          `json:"id"`
+	Op   string          `json:"op"`
+	Args json.RawMessage `json:"args"`
+	Call *audit.Entry    `json:"call,omitempty"`
+}
+
+// response is the leader's answer: the method's results, and where the
+// call's entry went.
+type response struct {
+	Result    json.RawMessage `json:"result,omitempty"`
+	CallIndex uint64          `json:"call_index,omitempty"`
+	CallUsed  bool            `json:"call_used,omitempty"`
+}
+
+// forwarded is a write method's arguments and results as data: run calls
+// the method on the leader's store, filling in the results.
+type forwarded interface {
+	run(ctx context.Context, db *DB) error
+}
+
+// ops are the store's writes by name: what Apply runs.
+var ops = map[string]func() forwarded{
+	"put_grants_moving":   func() forwarded { return &putGrantsMovingOp{} },
+	"open_grant":          func() forwarded { return &openGrantOp{} },
+	"put_grants_recorded": func() forwarded { return &putGrantsRecordedOp{} },
+	"undo_opening":        func() forwarded { return &undoOpeningOp{} },
+	"settle_removals":     func() forwarded { return &settleRemovalsOp{} },
+	"require_reauth":      func() forwarded { return &requireReauthOp{} },
+	"create_host_binding": func() forwarded { return &createHostBindingOp{} },
+	"delete_host_binding": func() forwarded { return &deleteOp{} },
+	"create_job":          func() forwarded { return &createJobOp{} },
+	"finish_job":          func() forwarded { return &finishJobOp{} },
+	"create_namespace":    func() forwarded { return &createNamespaceOp{} },
+	"delete_namespace":    func() forwarded { return &deleteNamespaceOp{} },
+	"create_subsystem":    func() forwarded { return &createSubsystemOp{} },
+	"delete_subsystem":    func() forwarded { return &deleteOp{} },
+	"create_target":       func() forwarded { return &createTargetOp{} },
+	"delete_target":       func() forwarded { return &deleteOp{} },
+}
+
+// leadership is a replicated store's role: the term it leads (its
+// context carries the fence its proposals commit under), or the
+// forwarder to the leader.
+type leadership struct {
+	mu      sync.Mutex
+	term    context.Context // nil or done: not leading
+	forward Forwarder
+	// answered remembers the leader's answers to recent requests by ID,
+	// so that a forwarder's retry is not applied twice.
+	answered *answerCache
+}
+
+// leading is the term's context if this replica leads now.
+func (db *DB) leading() (context.Context, bool) {
+	l := &db.lead
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.term == nil || l.term.Err() != nil {
+		return nil, false
+	}
+	return l.term, true
+}
+
+// follower is the forwarder a write goes to, or nil: this replica
+// sequences (it leads, or it runs alone).
+func (db *DB) follower() Forwarder {
+	if db.lead.forward == nil {
+		return nil
+	}
+	if _, ok := db.leading(); ok {
+		return nil
+	}
+	return db.lead.forward
+}
+
+// Lead makes this replica the sequencer for the term of ctx (whose
+// condition, audit.WithCondition, is the term's fence) once its copy has
+// every change of the log: it catches up, then takes writes until ctx
+// ends. Writes before then, and after, go to the Forwarder.
+func (db *DB) Lead(ctx context.Context) error {
+	if db.journal == nil || db.lead.forward == nil {
+		return errors.New("store: only a replicated journaled store leads")
+	}
+	if audit.ConditionOf(ctx) == nil {
+		return errors.New("store: a term needs its fence (audit.WithCondition)")
+	}
+	if err := db.Sync(ctx); err != nil {
+		return err
+	}
+	db.lead.mu.Lock()
+	db.lead.term = ctx
+	db.lead.mu.Unlock()
+	return nil
+}
+
+// resign ends term if it is still this replica's: a proposal under its
+// fence was fenced, so another replica leads.
+func (db *DB) resign(term context.Context) {
+	l := &db.lead
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if term != nil && l.term == term {
+		l.term = nil
+	}
+}
+
+// newRequestID is a forwarded write's ID: random, so that two followers
+// never share one.
+func newRequestID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand does not fail on supported platforms
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// forward sends the write op (its arguments in args) to the leader and
+// decodes the results into res. The call's entry, if ctx carries one no
+// write took, goes with it.
+func (db *DB) forward(ctx context.Context, f Forwarder, op string, args forwarded) error {
+	body, err := json.Marshal(args)
+	if err != nil {
+		return fmt.Errorf("store: encode %s: %w", op, err)
+	}
+	req := request{ID: newRequestID(), Op: op, Args: body}
+	_, rec := callEntries(ctx, nil)
+	if rec != nil {
+		e := rec.Entry
+		req.Call = &e
+	}
+	wire, err := json.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("store: encode %s: %w", op, err)
+	}
+	out, err := f.Forward(ctx, wire)
+	if err != nil {
+		if rec != nil {
+			rec.settle(0, false)
+		}
+		return err
+	}
+	var resp response
+	if err := json.Unmarshal(out, &resp); err != nil {
+		return fmt.Errorf("store: the leader's answer to %s: %w", op, err)
+	}
+	if rec != nil {
+		rec.settle(resp.CallIndex, resp.CallUsed)
+	}
+	if len(resp.Result) > 0 {
+		if err := json.Unmarshal(resp.Result, args); err != nil {
+			return fmt.Errorf("store: the leader's answer to %s: %w", op, err)
+		}
+	}
+	// The write is in the log; reads through this replica see it from
+	// now on (read your writes).
+	return db.Sync(ctx)
+}
+
+// Apply runs a write a follower forwarded, on the term's leader, and
+// returns the answer for Forward. A request seen before (the forwarder
+// retried) is answered as it was, not run again. A replica that does not
+// lead answers ErrNotLeader.
+func (db *DB) Apply(ctx context.Context, wire []byte) ([]byte, error) {
+	if _, ok := db.leading(); !ok {
+		return nil, ErrNotLeader
+	}
+	var req request
+	if err := json.Unmarshal(wire, &req); err != nil {
+		return nil, nvmegate.Invalid("", "a forwarded write that does not decode: %v", err)
+	}
+	mk, ok := ops[req.Op]
+	if !ok || req.ID == "" {
+		return nil, nvmegate.Invalid("", "a forwarded write of unknown kind %q or without an ID", req.Op)
+	}
+	return db.lead.answered.do(req.ID, func() ([]byte, error) {
+		args := mk()
+		if err := json.Unmarshal(req.Args, args); err != nil {
+			return nil, nvmegate.Invalid("", "forwarded %s: %v", req.Op, err)
+		}
+		var rec *CallRecord
+		if req.Call != nil {
+			rec = &CallRecord{Entry: *req.Call}
+			ctx = WithCallRecord(ctx, rec)
+		}
+		ctx = context.WithValue(ctx, appliedKey{}, true)
+		if err := args.run(ctx, db); err != nil {
+			return nil, err
+		}
+		result, err := json.Marshal(args)
+		if err != nil {
+			return nil, err
+		}
+		resp := response{Result: result}
+		if rec != nil {
+			resp.CallIndex, resp.CallUsed = rec.Index()
+		}
+		return json.Marshal(resp)
+	})
+}
+
+// appliedKey marks a write Apply runs: it is sequenced here or refused,
+// never forwarded again (a leader that lost its term meanwhile).
+type appliedKey struct{}
+
+// route says how a write method runs: forwarded (f not nil), or here.
+// A forwarded write applied here on a replica that lost its term is
+// refused rather than sent on.
+func (db *DB) route(ctx context.Context) (Forwarder, error) {
+	f := db.follower()
+	if f != nil && ctx.Value(appliedKey{}) != nil {
+		return nil, ErrNotLeader
+	}
+	return f, nil
+}
+
+// answerCache keeps the answers to recent forwarded requests: a retry
+// within keep gets the first answer. Errors are kept too: a refused
+// write retried is refused the same way.
+type answerCache struct {
+	mu   sync.Mutex
+	keep time.Duration
+	m    map[string]*answer
+	ids  []string // in arrival order, for expiry
+}
+
+type answer struct {
+	at   time.Time
+	done chan struct{}
+	out  []byte
+	err  error
+}
+
+// answerKeep bounds how long a request's answer is kept for its retry.
+const answerKeep = 2 * time.Minute
+
+func newAnswerCache() *answerCache {
+	return &answerCache{keep: answerKeep, m: map[string]*answer{}}
+}
+
+func (c *answerCache) do(id string, fn func() ([]byte, error)) ([]byte, error) {
+	c.mu.Lock()
+	now := time.Now()
+	for len(c.ids) > 0 {
+		a := c.m[c.ids[0]]
+		if a != nil && now.Sub(a.at) < c.keep {
+			break
+		}
+		delete(c.m, c.ids[0])
+		c.ids = c.ids[1:]
+	}
+	if a, ok := c.m[id]; ok {
+		c.mu.Unlock()
+		<-a.done
+		return a.out, a.err
+	}
+	a := &answer{at: now, done: make(chan struct{})}
+	c.m[id] = a
+	c.ids = append(c.ids, id)
+	c.mu.Unlock()
+	a.out, a.err = fn()
+	close(a.done)
+	return a.out, a.err
+}
+
+// The forwarded writes, each the arguments and results of one method.
+
+type putGrantsMovingOp struct {
+	Grants []*nvmegate.Grant   `json:"grants"`
+	Move   []string            `json:"move,omitempty"`
+	From   *nvmegate.HostEntry `json:"from,omitempty"`
+	To     nvmegate.HostEntry  `json:"to"`
+}
+
+func (o *putGrantsMovingOp) run(ctx context.Context, db *DB) error {
+	return db.PutGrantsMoving(ctx, o.Grants, o.Move, o.From, o.To)
+}
+
+type openGrantOp struct {
+	Grant      *nvmegate.Grant   `json:"grant"`
+	Move       []string          `json:"move,omitempty"`
+	Supersede  bool              `json:"supersede,omitempty"`
+	At         *BindingAt        `json:"at,omitempty"`
+	Entry      *OpeningEntry     `json:"entry,omitempty"`
+	Superseded []*nvmegate.Grant `json:"superseded,omitempty"` // result
+}
+
+func (o *openGrantOp) run(ctx context.Context, db *DB) (err error) {
+	if o.Entry != nil {
+		o.Superseded, err = db.OpenGrantRecorded(ctx, o.Grant, o.Move, o.Supersede, o.At, *o.Entry)
+	} else {
+		o.Superseded, err = db.OpenGrant(ctx, o.Grant, o.Move, o.Supersede, o.At)
+	}
+	return err
+}
+
+type putGrantsRecordedOp struct {
+	Grants  []*nvmegate.Grant `json:"grants"`
+	Entries []audit.Entry     `json:"entries"`
+}
+
+func (o *putGrantsRecordedOp) run(ctx context.Context, db *DB) error {
+	return db.PutGrantsRecorded(ctx, o.Grants, o.Entries)
+}
+
+type undoOpeningOp struct {
+	Grant *nvmegate.Grant   `json:"grant"`
+	Back  []*nvmegate.Grant `json:"back,omitempty"` // result
+}
+
+func (o *undoOpeningOp) run(ctx context.Context, db *DB) (err error) {
+	o.Back, err = db.UndoOpening(ctx, o.Grant)
+	return err
+}
+
+type settleRemovalsOp struct {
+	IDs []string `json:"ids"`
+}
+
+func (o *settleRemovalsOp) run(ctx context.Context, db *DB) error {
+	return db.SettleRemovals(ctx, o.IDs)
+}
+
+type requireReauthOp struct {
+	Marks  []ReauthMark      `json:"marks"`
+	Marked []*nvmegate.Grant `json:"marked,omitempty"` // result
+}
+
+func (o *requireReauthOp) run(ctx context.Context, db *DB) (err error) {
+	o.Marked, err = db.RequireReauth(ctx, o.Marks)
+	return err
+}
+
+type createHostBindingOp struct {
+	Binding *nvmegate.HostBinding `json:"binding"`
+}
+
+func (o *createHostBindingOp) run(ctx context.Context, db *DB) error {
+	return db.CreateHostBinding(ctx, o.Binding)
+}
+
+// deleteOp removes a record by its ID: a host binding, a subsystem or a
+// target (Kind says which).
+type deleteOp struct {
+	Kind string `json:"kind"`
+	ID   string `json:"id"`
+}
+
+func (o *deleteOp) run(ctx context.Context, db *DB) error {
+	switch o.Kind {
+	case "host_binding":
+		return db.DeleteHostBinding(ctx, o.ID)
+	case "subsystem":
+		return db.DeleteSubsystem(ctx, o.ID)
+	case "target":
+		return db.DeleteTarget(ctx, o.ID)
+	}
+	return nvmegate.Invalid("", "a forwarded delete of unknown kind %q", o.Kind)
+}
+
+type createJobOp struct {
+	Job *nvmegate.Job `json:"job"`
+}
+
+func (o *createJobOp) run(ctx context.Context, db *DB) error { return db.CreateJob(ctx, o.Job) }
+
+type finishJobOp struct {
+	ID  string        `json:"id"`
+	Job *nvmegate.Job `json:"job,omitempty"` // result
+}
+
+func (o *finishJobOp) run(ctx context.Context, db *DB) (err error) {
+	o.Job, err = db.FinishJob(ctx, o.ID)
+	return err
+}
+
+type createNamespaceOp struct {
+	Namespace *nvmegate.Namespace `json:"namespace"`
+}
+
+func (o *createNamespaceOp) run(ctx context.Context, db *DB) error {
+	return db.CreateNamespace(ctx, o.Namespace)
+}
+
+type deleteNamespaceOp struct {
+	NQN  string `json:"nqn"`
+	NSID uint32 `json:"nsid"`
+}
+
+func (o *deleteNamespaceOp) run(ctx context.Context, db *DB) error {
+	return db.DeleteNamespace(ctx, o.NQN, o.NSID)
+}
+
+type createSubsystemOp struct {
+	Subsystem *nvmegate.Subsystem `json:"subsystem"`
+}
+
+func (o *createSubsystemOp) run(ctx context.Context, db *DB) error {
+	return db.CreateSubsystem(ctx, o.Subsystem)
+}
+
+type createTargetOp struct {
+	Target *nvmegate.Target `json:"target"`
+}
+
+func (o *createTargetOp) run(ctx context.Context, db *DB) error {
+	return db.CreateTarget(ctx, o.Target)
+}
+
+// remote runs a write on the leader if this replica forwards its writes;
+// ok reports that it did (err is then the write's answer). A write Apply
+// runs on a replica that lost its term meanwhile is refused, not sent on.
+func (db *DB) remote(ctx context.Context, op string, args forwarded) (ok bool, err error) {
+	f, err := db.route(ctx)
+	if err != nil {
+		return true, err
+	}
+	if f == nil {
+		return false, nil
+	}
+	return true, db.forward(ctx, f, op, args)
+}
+
+// opened is an opening's answer as the local method gives it: g takes
+// what the leader's commit set on it (its audit index).
+func (o *openGrantOp) opened(g *nvmegate.Grant, err error) ([]*nvmegate.Grant, error) {
+	if err != nil {
+		return nil, err
+	}
+	if o.Grant != nil && o.Grant != g {
+		*g = *o.Grant
+	}
+	return o.Superseded, nil
+}
