@@ -107,6 +107,11 @@ type Options struct {
 	// Open and Sync apply the commits of other writers, and checkpoints
 	// are shared through it.
 	Replica Replica
+	// Forward, with a Replica, carries the appends of this replica to the
+	// term's leader while another replica leads (AppendForwarder), so that
+	// one writer appends: appends carrying a condition (the leader's own
+	// work) are never forwarded.
+	Forward AppendForwarder
 
 	// ReplicaTimeout bounds each call to the Replica. Zero means
 	// DefaultReplicaTimeout.
@@ -526,8 +531,27 @@ func (l *Log) Append(ctx context.Context, e Entry) (uint64, [32]byte, error) {
 	if err := e.Validate(); err != nil {
 		return 0, [32]byte{}, err
 	}
-	r := &appendReq{data: data, leaf: LeafHash(data), done: make(chan appendResult, 1), cond: ctx.Value(conditionKey{})}
-	r.keys = makeIndexKeys(&e)
+	cond := ctx.Value(conditionKey{})
+	if f := l.opts.Forward; f != nil && cond == nil {
+		// A replica that does not lead: the leader appends it.
+		idx, handled, err := f.ForwardAppend(ctx, data)
+		if handled {
+			if err == nil {
+				// Read your writes: this copy holds it before the
+				// caller asks for its proof.
+				err = l.syncTo(ctx, idx+1)
+			}
+			return idx, LeafHash(data), err
+		}
+	}
+	return l.appendData(ctx, data, &e, cond)
+}
+
+// appendData queues encoded entry data (e decoded) and waits for its
+// index.
+func (l *Log) appendData(ctx context.Context, data []byte, e *Entry, cond any) (uint64, [32]byte, error) {
+	r := &appendReq{data: data, leaf: LeafHash(data), done: make(chan appendResult, 1), cond: cond}
+	r.keys = makeIndexKeys(e)
 	r.unixNano = e.Time.UnixNano()
 	if err := ctx.Err(); err != nil {
 		return 0, [32]byte{}, err

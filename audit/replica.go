@@ -282,6 +282,56 @@ func (l *Log) applyCommit(c Commit) error {
 	return nil
 }
 
+// AppendForwarder carries an append of a replica that does not lead to
+// the one that does (forward.Client): Options.Forward. ForwardAppend
+// appends the encoded entry there and returns its index; handled is false
+// if this replica leads (it appends itself).
+type AppendForwarder interface {
+	ForwardAppend(ctx context.Context, data []byte) (index uint64, handled bool, err error)
+}
+
+// AppendEncoded appends an entry another replica encoded and forwarded
+// (AppendForwarder): it is decoded and checked as Append checks its own,
+// and appended as it is, so its leaf is the one the sender computed. It
+// never forwards.
+func (l *Log) AppendEncoded(ctx context.Context, data []byte) (uint64, error) {
+	e, err := DecodeEntry(data)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrInvalidEntry, err)
+	}
+	if e.Change != nil {
+		return 0, fmt.Errorf("%w: an appended entry carries no change (Propose records changes)", ErrInvalidEntry)
+	}
+	if again, err := e.Encode(); err != nil {
+		return 0, err
+	} else if !bytes.Equal(again, data) {
+		return 0, fmt.Errorf("%w: a forwarded entry is not in its canonical encoding", ErrInvalidEntry)
+	}
+	if err := e.Validate(); err != nil {
+		return 0, err
+	}
+	idx, _, err := l.appendData(ctx, data, &e, ctx.Value(conditionKey{}))
+	return idx, err
+}
+
+// syncTo catches this copy up until it holds size entries.
+// The leader answers once the entry is in the Replica, so one catch-up
+// normally does; a few more ride out a Replica member that lags.
+func (l *Log) syncTo(ctx context.Context, size uint64) error {
+	for range 20 {
+		if l.Size() >= size {
+			return nil
+		}
+		if err := l.Sync(ctx); err != nil {
+			return err
+		}
+	}
+	if l.Size() >= size {
+		return nil
+	}
+	return fmt.Errorf("%w: the leader appended entry %d, and this copy ends at %d", ErrUnavailable, size-1, l.Size())
+}
+
 // LostCompares counts this copy's commits the Replica refused because the
 // replicated tree had moved: another writer appended first. With every
 // write sequenced by the term's leader it stays at zero outside a

@@ -20,8 +20,12 @@ type Elector struct {
 	Client *clientv3.Client
 	Prefix string // the election's key prefix, e.g. "/nvmegate/leader/"
 	ID     string // this replica's name, the value of its election key
-	TTL    int    // seconds; zero means DefaultTTL
-	Log    *slog.Logger
+	// Value, if set, is the election key's value instead of ID: what
+	// the other replicas read of the leader (Current), such as the
+	// address its writes are forwarded to.
+	Value string
+	TTL   int // seconds; zero means DefaultTTL
+	Log   *slog.Logger
 
 	leading atomic.Bool
 }
@@ -72,7 +76,11 @@ func (e *Elector) term(ctx context.Context, ttl int, lead func(Term)) error {
 	}
 	defer s.Close() // revokes the lease: a successor need not wait out the TTL
 	el := concurrency.NewElection(s, e.Prefix)
-	if err := campaign(ctx, el, e.ID); err != nil {
+	value := e.Value
+	if value == "" {
+		value = e.ID
+	}
+	if err := campaign(ctx, el, value); err != nil {
 		return err
 	}
 	tctx, cancel := context.WithCancel(ctx)
@@ -99,6 +107,21 @@ func (e *Elector) term(ctx context.Context, ttl int, lead func(Term)) error {
 		return errors.New("the session ended: leadership lost")
 	}
 	return nil
+}
+
+// Current is the value the leader of the election under prefix campaigned
+// with (Elector.Value), and its term (the key's creation revision); ok is
+// false while no replica leads. It is one read of etcd: the candidate
+// whose key was created first leads.
+func Current(ctx context.Context, kv clientv3.KV, prefix string) (value string, term int64, ok bool, err error) {
+	resp, err := kv.Get(ctx, prefix+"/", clientv3.WithFirstCreate()...) // concurrency.Election's keys
+	if err != nil {
+		return "", 0, false, err
+	}
+	if len(resp.Kvs) == 0 {
+		return "", 0, false, nil
+	}
+	return string(resp.Kvs[0].Value), resp.Kvs[0].CreateRevision, true, nil
 }
 
 // resignTimeout bounds a resignation: a replica that stops while etcd

@@ -2,13 +2,10 @@ package store
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/audit"
@@ -16,9 +13,9 @@ import (
 
 // Forwarder carries a write of a replica that is not the term's leader to
 // the one that is (an internal gRPC call): the leader runs it with Apply
-// and answers with Apply's answer. A Forwarder retries a request whose
-// answer it lost with the same body: its request ID makes the retry
-// answer as the first did.
+// and answers with Apply's answer. A Forwarder that retries a request
+// whose answer it lost must make the leader answer the retry as the
+// first (forward: a request ID the leader remembers).
 type Forwarder interface {
 	Forward(ctx context.Context, req []byte) ([]byte, error)
 }
@@ -32,7 +29,6 @@ var ErrNotLeader = errors.New("store: this replica is not the term's leader")
 // call's entry (WithCallRecord) if the follower's call had one no write
 // took yet.
 type request struct {
-	ID   string          `json:"id"`
 	Op   string          `json:"op"`
 	Args json.RawMessage `json:"args"`
 	Call *audit.Entry    `json:"call,omitempty"`
@@ -79,9 +75,6 @@ type leadership struct {
 	mu      sync.Mutex
 	term    context.Context // nil or done: not leading
 	forward Forwarder
-	// answered remembers the leader's answers to recent requests by ID,
-	// so that a forwarder's retry is not applied twice.
-	answered *answerCache
 }
 
 // leading is the term's context if this replica leads now.
@@ -138,16 +131,6 @@ func (db *DB) resign(term context.Context) {
 	}
 }
 
-// newRequestID is a forwarded write's ID: random, so that two followers
-// never share one.
-func newRequestID() string {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic(err) // crypto/rand does not fail on supported platforms
-	}
-	return hex.EncodeToString(b[:])
-}
-
 // forward sends the write op (its arguments in args) to the leader and
 // decodes the results into res. The call's entry, if ctx carries one no
 // write took, goes with it.
@@ -156,7 +139,7 @@ func (db *DB) forward(ctx context.Context, f Forwarder, op string, args forwarde
 	if err != nil {
 		return fmt.Errorf("store: encode %s: %w", op, err)
 	}
-	req := request{ID: newRequestID(), Op: op, Args: body}
+	req := request{Op: op, Args: body}
 	_, rec := callEntries(ctx, nil)
 	if rec != nil {
 		e := rec.Entry
@@ -191,9 +174,8 @@ func (db *DB) forward(ctx context.Context, f Forwarder, op string, args forwarde
 }
 
 // Apply runs a write a follower forwarded, on the term's leader, and
-// returns the answer for Forward. A request seen before (the forwarder
-// retried) is answered as it was, not run again. A replica that does not
-// lead answers ErrNotLeader.
+// returns the answer for Forward. A replica that does not lead answers
+// ErrNotLeader.
 func (db *DB) Apply(ctx context.Context, wire []byte) ([]byte, error) {
 	if _, ok := db.leading(); !ok {
 		return nil, ErrNotLeader
@@ -203,33 +185,31 @@ func (db *DB) Apply(ctx context.Context, wire []byte) ([]byte, error) {
 		return nil, nvmegate.Invalid("", "a forwarded write that does not decode: %v", err)
 	}
 	mk, ok := ops[req.Op]
-	if !ok || req.ID == "" {
-		return nil, nvmegate.Invalid("", "a forwarded write of unknown kind %q or without an ID", req.Op)
+	if !ok {
+		return nil, nvmegate.Invalid("", "a forwarded write of unknown kind %q", req.Op)
 	}
-	return db.lead.answered.do(req.ID, func() ([]byte, error) {
-		args := mk()
-		if err := json.Unmarshal(req.Args, args); err != nil {
-			return nil, nvmegate.Invalid("", "forwarded %s: %v", req.Op, err)
-		}
-		var rec *CallRecord
-		if req.Call != nil {
-			rec = &CallRecord{Entry: *req.Call}
-			ctx = WithCallRecord(ctx, rec)
-		}
-		ctx = context.WithValue(ctx, appliedKey{}, true)
-		if err := args.run(ctx, db); err != nil {
-			return nil, err
-		}
-		result, err := json.Marshal(args)
-		if err != nil {
-			return nil, err
-		}
-		resp := response{Result: result}
-		if rec != nil {
-			resp.CallIndex, resp.CallUsed = rec.Index()
-		}
-		return json.Marshal(resp)
-	})
+	args := mk()
+	if err := json.Unmarshal(req.Args, args); err != nil {
+		return nil, nvmegate.Invalid("", "forwarded %s: %v", req.Op, err)
+	}
+	var rec *CallRecord
+	if req.Call != nil {
+		rec = &CallRecord{Entry: *req.Call}
+		ctx = WithCallRecord(ctx, rec)
+	}
+	ctx = context.WithValue(ctx, appliedKey{}, true)
+	if err := args.run(ctx, db); err != nil {
+		return nil, err
+	}
+	result, err := json.Marshal(args)
+	if err != nil {
+		return nil, err
+	}
+	resp := response{Result: result}
+	if rec != nil {
+		resp.CallIndex, resp.CallUsed = rec.Index()
+	}
+	return json.Marshal(resp)
 }
 
 // appliedKey marks a write Apply runs: it is sequenced here or refused,
@@ -245,55 +225,6 @@ func (db *DB) route(ctx context.Context) (Forwarder, error) {
 		return nil, ErrNotLeader
 	}
 	return f, nil
-}
-
-// answerCache keeps the answers to recent forwarded requests: a retry
-// within keep gets the first answer. Errors are kept too: a refused
-// write retried is refused the same way.
-type answerCache struct {
-	mu   sync.Mutex
-	keep time.Duration
-	m    map[string]*answer
-	ids  []string // in arrival order, for expiry
-}
-
-type answer struct {
-	at   time.Time
-	done chan struct{}
-	out  []byte
-	err  error
-}
-
-// answerKeep bounds how long a request's answer is kept for its retry.
-const answerKeep = 2 * time.Minute
-
-func newAnswerCache() *answerCache {
-	return &answerCache{keep: answerKeep, m: map[string]*answer{}}
-}
-
-func (c *answerCache) do(id string, fn func() ([]byte, error)) ([]byte, error) {
-	c.mu.Lock()
-	now := time.Now()
-	for len(c.ids) > 0 {
-		a := c.m[c.ids[0]]
-		if a != nil && now.Sub(a.at) < c.keep {
-			break
-		}
-		delete(c.m, c.ids[0])
-		c.ids = c.ids[1:]
-	}
-	if a, ok := c.m[id]; ok {
-		c.mu.Unlock()
-		<-a.done
-		return a.out, a.err
-	}
-	a := &answer{at: now, done: make(chan struct{})}
-	c.m[id] = a
-	c.ids = append(c.ids, id)
-	c.mu.Unlock()
-	a.out, a.err = fn()
-	close(a.done)
-	return a.out, a.err
 }
 
 // The forwarded writes, each the arguments and results of one method.

@@ -194,71 +194,11 @@ func TestFollowersForwardNoLostCompares(t *testing.T) {
 	}
 }
 
-// A write retried with the same request (its answer lost) is applied
-// once, and answered as the first time.
-func TestForwardedRetryAppliedOnce(t *testing.T) {
-	e := etcdtest.Start(t, 1)
-	c := newCluster(t, e.Client(t), "/retry/", 2)
-	c.elect(0)
-	req := applied(t, c) // applied once, by a follower's write
-	before := c.dbs[0].Revision()
-	out1, err1 := c.dbs[0].Apply(bg, req)
-	out2, err2 := c.dbs[0].Apply(bg, req)
-	if err1 != nil || err2 != nil || string(out1) != string(out2) {
-		t.Fatalf("a request retried: %v / %v, answers %q / %q", err1, err2, out1, out2)
-	}
-	if got := c.dbs[0].Revision(); got != before {
-		t.Fatalf("revision %d after a request was retried twice, want %d", got, before)
-	}
-	if _, err := c.dbs[0].Target(bg, "t-recorded"); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // A forwarding store needs a journal to project.
 func TestForwardNeedsJournal(t *testing.T) {
 	if _, err := store.Open(filepath.Join(t.TempDir(), "x.db"), store.Options{Forward: toLeader{}}); err == nil {
 		t.Fatal("a forwarding store without a journal opened")
 	}
-}
-
-// recorder is a Forwarder that keeps the last request it carried.
-type recorder struct {
-	f    store.Forwarder
-	seen *[]byte
-}
-
-func (r recorder) Forward(ctx context.Context, req []byte) ([]byte, error) {
-	*r.seen = append([]byte(nil), req...)
-	return r.f.Forward(ctx, req)
-}
-
-// applied is a forwarded request as a follower sends it: a new target.
-func applied(t *testing.T, c *cluster) []byte {
-	var req []byte
-	c.mu.Lock()
-	i := c.leader
-	c.mu.Unlock()
-	dir := t.TempDir()
-	l, err := audit.Open(filepath.Join(dir, "audit.db"), audit.Options{Origin: "nvmegate.test/forward", Signer: logSigner(t),
-		Replica: etcdlog.New(c.cl, c.pre+"audit/")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db, err := store.Open(filepath.Join(dir, "store.db"), store.Options{Journal: l, Forward: recorder{f: toLeader{c}, seen: &req}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { db.Close(); l.Close() }()
-	if err := db.CreateTarget(bg, fwdTarget("t-recorded")); err != nil {
-		t.Fatal(err)
-	}
-	if len(req) == 0 || i < 0 {
-		t.Fatal("no request was forwarded")
-	}
-	// Applied once already, by the call above: a retry must not apply
-	// it again.
-	return req
 }
 
 // A leader whose term ended refuses forwarded writes (ErrNotLeader) and

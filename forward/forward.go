@@ -1,0 +1,373 @@
+package forward
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/audit"
+	"github.com/nvmegate/nvmegate/identity"
+	"github.com/nvmegate/nvmegate/store"
+)
+
+// The service's name and methods.
+const (
+	serviceName  = "nvmegate.internal.v1.Sequencer"
+	methodStore  = "/" + serviceName + "/Store"
+	methodAppend = "/" + serviceName + "/Append"
+)
+
+// Store is the leader's store as the service uses it (*store.DB).
+type Store interface {
+	Apply(ctx context.Context, req []byte) ([]byte, error)
+}
+
+// Log is the leader's audit log as the service uses it (*audit.Log).
+type Log interface {
+	AppendEncoded(ctx context.Context, data []byte) (uint64, error)
+}
+
+// outcome is a call's answer as data.
+type outcome struct {
+	Result []byte `json:"result,omitempty"`
+	Index  uint64 `json:"index,omitempty"`
+	// NotLeader: the callee does not lead; ask the leader again.
+	NotLeader bool `json:"not_leader,omitempty"`
+	// Code and Message are a refusal (an nvmegate error code), or, with
+	// Unavailable, a failure that leaves the write's fate unknown (the
+	// log could not be written): the caller fails closed.
+	Code        string `json:"code,omitempty"`
+	Field       string `json:"field,omitempty"`
+	Message     string `json:"message,omitempty"`
+	Unavailable bool   `json:"unavailable,omitempty"`
+}
+
+// Server is the service on the leader: every replica serves it, and
+// answers "not the leader" unless it leads.
+type Server struct {
+	Store Store
+	Log   Log
+	// Peers authorizes a caller's SPIFFE ID (the other replicas').
+	Peers func(spiffeid.ID) bool
+
+	answered *answers // by request ID
+}
+
+// Register adds the service to s.
+func (srv *Server) Register(s *grpc.Server) {
+	srv.answered = newAnswers()
+	s.RegisterService(&grpc.ServiceDesc{
+		ServiceName: serviceName,
+		HandlerType: (*any)(nil),
+		Methods: []grpc.MethodDesc{
+			{MethodName: "Store", Handler: srv.handler(srv.store)},
+			{MethodName: "Append", Handler: srv.handler(srv.append)},
+		},
+		Metadata: "forward/forward.go",
+	}, srv)
+}
+
+func (srv *Server) handler(fn func(context.Context, []byte) outcome) func(any, context.Context, func(any) error, grpc.UnaryServerInterceptor) (any, error) {
+	return func(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+		id, ok := identity.PeerID(ctx)
+		if !ok || srv.Peers == nil || !srv.Peers(id) {
+			return nil, status.Errorf(codes.PermissionDenied, "only the gateway's replicas forward writes (caller %s)", id)
+		}
+		in := new(wrapperspb.BytesValue)
+		if err := dec(in); err != nil {
+			return nil, err
+		}
+		var o outcome
+		if len(in.Value) < idLen {
+			o = outcome{Code: nvmegate.EINVALID, Message: "a forwarded write without its request ID"}
+		} else {
+			// A retry (its answer was lost) is answered as the first
+			// call was, not run again.
+			id, body := string(in.Value[:idLen]), in.Value[idLen:]
+			o = srv.answered.do(id, func() outcome { return fn(ctx, body) })
+		}
+		out, err := json.Marshal(o)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "encode the answer: %v", err)
+		}
+		return wrapperspb.Bytes(out), nil
+	}
+}
+
+func (srv *Server) store(ctx context.Context, req []byte) outcome {
+	out, err := srv.Store.Apply(ctx, req)
+	if err != nil {
+		return failure(err)
+	}
+	return outcome{Result: out}
+}
+
+func (srv *Server) append(ctx context.Context, data []byte) outcome {
+	idx, err := srv.Log.AppendEncoded(ctx, data)
+	if err != nil {
+		return failure(err)
+	}
+	return outcome{Index: idx}
+}
+
+// failure is err as an outcome.
+func failure(err error) outcome {
+	switch {
+	case errors.Is(err, store.ErrNotLeader):
+		return outcome{NotLeader: true}
+	case nvmegate.ErrorCode(err) != "":
+		var e *nvmegate.Error
+		if errors.As(err, &e) {
+			return outcome{Code: e.Code, Field: e.Field, Message: e.Message}
+		}
+		return outcome{Code: nvmegate.ErrorCode(err), Message: err.Error()}
+	case errors.Is(err, audit.ErrInvalidEntry), errors.Is(err, audit.ErrKeyMaterial):
+		return outcome{Code: nvmegate.EINVALID, Message: err.Error()}
+	}
+	return outcome{Unavailable: true, Message: err.Error()}
+}
+
+// errOf is the follower's error for an outcome: the leader's refusal as
+// the store gives it, or a failure that leaves the write's fate unknown.
+func errOf(o outcome) error {
+	switch {
+	case o.Code != "":
+		return &nvmegate.Error{Code: o.Code, Field: o.Field, Message: o.Message}
+	case o.Unavailable:
+		return fmt.Errorf("%w: the leader: %s", audit.ErrUnavailable, o.Message)
+	}
+	return nil
+}
+
+// Resolver names the leader's peer address, and whether this replica is
+// the leader (its own writes are not forwarded); ok is false while none
+// leads.
+type Resolver func(ctx context.Context) (addr string, self, ok bool, err error)
+
+// Client forwards this replica's writes to the leader. It implements
+// store.Forwarder and audit.AppendForwarder.
+type Client struct {
+	Resolve Resolver
+	Creds   credentials.TransportCredentials
+	// Patience bounds how long a write waits for a leader (a failover:
+	// the lease's TTL and a campaign); default 15 s.
+	Patience time.Duration
+
+	mu    sync.Mutex
+	addr  string
+	conn  *grpc.ClientConn
+	conns []*grpc.ClientConn // every one dialled, closed by Close
+}
+
+var (
+	_ store.Forwarder       = (*Client)(nil)
+	_ audit.AppendForwarder = (*Client)(nil)
+)
+
+// Forward sends a store write to the leader (store.Forwarder).
+func (c *Client) Forward(ctx context.Context, req []byte) ([]byte, error) {
+	o, err := c.call(ctx, methodStore, withID(req), false)
+	if err != nil {
+		return nil, err
+	}
+	if o.NotLeader {
+		return nil, store.ErrNotLeader
+	}
+	if err := errOf(o); err != nil {
+		return nil, err
+	}
+	return o.Result, nil
+}
+
+// ForwardAppend appends an encoded entry on the leader
+// (audit.AppendForwarder); handled is false if this replica leads.
+func (c *Client) ForwardAppend(ctx context.Context, data []byte) (uint64, bool, error) {
+	o, err := c.call(ctx, methodAppend, withID(data), true)
+	if errors.Is(err, errSelf) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, true, err
+	}
+	if o.NotLeader {
+		return 0, true, fmt.Errorf("%w: no leader took the append", audit.ErrUnavailable)
+	}
+	return o.Index, true, errOf(o)
+}
+
+// idLen is the length of a request's ID, which prefixes its body.
+const idLen = 32
+
+// withID prefixes body with a new random request ID: the call's retries
+// send the same bytes.
+func withID(body []byte) []byte {
+	var id [idLen / 2]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		panic(err) // crypto/rand does not fail on supported platforms
+	}
+	return append([]byte(hex.EncodeToString(id[:])), body...)
+}
+
+// errSelf: this replica leads; the write is its own to make.
+var errSelf = errors.New("forward: this replica leads")
+
+// call sends req until a leader answers, within the patience and ctx.
+// With selfOK, a resolver naming this replica ends it with errSelf.
+func (c *Client) call(ctx context.Context, method string, req []byte, selfOK bool) (outcome, error) {
+	patience := c.Patience
+	if patience <= 0 {
+		patience = 15 * time.Second
+	}
+	deadline := time.Now().Add(patience)
+	backoff := 20 * time.Millisecond
+	var last error
+	for {
+		conn, self, err := c.leader(ctx)
+		switch {
+		case err == nil && self && selfOK:
+			return outcome{}, errSelf
+		case err == nil && !self:
+			out := new(wrapperspb.BytesValue)
+			err = conn.Invoke(ctx, method, wrapperspb.Bytes(req), out)
+			if err == nil {
+				var o outcome
+				if err := json.Unmarshal(out.Value, &o); err != nil {
+					return outcome{}, fmt.Errorf("%w: the leader's answer: %v", audit.ErrUnavailable, err)
+				}
+				if !o.NotLeader {
+					return o, nil
+				}
+				err = errors.New("the replica named leader does not lead")
+			}
+			if status.Code(err) == codes.PermissionDenied {
+				return outcome{}, fmt.Errorf("%w: the leader refused this replica: %v", audit.ErrUnavailable, err)
+			}
+			c.forget(conn)
+		case err == nil:
+			err = errors.New("this replica leads but does not sequence yet")
+		}
+		last = err
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			if ctx.Err() != nil {
+				last = ctx.Err()
+			}
+			if method == methodStore {
+				return outcome{NotLeader: true}, nil
+			}
+			return outcome{}, fmt.Errorf("%w: no leader within %s: %v", audit.ErrUnavailable, patience, last)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 500*time.Millisecond)
+	}
+}
+
+// leader is a connection to the leader, dialled once per address.
+func (c *Client) leader(ctx context.Context) (*grpc.ClientConn, bool, error) {
+	addr, self, ok, err := c.Resolve(ctx)
+	switch {
+	case err != nil:
+		return nil, false, err
+	case !ok:
+		return nil, false, errors.New("no replica leads")
+	case self:
+		return nil, true, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn != nil && c.addr == addr {
+		return c.conn, false, nil
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(c.Creds))
+	if err != nil {
+		return nil, false, err
+	}
+	c.conns = append(c.conns, conn)
+	c.addr, c.conn = addr, conn
+	return conn, false, nil
+}
+
+// forget drops conn as the leader's: the next call resolves again.
+func (c *Client) forget(conn *grpc.ClientConn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn == conn {
+		c.conn, c.addr = nil, ""
+	}
+}
+
+// Close closes the connections.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, conn := range c.conns {
+		_ = conn.Close()
+	}
+	c.conns, c.conn = nil, nil
+	return nil
+}
+
+// answers keeps recent answers by request ID: a retry within answerKeep
+// gets the first answer (waiting for it if the first is still running).
+type answers struct {
+	mu  sync.Mutex
+	m   map[string]*answer
+	ids []string // in arrival order, for expiry
+}
+
+type answer struct {
+	at   time.Time
+	done chan struct{}
+	o    outcome
+}
+
+// answerKeep bounds how long an answer is kept for a retry: longer than
+// a client's patience.
+const answerKeep = 2 * time.Minute
+
+func newAnswers() *answers { return &answers{m: map[string]*answer{}} }
+
+func (a *answers) do(id string, fn func() outcome) outcome {
+	a.mu.Lock()
+	now := time.Now()
+	for len(a.ids) > 0 {
+		if x := a.m[a.ids[0]]; x != nil && now.Sub(x.at) < answerKeep {
+			break
+		}
+		delete(a.m, a.ids[0])
+		a.ids = a.ids[1:]
+	}
+	if x, ok := a.m[id]; ok {
+		a.mu.Unlock()
+		<-x.done
+		return x.o
+	}
+	x := &answer{at: now, done: make(chan struct{})}
+	a.m[id] = x
+	a.ids = append(a.ids, id)
+	a.mu.Unlock()
+	x.o = fn()
+	if x.o.NotLeader {
+		// Not run: a retry may find this replica leading.
+		a.mu.Lock()
+		delete(a.m, id)
+		a.mu.Unlock()
+	}
+	close(x.done)
+	return x.o
+}
