@@ -21,8 +21,18 @@ type Forwarder interface {
 }
 
 // ErrNotLeader is Apply's answer on a replica that is not the term's
-// leader (any more): the forwarder asks the leader it learns of next.
+// leader (any more): the forwarder asks the leader it learns of next. A
+// write that found no leader fails with it too, as EUNAVAILABLE.
 var ErrNotLeader = errors.New("store: this replica is not the term's leader")
+
+// notSequenced is a write's error when no leader took it: nothing changed.
+func notSequenced(err error) error {
+	return fmt.Errorf("%w: %w", err, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "no gateway replica leads now; the write was not made (retry)"))
+}
+
+// Leading reports whether this replica sequences writes now: it runs
+// alone, or it leads the term.
+func (db *DB) Leading() bool { return db.follower() == nil }
 
 // request is one write as data: what a follower forwards and the leader
 // applies. Op names the store method, Args are its arguments; Call is the
@@ -114,10 +124,33 @@ func (db *DB) Lead(ctx context.Context) error {
 	if err := db.Sync(ctx); err != nil {
 		return err
 	}
+	if err := db.genesisIfNeeded(ctx); err != nil {
+		return err
+	}
 	db.lead.mu.Lock()
 	db.lead.term = ctx
 	db.lead.mu.Unlock()
 	return nil
+}
+
+// genesisIfNeeded records, once, the state of a store older than its
+// journal's changes (replicas upgraded from a replicated store that was
+// not a projection): the first leader records it under its fence, and
+// every replica's changes start from it.
+func (db *DB) genesisIfNeeded(ctx context.Context) error {
+	last, err := db.journal.LastChange()
+	if err != nil || last != 0 {
+		return err
+	}
+	rev := db.model.rev.Load()
+	if rev == 0 {
+		return nil
+	}
+	found, err := db.journal.Snapshot(func(uint64, uint64, []byte) error { return nil })
+	if err != nil || found {
+		return err
+	}
+	return db.recordGenesis(ctx, db.journal, rev)
 }
 
 // resign ends term if it is still this replica's: a proposal under its
@@ -153,6 +186,9 @@ func (db *DB) forward(ctx context.Context, f Forwarder, op string, args forwarde
 	if err != nil {
 		if rec != nil {
 			rec.settle(0, false)
+		}
+		if errors.Is(err, ErrNotLeader) {
+			return notSequenced(err)
 		}
 		return err
 	}

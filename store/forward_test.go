@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -68,9 +69,11 @@ func newCluster(t *testing.T, cl *clientv3.Client, prefix string, n int) *cluste
 }
 
 // add opens one more replica.
-func (c *cluster) add() *store.DB {
+func (c *cluster) add() *store.DB { return c.openIn(c.t.TempDir()) }
+
+// openIn opens a replica whose files are in dir.
+func (c *cluster) openIn(dir string) *store.DB {
 	t := c.t
-	dir := t.TempDir()
 	l, err := audit.Open(filepath.Join(dir, "audit.db"), audit.Options{Origin: "nvmegate.test/forward", Signer: logSigner(t),
 		Replica: etcdlog.New(c.cl, c.pre+"audit/")})
 	if err != nil {
@@ -273,5 +276,46 @@ func TestPausedLeaderFenced(t *testing.T) {
 	}
 	if _, err := c.dbs[0].Target(bg, "before"); err != nil {
 		t.Fatalf("the fenced delete took effect on the former leader's copy: %v", err)
+	}
+}
+
+// Replicas upgraded from a replicated store that was not a projection
+// (their copies hold revisions no log records): the first leader records
+// its state once as the genesis, a copy at that state goes on from it,
+// and a new copy starts from it.
+func TestUpgradeRecordsGenesis(t *testing.T) {
+	e := etcdtest.Start(t, 1)
+	c := &cluster{t: t, cl: e.Client(t), pre: "/upgrade/", leader: -1}
+	// Two copies made before: the same three writes in each.
+	var dirs []string
+	for range 2 {
+		dir := t.TempDir()
+		at := time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC) // copies of one store: the same records
+		old, err := store.Open(filepath.Join(dir, "store.db"), store.Options{Now: func() time.Time { return at }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 3 {
+			if err := old.CreateTarget(bg, fwdTarget(fmt.Sprintf("old%d", i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		old.Close()
+		dirs = append(dirs, dir)
+	}
+	for _, dir := range dirs {
+		c.openIn(dir)
+	}
+	c.elect(0)
+	fresh := c.add()
+	if err := c.dbs[1].CreateTarget(bg, fwdTarget("new")); err != nil {
+		t.Fatal(err)
+	}
+	rev, _ := c.digests()
+	if rev != 4 {
+		t.Fatalf("revision %d after 3 writes before the upgrade and one after", rev)
+	}
+	if _, err := fresh.Target(bg, "old2"); err != nil {
+		t.Fatalf("a new copy lacks the state from before the upgrade: %v", err)
 	}
 }

@@ -364,7 +364,7 @@ func (db *DB) openJournal(j Journal, interval time.Duration) error {
 		// from, recorded once, so that a replay from nothing reaches it.
 		switch {
 		case snapRev == 0:
-			if err := db.recordGenesis(j, rev); err != nil {
+			if err := db.recordGenesis(context.Background(), j, rev); err != nil {
 				return fmt.Errorf("%w: recording the genesis snapshot: %w", ErrJournal, err)
 			}
 		case snapRev != rev:
@@ -425,7 +425,11 @@ func (db *DB) projectLocked() error {
 	}
 	err := db.journal.Changes(context.Background(), db.model.rev.Load(), func(r, _ uint64, payload []byte) error {
 		if want := db.model.rev.Load() + 1; r != want {
-			return fmt.Errorf("%w: change %d where %d was due", ErrJournal, r, want)
+			// Changes that do not follow this copy: a snapshot they
+			// start from (a genesis recorded after this copy opened).
+			if err := db.loadSnapshotLocked(r - 1); err != nil {
+				return fmt.Errorf("%w: change %d where %d was due: %w", ErrJournal, r, want, err)
+			}
 		}
 		return db.applyProjected(r, payload)
 	})
@@ -437,6 +441,69 @@ func (db *DB) projectLocked() error {
 	if j.dirty >= checkpointChanges || time.Since(j.since) >= j.interval {
 		db.checkpointLocked()
 	}
+	return nil
+}
+
+// loadSnapshotLocked replaces this copy's state with the journal's
+// snapshot, which must be at revision rev: every bucket emptied and
+// refilled in the open transaction, the model loaded again, and the
+// hooks told that every target may have changed.
+func (db *DB) loadSnapshotLocked(rev uint64) error {
+	var payload []byte
+	found, err := db.journal.Snapshot(func(r, _ uint64, p []byte) error {
+		if r != rev {
+			return fmt.Errorf("the snapshot is at revision %d", r)
+		}
+		payload = bytes.Clone(p)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if !found {
+		return errors.New("no snapshot")
+	}
+	ws, err := DecodeWrites(payload)
+	if err != nil {
+		return err
+	}
+	btx := db.jr.open
+	for _, name := range allBuckets {
+		if bytes.Equal(name, bucketMeta) {
+			continue
+		}
+		if err := btx.DeleteBucket(name); err != nil {
+			return err
+		}
+		if _, err := btx.CreateBucket(name); err != nil {
+			return err
+		}
+	}
+	for _, w := range ws {
+		if w.Delete {
+			return errors.New("a snapshot deletes a key")
+		}
+		if err := writeRaw(btx, w); err != nil {
+			return err
+		}
+	}
+	if err := btx.Bucket(bucketMeta).Put(metaRevision, binary.BigEndian.AppendUint64(nil, rev)); err != nil {
+		return err
+	}
+	recs, _, err := load(btx)
+	if err != nil {
+		return err
+	}
+	if db.applied != nil {
+		var targets []string
+		for id := range recs.targets {
+			targets = append(targets, id)
+		}
+		slices.Sort(targets)
+		db.applied(rev, targets, nil)
+	}
+	db.model.replace(recs, rev)
+	db.jr.dirty++
 	return nil
 }
 
@@ -511,7 +578,7 @@ func (db *DB) applyReplayedHooked(r uint64, payload []byte, hook func([]op)) err
 
 // recordGenesis records the store's whole state, at revision rev, as the
 // journal's snapshot.
-func (db *DB) recordGenesis(j Journal, rev uint64) error {
+func (db *DB) recordGenesis(ctx context.Context, j Journal, rev uint64) error {
 	var payload []byte
 	err := db.bolt.View(func(tx *bolt.Tx) error {
 		for _, name := range allBuckets {
@@ -530,7 +597,7 @@ func (db *DB) recordGenesis(j Journal, rev uint64) error {
 	if err != nil {
 		return err
 	}
-	_, err = j.Propose(context.Background(), genesis{rev: rev, payload: payload})
+	_, err = j.Propose(ctx, genesis{rev: rev, payload: payload})
 	return err
 }
 
