@@ -162,14 +162,17 @@ type Resolver func(ctx context.Context) (addr string, self, ok bool, err error)
 type Client struct {
 	Resolve Resolver
 	Creds   credentials.TransportCredentials
+	// Leading, if set, says whether this replica leads now: its appends
+	// are then its own, without asking the resolver.
+	Leading func() bool
 	// Patience bounds how long a write waits for a leader (a failover:
 	// the lease's TTL and a campaign); default 15 s.
 	Patience time.Duration
 
-	mu    sync.Mutex
-	addr  string
-	conn  *grpc.ClientConn
-	conns []*grpc.ClientConn // every one dialled, closed by Close
+	mu      sync.Mutex
+	stopped chan struct{}               // closed by Abort
+	conn    *grpc.ClientConn            // the leader's, as last resolved
+	conns   map[string]*grpc.ClientConn // by address, closed by Close
 }
 
 var (
@@ -195,6 +198,9 @@ func (c *Client) Forward(ctx context.Context, req []byte) ([]byte, error) {
 // ForwardAppend appends an encoded entry on the leader
 // (audit.AppendForwarder); handled is false if this replica leads.
 func (c *Client) ForwardAppend(ctx context.Context, data []byte) (uint64, bool, error) {
+	if c.Leading != nil && c.Leading() {
+		return 0, false, nil
+	}
 	o, err := c.call(ctx, methodAppend, withID(data), true)
 	if errors.Is(err, errSelf) {
 		return 0, false, nil
@@ -221,12 +227,31 @@ func withID(body []byte) []byte {
 	return append([]byte(hex.EncodeToString(id[:])), body...)
 }
 
-// errSelf: this replica leads; the write is its own to make.
+// errSelf: this replica leads, or (for an append) none does; the append
+// is its own to make. An append made with no leader goes to the Replica
+// with its compare on the log's head, as every append did before one
+// writer: the log cannot fork, and a replica's start (its policy load's
+// entry) does not wait for an election.
 var errSelf = errors.New("forward: this replica leads")
 
+// errNoLeader is the resolver's answer while no replica leads.
+var errNoLeader = errors.New("no replica leads")
+
 // call sends req until a leader answers, within the patience and ctx.
-// With selfOK, a resolver naming this replica ends it with errSelf.
+// With selfOK, a resolver naming this replica, or none, ends it with
+// errSelf.
 func (c *Client) call(ctx context.Context, method string, req []byte, selfOK bool) (outcome, error) {
+	// A write may run under a context that outlives the caller (its
+	// commit must be learnt); Abort ends it all the same.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-c.aborted():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	patience := c.Patience
 	if patience <= 0 {
 		patience = 15 * time.Second
@@ -237,7 +262,7 @@ func (c *Client) call(ctx context.Context, method string, req []byte, selfOK boo
 	for {
 		conn, self, err := c.leader(ctx)
 		switch {
-		case err == nil && self && selfOK:
+		case err == nil && self && selfOK, errors.Is(err, errNoLeader) && selfOK:
 			return outcome{}, errSelf
 		case err == nil && !self:
 			out := new(wrapperspb.BytesValue)
@@ -277,28 +302,37 @@ func (c *Client) call(ctx context.Context, method string, req []byte, selfOK boo
 	}
 }
 
-// leader is a connection to the leader, dialled once per address.
+// leader is a connection to the leader: the one that answered last, or
+// one to the address the resolver names (dialled once per address).
 func (c *Client) leader(ctx context.Context) (*grpc.ClientConn, bool, error) {
+	c.mu.Lock()
+	conn := c.conn
+	c.mu.Unlock()
+	if conn != nil {
+		return conn, false, nil
+	}
 	addr, self, ok, err := c.Resolve(ctx)
 	switch {
 	case err != nil:
 		return nil, false, err
 	case !ok:
-		return nil, false, errors.New("no replica leads")
+		return nil, false, errNoLeader
 	case self:
 		return nil, true, nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.conn != nil && c.addr == addr {
-		return c.conn, false, nil
+	if c.conns == nil {
+		c.conns = map[string]*grpc.ClientConn{}
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(c.Creds))
-	if err != nil {
-		return nil, false, err
+	conn = c.conns[addr]
+	if conn == nil {
+		if conn, err = grpc.NewClient(addr, grpc.WithTransportCredentials(c.Creds)); err != nil {
+			return nil, false, err
+		}
+		c.conns[addr] = conn
 	}
-	c.conns = append(c.conns, conn)
-	c.addr, c.conn = addr, conn
+	c.conn = conn
 	return conn, false, nil
 }
 
@@ -307,7 +341,30 @@ func (c *Client) forget(conn *grpc.ClientConn) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.conn == conn {
-		c.conn, c.addr = nil, ""
+		c.conn = nil
+	}
+}
+
+// aborted is closed once Abort was called.
+func (c *Client) aborted() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped == nil {
+		c.stopped = make(chan struct{})
+	}
+	return c.stopped
+}
+
+// Abort ends every call in flight and to come (a stop's deadline): they
+// fail as unavailable, or, for a store write, as not sequenced.
+func (c *Client) Abort() {
+	c.aborted()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	select {
+	case <-c.stopped:
+	default:
+		close(c.stopped)
 	}
 }
 

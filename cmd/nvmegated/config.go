@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -104,6 +105,18 @@ type EtcdConfig struct {
 	// duration up to 10ms, default 500µs; "off" sends each commit as soon
 	// as the one before is answered.
 	LogGroupWait string `json:"log_group_wait"`
+	// PeerListen is where this replica takes the writes the others
+	// forward to it while it leads (gRPC, mutual TLS between the
+	// replicas' SVIDs). Default: listen's host, on a port the system
+	// picks (the election publishes it).
+	PeerListen string `json:"peer_listen"`
+	// PeerAdvertise is the address the other replicas reach PeerListen
+	// at. Default: the bound address, with the host name where it listens
+	// on every address.
+	PeerAdvertise string `json:"peer_advertise"`
+	// Peers are the SPIFFE IDs of the other replicas, where they differ
+	// from this replica's own (by default every replica runs as one ID).
+	Peers []string `json:"peers"`
 }
 
 // groupWait is LogGroupWait as audit.Options takes it: 0 for the
@@ -149,6 +162,16 @@ func (e EtcdConfig) validate() error {
 	}
 	if e.Prefix != "" && !strings.HasSuffix(e.Prefix, "/") {
 		return fmt.Errorf("etcd.prefix must end with '/', got %q", e.Prefix)
+	}
+	if e.PeerListen != "" {
+		if _, _, err := net.SplitHostPort(e.PeerListen); err != nil {
+			return fmt.Errorf("etcd.peer_listen must be host:port, got %q", e.PeerListen)
+		}
+	}
+	for _, p := range e.Peers {
+		if _, err := spiffeid.FromString(p); err != nil {
+			return fmt.Errorf("etcd.peers: %q: %w", p, err)
+		}
 	}
 	_, err := e.groupWait()
 	return err

@@ -30,6 +30,7 @@ import (
 	"github.com/nvmegate/nvmegate/authz"
 	"github.com/nvmegate/nvmegate/fabric/nvmet"
 	"github.com/nvmegate/nvmegate/fabric/spdk"
+	"github.com/nvmegate/nvmegate/forward"
 	"github.com/nvmegate/nvmegate/gateway"
 	"github.com/nvmegate/nvmegate/identity"
 	"github.com/nvmegate/nvmegate/keys"
@@ -38,7 +39,6 @@ import (
 	"github.com/nvmegate/nvmegate/leader"
 	"github.com/nvmegate/nvmegate/lease"
 	"github.com/nvmegate/nvmegate/store"
-	"github.com/nvmegate/nvmegate/store/etcdstore"
 	"github.com/nvmegate/nvmegate/targetagent"
 )
 
@@ -72,6 +72,7 @@ type Main struct {
 	httpLis   net.Listener
 	httpSrv   *http.Server
 	repl      *replication // nil: a single gateway
+	seq       *sequencer   // with repl: the leader's peer service and the forwarding to it
 	peers     *targetPeers // with repl: targets programmed by other replicas
 }
 
@@ -187,7 +188,15 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		if m.repl, err = openReplication(c.Etcd, m.log); err != nil {
 			return err
 		}
-		storeOpts.Replica, auditOpts.Replica = m.repl.store, m.repl.log
+		// One writer: the term's leader sequences every write in the
+		// replicated log; the others forward theirs to it, and every
+		// replica's store is a projection of the log (DESIGN §12).
+		if m.seq, err = openSequencer(c.Etcd, c.Listen, m.repl.name); err != nil {
+			return err
+		}
+		m.repl.elector.Value = m.seq.value
+		m.seq.client = &forward.Client{Resolve: m.repl.resolver(m.seq.value), Leading: func() bool { return m.db != nil && m.db.Leading() }}
+		auditOpts.Replica, auditOpts.Forward, storeOpts.Forward = m.repl.log, m.seq.client, m.seq.client
 		auditOpts.GroupWait, _ = c.Etcd.groupWait()        // checked by validate
 		ack, _ := time.ParseDuration(c.Targets.AckTimeout) // checked by validate
 		m.peers = newTargetPeers(m.repl, nil, ack)
@@ -208,12 +217,10 @@ func (m *Main) Open(ctx context.Context) (err error) {
 	if m.audit, err = audit.Open(c.Audit.Path, auditOpts); err != nil {
 		return fmt.Errorf("audit log: %w", err)
 	}
-	if storeOpts.Replica == nil {
-		// One gateway: the log is the system of record, and the store
-		// its projection (DESIGN §12): each write is sequenced in the
-		// log, its entries and its change in one commit.
-		storeOpts.Journal = m.audit
-	}
+	// The log is the system of record, and the store its projection
+	// (DESIGN §12): each write is sequenced in the log, its entries and
+	// its change in one commit.
+	storeOpts.Journal = m.audit
 	if m.db, err = store.Open(filepath.Join(c.StateDir, "inventory.db"), storeOpts); err != nil {
 		return fmt.Errorf("inventory store: %w", err)
 	}
@@ -231,6 +238,9 @@ func (m *Main) Open(ctx context.Context) (err error) {
 	}
 	if !svid.ID.MemberOf(td) {
 		return fmt.Errorf("identity: the gateway's SVID %s is not in trust domain %s", svid.ID, td)
+	}
+	if m.seq != nil {
+		m.seq.start(m.source, svid.ID, m.db, m.audit)
 	}
 	src := policySource{dir: c.Policy.Dir, bundle: c.Policy.Bundle}
 	bundle, err := src.load()
@@ -313,7 +323,11 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "nvmegate_target_namespaces_not_served",
 			Help: "Namespaces of the targets this replica programs that are not served as the inventory says: the target cannot serve them (no cryptsetup, cryptsetup refusing one), or their data keys cannot be had; not exported, never in the clear, while the rest of each target is programmed (the gateway's log names them).",
-		}, func() float64 { return float64(m.agent.NotServedCount()) }))
+		}, func() float64 { return float64(m.agent.NotServedCount()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "nvmegate_audit_lost_compares_total",
+			Help: "Commits of this replica's audit log that etcd refused because another writer had extended the log first. One leader sequences every write: outside a failover it stays at zero.",
+		}, func() float64 { return float64(m.audit.LostCompares()) }))
 	m.server, err = gateway.New(gateway.Config{
 		MaxInFlight:    c.MaxInFlight,
 		MaxPerIdentity: c.MaxInFlightPerIdentity,
@@ -540,8 +554,7 @@ func (m *Main) Run(ctx context.Context) error {
 				OnError: func(err error) { m.log.Error("audit checkpoint not signed; retrying", "err", err) }}
 			_ = cp.Run(ctx)
 		})
-		once(func(ctx context.Context) { m.repl.compact(ctx, m.db, m.log.Warn) })
-		g.Go(func() error { return m.repl.followStore(ctx, m.db) })
+		g.Go(func() error { return m.seq.serve(ctx) })
 		g.Go(func() error { return m.peers.relay(ctx, m.agent, m.hub, m.log.Warn) })
 		g.Go(func() error { return m.repl.followLog(ctx, m.audit) })
 	}
@@ -630,10 +643,15 @@ func (m *Main) Run(ctx context.Context) error {
 	if m.repl != nil {
 		g.Go(func() error {
 			return ignoreCanceled(m.repl.elector.Run(ctx, func(t leader.Term) {
-				m.log.Info("this replica leads the background work", "term", t.Rev)
-				// Every store write and audit append of the term is
-				// fenced: a former leader's are refused in etcd.
-				fctx := audit.WithCondition(etcdstore.Fence(t.Ctx, t.Fence), t.Fence)
+				// Every write and audit append of the term is fenced: a
+				// former leader's are refused in etcd.
+				fctx := audit.WithCondition(t.Ctx, t.Fence)
+				// The store sequences once its copy has every change.
+				if err := m.db.Lead(fctx); err != nil {
+					m.log.Error("this replica won the election but cannot sequence; resigning", "term", t.Rev, "err", err)
+					return
+				}
+				m.log.Info("this replica leads: it sequences the writes and runs the background work", "term", t.Rev, "peer", m.seq.advertise)
 				var wg sync.WaitGroup
 				for _, fn := range leaderWork {
 					wg.Add(1)
@@ -700,6 +718,9 @@ func (m *Main) etcdStopDeadline(ctx context.Context, stopped <-chan struct{}) {
 	case <-t.C:
 		m.log.Warn("stopping: calls still wait on etcd; ending them", "after", stopTimeout)
 		m.repl.abort()
+		if m.seq != nil && m.seq.client != nil {
+			m.seq.client.Abort() // writes waiting for a leader
+		}
 	}
 }
 
@@ -739,6 +760,9 @@ func (m *Main) Close() error {
 	}
 	if m.audit != nil {
 		errs = append(errs, m.audit.Close())
+	}
+	if m.seq != nil {
+		m.seq.close()
 	}
 	if m.repl != nil {
 		errs = append(errs, m.repl.close())

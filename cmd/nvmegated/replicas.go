@@ -21,23 +21,18 @@ import (
 	"github.com/nvmegate/nvmegate/audit/etcdlog"
 	"github.com/nvmegate/nvmegate/leader"
 	"github.com/nvmegate/nvmegate/store"
-	"github.com/nvmegate/nvmegate/store/etcdstore"
 	"github.com/nvmegate/nvmegate/targetagent"
 )
-
-// compactInterval is how often the leader snapshots the replicated store
-// and trims the changes the snapshot covers.
-const compactInterval = 5 * time.Minute
 
 // replication is what a gateway replica shares with the others on etcd:
 // the store, the audit log and the leadership of the background work.
 type replication struct {
 	client  *clientv3.Client
 	members *members // keeps the client off a member that hangs (etcdclient.go)
-	store   *etcdstore.Store
 	log     *etcdlog.Log
 	elector *leader.Elector
 	prefix  string
+	name    string // this replica's, in the election
 
 	calls     *etcdCalls
 	closeOnce sync.Once
@@ -88,8 +83,7 @@ func openReplication(c EtcdConfig, log *slog.Logger) (*replication, error) {
 	if err != nil {
 		return nil, fmt.Errorf("etcd: %w", err)
 	}
-	r := &replication{client: cl, prefix: prefix, calls: calls,
-		store:   etcdstore.New(cl, prefix+"store/"),
+	r := &replication{client: cl, prefix: prefix, calls: calls, name: name,
 		log:     etcdlog.New(cl, prefix+"audit/"),
 		elector: &leader.Elector{Client: cl, Prefix: prefix + "leader/", ID: name, TTL: c.LeaseTTL}}
 	if len(c.Endpoints) > 1 {
@@ -128,25 +122,6 @@ func (r *replication) close() error {
 	return r.closeErr
 }
 
-// followStore applies the other replicas' changes to this copy as they
-// commit: a watch on the store's revision wakes a Sync.
-func (r *replication) followStore(ctx context.Context, db *store.DB) error {
-	for ctx.Err() == nil {
-		_ = db.Sync(ctx) // an error is retried at the next change
-		for resp := range r.client.Watch(clientv3.WithRequireLeader(ctx), r.prefix+"store/rev") {
-			if resp.Err() != nil {
-				break
-			}
-			_ = db.Sync(ctx)
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	return nil
-}
-
 // followLog applies the other replicas' audit commits to this copy.
 func (r *replication) followLog(ctx context.Context, l *audit.Log) error {
 	_ = r.log.Follow(ctx, r.client, func(ctx context.Context, size uint64) error {
@@ -156,16 +131,6 @@ func (r *replication) followLog(ctx context.Context, l *audit.Log) error {
 		return l.Sync(ctx)
 	})
 	return nil
-}
-
-// compact snapshots the store every compactInterval while ctx (a leader's
-// fenced term) lasts.
-func (r *replication) compact(ctx context.Context, db *store.DB, warn func(string, ...any)) {
-	every(ctx, compactInterval, func() {
-		if _, err := r.store.Compact(ctx, db); err != nil {
-			warn("replicated store not compacted", "err", err)
-		}
-	})
 }
 
 // ignoreCanceled is err, unless it is only the end of the daemon's context.

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"sync/atomic"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
+	"google.golang.org/grpc"
+
+	"github.com/nvmegate/nvmegate/forward"
+	"github.com/nvmegate/nvmegate/identity"
+	"github.com/nvmegate/nvmegate/leader"
+)
+
+// sequencer is what makes the replicas one writer (DESIGN §12): the term's
+// leader sequences every write in the replicated log, and the others
+// forward theirs to it over the peer listener. Its address is the value of
+// the leader's election key.
+type sequencer struct {
+	lis       net.Listener
+	advertise string
+	srv       *grpc.Server
+	client    *forward.Client
+	value     string // this replica's election value
+	peers     []spiffeid.ID
+	self      atomic.Pointer[spiffeid.ID]
+}
+
+// candidate is the election key's value: who leads and where its peer
+// listener is.
+type candidate struct {
+	Name string `json:"name"`
+	Peer string `json:"peer"`
+}
+
+// openSequencer binds the peer listener; its credentials come with the
+// gateway's SVID (start).
+func openSequencer(c EtcdConfig, listen, name string) (*sequencer, error) {
+	addr := c.PeerListen
+	if addr == "" {
+		host, _, err := net.SplitHostPort(listen)
+		if err != nil {
+			return nil, fmt.Errorf("etcd.peer_listen: derive from listen %q: %w", listen, err)
+		}
+		addr = net.JoinHostPort(host, "0")
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("etcd.peer_listen %s: %w", addr, err)
+	}
+	adv := c.PeerAdvertise
+	if adv == "" {
+		host, port, _ := net.SplitHostPort(lis.Addr().String())
+		if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+			if host, err = os.Hostname(); err != nil {
+				lis.Close()
+				return nil, fmt.Errorf("etcd.peer_advertise: no host name: %w", err)
+			}
+		}
+		adv = net.JoinHostPort(host, port)
+	}
+	v, _ := json.Marshal(candidate{Name: name, Peer: adv})
+	s := &sequencer{lis: lis, advertise: adv, value: string(v)}
+	for _, p := range c.Peers {
+		id, err := spiffeid.FromString(p)
+		if err != nil {
+			lis.Close()
+			return nil, fmt.Errorf("etcd.peers: %w", err)
+		}
+		s.peers = append(s.peers, id)
+	}
+	return s, nil
+}
+
+// isPeer says whether id may forward writes to this replica or answer as
+// the leader: the gateway's own SPIFFE ID, or one of etcd.peers.
+func (s *sequencer) isPeer(id spiffeid.ID) bool {
+	if self := s.self.Load(); self != nil && id == *self {
+		return true
+	}
+	return slices.Contains(s.peers, id)
+}
+
+// start makes the peer server and the forwarding client with the
+// gateway's SVID; store and log are this replica's.
+func (s *sequencer) start(src identity.Source, self spiffeid.ID, st forward.Store, lg forward.Log) {
+	s.self.Store(&self)
+	s.client.Creds = identity.ClientCredentials(src, tlsconfig.AdaptMatcher(func(id spiffeid.ID) error {
+		if !s.isPeer(id) {
+			return fmt.Errorf("%s is not a gateway replica", id)
+		}
+		return nil
+	}))
+	s.srv = grpc.NewServer(grpc.Creds(identity.ServerCredentials(src, self.TrustDomain())))
+	(&forward.Server{Store: st, Log: lg, Peers: s.isPeer}).Register(s.srv)
+}
+
+// resolver names the leader's peer address from the election (one read of
+// etcd; the client keeps the connection until it fails).
+func (r *replication) resolver(own string) forward.Resolver {
+	return func(ctx context.Context) (string, bool, bool, error) {
+		v, _, ok, err := leader.Current(ctx, r.client, r.prefix+"leader/")
+		if err != nil || !ok {
+			return "", false, ok, err
+		}
+		var c candidate
+		if err := json.Unmarshal([]byte(v), &c); err != nil || c.Peer == "" {
+			return "", false, false, fmt.Errorf("the leader's election value %q names no peer address (a replica of an older version leads)", v)
+		}
+		return c.Peer, v == own, true, nil
+	}
+}
+
+// serve serves forwarded writes until ctx ends.
+func (s *sequencer) serve(ctx context.Context) error {
+	go func() {
+		<-ctx.Done()
+		s.srv.Stop() // forwarded writes in flight fail; their senders retry the next leader
+	}()
+	if err := s.srv.Serve(s.lis); err != nil && ctx.Err() == nil {
+		return fmt.Errorf("peer listener: %w", err)
+	}
+	return nil
+}
+
+func (s *sequencer) close() {
+	if s.srv != nil {
+		s.srv.Stop()
+	}
+	s.lis.Close()
+	if s.client != nil {
+		s.client.Close()
+	}
+}
