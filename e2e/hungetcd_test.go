@@ -98,7 +98,7 @@ func TestHungEtcdMember(t *testing.T) {
 		if err != nil || len(resp.Kvs) == 0 {
 			return ""
 		}
-		return string(resp.Kvs[0].Value)
+		return electedName(resp.Kvs[0].Value)
 	}
 	// Connects through every replica: every 200 ms, one of a node not
 	// already connecting (12 nodes each), each on its own.

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -299,4 +300,16 @@ func BenchmarkReplicaConnects(b *testing.B) {
 			b.ReportMetric(float64(errs), "errors")
 		})
 	}
+}
+
+// electedName is the replica name in the leader's election value: the
+// name and the peer address the others forward their writes to.
+func electedName(v []byte) string {
+	var c struct {
+		Name string `json:"name"`
+	}
+	if json.Unmarshal(v, &c) != nil || c.Name == "" {
+		return string(v)
+	}
+	return c.Name
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"slices"
 	"sync/atomic"
@@ -58,9 +59,9 @@ func openSequencer(c EtcdConfig, listen, name string) (*sequencer, error) {
 	if adv == "" {
 		host, port, _ := net.SplitHostPort(lis.Addr().String())
 		if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
-			if host, err = os.Hostname(); err != nil {
+			if host, err = routedHost(c.Endpoints); err != nil {
 				lis.Close()
-				return nil, fmt.Errorf("etcd.peer_advertise: no host name: %w", err)
+				return nil, fmt.Errorf("etcd.peer_advertise: not set, and %w", err)
 			}
 		}
 		adv = net.JoinHostPort(host, port)
@@ -76,6 +77,32 @@ func openSequencer(c EtcdConfig, listen, name string) (*sequencer, error) {
 		s.peers = append(s.peers, id)
 	}
 	return s, nil
+}
+
+// routedHost is this machine's address on the route to the first etcd
+// member (a pod's IP; no packet is sent), else its host name: what the
+// other replicas, which reach etcd too, most likely reach it at.
+func routedHost(endpoints []string) (string, error) {
+	for _, ep := range endpoints {
+		u, err := url.Parse(ep)
+		if err != nil || u.Host == "" {
+			continue
+		}
+		conn, err := net.Dial("udp", u.Host)
+		if err != nil {
+			continue
+		}
+		host, _, _ := net.SplitHostPort(conn.LocalAddr().String())
+		conn.Close()
+		if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() {
+			return host, nil
+		}
+	}
+	h, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("no route to etcd and no host name: %w", err)
+	}
+	return h, nil
 }
 
 // isPeer says whether id may forward writes to this replica or answer as
