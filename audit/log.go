@@ -112,6 +112,10 @@ type Options struct {
 	// one writer appends: appends carrying a condition (the leader's own
 	// work) are never forwarded.
 	Forward AppendForwarder
+	// OnError hears of failures of the writer's background work (a
+	// watched commit that could not be applied): the next Sync retries
+	// and answers with them. Default: ignored.
+	OnError func(error)
 
 	// ReplicaTimeout bounds each call to the Replica. Zero means
 	// DefaultReplicaTimeout.
@@ -150,6 +154,8 @@ type Log struct {
 	reqs     chan *appendReq
 	syncs    chan chan error // Sync's requests to the writer
 	changed  chan struct{}   // ChangesNotify
+	offers   chan []Commit   // Offer's, to the writer
+	grew     chan struct{}   // closed and replaced when the tree grows (WaitSize); under stmu
 	lost     atomic.Uint64   // commits the Replica refused as conflicts (LostCompares)
 	closeMu  sync.RWMutex
 	closed   bool
@@ -218,6 +224,8 @@ func Open(path string, opts Options) (*Log, error) {
 		reqs:     make(chan *appendReq, defaultQueue),
 		syncs:    make(chan chan error),
 		changed:  make(chan struct{}, 1),
+		offers:   make(chan []Commit, 256),
+		grew:     make(chan struct{}),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 		maxBatch: opts.MaxBatch,
@@ -688,6 +696,8 @@ func (l *Log) advance(start uint64, rng *compact.Range, batch []*appendReq, flus
 	l.stmu.Lock()
 	l.size = end
 	l.rng = rng
+	close(l.grew)
+	l.grew = make(chan struct{})
 	l.stmu.Unlock()
 }
 

@@ -66,9 +66,15 @@ func (l *Log) pipelinedWriter() {
 		if l.room(inflight) && len(syncs) == 0 {
 			reqs = l.reqs // a waiting Sync holds new commits back, or it could wait for ever
 		}
+		var offers <-chan []Commit
+		if len(inflight) == 0 {
+			offers = l.offers // applied between this writer's own commits
+		}
 		select {
 		case done := <-l.syncs:
 			syncs = append(syncs, done)
+		case cs := <-offers:
+			l.applyOffered(cs)
 		case r := <-reqs:
 			batch := l.gather(l.fill([]*appendReq{r}), round)
 			round = len(batch)

@@ -314,10 +314,16 @@ func (l *Log) AppendEncoded(ctx context.Context, data []byte) (uint64, error) {
 	return idx, err
 }
 
-// syncTo catches this copy up until it holds size entries.
-// The leader answers once the entry is in the Replica, so one catch-up
-// normally does; a few more ride out a Replica member that lags.
+// syncTo waits until this copy holds size entries: the watch brings the
+// leader's commit within a round trip; past watchWait, catch-ups read it
+// (a few more ride out a Replica member that lags).
 func (l *Log) syncTo(ctx context.Context, size uint64) error {
+	wctx, cancel := context.WithTimeout(ctx, watchWait)
+	err := l.WaitSize(wctx, size)
+	cancel()
+	if err == nil {
+		return nil
+	}
 	for range 20 {
 		if l.Size() >= size {
 			return nil
@@ -332,6 +338,10 @@ func (l *Log) syncTo(ctx context.Context, size uint64) error {
 	return fmt.Errorf("%w: the leader appended entry %d, and this copy ends at %d", ErrUnavailable, size-1, l.Size())
 }
 
+// watchWait bounds the wait for a watch to bring the leader's commit to
+// this copy before it reads the commit itself.
+const watchWait = 100 * time.Millisecond
+
 // LostCompares counts this copy's commits the Replica refused because the
 // replicated tree had moved: another writer appended first. With every
 // write sequenced by the term's leader it stays at zero outside a
@@ -343,6 +353,91 @@ func (l *Log) countLost(err error) error {
 		l.lost.Add(1)
 	}
 	return err
+}
+
+// Offer hands this copy commits a watch of the Replica delivered (the
+// leader's, with their payloads): the writer applies those that continue
+// its tree, each checked as a catch-up checks it, without reading them
+// again; a gap (a watch that lagged) is filled by a catch-up. It does not
+// block: commits offered while the writer is busy are dropped, and the
+// next Sync or offer brings them.
+func (l *Log) Offer(commits []Commit) {
+	if l.opts.Replica == nil || len(commits) == 0 {
+		return
+	}
+	select {
+	case l.offers <- commits:
+	default:
+		select { // busy: a catch-up with the next one applies them
+		case l.offers <- nil:
+		default:
+		}
+	}
+}
+
+// applyOffered applies offered commits in the writer (no commit of its
+// own in flight). nil: some were dropped; catch up.
+func (l *Log) applyOffered(cs []Commit) {
+	if cs == nil {
+		if err := l.catchUpCommits(); err != nil {
+			l.logErr("catching up after a watch", err)
+		}
+		return
+	}
+	for _, c := range cs {
+		size := l.Size()
+		switch {
+		case c.End <= size:
+			continue // this copy has it: its own, or applied before
+		case c.Start != size:
+			if err := l.catchUpCommits(); err != nil {
+				l.logErr("catching up after a gap in the watch", err)
+			}
+			return
+		}
+		if err := l.applyCommit(c); err != nil {
+			l.logErr("applying a watched commit", err)
+			return
+		}
+	}
+}
+
+// catchUpCommits is catchUp without the checkpoints (a watch brings
+// those): the commits beyond this copy's tree.
+func (l *Log) catchUpCommits() error {
+	ctx, cancel := l.replicaCtx()
+	defer cancel()
+	err := l.opts.Replica.Commits(ctx, l.Size(), func(c Commit) error { return l.applyCommit(c) })
+	if err != nil {
+		return fmt.Errorf("%w: catching up with the replicated log: %w", ErrUnavailable, err)
+	}
+	return nil
+}
+
+// logErr reports a failure of the writer's background work; a later Sync
+// retries it and answers its caller with it.
+func (l *Log) logErr(what string, err error) {
+	if l.opts.OnError != nil {
+		l.opts.OnError(fmt.Errorf("audit: %s: %w", what, err))
+	}
+}
+
+// WaitSize waits until this copy holds size entries (another replica's
+// commit reaching it, by a watch or a catch-up), or ctx ends.
+func (l *Log) WaitSize(ctx context.Context, size uint64) error {
+	for {
+		l.stmu.RLock()
+		have, grew := l.size, l.grew
+		l.stmu.RUnlock()
+		if have >= size {
+			return nil
+		}
+		select {
+		case <-grew:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // ChangesNotify is signalled (without blocking: one signal may stand for

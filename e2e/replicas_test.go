@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +28,7 @@ import (
 // replicaProc is one nvmegated replica process on a fixed address.
 type replicaProc struct {
 	name, addr, cfg, state, log string
+	http                        string // metrics and pprof (NVMEGATE_BENCH_PPROF), or "": off
 	cmd                         *exec.Cmd
 }
 
@@ -38,8 +41,15 @@ func (r *replicaProc) start(t testing.TB, bin, dev string) {
 		t.Fatal(err)
 	}
 	defer f.Close()
+	httpListen := "off"
+	if r.http != "" {
+		httpListen = r.http
+	}
 	r.cmd = exec.Command(filepath.Join(bin, "nvmegated"), "dev", "--dir", dev, "--config", r.cfg, "--listen", r.addr,
-		"--http-listen", "off", "--state-dir", r.state, "--ready-file", ready)
+		"--http-listen", httpListen, "--state-dir", r.state, "--ready-file", ready)
+	if r.http != "" {
+		r.cmd.Args = append(r.cmd.Args, "--pprof")
+	}
 	r.cmd.Stdout, r.cmd.Stderr = f, f
 	if err := r.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -154,6 +164,9 @@ func startReplicas(t testing.TB, bin, work, dev string, n int, c replicaConfig) 
 		r := &replicaProc{name: fmt.Sprintf("r%d", i), addr: fmt.Sprintf("127.0.0.1:%d", freePort(t)),
 			state: filepath.Join(work, fmt.Sprintf("r%d", i)), log: filepath.Join(work, fmt.Sprintf("r%d.log", i)),
 			cfg: filepath.Join(work, fmt.Sprintf("r%d.yaml", i))}
+		if os.Getenv("NVMEGATE_BENCH_PPROF") != "" {
+			r.http = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		}
 		cfg := fmt.Sprintf("keys:\n  backend: vault\n  vault:\n    address: %s\n    approle:\n      role_id: %s\n      secret_id_file: %s\n"+
 			"audit:\n  key_dir: %s\n%stargets:\n  reconcile_interval: 1s\n%s", c.vault, c.role.RoleID, c.role.SecretIDFile, c.keyDir, c.audit, c.targets)
 		if len(c.endpoints) > 0 {
@@ -268,6 +281,12 @@ func BenchmarkReplicaConnects(b *testing.B) {
 			results := make([]*loadgen.Result, len(fleets))
 			var wg sync.WaitGroup
 			b.ResetTimer()
+			if dir := os.Getenv("NVMEGATE_BENCH_PPROF"); dir != "" {
+				// CPU profiles of every replica over the middle of the run.
+				for _, r := range replicas {
+					go profile(b, r, filepath.Join(dir, fmt.Sprintf("%s-%s.pprof", strings.ReplaceAll(variant.name, "/", "_"), r.name)), duration/2)
+				}
+			}
 			for j, f := range fleets {
 				wg.Add(1)
 				go func() {
@@ -299,6 +318,30 @@ func BenchmarkReplicaConnects(b *testing.B) {
 			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
 			b.ReportMetric(float64(errs), "errors")
 		})
+	}
+}
+
+// profile saves a CPU profile of replica r (--pprof) of length d, taken
+// from a quarter into the run (NVMEGATE_BENCH_PPROF=dir).
+func profile(b *testing.B, r *replicaProc, path string, d time.Duration) {
+	time.Sleep(d / 2)
+	if g, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/goroutine?debug=1", r.http)); err == nil {
+		data, _ := io.ReadAll(g.Body)
+		g.Body.Close()
+		_ = os.WriteFile(strings.TrimSuffix(path, ".pprof")+".goroutines.txt", data, 0o600)
+	}
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", r.http, int(d.Seconds())))
+	if err != nil {
+		b.Logf("profile of %s: %v", r.name, err)
+		return
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err == nil {
+		err = os.WriteFile(path, data, 0o600)
+	}
+	if err != nil {
+		b.Logf("profile of %s: %v", r.name, err)
 	}
 }
 

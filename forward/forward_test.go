@@ -107,6 +107,13 @@ func (w *world) add(i int) {
 	if r.db, err = store.Open(filepath.Join(dir, "store.db"), store.Options{Journal: r.log, Forward: r.client}); err != nil {
 		t.Fatal(err)
 	}
+	ctx, cancel := context.WithCancel(bg)
+	followed := make(chan struct{})
+	go func() {
+		defer close(followed)
+		_ = etcdlog.New(w.cl, "/fwd/audit/").FollowCommits(ctx, w.cl, r.log.Offer, func(ctx context.Context, _ uint64) error { return r.log.Sync(ctx) })
+	}()
+	t.Cleanup(func() { cancel(); <-followed })
 	s := grpc.NewServer(grpc.Creds(identity.ServerCredentials(src, td)))
 	(&forward.Server{Store: r.db, Log: r.log, Peers: func(id spiffeid.ID) bool { return id == gatewayID }}).Register(s)
 	go s.Serve(lis)

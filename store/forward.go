@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/audit"
@@ -47,9 +48,12 @@ type request struct {
 // response is the leader's answer: the method's results, and where the
 // call's entry went.
 type response struct {
-	Result    json.RawMessage `json:"result,omitempty"`
-	CallIndex uint64          `json:"call_index,omitempty"`
-	CallUsed  bool            `json:"call_used,omitempty"`
+	Result json.RawMessage `json:"result,omitempty"`
+	// Revision is the leader's after the write: the follower reads its
+	// own writes once its projection is there.
+	Revision  uint64 `json:"revision,omitempty"`
+	CallIndex uint64 `json:"call_index,omitempty"`
+	CallUsed  bool   `json:"call_used,omitempty"`
 }
 
 // forwarded is a write method's arguments and results as data: run calls
@@ -85,6 +89,8 @@ type leadership struct {
 	mu      sync.Mutex
 	term    context.Context // nil or done: not leading
 	forward Forwarder
+	// advanced is closed when the projection moves (awaitRevision).
+	advanced chan struct{}
 }
 
 // leading is the term's context if this replica leads now.
@@ -206,7 +212,41 @@ func (db *DB) forward(ctx context.Context, f Forwarder, op string, args forwarde
 	}
 	// The write is in the log; reads through this replica see it from
 	// now on (read your writes).
-	return db.Sync(ctx)
+	return db.awaitRevision(ctx, resp.Revision)
+}
+
+// awaitRevision waits until this replica's projection reaches rev: the
+// log's watch brings the leader's commit within a round trip; past
+// watchWait, a Sync reads it.
+func (db *DB) awaitRevision(ctx context.Context, rev uint64) error {
+	wctx, cancel := context.WithTimeout(ctx, watchWait)
+	defer cancel()
+	for {
+		db.lead.mu.Lock()
+		ch := db.lead.advanced
+		db.lead.mu.Unlock()
+		if rev != 0 && db.model.rev.Load() >= rev {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-wctx.Done():
+			return db.Sync(ctx)
+		}
+	}
+}
+
+// watchWait bounds awaitRevision's wait for the log's watch.
+const watchWait = 100 * time.Millisecond
+
+// advance wakes awaitRevision: the projection moved. writeMu is held.
+func (db *DB) advance() {
+	db.lead.mu.Lock()
+	defer db.lead.mu.Unlock()
+	if db.lead.advanced != nil {
+		close(db.lead.advanced)
+	}
+	db.lead.advanced = make(chan struct{})
 }
 
 // Apply runs a write a follower forwarded, on the term's leader, and

@@ -83,6 +83,7 @@ func (c *cluster) openIn(dir string) *store.DB {
 	if err != nil {
 		t.Fatal(err)
 	}
+	follow(t, l, c.cl, c.pre+"audit/")
 	t.Cleanup(func() { db.Close(); l.Close() })
 	c.logs, c.dbs = append(c.logs, l), append(c.dbs, db)
 	return db
@@ -128,6 +129,18 @@ func TestForwardedConformance(t *testing.T) {
 }
 
 var bg = context.Background()
+
+// follow applies the leader's commits to l as etcd's watch delivers
+// them, as a replica's daemon does, until the test ends.
+func follow(t *testing.T, l *audit.Log, cl *clientv3.Client, prefix string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = etcdlog.New(cl, prefix).FollowCommits(ctx, cl, l.Offer, func(ctx context.Context, _ uint64) error { return l.Sync(ctx) })
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+}
 
 func fwdTarget(id string) *nvmegate.Target {
 	return &nvmegate.Target{ID: id, Fabric: "fab-a", Region: "eu-west", Driver: nvmegate.DriverNVMet,

@@ -438,6 +438,9 @@ func (db *DB) projectLocked() error {
 		return err
 	}
 	j.next = db.model.rev.Load()
+	if db.lead.forward != nil {
+		db.advance()
+	}
 	if j.dirty >= checkpointChanges || time.Since(j.since) >= j.interval {
 		db.checkpointLocked()
 	}

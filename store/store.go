@@ -210,7 +210,7 @@ func openFile(path string, opts Options) (*DB, error) {
 	}
 	db := &DB{bolt: bdb, now: opts.Now, replica: opts.Replica, applied: opts.Applied, revoked: opts.Revoked}
 	if opts.Forward != nil {
-		db.lead.forward = opts.Forward
+		db.lead.forward, db.lead.advanced = opts.Forward, make(chan struct{})
 	}
 	if err := bdb.View(func(tx *bolt.Tx) error {
 		recs, rev, err := load(tx)

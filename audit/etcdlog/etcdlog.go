@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -233,6 +234,29 @@ func encodeCommit(x audit.Commit) []byte {
 	return v
 }
 
+// watched are the commits of put events, in order, each with its Start
+// from its key; one that does not decode ends the list there (the
+// catch-up reads it again and says what is wrong).
+func (l *Log) watched(evs []*clientv3.Event) []audit.Commit {
+	var out []audit.Commit
+	for _, ev := range evs {
+		var start uint64
+		if _, err := fmt.Sscanf(strings.TrimPrefix(string(ev.Kv.Key), l.prefix+"c/"), "%016x", &start); err != nil {
+			break
+		}
+		c, err := decodeCommit(ev.Kv.Value)
+		if err != nil {
+			break
+		}
+		c.Start = start
+		out = append(out, c)
+	}
+	if len(out) == 0 {
+		return nil // Offer's nil: catch up
+	}
+	return out
+}
+
 func decodeCommit(v []byte) (audit.Commit, error) {
 	var recs = -1
 	if len(v) > 0 && v[0] == changesMark {
@@ -355,16 +379,35 @@ func (l *Log) Checkpoints(ctx context.Context, after uint64) ([]audit.Replicated
 // checkpoints too. A broken watch (a compacted revision, a lost member) is
 // started again.
 func (l *Log) Follow(ctx context.Context, w clientv3.Watcher, sync func(ctx context.Context, size uint64) error) error {
+	return l.follow(ctx, w, nil, sync)
+}
+
+// FollowCommits is Follow handing each batch of commits the watch
+// delivers to offer, decoded from the watch's payload (audit.Log.Offer),
+// instead of making the copy read them again; sync runs when the watch
+// (re)starts and for each new checkpoint.
+func (l *Log) FollowCommits(ctx context.Context, w clientv3.Watcher, offer func([]audit.Commit), sync func(ctx context.Context, size uint64) error) error {
+	return l.follow(ctx, w, offer, sync)
+}
+
+func (l *Log) follow(ctx context.Context, w clientv3.Watcher, offer func([]audit.Commit), sync func(ctx context.Context, size uint64) error) error {
 	for ctx.Err() == nil {
 		_ = sync(ctx, 0) // an error is retried at the next change
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		heads, cps := w.Watch(wctx, l.treeKey()), w.Watch(wctx, l.cpLatestKey())
+		if offer != nil {
+			heads = w.Watch(wctx, l.prefix+"c/", clientv3.WithPrefix(), clientv3.WithFilterDelete())
+		}
 	watch:
 		for {
 			select {
 			case resp, ok := <-heads:
 				if !ok || resp.Err() != nil {
 					break watch
+				}
+				if offer != nil {
+					offer(l.watched(resp.Events))
+					continue
 				}
 				var size uint64
 				for _, ev := range resp.Events {

@@ -122,9 +122,10 @@ func (r *replication) close() error {
 	return r.closeErr
 }
 
-// followLog applies the other replicas' audit commits to this copy.
+// followLog applies the leader's commits to this copy as the watch
+// delivers them, and the checkpoints.
 func (r *replication) followLog(ctx context.Context, l *audit.Log) error {
-	_ = r.log.Follow(ctx, r.client, func(ctx context.Context, size uint64) error {
+	_ = r.log.FollowCommits(ctx, r.client, l.Offer, func(ctx context.Context, size uint64) error {
 		if size > 0 && l.Size() >= size {
 			return nil // this copy has it: its own commit, or a lost race's catch-up
 		}
