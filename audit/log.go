@@ -153,6 +153,7 @@ type Log struct {
 
 	reqs     chan *appendReq
 	syncs    chan chan error // Sync's requests to the writer
+	csyncs   chan chan error // SyncCommits'
 	changed  chan struct{}   // ChangesNotify
 	offers   chan []Commit   // Offer's, to the writer
 	grew     chan struct{}   // closed and replaced when the tree grows (WaitSize); under stmu
@@ -223,6 +224,7 @@ func Open(path string, opts Options) (*Log, error) {
 		now:      opts.Now,
 		reqs:     make(chan *appendReq, defaultQueue),
 		syncs:    make(chan chan error),
+		csyncs:   make(chan chan error),
 		changed:  make(chan struct{}, 1),
 		offers:   make(chan []Commit, 256),
 		grew:     make(chan struct{}),
@@ -614,6 +616,9 @@ func (l *Log) writer() {
 		case done := <-l.syncs:
 			done <- l.syncNow()
 			continue
+		case done := <-l.csyncs:
+			done <- nil // no Replica: nothing to catch up with
+			continue
 		case r := <-l.reqs:
 			batch = append(batch[:0], r)
 		case <-l.stop:
@@ -671,6 +676,17 @@ func (l *Log) syncNow() error {
 		return failed
 	}
 	return l.catchUp()
+}
+
+// syncCommitsNow is syncNow without the checkpoints.
+func (l *Log) syncCommitsNow() error {
+	l.closeMu.RLock()
+	failed := l.failed
+	l.closeMu.RUnlock()
+	if failed != nil {
+		return failed
+	}
+	return l.catchUpCommits()
 }
 
 // flushDue says whether the commit of n more entries flushes the

@@ -51,19 +51,25 @@ func (l *Log) pipelinedWriter() {
 	var (
 		inflight []*flight
 		syncs    []chan error             // Sync calls waiting for the flights to land
+		csyncs   []chan error             // SyncCommits calls, likewise
 		wake     = make(chan struct{}, 1) // an answer came
 		round    int                      // appends of the last round: those it answered and those queued meanwhile
 	)
 	for {
-		if len(inflight) == 0 && len(syncs) > 0 {
-			err := l.syncNow()
-			for _, done := range syncs {
+		if len(inflight) == 0 && len(syncs)+len(csyncs) > 0 {
+			var err error
+			if len(syncs) > 0 {
+				err = l.syncNow() // answers both
+			} else {
+				err = l.syncCommitsNow()
+			}
+			for _, done := range append(syncs, csyncs...) {
 				done <- err
 			}
-			syncs = nil
+			syncs, csyncs = nil, nil
 		}
 		var reqs <-chan *appendReq
-		if l.room(inflight) && len(syncs) == 0 {
+		if l.room(inflight) && len(syncs)+len(csyncs) == 0 {
 			reqs = l.reqs // a waiting Sync holds new commits back, or it could wait for ever
 		}
 		var offers <-chan []Commit
@@ -73,6 +79,8 @@ func (l *Log) pipelinedWriter() {
 		select {
 		case done := <-l.syncs:
 			syncs = append(syncs, done)
+		case done := <-l.csyncs:
+			csyncs = append(csyncs, done)
 		case cs := <-offers:
 			l.applyOffered(cs)
 		case r := <-reqs:
@@ -89,7 +97,7 @@ func (l *Log) pipelinedWriter() {
 			for len(inflight) > 0 {
 				inflight = l.land(inflight, true)
 			}
-			for _, done := range syncs {
+			for _, done := range append(syncs, csyncs...) {
 				done <- ErrClosed
 			}
 			l.commitQueued()

@@ -162,7 +162,14 @@ const maxCarriedBytes = 16 << 10
 // Sync brings this copy up to the replicated log: it applies every commit
 // other writers made since, and their checkpoints. Without a Replica it
 // does nothing. The log's writer runs it, between its own commits.
-func (l *Log) Sync(ctx context.Context) error {
+func (l *Log) Sync(ctx context.Context) error { return l.sync(ctx, l.syncs) }
+
+// SyncCommits is Sync without the checkpoints: one read of the Replica
+// when this copy is at its head. It is the read barrier of a replica's
+// calls (store.Journal); the checkpoints come with the next Sync.
+func (l *Log) SyncCommits(ctx context.Context) error { return l.sync(ctx, l.csyncs) }
+
+func (l *Log) sync(ctx context.Context, to chan chan error) error {
 	if l.opts.Replica == nil {
 		return nil
 	}
@@ -173,7 +180,7 @@ func (l *Log) Sync(ctx context.Context) error {
 		return ErrClosed
 	}
 	select {
-	case l.syncs <- done:
+	case to <- done:
 	case <-ctx.Done():
 		l.closeMu.RUnlock()
 		return ctx.Err()

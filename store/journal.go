@@ -30,10 +30,10 @@ type Journal interface {
 	LastChange() (uint64, error)
 	// Snapshot reads the newest whole state the changes start from.
 	Snapshot(fn func(rev, index uint64, payload []byte) error) (bool, error)
-	// Sync brings the journal's copy up to the replicated journal (a
+	// SyncCommits brings the journal's copy up to the replicated journal (a
 	// read barrier); ChangesNotify is signalled when changes reached the
 	// copy. A journal without replicas does nothing on Sync.
-	Sync(ctx context.Context) error
+	SyncCommits(ctx context.Context) error
 	ChangesNotify() <-chan struct{}
 }
 
@@ -340,7 +340,7 @@ func (db *DB) openJournal(j Journal, interval time.Duration) error {
 		// The copy of a replicated journal is written without fsync: it
 		// may be behind this file after a crash. It catches up first.
 		ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
-		err := j.Sync(ctx)
+		err := j.SyncCommits(ctx)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("store: catching up with the replicated journal: %w", err)
