@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nvmegate/nvmegate/attest"
@@ -41,6 +42,9 @@ type Replica interface {
 	// Checkpoints returns the stored checkpoints of sizes above after, by
 	// size.
 	Checkpoints(ctx context.Context, after uint64) ([]ReplicatedCheckpoint, error)
+	// Head is the replicated tree's size, read linearizably: every commit
+	// stored before the call is within it.
+	Head(ctx context.Context) (uint64, error)
 }
 
 // Commit is one group commit of the replicated log: the entries
@@ -163,6 +167,72 @@ const maxCarriedBytes = 16 << 10
 // other writers made since, and their checkpoints. Without a Replica it
 // does nothing. The log's writer runs it, between its own commits.
 func (l *Log) Sync(ctx context.Context) error { return l.sync(ctx, l.syncs) }
+
+// Barrier returns once this copy holds every commit the Replica stored
+// before the call: the read barrier of a replica's calls. The head is one
+// linearizable read, shared by the calls waiting at that moment and made
+// outside the writer; the commits come by the watch (Offer), or, past
+// watchWait, by a catch-up.
+func (l *Log) Barrier(ctx context.Context) error {
+	if l.opts.Replica == nil {
+		return nil
+	}
+	done := make(chan error, 1)
+	b := &l.barriers
+	b.mu.Lock()
+	b.waiting = append(b.waiting, done)
+	lead := !b.running
+	b.running = true
+	b.mu.Unlock()
+	if lead {
+		go l.runBarriers()
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// barrierRounds coalesces Barrier calls: a call waits for the next read
+// of the head that starts after it arrived.
+type barrierRounds struct {
+	mu      sync.Mutex
+	running bool
+	waiting []chan error
+}
+
+func (l *Log) runBarriers() {
+	b := &l.barriers
+	for {
+		b.mu.Lock()
+		round := b.waiting
+		b.waiting = nil
+		if len(round) == 0 {
+			b.running = false
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Unlock()
+		ctx, cancel := l.replicaCtx()
+		size, err := l.opts.Replica.Head(ctx)
+		if err == nil && l.Size() < size {
+			wctx, wcancel := context.WithTimeout(ctx, watchWait)
+			if l.WaitSize(wctx, size) != nil {
+				err = l.SyncCommits(ctx)
+			}
+			wcancel()
+		}
+		cancel()
+		if err != nil {
+			err = fmt.Errorf("%w: the read barrier: %w", ErrUnavailable, err)
+		}
+		for _, c := range round {
+			c <- err
+		}
+	}
+}
 
 // SyncCommits is Sync without the checkpoints: one read of the Replica
 // when this copy is at its head. It is the read barrier of a replica's

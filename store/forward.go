@@ -225,7 +225,7 @@ func (db *DB) awaitRevision(ctx context.Context, rev uint64) error {
 		db.lead.mu.Lock()
 		ch := db.lead.advanced
 		db.lead.mu.Unlock()
-		if rev != 0 && db.model.rev.Load() >= rev {
+		if db.model.rev.Load() >= rev {
 			return nil
 		}
 		select {
@@ -281,7 +281,7 @@ func (db *DB) Apply(ctx context.Context, wire []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	resp := response{Result: result}
+	resp := response{Result: result, Revision: db.model.rev.Load()}
 	if rec != nil {
 		resp.CallIndex, resp.CallUsed = rec.Index()
 	}

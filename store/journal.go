@@ -34,6 +34,9 @@ type Journal interface {
 	// read barrier); ChangesNotify is signalled when changes reached the
 	// copy. A journal without replicas does nothing on Sync.
 	SyncCommits(ctx context.Context) error
+	// Barrier returns once the copy holds every change the replicated
+	// journal held when it was called (the read barrier of every call).
+	Barrier(ctx context.Context) error
 	ChangesNotify() <-chan struct{}
 }
 

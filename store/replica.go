@@ -131,7 +131,7 @@ func (db *DB) syncJournal(ctx context.Context) error {
 	if _, ok := db.leading(); ok {
 		return nil
 	}
-	if err := db.journal.SyncCommits(ctx); err != nil {
+	if err := db.journal.Barrier(ctx); err != nil {
 		return fmt.Errorf("store: catching up with the replicated journal: %w", err)
 	}
 	db.writeMu.Lock()

@@ -147,6 +147,21 @@ func (l *Log) store(chain []audit.Commit) ([]clientv3.Cmp, []clientv3.Op, error)
 	return cmps, puts, nil
 }
 
+// Head is the tree's size, read linearizably.
+func (l *Log) Head(ctx context.Context) (uint64, error) {
+	t, err := l.kv.Get(ctx, l.treeKey())
+	if err != nil {
+		return 0, fmt.Errorf("etcdlog: read the tree head: %w", err)
+	}
+	if len(t.Kvs) == 0 {
+		return 0, nil
+	}
+	if v := t.Kvs[0].Value; len(v) == 40 {
+		return binary.BigEndian.Uint64(v), nil
+	}
+	return 0, fmt.Errorf("etcdlog: tree head of %d bytes", len(t.Kvs[0].Value))
+}
+
 // Commits calls fn with the commits from index from on, all read at one
 // etcd revision.
 func (l *Log) Commits(ctx context.Context, from uint64, fn func(audit.Commit) error) error {
