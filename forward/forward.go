@@ -97,7 +97,7 @@ func (srv *Server) handler(fn func(context.Context, []byte) outcome) func(any, c
 			// A retry (its answer was lost) is answered as the first
 			// call was, not run again.
 			id, body := string(in.Value[:idLen]), in.Value[idLen:]
-			o = srv.answered.do(id, func() outcome { return fn(ctx, body) })
+			o = srv.answered.do(id, func() outcome { return fn(store.WithRequestID(ctx, id), body) })
 		}
 		out, err := json.Marshal(o)
 		if err != nil {

@@ -107,6 +107,12 @@
 //	                      newest root version (uint64 BE) the node held the
 //	                      NQN at, ended grants included: who could still
 //	                      derive what on an NQN (filled on open if missing)
+//	requests              forwarded write's request ID -> time (unix ns,
+//	                      uint64 BE): a write a follower forwarded, so that
+//	                      its retry through any later leader is not applied
+//	                      again (forward.go)
+//	requests_by_time      time (unix ns, uint64 BE) || request ID -> "": the
+//	                      IDs by age, pruned after requestKeep
 //
 // Grant writes are group-committed: concurrent PutGrants share one
 // transaction (batch.go).

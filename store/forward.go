@@ -1,7 +1,9 @@
 package store
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/audit"
+	bolt "go.etcd.io/bbolt"
 )
 
 // Forwarder carries a write of a replica that is not the term's leader to
@@ -249,9 +252,68 @@ func (db *DB) advance() {
 	db.lead.advanced = make(chan struct{})
 }
 
+// WithRequestID marks the writes Apply runs under ctx with the forwarded
+// request's ID: the change records it, so that a retry of the request
+// through any later leader is recognised (ErrAppliedBefore), not applied
+// again.
+func WithRequestID(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, requestKey{}, id)
+}
+
+type requestKey struct{}
+
+// ErrAppliedBefore is Apply's answer to a request the log holds already:
+// a retry whose first answer was lost with the leader that gave it. The
+// write happened once; its results are not known here, so the caller
+// learns it as a failure whose outcome is unknown (EUNAVAILABLE), never
+// as a second write.
+var ErrAppliedBefore = errors.New("store: the forwarded write was applied before, by an earlier leader; its answer was lost")
+
+// requestKeep bounds how long a forwarded request's ID is kept: far
+// longer than any forwarder retries.
+const requestKeep = 10 * time.Minute
+
+// noteRequest records request id in tx's change, and forgets a few IDs
+// older than requestKeep (each change prunes what it can: no sweep).
+func noteRequest(tx *txn, id string, now time.Time) error {
+	t := binary.BigEndian.AppendUint64(nil, uint64(now.UnixNano()))
+	if err := put(tx, bucketRequests, []byte(id), t); err != nil {
+		return err
+	}
+	if err := put(tx, bucketRequestsByTime, append(t, id...), nil); err != nil {
+		return err
+	}
+	cutoff := uint64(now.Add(-requestKeep).UnixNano())
+	var old [][]byte
+	c := tx.Bucket(bucketRequestsByTime).Cursor()
+	for k, _ := c.First(); k != nil && len(old) < 4 && len(k) > 8 && binary.BigEndian.Uint64(k) < cutoff; k, _ = c.Next() {
+		old = append(old, bytes.Clone(k))
+	}
+	for _, k := range old {
+		if err := del(tx, bucketRequestsByTime, k); err != nil {
+			return err
+		}
+		if err := del(tx, bucketRequests, k[8:]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// appliedBefore says whether the log holds request id.
+func (db *DB) appliedBefore(ctx context.Context, id string) (bool, error) {
+	found := false
+	err := db.view(ctx, func(tx *bolt.Tx) error {
+		found = tx.Bucket(bucketRequests).Get([]byte(id)) != nil
+		return nil
+	})
+	return found, err
+}
+
 // Apply runs a write a follower forwarded, on the term's leader, and
 // returns the answer for Forward. A replica that does not lead answers
-// ErrNotLeader.
+// ErrNotLeader; a request the log holds already (WithRequestID),
+// ErrAppliedBefore.
 func (db *DB) Apply(ctx context.Context, wire []byte) ([]byte, error) {
 	if _, ok := db.leading(); !ok {
 		return nil, ErrNotLeader
@@ -263,6 +325,14 @@ func (db *DB) Apply(ctx context.Context, wire []byte) ([]byte, error) {
 	mk, ok := ops[req.Op]
 	if !ok {
 		return nil, nvmegate.Invalid("", "a forwarded write of unknown kind %q", req.Op)
+	}
+	if id, ok := ctx.Value(requestKey{}).(string); ok {
+		if before, err := db.appliedBefore(ctx, id); err != nil {
+			return nil, err
+		} else if before {
+			return nil, fmt.Errorf("%w: %w", ErrAppliedBefore, nvmegate.Errorf(nvmegate.EUNAVAILABLE,
+				"the write was made once, by the gateway replica that led before; its answer was lost with it"))
+		}
 	}
 	args := mk()
 	if err := json.Unmarshal(req.Args, args); err != nil {

@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
@@ -330,5 +331,33 @@ func TestUpgradeRecordsGenesis(t *testing.T) {
 	}
 	if _, err := fresh.Target(bg, "old2"); err != nil {
 		t.Fatalf("a new copy lacks the state from before the upgrade: %v", err)
+	}
+}
+
+// A request retried through a new leader, after the one that applied it
+// died before answering, is recognised from the log and not applied
+// again: the caller learns its outcome is unknown (EUNAVAILABLE).
+func TestRetryThroughNewLeaderNotAppliedTwice(t *testing.T) {
+	e := etcdtest.Start(t, 1)
+	c := newCluster(t, e.Client(t), "/retry2/", 2)
+	end := c.elect(0)
+	req := []byte(`{"op":"create_target","args":{"target":{"ID":"t-once","Fabric":"fab-a","Region":"eu-west","Driver":"nvmet","Ports":[{"ID":1,"Transport":"tcp","AddressFamily":"ipv4","Address":"192.0.2.10","ServiceID":"4420"}]}}}`)
+	ctx := store.WithRequestID(bg, "req-0001")
+	if _, err := c.dbs[0].Apply(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	end()
+	c.elect(1)
+	before := c.dbs[1].Revision()
+	_, err := c.dbs[1].Apply(ctx, req)
+	if !errors.Is(err, store.ErrAppliedBefore) || nvmegate.ErrorCode(err) != nvmegate.EUNAVAILABLE {
+		t.Fatalf("a retry through the next leader: %v", err)
+	}
+	if got := c.dbs[1].Revision(); got != before {
+		t.Fatalf("revision %d after the retry, want %d", got, before)
+	}
+	// Another request is applied as ever.
+	if _, err := c.dbs[1].Apply(store.WithRequestID(bg, "req-0002"), bytes.Replace(req, []byte("t-once"), []byte("t-twice"), 1)); err != nil {
+		t.Fatal(err)
 	}
 }

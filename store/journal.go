@@ -114,6 +114,15 @@ func (db *DB) propose(ctx context.Context, entries []audit.Entry, fn func(*txn) 
 	}
 	entries, rec := callEntries(ctx, entries)
 	p := &proposal{db: db, fn: fn, entries: entries}
+	if id, ok := ctx.Value(requestKey{}).(string); ok {
+		p.fn = func(tx *txn) error {
+			before := len(tx.writes)
+			if err := fn(tx); err != nil || len(tx.writes) == before {
+				return err // a write that changed nothing records nothing
+			}
+			return noteRequest(tx, id, db.now())
+		}
+	}
 	first, err := db.journal.Propose(pctx, p)
 	if errors.Is(err, audit.ErrFenced) {
 		// Another replica leads: this one's term is over whatever its

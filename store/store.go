@@ -51,13 +51,18 @@ var (
 	// successor ID 0x00 grant ID. Empty in files older than it: their
 	// released grants are final.
 	bucketGrantsSuperseded = []byte("grants_superseded")
+	// bucketRequests and bucketRequestsByTime remember the forwarded
+	// writes (forward.go): their IDs are state, so every leader knows
+	// them.
+	bucketRequests       = []byte("requests")
+	bucketRequestsByTime = []byte("requests_by_time")
 
 	// allBuckets are created by Open if missing.
 	allBuckets = [][]byte{
 		bucketMeta, bucketTargets, bucketSubsystems, bucketSubsystemsByTarget,
 		bucketNamespaces, bucketHostBindings, bucketHostBindingsByNQN, bucketJobs,
 		bucketGrants, bucketGrantsBySubsystem, bucketGrantsByNode, bucketGrantsByHost, bucketGrantsPending, bucketHostKeyScopes,
-		bucketGrantsSuperseded,
+		bucketGrantsSuperseded, bucketRequests, bucketRequestsByTime,
 	}
 
 	metaKind     = []byte("kind")
