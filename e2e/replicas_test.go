@@ -214,7 +214,8 @@ func loadOn(t testing.TB, dev string, replicas []*replicaProc, nodes, conc int, 
 			RunID: fmt.Sprintf("%s%d", run, i)}
 		fleet, err := loadgen.Setup(ctx, env, o)
 		if err != nil {
-			t.Fatalf("load on %s: %v", r.name, err)
+			data, _ := os.ReadFile(r.log)
+			t.Fatalf("load on %s: %v\n%s's log:\n%s", r.name, err, r.name, data)
 		}
 		t.Cleanup(fleet.Close)
 		envs, fleets = append(envs, env), append(fleets, fleet)
