@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nvmegate/nvmegate/attest"
+	"github.com/nvmegate/nvmegate/internal/rounds"
 	"github.com/transparency-dev/merkle/compact"
 	"github.com/transparency-dev/merkle/rfc6962"
 	bolt "go.etcd.io/bbolt"
@@ -154,7 +155,7 @@ type Log struct {
 	reqs     chan *appendReq
 	syncs    chan chan error // Sync's requests to the writer
 	csyncs   chan chan error // SyncCommits'
-	barriers barrierRounds
+	barriers rounds.Rounds // Barrier's
 	changed  chan struct{} // ChangesNotify
 	offers   chan []Commit // Offer's, to the writer
 	grew     chan struct{} // closed and replaced when the tree grows (WaitSize); under stmu

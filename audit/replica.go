@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/nvmegate/nvmegate/attest"
@@ -177,61 +176,25 @@ func (l *Log) Barrier(ctx context.Context) error {
 	if l.opts.Replica == nil {
 		return nil
 	}
-	done := make(chan error, 1)
-	b := &l.barriers
-	b.mu.Lock()
-	b.waiting = append(b.waiting, done)
-	lead := !b.running
-	b.running = true
-	b.mu.Unlock()
-	if lead {
-		go l.runBarriers()
-	}
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return l.barriers.Do(ctx, l.barrier)
 }
 
-// barrierRounds coalesces Barrier calls: a call waits for the next read
-// of the head that starts after it arrived.
-type barrierRounds struct {
-	mu      sync.Mutex
-	running bool
-	waiting []chan error
-}
-
-func (l *Log) runBarriers() {
-	b := &l.barriers
-	for {
-		b.mu.Lock()
-		round := b.waiting
-		b.waiting = nil
-		if len(round) == 0 {
-			b.running = false
-			b.mu.Unlock()
-			return
+// barrier is one round of Barrier.
+func (l *Log) barrier() error {
+	ctx, cancel := l.replicaCtx()
+	defer cancel()
+	size, err := l.opts.Replica.Head(ctx)
+	if err == nil && l.Size() < size {
+		wctx, wcancel := context.WithTimeout(ctx, watchWait)
+		if l.WaitSize(wctx, size) != nil {
+			err = l.SyncCommits(ctx)
 		}
-		b.mu.Unlock()
-		ctx, cancel := l.replicaCtx()
-		size, err := l.opts.Replica.Head(ctx)
-		if err == nil && l.Size() < size {
-			wctx, wcancel := context.WithTimeout(ctx, watchWait)
-			if l.WaitSize(wctx, size) != nil {
-				err = l.SyncCommits(ctx)
-			}
-			wcancel()
-		}
-		cancel()
-		if err != nil {
-			err = fmt.Errorf("%w: the read barrier: %w", ErrUnavailable, err)
-		}
-		for _, c := range round {
-			c <- err
-		}
+		wcancel()
 	}
+	if err != nil {
+		return fmt.Errorf("%w: the read barrier: %w", ErrUnavailable, err)
+	}
+	return nil
 }
 
 // SyncCommits is Sync without the checkpoints: one read of the Replica

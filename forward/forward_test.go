@@ -191,7 +191,7 @@ func TestRetryAppliedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	req := []byte(fmt.Sprintf("%032x", 7) + `{"op":"create_target","args":{"target":{"ID":"t-retry","Fabric":"fab-a","Region":"eu-west","Driver":"nvmet","Ports":[{"ID":1,"Transport":"tcp","AddressFamily":"ipv4","Address":"192.0.2.10","ServiceID":"4420"}]}}}`)
+	req := []byte(fmt.Sprintf("%032x", 7) + `{"op":"create_target","args":{"record":{"ID":"t-retry","Fabric":"fab-a","Region":"eu-west","Driver":"nvmet","Ports":[{"ID":1,"Transport":"tcp","AddressFamily":"ipv4","Address":"192.0.2.10","ServiceID":"4420"}]}}}`)
 	var answers []string
 	for range 3 {
 		out := new(wrapperspb.BytesValue)

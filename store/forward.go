@@ -73,15 +73,15 @@ var ops = map[string]func() forwarded{
 	"undo_opening":        func() forwarded { return &undoOpeningOp{} },
 	"settle_removals":     func() forwarded { return &settleRemovalsOp{} },
 	"require_reauth":      func() forwarded { return &requireReauthOp{} },
-	"create_host_binding": func() forwarded { return &createHostBindingOp{} },
+	"create_host_binding": creating((*DB).CreateHostBinding),
 	"delete_host_binding": func() forwarded { return &deleteOp{} },
-	"create_job":          func() forwarded { return &createJobOp{} },
+	"create_job":          creating((*DB).CreateJob),
 	"finish_job":          func() forwarded { return &finishJobOp{} },
-	"create_namespace":    func() forwarded { return &createNamespaceOp{} },
+	"create_namespace":    creating((*DB).CreateNamespace),
 	"delete_namespace":    func() forwarded { return &deleteNamespaceOp{} },
-	"create_subsystem":    func() forwarded { return &createSubsystemOp{} },
+	"create_subsystem":    creating((*DB).CreateSubsystem),
 	"delete_subsystem":    func() forwarded { return &deleteOp{} },
-	"create_target":       func() forwarded { return &createTargetOp{} },
+	"create_target":       creating((*DB).CreateTarget),
 	"delete_target":       func() forwarded { return &deleteOp{} },
 }
 
@@ -441,12 +441,18 @@ func (o *requireReauthOp) run(ctx context.Context, db *DB) (err error) {
 	return err
 }
 
-type createHostBindingOp struct {
-	Binding *nvmegate.HostBinding `json:"binding"`
+// createOp stores a new record (Record) with its store method (do, set on
+// the leader by the ops table; a follower sends Record alone).
+type createOp[T any] struct {
+	Record *T `json:"record"`
+	do     func(*DB, context.Context, *T) error
 }
 
-func (o *createHostBindingOp) run(ctx context.Context, db *DB) error {
-	return db.CreateHostBinding(ctx, o.Binding)
+func (o *createOp[T]) run(ctx context.Context, db *DB) error { return o.do(db, ctx, o.Record) }
+
+// creating is the ops table's maker of a create op for method do.
+func creating[T any](do func(*DB, context.Context, *T) error) func() forwarded {
+	return func() forwarded { return &createOp[T]{do: do} }
 }
 
 // deleteOp removes a record by its ID: a host binding, a subsystem or a
@@ -468,12 +474,6 @@ func (o *deleteOp) run(ctx context.Context, db *DB) error {
 	return nvmegate.Invalid("", "a forwarded delete of unknown kind %q", o.Kind)
 }
 
-type createJobOp struct {
-	Job *nvmegate.Job `json:"job"`
-}
-
-func (o *createJobOp) run(ctx context.Context, db *DB) error { return db.CreateJob(ctx, o.Job) }
-
 type finishJobOp struct {
 	ID  string        `json:"id"`
 	Job *nvmegate.Job `json:"job,omitempty"` // result
@@ -484,14 +484,6 @@ func (o *finishJobOp) run(ctx context.Context, db *DB) (err error) {
 	return err
 }
 
-type createNamespaceOp struct {
-	Namespace *nvmegate.Namespace `json:"namespace"`
-}
-
-func (o *createNamespaceOp) run(ctx context.Context, db *DB) error {
-	return db.CreateNamespace(ctx, o.Namespace)
-}
-
 type deleteNamespaceOp struct {
 	NQN  string `json:"nqn"`
 	NSID uint32 `json:"nsid"`
@@ -499,22 +491,6 @@ type deleteNamespaceOp struct {
 
 func (o *deleteNamespaceOp) run(ctx context.Context, db *DB) error {
 	return db.DeleteNamespace(ctx, o.NQN, o.NSID)
-}
-
-type createSubsystemOp struct {
-	Subsystem *nvmegate.Subsystem `json:"subsystem"`
-}
-
-func (o *createSubsystemOp) run(ctx context.Context, db *DB) error {
-	return db.CreateSubsystem(ctx, o.Subsystem)
-}
-
-type createTargetOp struct {
-	Target *nvmegate.Target `json:"target"`
-}
-
-func (o *createTargetOp) run(ctx context.Context, db *DB) error {
-	return db.CreateTarget(ctx, o.Target)
 }
 
 // remote runs a write on the leader if this replica forwards its writes;

@@ -341,7 +341,7 @@ func TestRetryThroughNewLeaderNotAppliedTwice(t *testing.T) {
 	e := etcdtest.Start(t, 1)
 	c := newCluster(t, e.Client(t), "/retry2/", 2)
 	end := c.elect(0)
-	req := []byte(`{"op":"create_target","args":{"target":{"ID":"t-once","Fabric":"fab-a","Region":"eu-west","Driver":"nvmet","Ports":[{"ID":1,"Transport":"tcp","AddressFamily":"ipv4","Address":"192.0.2.10","ServiceID":"4420"}]}}}`)
+	req := []byte(`{"op":"create_target","args":{"record":{"ID":"t-once","Fabric":"fab-a","Region":"eu-west","Driver":"nvmet","Ports":[{"ID":1,"Transport":"tcp","AddressFamily":"ipv4","Address":"192.0.2.10","ServiceID":"4420"}]}}}`)
 	ctx := store.WithRequestID(bg, "req-0001")
 	if _, err := c.dbs[0].Apply(ctx, req); err != nil {
 		t.Fatal(err)

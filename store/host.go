@@ -35,7 +35,7 @@ func (db *DB) CreateHostBinding(ctx context.Context, h *nvmegate.HostBinding) er
 	if h == nil {
 		return nvmegate.Invalid("", "a host binding is required")
 	}
-	if ok, err := db.remote(ctx, "create_host_binding", &createHostBindingOp{Binding: h}); ok {
+	if ok, err := db.remote(ctx, "create_host_binding", &createOp[nvmegate.HostBinding]{Record: h}); ok {
 		return err
 	}
 	if err := h.Validate(); err != nil {

@@ -75,7 +75,7 @@ func (db *DB) CreateJob(ctx context.Context, j *nvmegate.Job) error {
 	if j == nil {
 		return nvmegate.Invalid("", "a job is required")
 	}
-	if ok, err := db.remote(ctx, "create_job", &createJobOp{Job: j}); ok {
+	if ok, err := db.remote(ctx, "create_job", &createOp[nvmegate.Job]{Record: j}); ok {
 		return err
 	}
 	now := db.now().UTC()

@@ -483,16 +483,8 @@ func (db *DB) loadSnapshotLocked(rev uint64) error {
 		return err
 	}
 	btx := db.jr.open
-	for _, name := range allBuckets {
-		if bytes.Equal(name, bucketMeta) {
-			continue
-		}
-		if err := btx.DeleteBucket(name); err != nil {
-			return err
-		}
-		if _, err := btx.CreateBucket(name); err != nil {
-			return err
-		}
+	if err := emptyRecords(btx); err != nil {
+		return err
 	}
 	for _, w := range ws {
 		if w.Delete {

@@ -31,7 +31,7 @@ func (db *DB) CreateNamespace(ctx context.Context, n *nvmegate.Namespace) error 
 	if n == nil {
 		return nvmegate.Invalid("", "a namespace is required")
 	}
-	if ok, err := db.remote(ctx, "create_namespace", &createNamespaceOp{Namespace: n}); ok {
+	if ok, err := db.remote(ctx, "create_namespace", &createOp[nvmegate.Namespace]{Record: n}); ok {
 		return err
 	}
 	if err := n.Validate(); err != nil {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/nvmegate/nvmegate"
@@ -104,29 +103,14 @@ func (db *DB) Sync(ctx context.Context) error {
 	if db.replica == nil {
 		return nil
 	}
-	done := make(chan error, 1)
-	b := &db.syncs
-	b.mu.Lock()
-	b.waiting = append(b.waiting, done)
-	lead := !b.running
-	b.running = true
-	b.mu.Unlock()
-	if lead {
-		go db.runSyncs()
-	}
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return db.syncs.Do(ctx, db.syncRound)
 }
 
 // syncJournal is Sync on a replica that projects a replicated journal:
-// the journal's copy catches up with the replicated log (one read of
-// etcd, shared by the calls waiting at that moment: the log's writer
-// coalesces them), then the store applies what it brought. The leader
-// holds every change already: it sequenced them.
+// the journal's copy reaches the replicated log's head (one read of etcd,
+// shared by the calls waiting at that moment), then the store applies
+// what it brought. The leader holds every change already: it sequenced
+// them.
 func (db *DB) syncJournal(ctx context.Context) error {
 	if _, ok := db.leading(); ok {
 		return nil
@@ -139,41 +123,21 @@ func (db *DB) syncJournal(ctx context.Context) error {
 	return db.projectLocked()
 }
 
-// syncRounds coalesces Sync calls (Sync).
-type syncRounds struct {
-	mu      sync.Mutex
-	running bool
-	waiting []chan error
-}
-
-func (db *DB) runSyncs() {
-	b := &db.syncs
-	for {
-		b.mu.Lock()
-		round := b.waiting
-		b.waiting = nil
-		if len(round) == 0 {
-			b.running = false
-			b.mu.Unlock()
-			return
-		}
-		b.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
-		// The revision first, without the write lock: a copy already at
-		// it (its own commits, or a catch-up since) has nothing to do,
-		// and the writers do not wait for the round trip. (One ahead of
-		// it is refused by the catch-up.)
-		rev, err := db.replica.Revision(ctx)
-		if err == nil && rev != db.model.rev.Load() {
-			db.writeMu.Lock()
-			err = db.catchUpLocked(ctx)
-			db.writeMu.Unlock()
-		}
-		cancel()
-		for _, c := range round {
-			c <- err
-		}
+// syncRound is one round of a replicated store's Sync.
+func (db *DB) syncRound() error {
+	ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
+	defer cancel()
+	// The revision first, without the write lock: a copy already at it
+	// (its own commits, or a catch-up since) has nothing to do, and the
+	// writers do not wait for the round trip. (One ahead of it is
+	// refused by the catch-up.)
+	rev, err := db.replica.Revision(ctx)
+	if err == nil && rev != db.model.rev.Load() {
+		db.writeMu.Lock()
+		err = db.catchUpLocked(ctx)
+		db.writeMu.Unlock()
 	}
+	return err
 }
 
 // syncTimeout bounds one catch-up round.
@@ -339,15 +303,9 @@ func deletedKeyOp(bucket, k []byte) *op {
 	return nil
 }
 
-// resyncLocked replaces this copy with a snapshot of the replicated
-// store: every bucket emptied and refilled in one transaction, the model
-// loaded again, and every scope feed told that everything changed.
-func (db *DB) resyncLocked(ctx context.Context) error {
-	btx, err := db.bolt.Begin(true)
-	if err != nil {
-		return beginError(err)
-	}
-	defer func() { _ = btx.Rollback() }()
+// emptyRecords empties every bucket but the meta: a snapshot is loaded
+// in its place.
+func emptyRecords(btx *bolt.Tx) error {
 	for _, name := range allBuckets {
 		if bytes.Equal(name, bucketMeta) {
 			continue
@@ -358,6 +316,21 @@ func (db *DB) resyncLocked(ctx context.Context) error {
 		if _, err := btx.CreateBucket(name); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// resyncLocked replaces this copy with a snapshot of the replicated
+// store: every bucket emptied and refilled in one transaction, the model
+// loaded again, and every scope feed told that everything changed.
+func (db *DB) resyncLocked(ctx context.Context) error {
+	btx, err := db.bolt.Begin(true)
+	if err != nil {
+		return beginError(err)
+	}
+	defer func() { _ = btx.Rollback() }()
+	if err := emptyRecords(btx); err != nil {
+		return err
 	}
 	rev, err := db.replica.Snapshot(ctx, func(w Write) error {
 		if !replicatedBuckets[string(w.Bucket)] || w.Delete {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/audit"
+	"github.com/nvmegate/nvmegate/internal/rounds"
 )
 
 // SchemaVersion is the version of the bucket layout and record encoding that
@@ -139,7 +140,7 @@ type DB struct {
 	replica Replica
 	applied func(rev uint64, targets, subsystems []string)
 	revoked func(scopes []string)
-	syncs   syncRounds
+	syncs   rounds.Rounds // Sync's, with a Replica
 	journal Journal
 	jr      journalState
 	lead    leadership

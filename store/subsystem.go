@@ -24,7 +24,7 @@ func (db *DB) CreateSubsystem(ctx context.Context, s *nvmegate.Subsystem) error 
 	if s == nil {
 		return nvmegate.Invalid("", "a subsystem is required")
 	}
-	if ok, err := db.remote(ctx, "create_subsystem", &createSubsystemOp{Subsystem: s}); ok {
+	if ok, err := db.remote(ctx, "create_subsystem", &createOp[nvmegate.Subsystem]{Record: s}); ok {
 		return err
 	}
 	if err := s.Validate(); err != nil {

@@ -23,7 +23,7 @@ func (db *DB) CreateTarget(ctx context.Context, t *nvmegate.Target) error {
 	if t == nil {
 		return nvmegate.Invalid("", "a target is required")
 	}
-	if ok, err := db.remote(ctx, "create_target", &createTargetOp{Target: t}); ok {
+	if ok, err := db.remote(ctx, "create_target", &createOp[nvmegate.Target]{Record: t}); ok {
 		return err
 	}
 	if err := t.Validate(); err != nil {
