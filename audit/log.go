@@ -155,11 +155,11 @@ type Log struct {
 	reqs     chan *appendReq
 	syncs    chan chan error // Sync's requests to the writer
 	csyncs   chan chan error // SyncCommits'
-	barriers rounds.Rounds // Barrier's
-	changed  chan struct{} // ChangesNotify
-	offers   chan []Commit // Offer's, to the writer
-	grew     chan struct{} // closed and replaced when the tree grows (WaitSize); under stmu
-	lost     atomic.Uint64 // commits the Replica refused as conflicts (LostCompares)
+	barriers rounds.Rounds   // Barrier's
+	changed  chan struct{}   // ChangesNotify
+	offers   chan []Commit   // Offer's, to the writer
+	grew     chan struct{}   // closed and replaced when the tree grows (WaitSize); under stmu
+	lost     atomic.Uint64   // commits the Replica refused as conflicts (LostCompares)
 	closeMu  sync.RWMutex
 	closed   bool
 	stop     chan struct{}
