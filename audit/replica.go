@@ -295,12 +295,29 @@ func (l *Log) applyCommit(c Commit) error {
 		return err
 	}
 	batch := make([]*appendReq, len(recs))
+	changes := map[uint64]*ChangeRef{} // by entry index
 	for i, data := range recs {
 		e, err := DecodeEntry(data)
 		if err != nil {
 			return fmt.Errorf("%w: replicated entry %d: %w", ErrCorrupt, c.Start+uint64(i), err)
 		}
+		if e.Change != nil {
+			changes[c.Start+uint64(i)] = e.Change
+		}
 		batch[i] = &appendReq{data: bytes.Clone(data), leaf: LeafHash(data), keys: makeIndexKeys(&e), unixNano: e.Time.UnixNano()}
+	}
+	// Each payload is the one its entry commits to, and each entry that
+	// records a change has its payload: checked before anything is
+	// stored (the root covers the entries, not the payloads beside them).
+	for _, p := range props {
+		ref := changes[p.first]
+		if ref == nil || ref.Revision != p.rev || ref.Digest != PayloadDigest(p.payload) {
+			return fmt.Errorf("%w: replicated commit at %d: change %d is not the one entry %d records", ErrCorrupt, c.Start, p.rev, p.first)
+		}
+		delete(changes, p.first)
+	}
+	if len(changes) > 0 {
+		return fmt.Errorf("%w: replicated commit at %d: %d entries record changes it does not carry", ErrCorrupt, c.Start, len(changes))
 	}
 	flush := l.flushDue(len(batch))
 	l.dbmu.RLock()

@@ -1,8 +1,10 @@
 package etcdlog_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/nvmegate/nvmegate/audit"
+	"github.com/nvmegate/nvmegate/audit/etcdlog"
 	"github.com/nvmegate/nvmegate/internal/etcdtest"
 )
 
@@ -181,5 +184,35 @@ func TestProposalOnMovedTreeRefused(t *testing.T) {
 	defer cancel()
 	if first, err := stale.Propose(ctx2, p2); err != nil || first != 1 {
 		t.Fatalf("proposal after catching up: %d, %v", first, err)
+	}
+}
+
+// A payload edited in etcd (someone with write access changed what a
+// replayed change writes) is refused by a copy applying the commit: the
+// tree's root covers the entries, and each entry commits to its payload.
+func TestTamperedPayloadRefused(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cl := c.Client(t)
+	leader := replica(t, cl, t.TempDir())
+	ctx, _ := fence(t, cl, "/term")
+	if _, err := leader.Propose(ctx, &change{rev: 1, payload: "grant g1 active"}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cl.Get(context.Background(), "/nvmegate/audit/c/", clientv3.WithPrefix())
+	if err != nil || len(resp.Kvs) == 0 {
+		t.Fatal(err)
+	}
+	kv := resp.Kvs[len(resp.Kvs)-1]
+	v := bytes.Replace(kv.Value, []byte("grant g1 active"), []byte("grant g1 ACTIVE"), 1)
+	if bytes.Equal(v, kv.Value) {
+		t.Fatal("the payload is not in the commit record")
+	}
+	if _, err := cl.Put(context.Background(), string(kv.Key), string(v)); err != nil {
+		t.Fatal(err)
+	}
+	_, err = audit.Open(filepath.Join(t.TempDir(), "audit.db"), audit.Options{Origin: origin,
+		Replica: etcdlog.New(cl, "/nvmegate/audit/")})
+	if !errors.Is(err, audit.ErrCorrupt) {
+		t.Fatalf("a copy from a commit with an edited payload opened: %v", err)
 	}
 }
