@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -118,7 +119,11 @@ func TestFailoverUnderLoad(t *testing.T) {
 
 	// Ten leaders killed; an etcd member killed and brought back between.
 	var failovers, nextGrants, sweeps []time.Duration
-	for k := range 10 {
+	kills := 10
+	if n, err := strconv.Atoi(os.Getenv("NVMEGATE_FAILOVER_ROUNDS")); err == nil && n >= 10 {
+		kills = n // the figures: NVMEGATE_FAILOVER_ROUNDS=30
+	}
+	for k := range kills {
 		time.Sleep(time.Second)
 		name := leaderName()
 		victim := byName[name]
@@ -203,6 +208,36 @@ func TestFailoverUnderLoad(t *testing.T) {
 	t.Logf("%s resumed and stepped down; its writes refused by the fence on waking: %d", name,
 		strings.Count(woke, "not the leader any more")+strings.Count(woke, "no longer the leader"))
 
+	// A graceful handoff: the leader stopped with SIGTERM resigns its
+	// election key, and another leads without waiting out the lease.
+	name = leaderName()
+	leaving := byName[name]
+	if leaving == nil {
+		t.Fatalf("no leader in etcd before the handoff (%q)", name)
+	}
+	before := acked()
+	leaving.cmd.Process.Signal(syscall.SIGTERM)
+	termed := time.Now()
+	var handoff, handoffGrant time.Duration
+	for deadline := termed.Add(20 * time.Second); handoff == 0 || handoffGrant == 0; time.Sleep(2 * time.Millisecond) {
+		if n := leaderName(); handoff == 0 && n != "" && n != name {
+			handoff = time.Since(termed)
+		}
+		if handoffGrant == 0 && acked() > before {
+			handoffGrant = time.Since(termed)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("20 s after %s was stopped: new leader %v, a grant since %v", name, handoff > 0, handoffGrant > 0)
+		}
+	}
+	leaving.cmd.Wait()
+	t.Logf("graceful handoff: %s stopped (SIGTERM); %s leads after %s; next grant after %s", name, leaderName(),
+		handoff.Round(time.Millisecond), handoffGrant.Round(time.Millisecond))
+	if handoff > 2*time.Second {
+		t.Errorf("a graceful handoff took %s, longer than the lease's TTL: the leader did not resign", handoff)
+	}
+	leaving.start(t, bin, dev)
+
 	close(stop)
 	wg.Wait()
 
@@ -272,11 +307,11 @@ func TestFailoverUnderLoad(t *testing.T) {
 	slices.Sort(failovers)
 	slices.Sort(nextGrants)
 	slices.Sort(sweeps)
-	t.Logf("%d grants acknowledged across 10 leader kills and one etcd member kill; %d entries verify offline; "+
+	t.Logf("%d grants acknowledged across %d leader kills and one etcd member kill; %d entries verify offline; "+
 		"kill -9 of the leader → new leader: median %s, max %s (lease TTL 2 s); → its first sweep: median %s, max %s; → next grant: median %s, max %s",
-		len(all), rep.Entries, failovers[5].Round(time.Millisecond), failovers[9].Round(time.Millisecond),
-		sweeps[5].Round(time.Millisecond), sweeps[9].Round(time.Millisecond),
-		nextGrants[5].Round(time.Millisecond), nextGrants[9].Round(time.Millisecond))
+		len(all), kills, rep.Entries, failovers[len(failovers)/2].Round(time.Millisecond), failovers[len(failovers)-1].Round(time.Millisecond),
+		sweeps[len(sweeps)/2].Round(time.Millisecond), sweeps[len(sweeps)-1].Round(time.Millisecond),
+		nextGrants[len(nextGrants)/2].Round(time.Millisecond), nextGrants[len(nextGrants)-1].Round(time.Millisecond))
 }
 
 // logHas says whether the file at path holds s past offset from.
