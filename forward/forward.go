@@ -183,6 +183,9 @@ var (
 // Forward sends a store write to the leader (store.Forwarder).
 func (c *Client) Forward(ctx context.Context, req []byte) ([]byte, error) {
 	o, err := c.call(ctx, methodStore, withID(req), false)
+	if errors.Is(err, errSelf) {
+		return nil, store.ErrLeadsHere
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -198,9 +201,6 @@ func (c *Client) Forward(ctx context.Context, req []byte) ([]byte, error) {
 // ForwardAppend appends an encoded entry on the leader
 // (audit.AppendForwarder); handled is false if this replica leads.
 func (c *Client) ForwardAppend(ctx context.Context, data []byte) (uint64, bool, error) {
-	if c.Leading != nil && c.Leading() {
-		return 0, false, nil
-	}
 	o, err := c.call(ctx, methodAppend, withID(data), true)
 	if errors.Is(err, errSelf) {
 		return 0, false, nil
@@ -260,6 +260,11 @@ func (c *Client) call(ctx context.Context, method string, req []byte, selfOK boo
 	backoff := 20 * time.Millisecond
 	var last error
 	for {
+		if c.Leading != nil && c.Leading() {
+			// Elected while the write waited for a leader: its own to
+			// make now.
+			return outcome{}, errSelf
+		}
 		conn, self, err := c.leader(ctx)
 		switch {
 		case err == nil && self && selfOK, errors.Is(err, errNoLeader) && selfOK:

@@ -86,6 +86,7 @@ func (w *world) add(i int) {
 	}
 	r := &replica{addr: lis.Addr().String()}
 	r.client = &forward.Client{Creds: identity.ClientCredentials(src, tlsconfig.AuthorizeID(gatewayID)), Patience: 2 * time.Second,
+		Leading: func() bool { return r.db != nil && r.db.Leading() },
 		Resolve: func(context.Context) (string, bool, bool, error) {
 			w.mu.Lock()
 			defer w.mu.Unlock()
@@ -243,5 +244,29 @@ func TestNoLeaderThenLeader(t *testing.T) {
 	}
 	if _, err := w.reps[1].db.Target(bg, "t-none"); nvmegate.ErrorCode(err) != nvmegate.ENOTFOUND {
 		t.Fatalf("the write made with no leader: %v", err)
+	}
+}
+
+// A write that began while no replica led, on the replica then elected,
+// is made there once it leads: it does not wait for a leader that is
+// itself until the client gives up.
+func TestElectedWhileWaiting(t *testing.T) {
+	w := newWorld(t, 2)
+	done := make(chan error, 1)
+	go func() { done <- w.reps[1].db.CreateTarget(bg, target("t-early")) }()
+	time.Sleep(200 * time.Millisecond) // the write is waiting for a leader
+	start := time.Now()
+	w.elect(1)
+	if err := <-done; err != nil {
+		t.Fatalf("a write begun before its replica was elected: %v", err)
+	}
+	if waited := time.Since(start); waited > time.Second {
+		t.Fatalf("the write waited %s after its replica led", waited)
+	}
+	if err := w.reps[0].db.Sync(bg); err != nil { // every call's read barrier
+		t.Fatal(err)
+	}
+	if _, err := w.reps[0].db.Target(bg, "t-early"); err != nil {
+		t.Fatalf("the other replica lacks the write: %v", err)
 	}
 }

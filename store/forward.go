@@ -29,6 +29,10 @@ type Forwarder interface {
 // write that found no leader fails with it too, as EUNAVAILABLE.
 var ErrNotLeader = errors.New("store: this replica is not the term's leader")
 
+// ErrLeadsHere is a Forwarder's answer when this replica has become the
+// term's leader while the write waited: the write runs here.
+var ErrLeadsHere = errors.New("store: this replica leads now")
+
 // notSequenced is a write's error when no leader took it: nothing changed.
 func notSequenced(err error) error {
 	return fmt.Errorf("%w: %w", err, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "no gateway replica leads now; the write was not made (retry)"))
@@ -504,7 +508,11 @@ func (db *DB) remote(ctx context.Context, op string, args forwarded) (ok bool, e
 	if f == nil {
 		return false, nil
 	}
-	return true, db.forward(ctx, f, op, args)
+	err = db.forward(ctx, f, op, args)
+	if errors.Is(err, ErrLeadsHere) && ctx.Value(appliedKey{}) == nil {
+		return false, nil // elected while it waited: sequenced here
+	}
+	return true, err
 }
 
 // opened is an opening's answer as the local method gives it: g takes
