@@ -10,6 +10,6 @@
 // election. A paused former leader may wake and write before it notices:
 // every write it makes carries its Fence, a compare that the election key
 // it won is still there at the revision it was created at, so etcd refuses
-// those writes (etcdstore.ErrFenced, audit appends by their own
+// those writes (store proposals and audit appends by their
 // compare-and-swap) once any other replica could be leader.
 package leader

@@ -16,7 +16,6 @@ import (
 	"github.com/nvmegate/nvmegate/internal/etcdtest"
 	"github.com/nvmegate/nvmegate/leader"
 	"github.com/nvmegate/nvmegate/store"
-	"github.com/nvmegate/nvmegate/store/etcdstore"
 )
 
 func target(id string) *nvmegate.Target {
@@ -32,11 +31,6 @@ func target(id string) *nvmegate.Target {
 func TestFailoverFencesTheFormerLeader(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	cl := c.Client(t)
-	db, err := store.Open(filepath.Join(t.TempDir(), "store.db"), store.Options{Replica: etcdstore.New(cl, "/s/")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	alog, err := audit.Open(filepath.Join(t.TempDir(), "audit.db"), audit.Options{Origin: "nvmegate.test/audit", Replica: etcdlog.New(cl, "/a/"),
@@ -45,6 +39,13 @@ func TestFailoverFencesTheFormerLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer alog.Close()
+	// The store projects the log; its writes are proposals the replica
+	// sequences while it leads, under its term's fence.
+	db, err := store.Open(filepath.Join(t.TempDir(), "store.db"), store.Options{Journal: alog, Forward: nowhere{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
 
 	terms := make(chan leader.Term, 2)
 	run := func(id string) *leader.Elector {
@@ -58,7 +59,10 @@ func TestFailoverFencesTheFormerLeader(t *testing.T) {
 	a := run("a")
 	first := <-terms
 	b := run("b")
-	if err := db.CreateTarget(etcdstore.Fence(ctx, first.Fence), target("t1")); err != nil {
+	if err := db.Lead(audit.WithCondition(first.Ctx, first.Fence)); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.CreateTarget(ctx, target("t1")); err != nil {
 		t.Fatalf("the leader's fenced write: %v", err)
 	}
 	select {
@@ -98,8 +102,8 @@ func TestFailoverFencesTheFormerLeader(t *testing.T) {
 		t.Fatalf("the new leader's checkpoint: %v", err)
 	}
 	before := db.Revision()
-	err = db.CreateTarget(etcdstore.Fence(ctx, first.Fence), target("t2"))
-	if !errors.Is(err, etcdstore.ErrFenced) {
+	err = db.CreateTarget(ctx, target("t2")) // the former leader's store, its term not yet seen to end
+	if !errors.Is(err, audit.ErrFenced) && !errors.Is(err, store.ErrNotLeader) {
 		t.Fatalf("the former leader's write: %v", err)
 	}
 	if db.Revision() != before {
@@ -108,7 +112,10 @@ func TestFailoverFencesTheFormerLeader(t *testing.T) {
 	if _, err := db.Target(ctx, "t2"); nvmegate.ErrorCode(err) != nvmegate.ENOTFOUND {
 		t.Fatalf("the fenced write is visible: %v", err)
 	}
-	if err := db.CreateTarget(etcdstore.Fence(ctx, second.Fence), target("t3")); err != nil {
+	if err := db.Lead(audit.WithCondition(second.Ctx, second.Fence)); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.CreateTarget(ctx, target("t3")); err != nil {
 		t.Fatalf("the new leader's write: %v", err)
 	}
 	select {
@@ -122,6 +129,12 @@ func TestFailoverFencesTheFormerLeader(t *testing.T) {
 		}
 	}
 }
+
+// nowhere is a Forwarder with no leader to forward to: this test's store
+// writes only while it leads.
+type nowhere struct{}
+
+func (nowhere) Forward(context.Context, []byte) ([]byte, error) { return nil, store.ErrNotLeader }
 
 func entry(detail string) audit.Entry {
 	return audit.Entry{Kind: audit.EventExpire, Caller: "spiffe://nvmegate.test/gateway/nvmegated", Detail: detail,

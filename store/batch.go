@@ -20,10 +20,6 @@ type batchCall struct {
 	done chan error
 }
 
-// maxReplicatedBatch caps the writes grouped in one replicated change
-// (about 1 KiB of keys each, against etcd's 1.5 MiB request limit).
-const maxReplicatedBatch = 256
-
 // batch runs fn in a write transaction shared with other concurrent
 // callers. fn must be safe to run twice: if any function of a group fails,
 // the group is rolled back (with the changes its functions recorded) and
@@ -59,10 +55,6 @@ func (db *DB) drainBatches() {
 		b.mu.Lock()
 		calls := b.pending
 		b.pending = nil
-		if db.replica != nil && len(calls) > maxReplicatedBatch {
-			// A replicated change is one request, which has a size limit.
-			calls, b.pending = calls[:maxReplicatedBatch], calls[maxReplicatedBatch:]
-		}
 		if len(calls) == 0 {
 			b.running = false
 			b.mu.Unlock()

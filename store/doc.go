@@ -56,7 +56,8 @@
 // its function or at commit, is rolled back and its change dropped; a
 // group commit (batch.go) that fails drops the group's change, and each
 // write re-run alone records its own. apply is the model's only writer, so
-// a replicated store can feed it the changes an etcd watch reports.
+// a replica's projection feeds it the changes the replicated log brings
+// (journal.go: projectLocked).
 //
 // The revision numbers the commits: each write transaction stores the next
 // one in the meta bucket, so it grows by one with every commit (a rolled

@@ -17,7 +17,7 @@ import (
 	"github.com/nvmegate/nvmegate/audit"
 )
 
-// Journal is the ordered, durable log a store without a Replica
+// Journal is the ordered, durable log a store
 // sequences its changes in (the audit log: audit.Log). Each write is a
 // proposal: the journal's writer runs the write's rules in log order,
 // and appends its entries and its change (the keys it wrote) in one

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -13,70 +12,13 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// Replica keeps the store beyond this machine: in a deployment of several
-// gateway replicas, the records live in a replicated store (etcdstore, on
-// etcd) and each replica's file is its copy of them, from which it serves
-// reads and its read model as a single gateway does.
-//
-// The replica orders the writes: Commit is a compare-and-swap on the
-// store's revision, so a write transaction commits only on top of the
-// revision it read (no lost update between replicas). One that lost the
-// race applies the changes it missed and runs again on top of them.
-type Replica interface {
-	// Commit stores ch iff the replicated store is at revision
-	// ch.Revision-1. Otherwise it stores nothing and returns an error
-	// wrapping ErrConflict. A context may carry a condition of the
-	// replica's own (a leader's fence); if that fails, nothing is stored
-	// and the error says so.
-	Commit(ctx context.Context, ch Change) error
-	// Changes calls fn with each change after revision from, in order. If
-	// a change this copy needs is no longer kept, it returns ErrResync.
-	Changes(ctx context.Context, from uint64, fn func(Change) error) error
-	// Snapshot calls fn with every key of the latest snapshot, and
-	// returns its revision (a full resync; the changes after it follow).
-	Snapshot(ctx context.Context, fn func(w Write) error) (uint64, error)
-	// Revision is the replicated store's latest revision, read
-	// linearizably: every change committed before the call is at or
-	// below it.
-	Revision(ctx context.Context) (uint64, error)
-}
-
-// Change is one committed write transaction: the revision it made and
-// the keys it wrote, in the layout of the file (doc.go), by bucket.
-type Change struct {
-	Revision uint64
-	Writes   []Write
-}
-
-// Write is one key put (Value) or deleted (Delete).
+// Write is one key put (Value) or deleted (Delete) of a change: what a
+// change's payload in the journal holds (EncodeWrites), in the layout of
+// the file (doc.go), by bucket.
 type Write struct {
 	Bucket, Key, Value []byte
 	Delete             bool
 }
-
-var (
-	// ErrConflict is what a Replica's Commit wraps when the replicated
-	// store moved past the revision the transaction read.
-	ErrConflict = errors.New("store: the replicated store moved on")
-	// ErrResync is what a Replica's Changes returns when the changes after
-	// a copy's revision are no longer kept: the copy loads a snapshot.
-	ErrResync = errors.New("store: the changes after this copy's revision are no longer kept")
-)
-
-// Conflict is what a Replica's Commit may return on a conflict: the
-// changes committed from the revision the transaction would have made on
-// (some or all of them, in order), so that the copy catches up with no
-// further round trip and runs the transaction again at once — a replica
-// that lost a race must not also lose the next one by catching up slowly.
-type Conflict struct{ Changes []Change }
-
-func (c *Conflict) Error() string { return ErrConflict.Error() }
-func (c *Conflict) Unwrap() error { return ErrConflict }
-
-// maxConflicts bounds the catch-up-and-retry rounds of one write: each
-// round means another replica committed, so the store as a whole moved
-// on.
-const maxConflicts = 64
 
 // replicatedBuckets are the buckets a change may write: the records and
 // their indexes, and the revision.
@@ -88,22 +30,15 @@ var replicatedBuckets = func() map[string]bool {
 	return m
 }()
 
-// Sync brings this copy up to the replicated store: it applies every
-// change other replicas committed since its revision (or, if those are no
-// longer kept, loads a snapshot). Without a Replica it does nothing.
-//
-// Concurrent calls share the work: a call waits for the next catch-up
-// that starts after it arrived (which sees everything committed before
-// it), so a storm of callers costs one read of etcd per round, not one
-// each — the read barrier every replicated decision passes.
+// Sync brings a replica's projection up to the replicated journal's head
+// as read now (a read barrier: every call of a replica passes it). On a
+// gateway running alone, and on the leader, it does nothing: every change
+// is its own.
 func (db *DB) Sync(ctx context.Context) error {
-	if db.lead.forward != nil {
-		return db.syncJournal(ctx)
-	}
-	if db.replica == nil {
+	if db.lead.forward == nil {
 		return nil
 	}
-	return db.syncs.Do(ctx, db.syncRound)
+	return db.syncJournal(ctx)
 }
 
 // syncJournal is Sync on a replica that projects a replicated journal:
@@ -123,91 +58,8 @@ func (db *DB) syncJournal(ctx context.Context) error {
 	return db.projectLocked()
 }
 
-// syncRound is one round of a replicated store's Sync.
-func (db *DB) syncRound() error {
-	ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
-	defer cancel()
-	// The revision first, without the write lock: a copy already at it
-	// (its own commits, or a catch-up since) has nothing to do, and the
-	// writers do not wait for the round trip. (One ahead of it is
-	// refused by the catch-up.)
-	rev, err := db.replica.Revision(ctx)
-	if err == nil && rev != db.model.rev.Load() {
-		db.writeMu.Lock()
-		err = db.catchUpLocked(ctx)
-		db.writeMu.Unlock()
-	}
-	return err
-}
-
-// syncTimeout bounds one catch-up round.
+// syncTimeout bounds a catch-up with the replicated journal at Open.
 const syncTimeout = 10 * time.Second
-
-func (db *DB) catchUpLocked(ctx context.Context) error {
-	apply := func(ch Change) error { return db.applyChange(ch) }
-	err := db.replica.Changes(ctx, db.model.rev.Load(), apply)
-	if errors.Is(err, ErrResync) {
-		// The snapshot, then the changes after it.
-		if err = db.resyncLocked(ctx); err == nil {
-			err = db.replica.Changes(ctx, db.model.rev.Load(), apply)
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("store: catching up with the replicated store: %w", err)
-	}
-	return nil
-}
-
-// applyChange writes another replica's change into this copy and plays
-// it onto the model. writeMu is held.
-func (db *DB) applyChange(ch Change) error {
-	rev := db.model.rev.Load()
-	if ch.Revision != rev+1 {
-		return fmt.Errorf("store: replicated change %d where %d was due: a gap", ch.Revision, rev+1)
-	}
-	var ops []op
-	err := db.bolt.Update(func(btx *bolt.Tx) error {
-		for _, w := range ch.Writes {
-			if !replicatedBuckets[string(w.Bucket)] {
-				return fmt.Errorf("store: replicated change %d writes bucket %q", ch.Revision, w.Bucket)
-			}
-			o, err := db.opOf(btx, w)
-			if err != nil {
-				return fmt.Errorf("store: replicated change %d: %w", ch.Revision, err)
-			}
-			if o != nil {
-				ops = append(ops, *o)
-			}
-			b := btx.Bucket(w.Bucket)
-			if w.Delete {
-				err = b.Delete(w.Key)
-			} else {
-				err = b.Put(w.Key, w.Value)
-			}
-			if err != nil {
-				return err
-			}
-		}
-		return btx.Bucket(bucketMeta).Put(metaRevision, binary.BigEndian.AppendUint64(nil, ch.Revision))
-	})
-	if err != nil {
-		return err
-	}
-	// The hook hears of the change before the copy's revision moves: one
-	// who reads the revision, then takes what the hook noted, has every
-	// change up to that revision (issue 29, defect 11).
-	if db.applied != nil {
-		targets, subsystems := touched(ops)
-		db.applied(ch.Revision, targets, subsystems)
-	}
-	if db.revoked != nil {
-		if scopes := revokedScopes(ops); len(scopes) > 0 {
-			db.revoked(scopes)
-		}
-	}
-	db.model.apply(change{revision: ch.Revision, ops: ops})
-	return nil
-}
 
 // revokedScopes names the key scopes of the grants ops store as revoked.
 func revokedScopes(ops []op) []string {
@@ -320,52 +172,6 @@ func emptyRecords(btx *bolt.Tx) error {
 	return nil
 }
 
-// resyncLocked replaces this copy with a snapshot of the replicated
-// store: every bucket emptied and refilled in one transaction, the model
-// loaded again, and every scope feed told that everything changed.
-func (db *DB) resyncLocked(ctx context.Context) error {
-	btx, err := db.bolt.Begin(true)
-	if err != nil {
-		return beginError(err)
-	}
-	defer func() { _ = btx.Rollback() }()
-	if err := emptyRecords(btx); err != nil {
-		return err
-	}
-	rev, err := db.replica.Snapshot(ctx, func(w Write) error {
-		if !replicatedBuckets[string(w.Bucket)] || w.Delete {
-			return fmt.Errorf("store: snapshot key in bucket %q", w.Bucket)
-		}
-		if bytes.Equal(w.Bucket, bucketMeta) {
-			return nil // the revision is the snapshot's
-		}
-		return btx.Bucket(w.Bucket).Put(w.Key, w.Value)
-	})
-	if err != nil {
-		return fmt.Errorf("store: resync: %w", err)
-	}
-	if err := btx.Bucket(bucketMeta).Put(metaRevision, binary.BigEndian.AppendUint64(nil, rev)); err != nil {
-		return err
-	}
-	recs, _, err := load(btx)
-	if err != nil {
-		return fmt.Errorf("store: resync: %w", err)
-	}
-	if err := btx.Commit(); err != nil {
-		return fmt.Errorf("store: resync: commit: %w", err)
-	}
-	if db.applied != nil { // before the revision moves, as for a change
-		var targets []string
-		for id := range recs.targets {
-			targets = append(targets, id)
-		}
-		slices.Sort(targets)
-		db.applied(rev, targets, nil)
-	}
-	db.model.replace(recs, rev)
-	return nil
-}
-
 // Dump calls fn with every key of this copy's records and indexes (the
 // writes a snapshot of it is made of), read in one transaction, and
 // returns the revision they are at: what a leader writes as the
@@ -394,25 +200,4 @@ func (db *DB) Dump(ctx context.Context, fn func(Write) error) (uint64, error) {
 		return nil
 	})
 	return rev, err
-}
-
-// applyConflict catches up after a lost race: with the changes the
-// conflict carried, or by reading them.
-func (db *DB) applyConflict(ctx context.Context, err error) error {
-	var c *Conflict
-	if !errors.As(err, &c) || len(c.Changes) == 0 {
-		return db.catchUpLocked(ctx)
-	}
-	for _, ch := range c.Changes {
-		if ch.Revision <= db.model.rev.Load() {
-			continue
-		}
-		if ch.Revision != db.model.rev.Load()+1 {
-			return db.catchUpLocked(ctx)
-		}
-		if err := db.applyChange(ch); err != nil {
-			return err
-		}
-	}
-	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"time"
 
@@ -14,7 +13,6 @@ import (
 
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/audit"
-	"github.com/nvmegate/nvmegate/internal/rounds"
 )
 
 // SchemaVersion is the version of the bucket layout and record encoding that
@@ -87,13 +85,7 @@ type Options struct {
 	// must fail loudly, not hang.
 	Timeout time.Duration
 
-	// Replica, if set, is the replicated store this file is a copy of
-	// (replica.go): every write commits there, on top of the revision it
-	// read, before it is applied here; Open and Sync apply the changes
-	// of other replicas.
-	Replica Replica
-
-	// Applied, with a Replica, hears of each change of another replica:
+	// Applied, with a Forward, hears of each change of another replica:
 	// its revision and the targets and subsystems whose desired state it
 	// may change (a replica programs the targets whose agents stream from
 	// it). It is called just before Revision moves to the change, so one
@@ -101,7 +93,7 @@ type Options struct {
 	// heard of every change up to it; reads see the change once Revision
 	// has. It must not block.
 	Applied func(rev uint64, targets, subsystems []string)
-	// Journal, if set (and Replica not), is the log the store sequences
+	// Journal, if set, is the log the store sequences
 	// its changes in (journal.go): each write commits there, with its
 	// entries, and the file is a projection checkpointed every
 	// CheckpointInterval (default DefaultCheckpointInterval). Open
@@ -115,7 +107,7 @@ type Options struct {
 	// replica sequences writes itself only while it leads (Lead).
 	Forward Forwarder
 
-	// Revoked, with a Replica, hears of the key scopes of the grants each
+	// Revoked, with a Forward, hears of the key scopes of the grants each
 	// change of another replica ended as revoked, at the same moment as
 	// Applied (before Revision moves): the revocation rotated those scopes'
 	// roots before it was stored, so a replica drops the roots it keeps
@@ -137,10 +129,8 @@ type DB struct {
 	// concurrency.
 	writeMu sync.Mutex
 	model   model
-	replica Replica
 	applied func(rev uint64, targets, subsystems []string)
 	revoked func(scopes []string)
-	syncs   rounds.Rounds // Sync's, with a Replica
 	journal Journal
 	jr      journalState
 	lead    leadership
@@ -159,37 +149,20 @@ func Open(path string, opts Options) (*DB, error) {
 		opts.Timeout = DefaultTimeout
 	}
 	db, err := openFile(path, opts)
-	if err != nil && opts.Replica != nil && !errors.Is(err, ErrLocked) && !errors.Is(err, ErrNotStore) && !errors.Is(err, ErrSchemaTooNew) {
-		// A replica's copy is written without fsync (etcd holds the
-		// store): after a crash it may be torn. Set it aside and fill a
-		// new one from the replicated store.
-		if rerr := os.Rename(path, fmt.Sprintf("%s.damaged-%d", path, time.Now().Unix())); rerr != nil {
-			return nil, errors.Join(err, rerr)
-		}
-		db, err = openFile(path, opts)
-	}
 	if err != nil {
 		return nil, err
 	}
 	bdb := db.bolt
-	if opts.Forward != nil && (opts.Journal == nil || opts.Replica != nil) {
+	if opts.Forward != nil && opts.Journal == nil {
 		_ = bdb.Close()
-		return nil, fmt.Errorf("store: open %s: a forwarding replica needs a Journal and no Replica", path)
+		return nil, fmt.Errorf("store: open %s: a forwarding replica needs a Journal", path)
 	}
-	if opts.Journal != nil && opts.Replica == nil {
+	if opts.Journal != nil {
 		interval := opts.CheckpointInterval
 		if interval <= 0 {
 			interval = DefaultCheckpointInterval
 		}
 		if err := db.openJournal(opts.Journal, interval); err != nil {
-			_ = bdb.Close()
-			return nil, fmt.Errorf("store: open %s: %w", path, err)
-		}
-	}
-	if db.replica != nil {
-		// A new copy fills from the replicated store; a restarted one
-		// applies what it missed.
-		if err := db.Sync(context.Background()); err != nil {
 			_ = bdb.Close()
 			return nil, fmt.Errorf("store: open %s: %w", path, err)
 		}
@@ -206,15 +179,11 @@ func openFile(path string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
-	// A replica's copy need not reach the disk before a write returns:
-	// the write is durable in etcd first, and a torn copy is filled
-	// again from it (Open).
-	bdb.NoSync = opts.Replica != nil
 	if err := bdb.Update(initSchema); err != nil {
 		_ = bdb.Close()
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
-	db := &DB{bolt: bdb, now: opts.Now, replica: opts.Replica, applied: opts.Applied, revoked: opts.Revoked}
+	db := &DB{bolt: bdb, now: opts.Now, applied: opts.Applied, revoked: opts.Revoked}
 	if opts.Forward != nil {
 		db.lead.forward, db.lead.advanced = opts.Forward, make(chan struct{})
 	}
@@ -343,7 +312,7 @@ func (db *DB) view(ctx context.Context, fn func(*bolt.Tx) error) error {
 type txn struct {
 	*bolt.Tx
 	ops    []op
-	writes []Write // every key written, for a Replica or the Journal
+	writes []Write // every key written: the change's payload in the Journal
 	model  *model  // as of the last commit: this transaction's writes are in ops
 
 	// A journaled change's: the index its first entry gets, and, with
@@ -410,10 +379,8 @@ func (tx *txn) jobState(id string) string {
 }
 
 // update runs fn in a write transaction, stamps the next revision,
-// commits (fsync) if fn succeeds, and applies the change to the model.
-// With a Replica the change commits there first, on top of the revision
-// fn read; if another replica committed meanwhile, its changes are applied
-// and fn runs again on top of them.
+// commits (fsync) if fn succeeds, and applies the change to the model; on
+// a journaled store it is a proposal the journal sequences.
 func (db *DB) update(ctx context.Context, fn func(*txn) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -423,32 +390,10 @@ func (db *DB) update(ctx context.Context, fn func(*txn) error) error {
 	}
 	db.writeMu.Lock()
 	defer db.writeMu.Unlock()
-	for round := 0; ; round++ {
-		err := db.updateOnce(ctx, fn)
-		if db.replica == nil || err == nil || round == maxConflicts {
-			return err
-		}
-		if errors.Is(err, ErrConflict) {
-			if err := db.applyConflict(ctx, err); err != nil {
-				return err
-			}
-			continue
-		}
-		// A refusal by the rules read this copy, which may be behind
-		// the replicated store: it stands only if the latest state
-		// refuses too. (A write that passes needs no such look: its
-		// commit fails if anything changed.)
-		if nvmegate.ErrorCode(err) == "" {
-			return err
-		}
-		before := db.model.rev.Load()
-		if db.catchUpLocked(ctx) != nil || db.model.rev.Load() == before {
-			return err
-		}
-	}
+	return db.updateOnce(fn)
 }
 
-func (db *DB) updateOnce(ctx context.Context, fn func(*txn) error) error {
+func (db *DB) updateOnce(fn func(*txn) error) error {
 	btx, err := db.bolt.Begin(true)
 	if err != nil {
 		return beginError(err)
@@ -462,14 +407,7 @@ func (db *DB) updateOnce(ctx context.Context, fn func(*txn) error) error {
 	if err := put(tx, bucketMeta, metaRevision, binary.BigEndian.AppendUint64(nil, rev)); err != nil {
 		return err
 	}
-	if db.replica != nil {
-		if err := db.replica.Commit(ctx, Change{Revision: rev, Writes: tx.writes}); err != nil {
-			return fmt.Errorf("store: commit revision %d: %w", rev, err)
-		}
-	}
 	if err := btx.Commit(); err != nil {
-		// With a Replica the change is stored there: the next catch-up
-		// applies it here.
 		return fmt.Errorf("store: commit: %w", err)
 	}
 	db.model.apply(change{revision: rev, ops: tx.ops})

@@ -11,7 +11,6 @@ import (
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/internal/etcdtest"
 	"github.com/nvmegate/nvmegate/store"
-	"github.com/nvmegate/nvmegate/store/etcdstore"
 	"github.com/nvmegate/nvmegate/targetagent"
 )
 
@@ -59,7 +58,7 @@ func TestRelayTakesOnlyChangesUpToTheRevisionRead(t *testing.T) {
 // review of issue 29's fixes).
 func TestRelayRecordsANewStreamOnlyOnceAcknowledged(t *testing.T) {
 	cl := etcdtest.Start(t, 1).Client(t)
-	db, err := store.Open(filepath.Join(t.TempDir(), "store.db"), store.Options{Replica: etcdstore.New(cl, "/r/store/")})
+	db, err := store.Open(filepath.Join(t.TempDir(), "store.db"), store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

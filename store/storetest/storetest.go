@@ -1,6 +1,7 @@
 // Package storetest is the conformance suite of the inventory store's
-// backends: the single-file bbolt store, and copies of a store replicated
-// on etcd (etcdstore). The same tests run against both, through the
+// deployments: one gateway's store, and replicas each projecting one log
+// replicated on etcd, the leader sequencing every write the others forward
+// (store/forward.go). The same tests run against both, through the
 // store's public methods; with several copies, each write goes to one
 // copy and each read to another, so that what a replica wrote and what
 // the rules saw are checked across replicas.
