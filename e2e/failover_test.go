@@ -37,6 +37,10 @@ func TestFailoverUnderLoad(t *testing.T) {
 		t.Skip("e2e: builds and runs the binaries")
 	}
 	needVault(t)
+	ttl := 2 // the lease's TTL in seconds; NVMEGATE_FAILOVER_TTL=10 for the default's figures
+	if n, err := strconv.Atoi(os.Getenv("NVMEGATE_FAILOVER_TTL")); err == nil && n > 0 {
+		ttl = n
+	}
 	bin, work, v, role, etcd := replicaStack(t)
 	cl := etcd.client(t)
 	ctx := context.Background()
@@ -49,7 +53,7 @@ func TestFailoverUnderLoad(t *testing.T) {
 	// following the replicas), the others by the replicas' embedded driver.
 	const agentTarget, agentSub = "bench-failover0", "nqn.2026-01.io.nvmegate.bench:failover0"
 	replicas := startReplicas(t, bin, work, dev, 3, replicaConfig{vault: v.Addr, role: role, keyDir: keyDir,
-		endpoints: etcd.endpoints, extra: "  lease_ttl: 2\n", audit: "  checkpoint_interval: 200ms\n",
+		endpoints: etcd.endpoints, extra: fmt.Sprintf("  lease_ttl: %d\n", ttl), audit: "  checkpoint_interval: 200ms\n",
 		targets: "  remote: [" + agentTarget + "]\n"})
 	byName := map[string]*replicaProc{}
 	for _, r := range replicas {
@@ -234,7 +238,7 @@ func TestFailoverUnderLoad(t *testing.T) {
 	t.Logf("graceful handoff: %s stopped (SIGTERM); %s leads after %s; next grant after %s", name, leaderName(),
 		handoff.Round(time.Millisecond), handoffGrant.Round(time.Millisecond))
 	if handoff > 2*time.Second {
-		t.Errorf("a graceful handoff took %s, longer than the lease's TTL: the leader did not resign", handoff)
+		t.Errorf("a graceful handoff took %s: the leader did not resign its election key", handoff)
 	}
 	leaving.start(t, bin, dev)
 
@@ -308,8 +312,8 @@ func TestFailoverUnderLoad(t *testing.T) {
 	slices.Sort(nextGrants)
 	slices.Sort(sweeps)
 	t.Logf("%d grants acknowledged across %d leader kills and one etcd member kill; %d entries verify offline; "+
-		"kill -9 of the leader → new leader: median %s, max %s (lease TTL 2 s); → its first sweep: median %s, max %s; → next grant: median %s, max %s",
-		len(all), kills, rep.Entries, failovers[len(failovers)/2].Round(time.Millisecond), failovers[len(failovers)-1].Round(time.Millisecond),
+		"kill -9 of the leader → new leader: median %s, max %s (lease TTL %d s); → its first sweep: median %s, max %s; → next grant: median %s, max %s",
+		len(all), kills, rep.Entries, failovers[len(failovers)/2].Round(time.Millisecond), failovers[len(failovers)-1].Round(time.Millisecond), ttl,
 		sweeps[len(sweeps)/2].Round(time.Millisecond), sweeps[len(sweeps)-1].Round(time.Millisecond),
 		nextGrants[len(nextGrants)/2].Round(time.Millisecond), nextGrants[len(nextGrants)-1].Round(time.Millisecond))
 }
