@@ -122,7 +122,7 @@ func TestFailoverUnderLoad(t *testing.T) {
 	}
 
 	// Ten leaders killed; an etcd member killed and brought back between.
-	var failovers, nextGrants, sweeps []time.Duration
+	var failovers, nextGrants, sweeps, resumes []time.Duration
 	kills := 10
 	if n, err := strconv.Atoi(os.Getenv("NVMEGATE_FAILOVER_ROUNDS")); err == nil && n >= 10 {
 		kills = n // the figures: NVMEGATE_FAILOVER_ROUNDS=30
@@ -142,17 +142,24 @@ func TestFailoverUnderLoad(t *testing.T) {
 		victim.kill9()
 		killed := time.Now()
 		var (
-			newLeader                string
-			failover, granted, swept time.Duration
+			newLeader                         string
+			failover, granted, swept, resumed time.Duration
+			atLeader                          int // grants acknowledged when the new leader was seen
 		)
-		for deadline := killed.Add(20 * time.Second); newLeader == "" || granted == 0 || swept == 0; time.Sleep(5 * time.Millisecond) {
+		// granted: the first grant acknowledged after the kill (one the
+		// old leader had sequenced, answered late, counts); resumed: the
+		// first after the new leader was seen — writes pause while
+		// leadership moves.
+		for deadline := killed.Add(20 * time.Second); newLeader == "" || granted == 0 || swept == 0 || resumed == 0; time.Sleep(5 * time.Millisecond) {
 			if granted == 0 && acked() > before {
 				granted = time.Since(killed)
 			}
 			if newLeader == "" {
 				if n := leaderName(); n != "" && n != name {
-					newLeader, failover = n, time.Since(killed)
+					newLeader, failover, atLeader = n, time.Since(killed), acked()
 				}
+			} else if resumed == 0 && acked() > atLeader {
+				resumed = time.Since(killed)
 			}
 			if newLeader != "" && swept == 0 && logHas(byName[newLeader].log, marks[newLeader], "swept at the start of this replica's term") {
 				swept = time.Since(killed)
@@ -161,9 +168,9 @@ func TestFailoverUnderLoad(t *testing.T) {
 				t.Fatalf("round %d: 20 s after %s was killed: new leader %q, swept: %v, a grant acknowledged since: %v", k, name, newLeader, swept > 0, granted > 0)
 			}
 		}
-		failovers, nextGrants, sweeps = append(failovers, failover), append(nextGrants, granted), append(sweeps, swept)
-		t.Logf("round %d: killed leader %s; %s leads after %s and has swept after %s; next grant after %s", k, name, newLeader,
-			failovers[k].Round(time.Millisecond), swept.Round(time.Millisecond), nextGrants[k].Round(time.Millisecond))
+		failovers, nextGrants, sweeps, resumes = append(failovers, failover), append(nextGrants, granted), append(sweeps, swept), append(resumes, resumed)
+		t.Logf("round %d: killed leader %s; %s leads after %s and has swept after %s; next grant after %s; writes resumed after %s", k, name, newLeader,
+			failovers[k].Round(time.Millisecond), swept.Round(time.Millisecond), nextGrants[k].Round(time.Millisecond), resumed.Round(time.Millisecond))
 		if k == 4 {
 			m := etcd.members[1]
 			m.proc.cmd.Process.Kill()
@@ -311,6 +318,9 @@ func TestFailoverUnderLoad(t *testing.T) {
 	slices.Sort(failovers)
 	slices.Sort(nextGrants)
 	slices.Sort(sweeps)
+	slices.Sort(resumes)
+	t.Logf("writes resumed after the kill: median %s, max %s (lease TTL %d s)", resumes[len(resumes)/2].Round(time.Millisecond),
+		resumes[len(resumes)-1].Round(time.Millisecond), ttl)
 	t.Logf("%d grants acknowledged across %d leader kills and one etcd member kill; %d entries verify offline; "+
 		"kill -9 of the leader → new leader: median %s, max %s (lease TTL %d s); → its first sweep: median %s, max %s; → next grant: median %s, max %s",
 		len(all), kills, rep.Entries, failovers[len(failovers)/2].Round(time.Millisecond), failovers[len(failovers)-1].Round(time.Millisecond), ttl,
