@@ -73,38 +73,51 @@ func (srv *Server) Register(s *grpc.Server) {
 		ServiceName: serviceName,
 		HandlerType: (*any)(nil),
 		Methods: []grpc.MethodDesc{
-			{MethodName: "Store", Handler: srv.handler(srv.store)},
-			{MethodName: "Append", Handler: srv.handler(srv.append)},
+			{MethodName: "Store", Handler: srv.handler(methodStore, srv.store)},
+			{MethodName: "Append", Handler: srv.handler(methodAppend, srv.append)},
 		},
 		Metadata: "forward/forward.go",
 	}, srv)
 }
 
-func (srv *Server) handler(fn func(context.Context, []byte) outcome) func(any, context.Context, func(any) error, grpc.UnaryServerInterceptor) (any, error) {
-	return func(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
-		id, ok := identity.PeerID(ctx)
-		if !ok || srv.Peers == nil || !srv.Peers(id) {
-			return nil, status.Errorf(codes.PermissionDenied, "only the gateway's replicas forward writes (caller %s)", id)
-		}
+// handler is a method's gRPC handler: the server's interceptors (if any)
+// run around serve, as around a generated handler.
+func (srv *Server) handler(method string, fn func(context.Context, []byte) outcome) func(any, context.Context, func(any) error, grpc.UnaryServerInterceptor) (any, error) {
+	return func(_ any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
 		in := new(wrapperspb.BytesValue)
 		if err := dec(in); err != nil {
 			return nil, err
 		}
-		var o outcome
-		if len(in.Value) < idLen {
-			o = outcome{Code: nvmegate.EINVALID, Message: "a forwarded write without its request ID"}
-		} else {
-			// A retry (its answer was lost) is answered as the first
-			// call was, not run again.
-			id, body := string(in.Value[:idLen]), in.Value[idLen:]
-			o = srv.answered.do(id, func() outcome { return fn(store.WithRequestID(ctx, id), body) })
+		serve := func(ctx context.Context, req any) (any, error) {
+			return srv.serve(ctx, req.(*wrapperspb.BytesValue), fn)
 		}
-		out, err := json.Marshal(o)
-		if err != nil {
-			return nil, status.Errorf(codes.Internal, "encode the answer: %v", err)
+		if interceptor == nil {
+			return serve(ctx, in)
 		}
-		return wrapperspb.Bytes(out), nil
+		return interceptor(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: method}, serve)
 	}
+}
+
+// serve answers one forwarded request from a replica.
+func (srv *Server) serve(ctx context.Context, in *wrapperspb.BytesValue, fn func(context.Context, []byte) outcome) (any, error) {
+	id, ok := identity.PeerID(ctx)
+	if !ok || srv.Peers == nil || !srv.Peers(id) {
+		return nil, status.Errorf(codes.PermissionDenied, "only the gateway's replicas forward writes (caller %s)", id)
+	}
+	var o outcome
+	if len(in.Value) < idLen {
+		o = outcome{Code: nvmegate.EINVALID, Message: "a forwarded write without its request ID"}
+	} else {
+		// A retry (its answer was lost) is answered as the first
+		// call was, not run again.
+		id, body := string(in.Value[:idLen]), in.Value[idLen:]
+		o = srv.answered.do(id, func() outcome { return fn(store.WithRequestID(ctx, id), body) })
+	}
+	out, err := json.Marshal(o)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "encode the answer: %v", err)
+	}
+	return wrapperspb.Bytes(out), nil
 }
 
 func (srv *Server) store(ctx context.Context, req []byte) outcome {
@@ -126,7 +139,9 @@ func (srv *Server) append(ctx context.Context, data []byte) outcome {
 // failure is err as an outcome.
 func failure(err error) outcome {
 	switch {
-	case errors.Is(err, store.ErrNotLeader):
+	case errors.Is(err, store.ErrNotLeader), errors.Is(err, audit.ErrFenced):
+		// Not the leader, or no longer: nothing was stored (a fenced
+		// commit stores nothing); the sender asks the next leader.
 		return outcome{NotLeader: true}
 	case nvmegate.ErrorCode(err) != "":
 		var e *nvmegate.Error
@@ -172,6 +187,7 @@ type Client struct {
 	mu      sync.Mutex
 	stopped chan struct{}               // closed by Abort
 	conn    *grpc.ClientConn            // the leader's, as last resolved
+	self    string                      // this replica's peer address, once the resolver named it leader
 	conns   map[string]*grpc.ClientConn // by address, closed by Close
 }
 
@@ -259,17 +275,28 @@ func (c *Client) call(ctx context.Context, method string, req []byte, selfOK boo
 	deadline := time.Now().Add(patience)
 	backoff := 20 * time.Millisecond
 	var last error
+	// sent: a leader may have taken the request (it did not answer "not
+	// the leader"). From then on the request goes only where its ID is
+	// checked — a leader's peer service, this replica's own included —
+	// and giving up is "outcome unknown", never "not made".
+	sent := false
 	for {
-		if c.Leading != nil && c.Leading() {
-			// Elected while the write waited for a leader: its own to
-			// make now.
+		if !sent && c.Leading != nil && c.Leading() {
+			// Elected while the write waited for a leader, before any
+			// leader saw it: its own to make now.
 			return outcome{}, errSelf
 		}
 		conn, self, err := c.leader(ctx)
 		switch {
-		case err == nil && self && selfOK, errors.Is(err, errNoLeader) && selfOK:
+		case !sent && selfOK && (err == nil && self || errors.Is(err, errNoLeader)):
 			return outcome{}, errSelf
-		case err == nil && !self:
+		case err == nil && (!self || sent):
+			if conn == nil {
+				conn, err = c.dial(ctx)
+				if err != nil {
+					break
+				}
+			}
 			out := new(wrapperspb.BytesValue)
 			err = conn.Invoke(ctx, method, wrapperspb.Bytes(req), out)
 			if err == nil {
@@ -281,6 +308,8 @@ func (c *Client) call(ctx context.Context, method string, req []byte, selfOK boo
 					return o, nil
 				}
 				err = errors.New("the replica named leader does not lead")
+			} else {
+				sent = true // it may have reached the leader before the answer was lost
 			}
 			if status.Code(err) == codes.PermissionDenied {
 				return outcome{}, fmt.Errorf("%w: the leader refused this replica: %v", audit.ErrUnavailable, err)
@@ -294,7 +323,10 @@ func (c *Client) call(ctx context.Context, method string, req []byte, selfOK boo
 			if ctx.Err() != nil {
 				last = ctx.Err()
 			}
-			if method == methodStore {
+			switch {
+			case sent:
+				return outcome{}, fmt.Errorf("%w: the write's outcome is unknown: a leader may have made it and did not answer (%v)", audit.ErrUnavailable, last)
+			case method == methodStore:
 				return outcome{NotLeader: true}, nil
 			}
 			return outcome{}, fmt.Errorf("%w: no leader within %s: %v", audit.ErrUnavailable, patience, last)
@@ -323,6 +355,9 @@ func (c *Client) leader(ctx context.Context) (*grpc.ClientConn, bool, error) {
 	case !ok:
 		return nil, false, errNoLeader
 	case self:
+		c.mu.Lock()
+		c.self = addr // dialled only for a request a leader may have taken
+		c.mu.Unlock()
 		return nil, true, nil
 	}
 	c.mu.Lock()
@@ -339,6 +374,29 @@ func (c *Client) leader(ctx context.Context) (*grpc.ClientConn, bool, error) {
 	}
 	c.conn = conn
 	return conn, false, nil
+}
+
+// dial is a connection to this replica's own peer service (it leads): a
+// retry of a request another leader may have taken goes through the
+// service, which checks its ID.
+func (c *Client) dial(context.Context) (*grpc.ClientConn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.self == "" {
+		return nil, errors.New("this replica's peer address is not known")
+	}
+	if c.conns == nil {
+		c.conns = map[string]*grpc.ClientConn{}
+	}
+	if conn := c.conns[c.self]; conn != nil {
+		return conn, nil
+	}
+	conn, err := grpc.NewClient(c.self, grpc.WithTransportCredentials(c.Creds))
+	if err != nil {
+		return nil, err
+	}
+	c.conns[c.self] = conn
+	return conn, nil
 }
 
 // forget drops conn as the leader's: the next call resolves again.

@@ -55,6 +55,9 @@ type world struct {
 	mu     sync.Mutex
 	leader int
 	reps   []*replica
+	// lose, if set, is asked after each forwarded call replica i served:
+	// true drops its answer, as a leader that dies after committing.
+	lose func(i int) bool
 }
 
 func source(t *testing.T, ca *devca.CA, id spiffeid.ID) identity.Source {
@@ -115,7 +118,14 @@ func (w *world) add(i int) {
 		_ = etcdlog.New(w.cl, "/fwd/audit/").FollowCommits(ctx, w.cl, r.log.Offer, func(ctx context.Context, _ uint64) error { return r.log.Sync(ctx) })
 	}()
 	t.Cleanup(func() { cancel(); <-followed })
-	s := grpc.NewServer(grpc.Creds(identity.ServerCredentials(src, td)))
+	s := grpc.NewServer(grpc.Creds(identity.ServerCredentials(src, td)), grpc.ChainUnaryInterceptor(
+		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			resp, err := h(ctx, req)
+			if w.lose != nil && w.lose(i) {
+				return nil, status.Error(codes.Unavailable, "the answer was lost") // made, then the leader "died"
+			}
+			return resp, err
+		}))
 	(&forward.Server{Store: r.db, Log: r.log, Peers: func(id spiffeid.ID) bool { return id == gatewayID }}).Register(s)
 	go s.Serve(lis)
 	t.Cleanup(func() { s.Stop(); r.client.Close(); r.db.Close(); r.log.Close() })
@@ -268,5 +278,39 @@ func TestElectedWhileWaiting(t *testing.T) {
 	}
 	if _, err := w.reps[0].db.Target(bg, "t-early"); err != nil {
 		t.Fatalf("the other replica lacks the write: %v", err)
+	}
+}
+
+// A write whose answer was lost with the leader that made it, retried
+// after the caller's own replica was elected, is recognised by its ID and
+// answered "outcome unknown" — not made a second time, and not reported as
+// "not made".
+func TestAnswerLostThenCallerLeads(t *testing.T) {
+	w := newWorld(t, 2)
+	w.elect(0)
+	var once sync.Once
+	w.lose = func(i int) bool {
+		lost := false
+		if i == 0 {
+			once.Do(func() {
+				lost = true
+				w.elect(1) // the caller's replica leads before it retries
+			})
+		}
+		return lost
+	}
+	before := w.reps[0].db.Revision()
+	err := w.reps[1].db.CreateTarget(bg, target("t-lost"))
+	if nvmegate.ErrorCode(err) != nvmegate.EUNAVAILABLE || errors.Is(err, store.ErrNotLeader) {
+		t.Fatalf("a write whose answer was lost: %v; want EUNAVAILABLE, outcome unknown", err)
+	}
+	if err := w.reps[1].db.Sync(bg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.reps[1].db.Target(bg, "t-lost"); err != nil {
+		t.Fatalf("the write the first leader made is gone: %v", err)
+	}
+	if got := w.reps[1].db.Revision(); got != before+1 {
+		t.Fatalf("revision %d after one write, want %d (made twice?)", got, before+1)
 	}
 }

@@ -137,12 +137,33 @@ func (db *DB) Lead(ctx context.Context) error {
 	if err := db.Sync(ctx); err != nil {
 		return err
 	}
+	if err := db.caughtUp(); err != nil {
+		return err
+	}
 	if err := db.genesisIfNeeded(ctx); err != nil {
 		return err
 	}
 	db.lead.mu.Lock()
 	db.lead.term = ctx
 	db.lead.mu.Unlock()
+	return nil
+}
+
+// caughtUp refuses to lead unless the projection holds every change of
+// the log's copy: a term must not sequence on a state behind its log.
+func (db *DB) caughtUp() error {
+	db.writeMu.Lock()
+	defer db.writeMu.Unlock()
+	if err := db.projectLocked(); err != nil {
+		return err
+	}
+	last, err := db.journal.LastChange()
+	if err != nil {
+		return err
+	}
+	if rev := db.model.rev.Load(); len(db.jr.inflight) > 0 || (last != 0 && rev != last) {
+		return fmt.Errorf("%w: the store is at revision %d, its log's changes end at %d (changes in flight: %d)", ErrJournal, rev, last, len(db.jr.inflight))
+	}
 	return nil
 }
 
@@ -342,6 +363,11 @@ func (db *DB) Apply(ctx context.Context, wire []byte) ([]byte, error) {
 	if err := json.Unmarshal(req.Args, args); err != nil {
 		return nil, nvmegate.Invalid("", "forwarded %s: %v", req.Op, err)
 	}
+	if (req.Call != nil && req.Call.Change != nil) || carriesChange(args) {
+		// Only the sequencer records changes: a forwarded entry that
+		// claims one would name a payload the log does not hold.
+		return nil, nvmegate.Invalid("", "a forwarded %s carries an entry that claims a change", req.Op)
+	}
 	var rec *CallRecord
 	if req.Call != nil {
 		rec = &CallRecord{Entry: *req.Call}
@@ -362,6 +388,21 @@ func (db *DB) Apply(ctx context.Context, wire []byte) ([]byte, error) {
 	return json.Marshal(resp)
 }
 
+// carriesChange says whether a forwarded write's entries claim a change.
+func carriesChange(args forwarded) bool {
+	switch o := args.(type) {
+	case *openGrantOp:
+		return o.Entry != nil && o.Entry.Entry.Change != nil
+	case *putGrantsRecordedOp:
+		for _, e := range o.Entries {
+			if e.Change != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // appliedKey marks a write Apply runs: it is sequenced here or refused,
 // never forwarded again (a leader that lost its term meanwhile).
 type appliedKey struct{}
@@ -371,7 +412,10 @@ type appliedKey struct{}
 // refused rather than sent on.
 func (db *DB) route(ctx context.Context) (Forwarder, error) {
 	f := db.follower()
-	if f != nil && ctx.Value(appliedKey{}) != nil {
+	if f != nil && (ctx.Value(appliedKey{}) != nil || audit.ConditionOf(ctx) != nil) {
+		// Applied for another replica, or the work of a term (under its
+		// fence) that this replica no longer leads: never sent on, where
+		// the new leader would make it unfenced.
 		return nil, ErrNotLeader
 	}
 	return f, nil

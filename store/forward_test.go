@@ -361,3 +361,38 @@ func TestRetryThroughNewLeaderNotAppliedTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A forwarded entry that claims a change is refused: only the sequencer
+// records changes, and a claimed one would name a payload no copy holds.
+func TestForwardedEntryClaimingChangeRefused(t *testing.T) {
+	e := etcdtest.Start(t, 1)
+	c := newCluster(t, e.Client(t), "/claim/", 1)
+	c.elect(0)
+	req := []byte(`{"op":"create_target","args":{"record":{"ID":"t-claim","Fabric":"fab-a","Region":"eu-west","Driver":"nvmet","Ports":[{"ID":1,"Transport":"tcp","AddressFamily":"ipv4","Address":"192.0.2.10","ServiceID":"4420"}]}},` +
+		`"call":{"Kind":"inventory_change","Change":{"Digest":"sha256:00","Revision":9}}}`)
+	if _, err := c.dbs[0].Apply(bg, req); nvmegate.ErrorCode(err) != nvmegate.EINVALID {
+		t.Fatalf("a forwarded entry claiming a change: %v", err)
+	}
+	if c.dbs[0].Revision() != 0 {
+		t.Fatal("the refused write was made")
+	}
+}
+
+// The work of a term (a write under its fence) on a replica that no
+// longer leads is refused, never forwarded to the new leader, where it
+// would be made without a fence.
+func TestFencedWriteNotForwarded(t *testing.T) {
+	e := etcdtest.Start(t, 1)
+	c := newCluster(t, e.Client(t), "/fenced/", 2)
+	c.elect(0)
+	old := audit.WithCondition(bg, clientv3.Compare(clientv3.CreateRevision(c.pre+"term/gone"), "=", 7))
+	if err := c.dbs[1].CreateTarget(old, fwdTarget("t-sweep")); !errors.Is(err, store.ErrNotLeader) {
+		t.Fatalf("a former term's write on a follower: %v", err)
+	}
+	if err := c.dbs[0].Sync(bg); err != nil {
+		t.Fatal(err)
+	}
+	if c.dbs[0].Revision() != 0 {
+		t.Fatal("the former term's write was made by the leader")
+	}
+}

@@ -158,6 +158,15 @@ func (p *proposal) Prepare(first uint64) (audit.Prepared, error) {
 	if err := db.ensureOpenLocked(); err != nil {
 		return audit.Prepared{}, err
 	}
+	if db.lead.forward != nil && len(j.inflight) == 0 {
+		// A change the log's copy holds and the model does not yet (a
+		// commit whose answer failed while etcd took it, brought back by
+		// the watch) is applied before anything is prepared on top: a
+		// revision is never prepared twice.
+		if err := db.projectLocked(); err != nil {
+			return audit.Prepared{}, err
+		}
+	}
 	tx := &txn{Tx: j.open, model: &db.model, first: first, undo: true}
 	for _, q := range j.inflight {
 		tx.ops = append(tx.ops, q.tx.ops[q.seed:]...)
@@ -312,6 +321,11 @@ func (db *DB) failLocked(err error) {
 	if db.jr.failed == nil {
 		db.jr.failed = err
 	}
+	// A store that cannot sequence must not hold the term: another
+	// replica's election is the way out (its writes are forwarded there).
+	db.lead.mu.Lock()
+	db.lead.term = nil
+	db.lead.mu.Unlock()
 	if db.jr.open != nil {
 		_ = db.jr.open.Rollback()
 		db.jr.open = nil
