@@ -173,7 +173,8 @@ func TestHungEtcdMember(t *testing.T) {
 	var lat []time.Duration
 	for _, a := range between(warm, time.Now()) {
 		if !a.ok {
-			t.Fatalf("a connect through r%d failed before any member was frozen: %s", a.replica, a.err)
+			data, _ := os.ReadFile(replicas[a.replica].log)
+			t.Fatalf("a connect through r%d failed before any member was frozen: %s\nits log:\n%s", a.replica, a.err, data)
 		}
 		lat = append(lat, a.end.Sub(a.start))
 	}

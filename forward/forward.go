@@ -308,8 +308,13 @@ func (c *Client) call(ctx context.Context, method string, req []byte, selfOK boo
 					return o, nil
 				}
 				err = errors.New("the replica named leader does not lead")
-			} else {
-				sent = true // it may have reached the leader before the answer was lost
+			} else if !selfOK {
+				// A store write may have reached the leader before the
+				// answer was lost. (An append is only deduplicated by the
+				// leader that took it: it is retried as before, and one
+				// made with no leader goes to etcd, so that a replica's
+				// start never waits on an answer lost with a leader.)
+				sent = true
 			}
 			if status.Code(err) == codes.PermissionDenied {
 				return outcome{}, fmt.Errorf("%w: the leader refused this replica: %v", audit.ErrUnavailable, err)

@@ -155,17 +155,18 @@ func (p *proposal) Prepare(first uint64) (audit.Prepared, error) {
 	if j.failed != nil {
 		return audit.Prepared{}, j.failed
 	}
-	if err := db.ensureOpenLocked(); err != nil {
-		return audit.Prepared{}, err
-	}
 	if db.lead.forward != nil && len(j.inflight) == 0 {
 		// A change the log's copy holds and the model does not yet (a
 		// commit whose answer failed while etcd took it, brought back by
 		// the watch) is applied before anything is prepared on top: a
-		// revision is never prepared twice.
+		// revision is never prepared twice. (It may checkpoint: the open
+		// transaction is taken after it.)
 		if err := db.projectLocked(); err != nil {
 			return audit.Prepared{}, err
 		}
+	}
+	if err := db.ensureOpenLocked(); err != nil {
+		return audit.Prepared{}, err
 	}
 	tx := &txn{Tx: j.open, model: &db.model, first: first, undo: true}
 	for _, q := range j.inflight {
