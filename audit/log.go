@@ -616,7 +616,7 @@ func (l *Log) writer() {
 	for {
 		select {
 		case done := <-l.syncs:
-			done <- l.syncNow()
+			done <- l.syncNow(false)
 			continue
 		case done := <-l.csyncs:
 			done <- nil // no Replica: nothing to catch up with
@@ -669,26 +669,19 @@ func (l *Log) maxBatchBytes() int {
 	return int(^uint(0) >> 1)
 }
 
-// syncNow runs a Sync's catch-up in the writer, unless the log failed.
-func (l *Log) syncNow() error {
+// syncNow runs a Sync's catch-up in the writer (with the checkpoints, or
+// the commits alone), unless the log failed.
+func (l *Log) syncNow(commitsOnly bool) error {
 	l.closeMu.RLock()
 	failed := l.failed
 	l.closeMu.RUnlock()
 	if failed != nil {
 		return failed
+	}
+	if commitsOnly {
+		return l.catchUpCommits()
 	}
 	return l.catchUp()
-}
-
-// syncCommitsNow is syncNow without the checkpoints.
-func (l *Log) syncCommitsNow() error {
-	l.closeMu.RLock()
-	failed := l.failed
-	l.closeMu.RUnlock()
-	if failed != nil {
-		return failed
-	}
-	return l.catchUpCommits()
 }
 
 // flushDue says whether the commit of n more entries flushes the

@@ -57,12 +57,7 @@ func (l *Log) pipelinedWriter() {
 	)
 	for {
 		if len(inflight) == 0 && len(syncs)+len(csyncs) > 0 {
-			var err error
-			if len(syncs) > 0 {
-				err = l.syncNow() // answers both
-			} else {
-				err = l.syncCommitsNow()
-			}
+			err := l.syncNow(len(syncs) == 0) // a full one answers both
 			for _, done := range append(syncs, csyncs...) {
 				done <- err
 			}

@@ -38,6 +38,11 @@ func notSequenced(err error) error {
 	return fmt.Errorf("%w: %w", err, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "no gateway replica leads now; the write was not made (retry)"))
 }
 
+// forwards says whether this store is a replica that may forward its
+// writes: checked before a write builds its forwarded form, so that a
+// gateway running alone pays nothing for it on the connect path.
+func (db *DB) forwards() bool { return db.lead.forward != nil }
+
 // Leading reports whether this replica sequences writes now: it runs
 // alone, or it leads the term.
 func (db *DB) Leading() bool { return db.follower() == nil }

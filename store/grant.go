@@ -335,8 +335,10 @@ func EntryOf(g *nvmegate.Grant) HostEntry { return g.HostEntry() }
 // from set, so is a grant whose entry is no longer *from (putting a move
 // back must not undo a later one).
 func (db *DB) PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []string, from *nvmegate.HostEntry, to nvmegate.HostEntry) error {
-	if ok, err := db.remote(ctx, "put_grants_moving", &putGrantsMovingOp{Grants: gs, Move: move, From: from, To: to}); ok {
-		return err
+	if db.forwards() {
+		if ok, err := db.remote(ctx, "put_grants_moving", &putGrantsMovingOp{Grants: gs, Move: move, From: from, To: to}); ok {
+			return err
+		}
 	}
 	_, err := db.putGrants(ctx, gs, move, from, to, false, nil, nil, nil)
 	return err
@@ -357,7 +359,8 @@ func (db *DB) PutGrantsMoving(ctx context.Context, gs []*nvmegate.Grant, move []
 // changed or added meanwhile refuses g (ECONFLICT), so a connect decided
 // before an admin unbound its node cannot outlive the removal.
 func (db *DB) OpenGrant(ctx context.Context, g *nvmegate.Grant, move []string, supersede bool, at *BindingAt) ([]*nvmegate.Grant, error) {
-	if o := (&openGrantOp{Grant: g, Move: move, Supersede: supersede, At: at}); g != nil {
+	if g != nil && db.forwards() {
+		o := &openGrantOp{Grant: g, Move: move, Supersede: supersede, At: at}
 		if ok, err := db.remote(ctx, "open_grant", o); ok {
 			return o.opened(g, err)
 		}
@@ -375,7 +378,8 @@ func (db *DB) OpenGrant(ctx context.Context, g *nvmegate.Grant, move []string, s
 // journaled it fails: the caller appends the entry itself first.
 func (db *DB) OpenGrantRecorded(ctx context.Context, g *nvmegate.Grant, move []string, supersede bool, at *BindingAt,
 	entry OpeningEntry) ([]*nvmegate.Grant, error) {
-	if o := (&openGrantOp{Grant: g, Move: move, Supersede: supersede, At: at, Entry: &entry}); g != nil {
+	if g != nil && db.forwards() {
+		o := &openGrantOp{Grant: g, Move: move, Supersede: supersede, At: at, Entry: &entry}
 		if ok, err := db.remote(ctx, "open_grant", o); ok {
 			return o.opened(g, err)
 		}
@@ -419,8 +423,10 @@ func (o *OpeningEntry) entryFor(superseded []*nvmegate.Grant) audit.Entry {
 // commit: its one round. On a store that is not journaled it fails: the
 // caller appends the entries itself first.
 func (db *DB) PutGrantsRecorded(ctx context.Context, gs []*nvmegate.Grant, entries []audit.Entry) error {
-	if ok, err := db.remote(ctx, "put_grants_recorded", &putGrantsRecordedOp{Grants: gs, Entries: entries}); ok {
-		return err
+	if db.forwards() {
+		if ok, err := db.remote(ctx, "put_grants_recorded", &putGrantsRecordedOp{Grants: gs, Entries: entries}); ok {
+			return err
+		}
 	}
 	if db.journal == nil || len(entries) == 0 {
 		return errors.New("store: grants with their entries need a journaled store and entries")
@@ -578,7 +584,8 @@ func (db *DB) putGrants(ctx context.Context, gs []*nvmegate.Grant, move []string
 // one instead; if g ended otherwise (a revocation, the job's end, an
 // expiry), they are final. It returns the grants put back.
 func (db *DB) UndoOpening(ctx context.Context, g *nvmegate.Grant) ([]*nvmegate.Grant, error) {
-	if o := (&undoOpeningOp{Grant: g}); g != nil {
+	if g != nil && db.forwards() {
+		o := &undoOpeningOp{Grant: g}
 		if ok, err := db.remote(ctx, "undo_opening", o); ok {
 			return o.Back, err
 		}
@@ -878,7 +885,8 @@ type ReauthMark struct {
 // the grants still active under the decision each names; an earlier
 // deadline already set stays. It returns the grants it marked, as stored.
 func (db *DB) RequireReauth(ctx context.Context, marks []ReauthMark) ([]*nvmegate.Grant, error) {
-	if o := (&requireReauthOp{Marks: marks}); len(marks) > 0 {
+	if len(marks) > 0 && db.forwards() {
+		o := &requireReauthOp{Marks: marks}
 		if ok, err := db.remote(ctx, "require_reauth", o); ok {
 			return o.Marked, err
 		}

@@ -197,7 +197,8 @@ func (db *DB) ListJobs(ctx context.Context, f JobFilter, page Page) ([]*nvmegate
 // FinishJob marks an active job finished at now and returns it. A job that
 // already finished or expired fails with ECONFLICT.
 func (db *DB) FinishJob(ctx context.Context, id string) (*nvmegate.Job, error) {
-	if o := (&finishJobOp{ID: id}); db.lead.forward != nil {
+	if db.forwards() {
+		o := &finishJobOp{ID: id}
 		if ok, err := db.remote(ctx, "finish_job", o); ok {
 			return o.Job, err
 		}
