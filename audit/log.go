@@ -113,6 +113,11 @@ type Options struct {
 	// one writer appends: appends carrying a condition (the leader's own
 	// work) are never forwarded.
 	Forward AppendForwarder
+	// History, with a Replica, serves the history the Replica trimmed
+	// (history.go) to this copy when it lacks it: another replica's copy.
+	// A replica's copy is written with fsync, as a lone log is: the copies
+	// are the history's only home once the Replica trimmed it.
+	History HistorySource
 	// OnError hears of failures of the writer's background work (a
 	// watched commit that could not be applied): the next Sync retries
 	// and answers with them. Default: ignored.
@@ -237,9 +242,10 @@ func Open(path string, opts Options) (*Log, error) {
 	}
 	err := l.openAndLoad()
 	if err != nil && opts.Replica != nil && !opts.ReadOnly && damaged(err) {
-		// A replica's copy is written without fsync (the replicated log
-		// is the durable one): after a crash it may be torn. Set it aside
-		// and fill a new one from the replicated log.
+		// A replica's copy that does not open as a log (a disk fault, a
+		// copy written without fsync by an older version): set it aside
+		// and fill a new one from the replicated log and the other
+		// copies (history.go).
 		aside := fmt.Sprintf("%s.damaged-%d", path, time.Now().Unix())
 		if rerr := os.Rename(path, aside); rerr != nil {
 			return nil, errors.Join(err, rerr)
@@ -303,10 +309,6 @@ func (l *Log) openDB() (*bolt.DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("audit: open %s: %w", l.path, err)
 	}
-	// A replica's copy need not reach the disk before an append returns:
-	// the entries are durable in the replicated log first, and a copy a
-	// crash tore is filled again from it (Open).
-	db.NoSync = l.opts.Replica != nil
 	if !l.opts.ReadOnly {
 		if err := db.Update(l.initSchema); err != nil {
 			_ = db.Close()

@@ -241,9 +241,7 @@ func (l *Log) catchUp() error {
 	l.stmu.RLock()
 	from := l.size
 	l.stmu.RUnlock()
-	err := l.opts.Replica.Commits(ctx, from, func(c Commit) error {
-		return l.applyCommit(c)
-	})
+	err := l.replicaCommits(ctx, from, l.applyCommit)
 	if err != nil {
 		return fmt.Errorf("%w: catching up with the replicated log: %w", ErrUnavailable, err)
 	}
@@ -276,7 +274,11 @@ func (l *Log) applyConflict(err error) error {
 }
 
 // applyCommit writes another writer's commit c into this copy.
-func (l *Log) applyCommit(c Commit) error {
+func (l *Log) applyCommit(c Commit) error { return l.applyCommitChecked(c, nil) }
+
+// applyCommitChecked is applyCommit with check, if set, approving the
+// root this copy computes before anything is stored.
+func (l *Log) applyCommitChecked(c Commit, check func(root [32]byte) error) error {
 	l.stmu.RLock()
 	start, rng := l.size, cloneRange(l.rng)
 	l.stmu.RUnlock()
@@ -325,8 +327,12 @@ func (l *Log) applyCommit(c Commit) error {
 		if err := l.writeBatch(tx, start, rng, batch, props, flush, nil); err != nil {
 			return err
 		}
-		if got := rootOf(rng); got != c.Root {
+		got := rootOf(rng)
+		if got != c.Root {
 			return fmt.Errorf("%w: replicated commit at %d hashes to %x, the replica says %x", ErrCorrupt, c.Start, got[:8], c.Root[:8])
+		}
+		if check != nil {
+			return check(got)
 		}
 		return nil
 	})
@@ -464,7 +470,7 @@ func (l *Log) applyOffered(cs []Commit) {
 func (l *Log) catchUpCommits() error {
 	ctx, cancel := l.replicaCtx()
 	defer cancel()
-	err := l.opts.Replica.Commits(ctx, l.Size(), func(c Commit) error { return l.applyCommit(c) })
+	err := l.replicaCommits(ctx, l.Size(), l.applyCommit)
 	if err != nil {
 		return fmt.Errorf("%w: catching up with the replicated log: %w", ErrUnavailable, err)
 	}

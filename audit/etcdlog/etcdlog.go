@@ -165,23 +165,31 @@ func (l *Log) Head(ctx context.Context) (uint64, error) {
 // Commits calls fn with the commits from index from on, all read at one
 // etcd revision.
 func (l *Log) Commits(ctx context.Context, from uint64, fn func(audit.Commit) error) error {
-	t, err := l.kv.Get(ctx, l.treeKey())
+	// The head and where the tail starts, at one revision.
+	t, err := l.kv.Txn(ctx).Then(clientv3.OpGet(l.treeKey()), clientv3.OpGet(l.startKey())).Commit()
 	if err != nil {
 		return fmt.Errorf("etcdlog: read the tree head: %w", err)
 	}
 	var size uint64
-	if len(t.Kvs) == 1 {
-		v := t.Kvs[0].Value
-		if len(v) != 40 {
-			return fmt.Errorf("etcdlog: tree head of %d bytes", len(v))
+	if kvs := t.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
+		if size, _, err = decodeHead(kvs[0].Value); err != nil {
+			return err
 		}
-		size = binary.BigEndian.Uint64(v)
 	}
 	switch {
 	case size < from:
 		return fmt.Errorf("etcdlog: the replicated log ends at %d, before this copy (%d): it lost commits, or this copy is another log's", size, from)
 	case size == from:
 		return nil
+	}
+	if kvs := t.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
+		start, root, err := decodeHead(kvs[0].Value)
+		if err != nil {
+			return err
+		}
+		if from < start {
+			return fmt.Errorf("etcdlog: commits from %d: %w", from, &audit.TrimmedError{Start: start, Root: root})
+		}
 	}
 	rev := t.Header.Revision
 	key, end := l.commitKey(from), clientv3.GetPrefixRangeEnd(l.prefix+"c/")
