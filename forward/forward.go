@@ -28,6 +28,9 @@ const (
 	serviceName  = "nvmegate.internal.v1.Sequencer"
 	methodStore  = "/" + serviceName + "/Store"
 	methodAppend = "/" + serviceName + "/Append"
+	// History serves the audit log's history etcd no longer holds to a
+	// copy that lacks it (audit.HistorySource): read-only, any replica.
+	methodHistory = "/" + serviceName + "/History"
 )
 
 // Store is the leader's store as the service uses it (*store.DB).
@@ -38,6 +41,13 @@ type Store interface {
 // Log is the leader's audit log as the service uses it (*audit.Log).
 type Log interface {
 	AppendEncoded(ctx context.Context, data []byte) (uint64, error)
+	History(ctx context.Context, from, to uint64) (audit.HistoryPage, error)
+}
+
+// historyRange is a History request.
+type historyRange struct {
+	From uint64 `json:"from"`
+	To   uint64 `json:"to"`
 }
 
 // outcome is a call's answer as data.
@@ -75,6 +85,7 @@ func (srv *Server) Register(s *grpc.Server) {
 		Methods: []grpc.MethodDesc{
 			{MethodName: "Store", Handler: srv.handler(methodStore, srv.store)},
 			{MethodName: "Append", Handler: srv.handler(methodAppend, srv.append)},
+			{MethodName: "History", Handler: srv.historyHandler},
 		},
 		Metadata: "forward/forward.go",
 	}, srv)
@@ -96,6 +107,42 @@ func (srv *Server) handler(method string, fn func(context.Context, []byte) outco
 		}
 		return interceptor(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: method}, serve)
 	}
+}
+
+// historyHandler serves a page of the log's history to another replica.
+func (srv *Server) historyHandler(_ any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+	in := new(wrapperspb.BytesValue)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	serve := func(ctx context.Context, req any) (any, error) { return srv.history(ctx, req.(*wrapperspb.BytesValue)) }
+	if interceptor == nil {
+		return serve(ctx, in)
+	}
+	return interceptor(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: methodHistory}, serve)
+}
+
+func (srv *Server) history(ctx context.Context, in *wrapperspb.BytesValue) (any, error) {
+	id, ok := identity.PeerID(ctx)
+	if !ok || srv.Peers == nil || !srv.Peers(id) {
+		return nil, status.Errorf(codes.PermissionDenied, "only the gateway's replicas read the log's history (caller %s)", id)
+	}
+	var r historyRange
+	if err := json.Unmarshal(in.Value, &r); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "a history request: %v", err)
+	}
+	page, err := srv.Log.History(ctx, r.From, r.To)
+	switch {
+	case errors.Is(err, audit.ErrTreeSize):
+		return nil, status.Errorf(codes.OutOfRange, "%v", err)
+	case err != nil:
+		return nil, status.Errorf(codes.Unavailable, "%v", err)
+	}
+	out, err := json.Marshal(page)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "encode the page: %v", err)
+	}
+	return wrapperspb.Bytes(out), nil
 }
 
 // serve answers one forwarded request from a replica.
@@ -194,6 +241,7 @@ type Client struct {
 var (
 	_ store.Forwarder       = (*Client)(nil)
 	_ audit.AppendForwarder = (*Client)(nil)
+	_ audit.HistorySource   = (*Client)(nil)
 )
 
 // Forward sends a store write to the leader (store.Forwarder).
@@ -229,6 +277,34 @@ func (c *Client) ForwardAppend(ctx context.Context, data []byte) (uint64, bool, 
 	}
 	return o.Index, true, errOf(o)
 }
+
+// History fetches a page of the log's history from the leader's copy
+// (audit.HistorySource): a copy behind the tail etcd keeps fills from it.
+// The page is checked by the copy, not trusted.
+func (c *Client) History(ctx context.Context, from, to uint64) (audit.HistoryPage, error) {
+	conn, self, err := c.leader(ctx)
+	switch {
+	case err != nil:
+		return audit.HistoryPage{}, fmt.Errorf("%w: no replica to fetch the history from: %v", audit.ErrUnavailable, err)
+	case self:
+		return audit.HistoryPage{}, fmt.Errorf("%w: this replica leads, and its copy lacks the history", audit.ErrUnavailable)
+	}
+	req, _ := json.Marshal(historyRange{From: from, To: to})
+	out := new(wrapperspb.BytesValue)
+	if err := conn.Invoke(ctx, methodHistory, wrapperspb.Bytes(req), out, grpc.MaxCallRecvMsgSize(maxHistoryMsg)); err != nil {
+		c.forget(conn)
+		return audit.HistoryPage{}, fmt.Errorf("%w: the history from %d: %v", audit.ErrUnavailable, from, err)
+	}
+	var page audit.HistoryPage
+	if err := json.Unmarshal(out.Value, &page); err != nil {
+		return audit.HistoryPage{}, fmt.Errorf("%w: a history page: %v", audit.ErrCorrupt, err)
+	}
+	return page, nil
+}
+
+// maxHistoryMsg bounds a history page on the wire (a page holds about
+// 2 MiB of entries and payloads, base64 in JSON).
+const maxHistoryMsg = 16 << 20
 
 // idLen is the length of a request's ID, which prefixes its body.
 const idLen = 32

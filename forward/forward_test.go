@@ -105,7 +105,7 @@ func (w *world) add(i int) {
 	}
 	dir := t.TempDir()
 	if r.log, err = audit.Open(filepath.Join(dir, "audit.db"), audit.Options{Origin: "nvmegate.test/forward", Signer: signer,
-		Replica: etcdlog.New(w.cl, "/fwd/audit/"), Forward: r.client}); err != nil {
+		Replica: etcdlog.New(w.cl, "/fwd/audit/"), Forward: r.client, History: r.client}); err != nil {
 		t.Fatal(err)
 	}
 	if r.db, err = store.Open(filepath.Join(dir, "store.db"), store.Options{Journal: r.log, Forward: r.client}); err != nil {
@@ -312,5 +312,52 @@ func TestAnswerLostThenCallerLeads(t *testing.T) {
 	}
 	if got := w.reps[1].db.Revision(); got != before+1 {
 		t.Fatalf("revision %d after one write, want %d (made twice?)", got, before+1)
+	}
+}
+
+// A replica that joins after the leader trimmed etcd's log fills the
+// history from the leader's copy over the peer service, and its store
+// holds what was written before the trim; another workload may not read
+// the history.
+func TestJoinAfterTrim(t *testing.T) {
+	w := newWorld(t, 2)
+	w.elect(0)
+	for i := range 12 {
+		if err := w.reps[1].db.CreateTarget(bg, target(fmt.Sprintf("t%02d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lead := w.reps[0].log
+	key := "/fwd/term/0"
+	resp, err := w.cl.Get(bg, key)
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("the term's key: %v", err)
+	}
+	fence := audit.WithCondition(bg, clientv3.Compare(clientv3.CreateRevision(key), "=", resp.Kvs[0].CreateRevision))
+	start, _, err := etcdlog.New(w.cl, "/fwd/audit/").Trim(fence, lead.Size()-1)
+	if err != nil || start < 10 {
+		t.Fatalf("trim: start %d, %v", start, err)
+	}
+	w.add(2)
+	joined := w.reps[2]
+	if joined.log.Size() < lead.Size() {
+		t.Fatalf("the new replica's copy holds %d entries, the leader's %d", joined.log.Size(), lead.Size())
+	}
+	if _, err := joined.db.Target(bg, "t00"); err != nil {
+		t.Fatalf("the new replica lacks a write made before the trim: %v", err)
+	}
+	if a, b := joined.db.Revision(), w.reps[0].db.Revision(); a != b {
+		t.Fatalf("the new replica's store is at revision %d, the leader's %d", a, b)
+	}
+
+	intruder := source(t, w.ca, spiffeid.RequireFromPath(td, "/node/gpu-1"))
+	conn, err := grpc.NewClient(w.reps[0].addr, grpc.WithTransportCredentials(identity.ClientCredentials(intruder, tlsconfig.AuthorizeID(gatewayID))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	err = conn.Invoke(bg, "/nvmegate.internal.v1.Sequencer/History", wrapperspb.Bytes([]byte(`{"from":0,"to":5}`)), new(wrapperspb.BytesValue))
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a node reading the log's history: %v", err)
 	}
 }

@@ -43,6 +43,13 @@ func (l *Log) tail(ctx context.Context, opts ...clientv3.OpOption) (uint64, [32]
 	return decodeHead(resp.Kvs[0].Value)
 }
 
+// Start is where the stored tail starts: the entries before it are only
+// in the replicas' copies.
+func (l *Log) Start(ctx context.Context) (uint64, error) {
+	start, _, err := l.tail(ctx)
+	return start, err
+}
+
 // Trim deletes the commits before the last commit that starts at or
 // before upTo, and the checkpoints before it but the latest, under the
 // condition of ctx (audit.WithCondition: the leader's fence). It returns

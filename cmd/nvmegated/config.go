@@ -117,6 +117,55 @@ type EtcdConfig struct {
 	// Peers are the SPIFFE IDs of the other replicas, where they differ
 	// from this replica's own (by default every replica runs as one ID).
 	Peers []string `json:"peers"`
+	// LogTrimEvery is how often the leader trims the audit log in etcd to
+	// its tail (a Go duration, default 10s; "off" never trims, and etcd
+	// then grows until its quota stops every write). The history lives on
+	// in the replicas' copies, and a copy that lacks it fetches it from
+	// the leader's.
+	LogTrimEvery string `json:"log_trim_every"`
+	// LogKeep is the entries of the log etcd keeps behind its head however
+	// far the copies are (default 16384): a replica that restarts within
+	// that reads what it missed from etcd.
+	LogKeep int `json:"log_keep"`
+	// LogCopies is how many live replicas' copies must hold an entry on
+	// their disks before etcd lets it go (default 2, at most the
+	// replicas): a deployment of one replica on etcd sets 1 to trim.
+	LogCopies int `json:"log_copies"`
+}
+
+// tail is how the leader keeps etcd's log to its tail: how often, how
+// many entries behind the head, and how many copies must hold the rest.
+type tail struct {
+	every  time.Duration // 0: never
+	keep   uint64
+	copies int
+}
+
+// tail is the trim's settings, defaults filled in.
+func (e EtcdConfig) tail() (tail, error) {
+	t := tail{every: 10 * time.Second, keep: 16384, copies: 2}
+	switch e.LogTrimEvery {
+	case "":
+	case "off":
+		t.every = 0
+	default:
+		d, err := time.ParseDuration(e.LogTrimEvery)
+		if err != nil || d < time.Second {
+			return t, fmt.Errorf("etcd.log_trim_every must be a Go duration of at least 1s, or \"off\", got %q", e.LogTrimEvery)
+		}
+		t.every = d
+	}
+	if e.LogKeep < 0 {
+		return t, fmt.Errorf("etcd.log_keep must not be negative, got %d", e.LogKeep)
+	} else if e.LogKeep > 0 {
+		t.keep = uint64(e.LogKeep)
+	}
+	if e.LogCopies < 0 {
+		return t, fmt.Errorf("etcd.log_copies must not be negative, got %d", e.LogCopies)
+	} else if e.LogCopies > 0 {
+		t.copies = e.LogCopies
+	}
+	return t, nil
 }
 
 // groupWait is LogGroupWait as audit.Options takes it: 0 for the
@@ -172,6 +221,9 @@ func (e EtcdConfig) validate() error {
 		if _, err := spiffeid.FromString(p); err != nil {
 			return fmt.Errorf("etcd.peers: %q: %w", p, err)
 		}
+	}
+	if _, err := e.tail(); err != nil {
+		return err
 	}
 	_, err := e.groupWait()
 	return err

@@ -73,6 +73,7 @@ type Main struct {
 	httpSrv   *http.Server
 	repl      *replication // nil: a single gateway
 	seq       *sequencer   // with repl: the leader's peer service and the forwarding to it
+	tail      tailState    // with repl: etcd's tail of the audit log
 	peers     *targetPeers // with repl: targets programmed by other replicas
 }
 
@@ -197,6 +198,7 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		m.repl.elector.Value = m.seq.value
 		m.seq.client = &forward.Client{Resolve: m.repl.resolver(m.seq.value), Leading: func() bool { return m.db != nil && m.db.Leading() }}
 		auditOpts.Replica, auditOpts.Forward, storeOpts.Forward = m.repl.log, m.seq.client, m.seq.client
+		auditOpts.History = m.seq.client                   // the history etcd trimmed, from the leader's copy
 		auditOpts.GroupWait, _ = c.Etcd.groupWait()        // checked by validate
 		ack, _ := time.ParseDuration(c.Targets.AckTimeout) // checked by validate
 		m.peers = newTargetPeers(m.repl, nil, ack)
@@ -209,6 +211,23 @@ func (m *Main) Open(ctx context.Context) (err error) {
 				k.Expire(scopes...)
 			}
 		}
+	}
+	if m.source, err = m.openIdentity(ctx); err != nil {
+		return fmt.Errorf("identity: %w", err)
+	}
+	// An SVID of another trust domain would make every handshake fail while
+	// the gateway looks healthy: refuse to start instead.
+	svid, err := m.source.GetX509SVID()
+	if err != nil {
+		return fmt.Errorf("identity: %w", err)
+	}
+	if !svid.ID.MemberOf(td) {
+		return fmt.Errorf("identity: the gateway's SVID %s is not in trust domain %s", svid.ID, td)
+	}
+	if m.seq != nil {
+		// A new copy of the log fills the history etcd no longer holds
+		// from the leader's, over the peer service: it needs the SVID.
+		m.seq.dial(m.source, svid.ID)
 	}
 	if m.auditKey, err = openSigner(ctx, c.Audit); err != nil {
 		return fmt.Errorf("audit signing key: %w", err)
@@ -227,20 +246,8 @@ func (m *Main) Open(ctx context.Context) (err error) {
 	if m.peers != nil {
 		m.peers.db = m.db
 	}
-	if m.source, err = m.openIdentity(ctx); err != nil {
-		return fmt.Errorf("identity: %w", err)
-	}
-	// An SVID of another trust domain would make every handshake fail while
-	// the gateway looks healthy: refuse to start instead.
-	svid, err := m.source.GetX509SVID()
-	if err != nil {
-		return fmt.Errorf("identity: %w", err)
-	}
-	if !svid.ID.MemberOf(td) {
-		return fmt.Errorf("identity: the gateway's SVID %s is not in trust domain %s", svid.ID, td)
-	}
 	if m.seq != nil {
-		m.seq.start(m.source, svid.ID, m.db, m.audit)
+		m.seq.serveWith(m.source, svid.ID, m.db, m.audit)
 	}
 	src := policySource{dir: c.Policy.Dir, bundle: c.Policy.Bundle}
 	bundle, err := src.load()
@@ -327,7 +334,16 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "nvmegate_audit_lost_compares_total",
 			Help: "Commits of this replica's audit log that etcd refused because another writer had extended the log first. One leader sequences every write: outside a failover it stays at zero.",
-		}, func() float64 { return float64(m.audit.LostCompares()) }))
+		}, func() float64 { return float64(m.audit.LostCompares()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "nvmegate_audit_etcd_tail_entries",
+			Help: "Entries of the audit log etcd holds (its tail: the leader trims what the replicas' copies hold, etcd.log_trim_every); 0 on a gateway without etcd. Growing without bound means the trim is stuck: etcd fills, then refuses every write.",
+		}, func() float64 {
+			if m.repl == nil {
+				return 0
+			}
+			return float64(m.audit.Size() - min(m.audit.Size(), m.tail.start.Load()))
+		}))
 	m.server, err = gateway.New(gateway.Config{
 		MaxInFlight:    c.MaxInFlight,
 		MaxPerIdentity: c.MaxInFlightPerIdentity,
@@ -557,6 +573,10 @@ func (m *Main) Run(ctx context.Context) error {
 		g.Go(func() error { return m.seq.serve(ctx) })
 		g.Go(func() error { return m.peers.relay(ctx, m.agent, m.hub, m.log.Warn) })
 		g.Go(func() error { return m.repl.followLog(ctx, m.audit) })
+		if t, _ := m.Config.Etcd.tail(); t.every > 0 { // checked by validate
+			g.Go(func() error { m.repl.reportCopy(ctx, m.audit, t, &m.tail, m.log); return nil })
+			once(func(ctx context.Context) { m.repl.trimLog(ctx, m.audit, t, &m.tail, m.log) })
+		}
 	}
 	if m.reloader != nil {
 		g.Go(func() error { return m.reloader.Run(ctx) })

@@ -33,7 +33,7 @@ import (
 // startReplica runs one gateway replica of the dev trust domain in dir,
 // on its own state directory, sharing the store and the audit log in etcd
 // and the keys in Vault with the others.
-func startReplica(t *testing.T, dir, name string, etcd []string, v *vaulttest.Server, role vaulttest.AppRole, flags ...string) (*Main, func()) {
+func startReplica(t *testing.T, dir, name string, etcd []string, v *vaulttest.Server, role vaulttest.AppRole, tune func(*EtcdConfig), flags ...string) (*Main, func()) {
 	t.Helper()
 	m := NewMain()
 	m.Stderr = io.Discard
@@ -47,6 +47,9 @@ func startReplica(t *testing.T, dir, name string, etcd []string, v *vaulttest.Se
 	m.Config.Keys.Vault.AppRole = &VaultAppRole{RoleID: role.RoleID, SecretIDFile: role.SecretIDFile}
 	m.Config.Audit.KeyDir = filepath.Join(dir, "audit-keys") // one log, one signing key
 	m.Config.Etcd = EtcdConfig{Endpoints: etcd, Name: name, LeaseTTL: 2}
+	if tune != nil {
+		tune(&m.Config.Etcd)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := m.Open(ctx); err != nil {
 		t.Fatal(err)
@@ -83,6 +86,7 @@ type fleet struct {
 	etcd  *etcdtest.Cluster
 	dir   string
 	role  vaulttest.AppRole
+	tune  func(*EtcdConfig) // if set, applied to every replica's
 }
 
 func newFleet(t *testing.T, members int) *fleet {
@@ -95,7 +99,7 @@ func newFleet(t *testing.T, members int) *fleet {
 // replica starts replica name on every etcd member (startReplica).
 func (f *fleet) replica(t *testing.T, name string, flags ...string) (*Main, func()) {
 	t.Helper()
-	return startReplica(t, f.dir, name, f.etcd.Endpoints, f.vault, f.role, flags...)
+	return startReplica(t, f.dir, name, f.etcd.Endpoints, f.vault, f.role, f.tune, flags...)
 }
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
@@ -322,7 +326,7 @@ func TestReleasedHostStaysOffThroughALaggingReplica(t *testing.T) {
 	dir, c := f.dir, f.etcd
 	a, _ := f.replica(t, "a", "--remote-targets", "stor-eu-1")
 	b, stopB := f.replica(t, "b", "--remote-targets", "stor-eu-1")
-	lag, _ := startReplica(t, dir, "lag", c.Endpoints[2:], f.vault, f.role, "--remote-targets", "stor-eu-1")
+	lag, _ := startReplica(t, dir, "lag", c.Endpoints[2:], f.vault, f.role, nil, "--remote-targets", "stor-eu-1")
 	sub := acmeJob(t, dir, a.GRPCAddr(), a.GRPCAddr(), "stor-eu-1")
 
 	var replicas []grpc.ClientConnInterface

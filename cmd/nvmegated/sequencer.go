@@ -114,9 +114,9 @@ func (s *sequencer) isPeer(id spiffeid.ID) bool {
 	return slices.Contains(s.peers, id)
 }
 
-// start makes the peer server and the forwarding client with the
-// gateway's SVID; store and log are this replica's.
-func (s *sequencer) start(src identity.Source, self spiffeid.ID, st forward.Store, lg forward.Log) {
+// dial gives the forwarding client the gateway's SVID: it talks to the
+// other replicas' peer services as self.
+func (s *sequencer) dial(src identity.Source, self spiffeid.ID) {
 	s.self.Store(&self)
 	s.client.Creds = identity.ClientCredentials(src, tlsconfig.AdaptMatcher(func(id spiffeid.ID) error {
 		if !s.isPeer(id) {
@@ -124,6 +124,11 @@ func (s *sequencer) start(src identity.Source, self spiffeid.ID, st forward.Stor
 		}
 		return nil
 	}))
+}
+
+// serveWith makes the peer server with the gateway's SVID; store and log
+// are this replica's.
+func (s *sequencer) serveWith(src identity.Source, self spiffeid.ID, st forward.Store, lg forward.Log) {
 	s.srv = grpc.NewServer(grpc.Creds(identity.ServerCredentials(src, self.TrustDomain())))
 	(&forward.Server{Store: st, Log: lg, Peers: s.isPeer}).Register(s.srv)
 }
