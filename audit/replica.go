@@ -447,22 +447,73 @@ func (l *Log) applyOffered(cs []Commit) {
 		}
 		return
 	}
+	// Offers queued meanwhile join these: the contiguous commits are
+	// written as one transaction of this copy, one fsync for all.
+	for more := true; more; {
+		select {
+		case next := <-l.offers:
+			if next == nil {
+				l.applyOffered(cs)
+				l.applyOffered(nil)
+				return
+			}
+			cs = append(cs, next...)
+		default:
+			more = false
+		}
+	}
+	size := l.Size()
+	var run []Commit // contiguous, from size on
 	for _, c := range cs {
-		size := l.Size()
 		switch {
 		case c.End <= size:
 			continue // this copy has it: its own, or applied before
 		case c.Start != size:
+			if err := l.applyRun(run); err != nil {
+				return
+			}
 			if err := l.catchUpCommits(); err != nil {
 				l.logErr("catching up after a gap in the watch", err)
 			}
 			return
 		}
+		run = append(run, c)
+		size = c.End
+	}
+	_ = l.applyRun(run)
+}
+
+// maxRunBytes bounds the entries and payloads of watched commits written
+// in one transaction.
+const maxRunBytes = 4 << 20
+
+// applyRun applies contiguous commits, as few transactions as their
+// size allows: one commit spanning them, its entries checked against the
+// last one's root (which covers all) and each payload against its entry.
+func (l *Log) applyRun(run []Commit) error {
+	for len(run) > 0 {
+		c, n, bytes := run[0], 1, len(run[0].Records)
+		for ; n < len(run) && bytes+len(run[n].Records) <= maxRunBytes; n++ {
+			if n == 1 {
+				c.Records = append([]byte(nil), c.Records...)
+				c.Changes = append([]ChangeRecord(nil), c.Changes...)
+			}
+			next := run[n]
+			c.Records = append(c.Records, next.Records...)
+			c.Changes = append(c.Changes, next.Changes...)
+			c.End, c.Root = next.End, next.Root
+			bytes += len(next.Records)
+			for _, ch := range next.Changes {
+				bytes += len(ch.Payload)
+			}
+		}
 		if err := l.applyCommit(c); err != nil {
 			l.logErr("applying a watched commit", err)
-			return
+			return err
 		}
+		run = run[n:]
 	}
+	return nil
 }
 
 // catchUpCommits is catchUp without the checkpoints (a watch brings

@@ -243,13 +243,22 @@ func replicaStack(t testing.TB) (bin, work string, v *vaulttest.Server, role vau
 // the same Vault, the same nodes and connects in flight in all.
 //
 //	NVMEGATE_VAULT=$(scripts/build-vault.sh) go test -run '^$' -bench ReplicaConnects -benchtime 1x ./e2e/
+//
+// NVMEGATE_BENCH_VARIANTS=bbolt,etcd/replicas=3 runs those variants only.
+// NVMEGATE_BENCH_DURATION sets each variant's load (default 15s): with it
+// long, the etcd variants show what etcd's database grows to under
+// sustained load (its size is sampled each minute: the log is trimmed to
+// its tail and etcd's history compacted behind it).
 func BenchmarkReplicaConnects(b *testing.B) {
 	needVault(b)
 	const (
 		nodes    = 240
 		inFlight = 24
-		duration = 15 * time.Second
 	)
+	duration := 15 * time.Second
+	if d, err := time.ParseDuration(os.Getenv("NVMEGATE_BENCH_DURATION")); err == nil && d > 0 {
+		duration = d
+	}
 	bin, work, v, role, etcd := replicaStack(b)
 	run := 0 // -count runs a variant again in the same stack: names of its own
 	for _, variant := range []struct {
@@ -263,6 +272,9 @@ func BenchmarkReplicaConnects(b *testing.B) {
 		{"etcd/replicas=1/no-group-wait", 1, true, "  log_group_wait: \"off\"\n"},
 		{"etcd/replicas=3", 3, true, ""},
 	} {
+		if only := os.Getenv("NVMEGATE_BENCH_VARIANTS"); only != "" && !slices.Contains(strings.Split(only, ","), variant.name) {
+			continue // the variants named there only (comma-separated), in this order
+		}
 		b.Run(variant.name, func(b *testing.B) {
 			run++
 			i := run
@@ -288,6 +300,10 @@ func BenchmarkReplicaConnects(b *testing.B) {
 					go profile(b, r, filepath.Join(dir, fmt.Sprintf("%s-%s.pprof", strings.ReplaceAll(variant.name, "/", "_"), r.name)), duration/2)
 				}
 			}
+			var sizes *etcdSizes
+			if variant.etcd {
+				sizes = sampleEtcdSize(b, etcd, min(time.Minute, duration/4))
+			}
 			for j, f := range fleets {
 				wg.Add(1)
 				go func() {
@@ -297,6 +313,11 @@ func BenchmarkReplicaConnects(b *testing.B) {
 			}
 			wg.Wait()
 			b.StopTimer()
+			if sizes != nil {
+				maxSize, maxInUse := sizes.stop()
+				b.ReportMetric(float64(maxSize)/(1<<20), "etcd-db-MiB-max")
+				b.ReportMetric(float64(maxInUse)/(1<<20), "etcd-inuse-MiB-max")
+			}
 			var (
 				lat     []time.Duration
 				elapsed time.Duration
@@ -320,6 +341,57 @@ func BenchmarkReplicaConnects(b *testing.B) {
 			b.ReportMetric(float64(errs), "errors")
 		})
 	}
+}
+
+// etcdSizes samples the database size of every etcd member while a
+// variant runs.
+type etcdSizes struct {
+	stopc           chan struct{}
+	done            chan struct{}
+	maxSize, maxUse int64
+}
+
+// sampleEtcdSize starts sampling each member's database (its file, and
+// the part in use) every period, logging each sample.
+func sampleEtcdSize(b *testing.B, c *etcdCluster, period time.Duration) *etcdSizes {
+	cl := c.client(b)
+	s := &etcdSizes{stopc: make(chan struct{}), done: make(chan struct{})}
+	start := time.Now()
+	sample := func() {
+		for _, ep := range c.endpoints {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			st, err := cl.Status(ctx, ep)
+			cancel()
+			if err != nil {
+				continue
+			}
+			s.maxSize, s.maxUse = max(s.maxSize, st.DbSize), max(s.maxUse, st.DbSizeInUse)
+			b.Logf("etcd %s at %s: db %.1f MiB, in use %.1f MiB", ep, time.Since(start).Round(time.Second), float64(st.DbSize)/(1<<20), float64(st.DbSizeInUse)/(1<<20))
+		}
+	}
+	go func() {
+		defer close(s.done)
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.stopc:
+				sample()
+				return
+			case <-t.C:
+				sample()
+			}
+		}
+	}()
+	return s
+}
+
+// stop ends the sampling (after one last sample) and returns the largest
+// database and the largest part in use seen.
+func (s *etcdSizes) stop() (int64, int64) {
+	close(s.stopc)
+	<-s.done
+	return s.maxSize, s.maxUse
 }
 
 // profile saves a CPU profile of replica r (--pprof) of length d, taken
