@@ -366,7 +366,10 @@ func sampleEtcdSize(b *testing.B, c *etcdCluster, period time.Duration) *etcdSiz
 				continue
 			}
 			s.maxSize, s.maxUse = max(s.maxSize, st.DbSize), max(s.maxUse, st.DbSizeInUse)
-			b.Logf("etcd %s at %s: db %.1f MiB, in use %.1f MiB", ep, time.Since(start).Round(time.Second), float64(st.DbSize)/(1<<20), float64(st.DbSizeInUse)/(1<<20))
+			// On stderr as it comes too: a benchmark's log shows at its end.
+			line := fmt.Sprintf("etcd %s at %s: db %.1f MiB, in use %.1f MiB", ep, time.Since(start).Round(time.Second), float64(st.DbSize)/(1<<20), float64(st.DbSizeInUse)/(1<<20))
+			b.Log(line)
+			fmt.Fprintln(os.Stderr, line)
 		}
 	}
 	go func() {
