@@ -165,6 +165,7 @@ type Log struct {
 	offers   chan []Commit   // Offer's, to the writer
 	grew     chan struct{}   // closed and replaced when the tree grows (WaitSize); under stmu
 	lost     atomic.Uint64   // commits the Replica refused as conflicts (LostCompares)
+	recent   recentChanges   // the payloads stored last, for Changes
 	closeMu  sync.RWMutex
 	closed   bool
 	stop     chan struct{}
@@ -807,7 +808,7 @@ func (l *Log) commit(batch []*appendReq) {
 				r.done <- appendResult{index: start + uint64(i)}
 			}
 			finish(props, nil)
-			l.noteChanges(len(props))
+			l.stored(props)
 			return
 		}
 		for _, r := range batch {
@@ -821,7 +822,7 @@ func (l *Log) commit(batch []*appendReq) {
 		r.done <- appendResult{index: start + uint64(i)}
 	}
 	finish(props, nil)
-	l.noteChanges(len(props))
+	l.stored(props)
 }
 
 // writeBatch stores batch at start, growing rng over it. With replicate
@@ -1017,6 +1018,7 @@ func (l *Log) recoverAfter(cause error) {
 	defer l.cpMu.Unlock()
 	l.dbmu.Lock()
 	defer l.dbmu.Unlock()
+	l.recent.reset()
 	_ = l.db.Close()
 	l.db = nil
 	fail := func(err error) {

@@ -284,7 +284,7 @@ func (l *Log) store(p *prepared) error {
 				r.done <- appendResult{index: p.start + uint64(i)}
 			}
 			finish(p.props, nil)
-			l.noteChanges(len(p.props))
+			l.stored(p.props)
 			return nil
 		}
 	}

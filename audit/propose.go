@@ -225,9 +225,19 @@ func answerUnprepared(props []proposed, err error) {
 }
 
 // Changes calls fn with each payload of a revision after from, in order,
-// with the index of the entry that records it. It reads one transaction:
-// the payloads durable when it began. payload is valid only during fn.
+// with the index of the entry that records it: the payloads durable when
+// it began, from memory if this copy stored them all lately
+// (recentChanges), else read in one transaction, each checked against its
+// entry. payload is valid only during fn.
 func (l *Log) Changes(ctx context.Context, from uint64, fn func(rev, index uint64, payload []byte) error) error {
+	if kept, ok := l.recent.after(from); ok {
+		for _, c := range kept {
+			if err := fn(c.rev, c.index, c.payload); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	return l.view(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketChanges)
 		if b == nil {

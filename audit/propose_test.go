@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	bolt "go.etcd.io/bbolt"
+	"path/filepath"
+	"slices"
 	"strings"
+
+	bolt "go.etcd.io/bbolt"
 	"sync"
 	"testing"
 
@@ -219,5 +222,48 @@ func TestAppendRefusesAChange(t *testing.T) {
 	e.Change = &audit.ChangeRef{Revision: 1, Digest: audit.PayloadDigest(nil)}
 	if _, _, err := l.Append(context.Background(), e); !errors.Is(err, audit.ErrInvalidEntry) {
 		t.Fatalf("Append with a change = %v, want ErrInvalidEntry", err)
+	}
+}
+
+// Changes answers the same from memory (the changes this copy just
+// stored) as from the file, checked, after a reopen.
+func TestChangesFromMemoryEqualTheFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.db")
+	l, err := audit.Open(path, audit.Options{Origin: "nvmegate.test/recent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var events []string
+	for i := range 50 {
+		p := recorder{mu: &mu, events: &events, name: fmt.Sprint(i), rev: uint64(i + 1), entries: 1 + i%2}
+		if _, err := l.Propose(context.Background(), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(l *audit.Log, from uint64) []string {
+		var out []string
+		if err := l.Changes(context.Background(), from, func(rev, index uint64, payload []byte) error {
+			out = append(out, fmt.Sprintf("%d@%d=%s", rev, index, payload))
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	mem0, mem40 := read(l, 0), read(l, 40)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l, err = audit.Open(path, audit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if file := read(l, 0); len(mem0) != 50 || !slices.Equal(mem0, file) {
+		t.Fatalf("from memory %v\nfrom the file %v", mem0, file)
+	}
+	if file := read(l, 40); len(mem40) != 10 || !slices.Equal(mem40, file) {
+		t.Fatalf("after 40, from memory %v, from the file %v", mem40, file)
 	}
 }

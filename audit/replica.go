@@ -341,7 +341,7 @@ func (l *Log) applyCommitChecked(c Commit, check func(root [32]byte) error) erro
 		return err
 	}
 	l.advance(start, rng, batch, flush)
-	l.noteChanges(len(props))
+	l.stored(props)
 	return nil
 }
 
