@@ -58,6 +58,9 @@ type world struct {
 	// lose, if set, is asked after each forwarded call replica i served:
 	// true drops its answer, as a leader that dies after committing.
 	lose func(i int) bool
+	// deaf are the replicas that do not watch the log (a paused or cut-off
+	// replica's watch lags): only their read barrier brings commits.
+	deaf map[int]bool
 }
 
 func source(t *testing.T, ca *devca.CA, id spiffeid.ID) identity.Source {
@@ -115,6 +118,9 @@ func (w *world) add(i int) {
 	followed := make(chan struct{})
 	go func() {
 		defer close(followed)
+		if w.deaf[i] {
+			return
+		}
 		_ = etcdlog.New(w.cl, "/fwd/audit/").FollowCommits(ctx, w.cl, r.log.Offer, func(ctx context.Context, _ uint64) error { return r.log.Sync(ctx) })
 	}()
 	t.Cleanup(func() { cancel(); <-followed })
@@ -359,5 +365,35 @@ func TestJoinAfterTrim(t *testing.T) {
 	err = conn.Invoke(bg, "/nvmegate.internal.v1.Sequencer/History", wrapperspb.Bytes([]byte(`{"from":0,"to":5}`)), new(wrapperspb.BytesValue))
 	if status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("a node reading the log's history: %v", err)
+	}
+}
+
+// A leader deposed without knowing it (its term's context has not ended:
+// paused, or cut off from etcd, while its lease runs out) passes the read
+// barrier like any replica: a call on it after the new leader's write
+// sees that write.
+func TestDeposedLeaderReadsThroughBarrier(t *testing.T) {
+	w := &world{t: t, leader: -1, deaf: map[int]bool{0: true}}
+	ca, err := devca.New(td, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.ca, w.cl = ca, etcdtest.Start(t, 1).Client(t)
+	w.add(0)
+	w.add(1)
+	w.elect(0)
+	w.elect(1) // replica 0 still believes it leads
+	if err := w.reps[1].db.CreateTarget(bg, target("t-new-term")); err != nil {
+		t.Fatal(err)
+	}
+	old := w.reps[0].db
+	if !old.Leading() {
+		t.Fatal("the deposed leader should still believe it leads")
+	}
+	if err := old.Sync(bg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Target(bg, "t-new-term"); err != nil {
+		t.Fatalf("a call on the deposed leader does not see the new leader's write: %v", err)
 	}
 }

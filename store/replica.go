@@ -31,8 +31,8 @@ var replicatedBuckets = func() map[string]bool {
 }()
 
 // Sync brings a replica's projection up to the replicated journal's head
-// as read now (a read barrier: every call of a replica passes it). On a
-// gateway running alone, and on the leader, it does nothing: every change
+// as read now (a read barrier: every call of a replica passes it, the
+// leader's too). On a gateway running alone it does nothing: every change
 // is its own.
 func (db *DB) Sync(ctx context.Context) error {
 	if db.lead.forward == nil {
@@ -44,12 +44,12 @@ func (db *DB) Sync(ctx context.Context) error {
 // syncJournal is Sync on a replica that projects a replicated journal:
 // the journal's copy reaches the replicated log's head (one read of etcd,
 // shared by the calls waiting at that moment), then the store applies
-// what it brought. The leader holds every change already: it sequenced
-// them.
+// what it brought. The leader passes it too: it holds every change it
+// sequenced, but one deposed while paused or cut off from etcd believes
+// it leads until its lease runs out where it runs, and must neither serve
+// a state another leader has moved on from nor serve at all while it
+// cannot read etcd.
 func (db *DB) syncJournal(ctx context.Context) error {
-	if _, ok := db.leading(); ok {
-		return nil
-	}
 	if err := db.journal.Barrier(ctx); err != nil {
 		return fmt.Errorf("store: catching up with the replicated journal: %w", err)
 	}
