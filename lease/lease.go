@@ -106,6 +106,12 @@ type Config struct {
 	// Now is the clock of issue times, expiries and entries; time.Now if
 	// nil.
 	Now func() time.Time
+	// EndChunk caps the grants one commit ends (a revocation of a whole
+	// job, a sweep's expiries): each commit, and each write a replica
+	// forwards, stays within etcd's request limit (1.5 MiB by default),
+	// about 2.5 KB per ended grant with its entry. Zero means
+	// DefaultEndChunk.
+	EndChunk int
 	// Logger hears of what failed where the caller is not told (a
 	// compensation, a target that did not follow an end); slog.Default()
 	// if nil.
@@ -122,7 +128,12 @@ type Lifecycle struct {
 	targets   Targets
 	now       func() time.Time
 	log       *slog.Logger
+	endChunk  int
 }
+
+// DefaultEndChunk is Config.EndChunk's default: a job's 10,000 grants end
+// in 79 commits.
+const DefaultEndChunk = 128
 
 // New returns the Lifecycle cfg wires.
 func New(cfg Config) (*Lifecycle, error) {
@@ -130,7 +141,10 @@ func New(cfg Config) (*Lifecycle, error) {
 		return nil, errors.New("lease: Grants, Inventory, Keys, Audit and Targets are required")
 	}
 	l := &Lifecycle{grants: cfg.Grants, inventory: cfg.Inventory, keys: cfg.Keys, audit: cfg.Audit, targets: cfg.Targets,
-		now: cfg.Now, log: cfg.Logger}
+		now: cfg.Now, log: cfg.Logger, endChunk: cfg.EndChunk}
+	if l.endChunk <= 0 {
+		l.endChunk = DefaultEndChunk
+	}
 	if l.now == nil {
 		l.now = time.Now
 	}

@@ -3,8 +3,10 @@ package lease_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -719,5 +721,48 @@ func TestIssueRecordedWithItsCommit(t *testing.T) {
 	revokes := w.entries(audit.EventRevoke)
 	if len(revokes) != 1 || revokes[0].Entry.Change == nil || revokes[0].Entry.GrantID != a.Grant.ID {
 		t.Fatalf("revoke entries %+v", revokes)
+	}
+}
+
+// chunkSpy counts the grants each recorded end stored (the real store
+// does the storing).
+type chunkSpy struct {
+	lease.Grants
+	mu     sync.Mutex
+	chunks []int
+}
+
+func (s *chunkSpy) PutGrantsRecorded(ctx context.Context, gs []*nvmegate.Grant, entries []audit.Entry) error {
+	s.mu.Lock()
+	s.chunks = append(s.chunks, len(gs))
+	s.mu.Unlock()
+	return s.Grants.PutGrantsRecorded(ctx, gs, entries)
+}
+
+// A job's end is stored in chunks of Config.EndChunk grants, each with
+// its entries: every grant ends, each recorded once.
+func TestEndJobInChunks(t *testing.T) {
+	spy := &chunkSpy{}
+	w := newWorld(t, func(w *world, c *lease.Config) {
+		spy.Grants = c.Grants
+		c.Grants, c.EndChunk = spy, 1
+	})
+	a := w.issue(node1, sub1)
+	b := w.issue(node2, sub2)
+	c := w.issue(node1, sub2)
+	ids, err := w.lc.EndJob(w.ctx, jobID, "spiffe://nvmegate.test/tenant/acme/scheduler/slurm", "job job-1 finished")
+	if err != nil || len(ids) != 3 {
+		t.Fatalf("ended %v (%v), want 3 grants", ids, err)
+	}
+	for _, id := range []string{a.Grant.ID, b.Grant.ID, c.Grant.ID} {
+		if s := w.grant(id).State; s != nvmegate.GrantRevoked {
+			t.Fatalf("grant %s is %s", id, s)
+		}
+	}
+	if fmt.Sprint(spy.chunks) != "[1 1 1]" {
+		t.Fatalf("stored in chunks %v, want [1 1 1]", spy.chunks)
+	}
+	if n := len(w.entries(audit.EventRevoke)); n != 3 {
+		t.Fatalf("%d revoke entries, want 3", n)
 	}
 }

@@ -263,23 +263,37 @@ func (l *Lifecycle) store(ctx context.Context, c *change, put []*nvmegate.Grant)
 		}
 		return l.put(ctx, gs...)
 	}
-	if err := putAll(put, c.endEntries); err == nil {
-		return put, nil
-	}
+	// Many ends go in chunks (Config.EndChunk): the grants of a chunk end
+	// together, and a chunk refused is tried again one grant at a time.
+	// Until the last chunk, some of the grants have ended and the rest
+	// not yet (docs/PERFORMANCE.md measures that window); a job's
+	// finish refuses new grants before the first.
 	var stored []*nvmegate.Grant
 	var errs []error
-	for i, g := range put {
-		var entries []audit.Entry
+	for from := 0; from < len(put); from += l.endChunk {
+		to := min(from+l.endChunk, len(put))
+		var chunkEntries []audit.Entry
 		if recorded {
-			entries = c.endEntries[i : i+1]
+			chunkEntries = c.endEntries[from:to]
 		}
-		// A conflict is a grant that cannot change that way (its job,
-		// node, host or subsystem): there is nothing to end.
-		if err := putAll([]*nvmegate.Grant{g}, entries); err != nil && nvmegate.ErrorCode(err) != nvmegate.ECONFLICT {
-			errs = append(errs, fmt.Errorf("grant %s: %w", g.ID, err))
+		if err := putAll(put[from:to], chunkEntries); err == nil {
+			stored = append(stored, put[from:to]...)
 			continue
 		}
-		stored = append(stored, g)
+		for i := from; i < to; i++ {
+			g := put[i]
+			var entries []audit.Entry
+			if recorded {
+				entries = c.endEntries[i : i+1]
+			}
+			// A conflict is a grant that cannot change that way (its job,
+			// node, host or subsystem): there is nothing to end.
+			if err := putAll([]*nvmegate.Grant{g}, entries); err != nil && nvmegate.ErrorCode(err) != nvmegate.ECONFLICT {
+				errs = append(errs, fmt.Errorf("grant %s: %w", g.ID, err))
+				continue
+			}
+			stored = append(stored, g)
+		}
 	}
 	return stored, errors.Join(errs...)
 }
