@@ -86,6 +86,7 @@ var ops = map[string]func() forwarded{
 	"delete_host_binding": func() forwarded { return &deleteOp{} },
 	"create_job":          creating((*DB).CreateJob),
 	"finish_job":          func() forwarded { return &finishJobOp{} },
+	"load_policy":         func() forwarded { return &loadPolicyOp{} },
 	"create_namespace":    creating((*DB).CreateNamespace),
 	"delete_namespace":    func() forwarded { return &deleteNamespaceOp{} },
 	"create_subsystem":    creating((*DB).CreateSubsystem),
@@ -534,6 +535,17 @@ type finishJobOp struct {
 
 func (o *finishJobOp) run(ctx context.Context, db *DB) (err error) {
 	o.Job, err = db.FinishJob(ctx, o.ID)
+	return err
+}
+
+type loadPolicyOp struct {
+	Policy *Policy     `json:"policy"`
+	Entry  audit.Entry `json:"entry"`
+	Loaded bool        `json:"loaded,omitempty"` // result
+}
+
+func (o *loadPolicyOp) run(ctx context.Context, db *DB) (err error) {
+	o.Loaded, err = db.LoadPolicy(ctx, o.Policy, o.Entry)
 	return err
 }
 

@@ -33,6 +33,9 @@ type model struct {
 	records
 	// feeds hear of every scope change applied (DB.WatchScope).
 	feeds []*ScopeFeed
+	// onPolicy hears of each policy a change loads, once the model
+	// serves it (Options.PolicyLoaded).
+	onPolicy func(*Policy)
 }
 
 // records are the model's maps. Values are never modified once stored: a
@@ -63,6 +66,9 @@ type records struct {
 	// pending holds the ended grants whose removal is not acknowledged
 	// (the grants_removal_pending index): few, and read by every sweep.
 	pending map[string]*nvmegate.Grant
+
+	// policy is the policy in force (nil: none loaded through the store).
+	policy *Policy
 
 	// corrupt holds the records that did not decode at load, by bucket and
 	// key: a read that reaches one fails with its decode error, as it did
@@ -110,10 +116,19 @@ type op struct {
 	binding   *nvmegate.HostBinding
 	job       *nvmegate.Job
 	grant     *nvmegate.Grant
+	policy    *Policy
 }
 
 // apply makes c visible to readers, all at once.
 func (m *model) apply(c change) {
+	if p := m.applyLocked(c); p != nil && m.onPolicy != nil {
+		m.onPolicy(p)
+	}
+}
+
+// applyLocked is apply under the lock; it returns the policy c loaded, if
+// any.
+func (m *model) applyLocked(c change) (loaded *Policy) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if c.revision <= m.rev.Load() {
@@ -123,6 +138,9 @@ func (m *model) apply(c change) {
 	for _, o := range c.ops {
 		m.records.apply(o)
 		scope = scope || o.grant == nil
+		if o.policy != nil {
+			loaded = o.policy
+		}
 	}
 	if scope {
 		m.scopeRev.Store(c.revision)
@@ -131,6 +149,7 @@ func (m *model) apply(c change) {
 		}
 	}
 	m.rev.Store(c.revision)
+	return loaded
 }
 
 func (r *records) apply(o op) {
@@ -187,6 +206,8 @@ func (r *records) apply(o op) {
 			delete(r.jobs, o.job.ID)
 			r.ended.put(o.job)
 		}
+	case o.policy != nil:
+		r.policy = o.policy
 	case o.grant != nil:
 		g := o.grant
 		r.clean(bucketGrants, g.ID)
@@ -427,6 +448,13 @@ func load(tx *bolt.Tx) (records, uint64, error) {
 	if err != nil {
 		return r, 0, err
 	}
+	if b := tx.Bucket(bucketPolicy); b != nil {
+		if v := b.Get(policyActive); v != nil {
+			if r.policy, err = decodePolicy(v); err != nil {
+				return r, 0, err
+			}
+		}
+	}
 	return r, rev, nil
 }
 
@@ -484,6 +512,14 @@ func (e *endedJobs) drop(id string) {
 // feed hears of every scope record before and after: anything may have
 // changed.
 func (m *model) replace(r records, rev uint64) {
+	if p := m.replaceLocked(r, rev); p != nil && m.onPolicy != nil {
+		m.onPolicy(p)
+	}
+}
+
+// replaceLocked is replace under the lock; it returns r's policy if it
+// is another than the one in force.
+func (m *model) replaceLocked(r records, rev uint64) *Policy {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var ops []op
@@ -504,10 +540,15 @@ func (m *model) replace(r records, rev uint64) {
 			ops = append(ops, op{job: j})
 		}
 	}
+	changed := r.policy != nil && (m.records.policy == nil || m.records.policy.Digest != r.policy.Digest)
 	m.records = r
 	m.rev.Store(rev)
 	m.scopeRev.Store(rev)
 	for _, f := range m.feeds {
 		f.add(rev, ops)
 	}
+	if changed {
+		return r.policy
+	}
+	return nil
 }

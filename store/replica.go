@@ -132,6 +132,8 @@ func decodeOp(bucket, v []byte) (*op, error) {
 		if j, err = decodeJob(v); err == nil {
 			o.job = clipJob(j)
 		}
+	case bytes.Equal(bucket, bucketPolicy):
+		o.policy, err = decodePolicy(v)
 	case bytes.Equal(bucket, bucketGrants):
 		o.grant, err = decodeGrant(v)
 	default:

@@ -61,6 +61,7 @@ var (
 		bucketMeta, bucketTargets, bucketSubsystems, bucketSubsystemsByTarget,
 		bucketNamespaces, bucketHostBindings, bucketHostBindingsByNQN, bucketJobs,
 		bucketGrants, bucketGrantsBySubsystem, bucketGrantsByNode, bucketGrantsByHost, bucketGrantsPending, bucketHostKeyScopes,
+		bucketPolicy,
 		bucketGrantsSuperseded, bucketRequests, bucketRequestsByTime,
 	}
 
@@ -113,6 +114,13 @@ type Options struct {
 	// roots before it was stored, so a replica drops the roots it keeps
 	// for them and reads the new ones. It must not block.
 	Revoked func(scopes []string)
+
+	// PolicyLoaded hears of each policy a change makes the one in force
+	// (LoadPolicy), on every replica, as the model starts serving it: the
+	// gateway's policy engine swaps to it there. It is called with the
+	// store's write lock held: a slow one holds up writes. Open's replay
+	// calls it too, before Open returns.
+	PolicyLoaded func(p *Policy)
 }
 
 // DB is the inventory store. Its methods are safe for concurrent use: the
@@ -184,6 +192,7 @@ func openFile(path string, opts Options) (*DB, error) {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
 	db := &DB{bolt: bdb, now: opts.Now, applied: opts.Applied, revoked: opts.Revoked}
+	db.model.onPolicy = opts.PolicyLoaded
 	if opts.Forward != nil {
 		db.lead.forward, db.lead.advanced = opts.Forward, make(chan struct{})
 	}
