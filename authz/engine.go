@@ -160,6 +160,19 @@ func (e *Engine) Reload(ctx context.Context, b *policy.Bundle, source string) er
 	return nil
 }
 
+// Check compiles and self-tests b as Reload does, without serving it: a
+// policy is checked before it is made the one in force for every replica
+// (each then loads it with Reload).
+func (e *Engine) Check(ctx context.Context, b *policy.Bundle, source string) error {
+	if b == nil {
+		return fmt.Errorf("%w: no bundle", ErrConfig)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, err := e.prepare(ctx, b, source)
+	return err
+}
+
 // Status reports the serving revision.
 func (e *Engine) Status() Status { return e.current.Load().status }
 

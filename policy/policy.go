@@ -108,6 +108,25 @@ func (b *Bundle) FS() fs.FS {
 	return m
 }
 
+// Files returns a copy of the loaded files (path → contents): what the
+// digest covers, and what LoadFiles loads again.
+func (b *Bundle) Files() map[string][]byte {
+	out := make(map[string][]byte, len(b.files))
+	for name, data := range b.files {
+		out[name] = bytes.Clone(data)
+	}
+	return out
+}
+
+// LoadFiles loads a bundle from its files (Files), as Load does.
+func LoadFiles(files map[string][]byte) (*Bundle, error) {
+	m := fstest.MapFS{}
+	for name, data := range files {
+		m[name] = &fstest.MapFile{Data: data, Mode: 0o444}
+	}
+	return Load(m)
+}
+
 // With loads a new bundle: b's files with files added or replaced (path →
 // contents). It builds candidates (Policy.Explain) and merges extra data
 // (`nvmegate policy eval --data`) without touching b.

@@ -74,7 +74,10 @@ type Main struct {
 	repl      *replication // nil: a single gateway
 	seq       *sequencer   // with repl: the leader's peer service and the forwarding to it
 	tail      tailState    // with repl: etcd's tail of the audit log
-	peers     *targetPeers // with repl: targets programmed by other replicas
+	// policyEngine, with repl, is the engine the policy in force in the
+	// store is loaded into (policyLoaded); nil until it is made.
+	policyEngine atomic.Pointer[authz.Engine]
+	peers        *targetPeers // with repl: targets programmed by other replicas
 }
 
 // NewMain returns a Main with the defaults of a production daemon.
@@ -199,6 +202,7 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		m.seq.client = &forward.Client{Resolve: m.repl.resolver(m.seq.value), Leading: func() bool { return m.db != nil && m.db.Leading() }}
 		auditOpts.Replica, auditOpts.Forward, storeOpts.Forward = m.repl.log, m.seq.client, m.seq.client
 		auditOpts.History = m.seq.client                   // the history etcd trimmed, from the leader's copy
+		storeOpts.PolicyLoaded = m.policyLoaded            // one policy for every replica
 		auditOpts.GroupWait, _ = c.Etcd.groupWait()        // checked by validate
 		ack, _ := time.ParseDuration(c.Targets.AckTimeout) // checked by validate
 		m.peers = newTargetPeers(m.repl, nil, ack)
@@ -250,12 +254,21 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		m.seq.serveWith(m.source, svid.ID, m.db, m.audit)
 	}
 	src := policySource{dir: c.Policy.Dir, bundle: c.Policy.Bundle}
-	bundle, err := src.load()
+	bundle, srcName, err := m.startingPolicy(src)
 	if err != nil {
-		return fmt.Errorf("policy %s: %w", src.name(), err)
+		return fmt.Errorf("policy %s: %w", srcName, err)
 	}
-	if m.engine, err = authz.NewEngine(ctx, authz.Options{TrustDomain: td, Bundle: bundle, Source: src.name(), Logger: m.log}); err != nil {
-		return fmt.Errorf("policy %s: %w", src.name(), err)
+	if m.engine, err = authz.NewEngine(ctx, authz.Options{TrustDomain: td, Bundle: bundle, Source: srcName, Logger: m.log}); err != nil {
+		return fmt.Errorf("policy %s: %w", srcName, err)
+	}
+	if m.repl != nil {
+		// From here on the replica's engine follows the policy in force
+		// in the store (a load the projection applied while the engine
+		// was made is caught up here).
+		m.policyEngine.Store(m.engine)
+		if p := m.db.Policy(); p != nil && p.Digest != m.engine.Status().Digest {
+			m.policyLoaded(p)
+		}
 	}
 	// The policy that decides from now on is on the record before any
 	// decision is.
@@ -311,8 +324,14 @@ func (m *Main) Open(ctx context.Context) (err error) {
 	if err := m.agent.Reconcile(ctx); err != nil {
 		m.log.Error("targets not reconciled at start; retrying in the background", "err", err)
 	}
-	if src.dir != "" || src.bundle != "" {
+	if src.dir != "" || src.bundle != "" || m.repl != nil {
+		// Replicas: the leader's reloader makes its source's policy (the
+		// embedded one too: replicas of two versions during an upgrade)
+		// the one in force on every replica.
 		m.reloader = &policyReloader{engine: m.engine, source: src, interval: c.Policy.reloadInterval(), log: m.log, audit: m.audit, self: self}
+		if m.repl != nil {
+			m.reloader.shared = m.db
+		}
 	}
 
 	// The grants' lifecycle: recorded in the log, kept in the store, with
@@ -578,7 +597,9 @@ func (m *Main) Run(ctx context.Context) error {
 			once(func(ctx context.Context) { m.repl.trimLog(ctx, m.audit, t, &m.tail, m.log) })
 		}
 	}
-	if m.reloader != nil {
+	if m.reloader != nil && m.repl != nil {
+		once(func(ctx context.Context) { _ = m.reloader.Run(ctx) })
+	} else if m.reloader != nil {
 		g.Go(func() error { return m.reloader.Run(ctx) })
 	}
 	once(func(ctx context.Context) {

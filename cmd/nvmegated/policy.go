@@ -10,6 +10,7 @@ import (
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/authz"
 	"github.com/nvmegate/nvmegate/policy"
+	"github.com/nvmegate/nvmegate/store"
 )
 
 // policySource loads the configured policy: a directory (re-read on every
@@ -55,10 +56,18 @@ type policyReloader struct {
 	// loaded, if set, hears of every revision swapped in (the grants are
 	// re-decided under it).
 	loaded func(ctx context.Context, revision, digest string)
+	// shared, for replicas, is the store the policy in force is a record
+	// of: the leader's reloader makes its source's policy the one in force
+	// there (a change of the log), and every replica's engine swaps to it
+	// as it applies that change (Main.policyLoaded), not to its own files.
+	shared *store.DB
 }
 
 // Run checks every interval until ctx ends.
 func (r *policyReloader) Run(ctx context.Context) error {
+	if r.shared != nil {
+		r.check(ctx) // a new leader's source may hold a policy not yet in force
+	}
 	every(ctx, r.interval, func() { r.check(ctx) })
 	return nil
 }
@@ -66,14 +75,11 @@ func (r *policyReloader) Run(ctx context.Context) error {
 // check loads the policy once and swaps it in if it is new and good. It
 // returns whether a new revision is now serving.
 func (r *policyReloader) check(ctx context.Context) bool {
-	b, err := r.source.load()
-	if err != nil {
-		if key := "load:" + err.Error(); key != r.refused {
-			r.refused = key
-			r.record(ctx, authz.Status{Source: r.source.name()}, err)
-			r.log.Warn("policy refused: it does not load; the serving policy stays",
-				"source", r.source.name(), "serving_revision", r.engine.Status().Revision, "err", err)
-		}
+	if r.shared != nil {
+		return r.checkShared(ctx)
+	}
+	b, ok := r.loadSource(ctx)
+	if !ok {
 		return false
 	}
 	// Compare content digests, not revisions: a bundle's .manifest may keep
@@ -106,6 +112,70 @@ func (r *policyReloader) check(ctx context.Context) bool {
 	return true
 }
 
+// checkShared is check on the leader of replicas: a new policy of its
+// source, once compiled and self-tested here, becomes the one in force by
+// a change of the store, with its policy_load entry in the same commit;
+// each replica, this one included, swaps to it as it applies the change.
+// A refused policy is recorded once, and the one in force stays.
+func (r *policyReloader) checkShared(ctx context.Context) bool {
+	b, ok := r.loadSource(ctx)
+	if !ok {
+		return false
+	}
+	if cur := r.shared.Policy(); cur != nil && cur.Digest == b.Digest || b.Digest == r.refused {
+		return false
+	}
+	src := r.source.name()
+	cand := authz.Status{Revision: b.Revision, Digest: b.Digest, Source: src}
+	if err := r.engine.Check(ctx, b, src); err != nil {
+		r.refused = b.Digest
+		r.record(ctx, cand, err)
+		r.log.Warn("policy refused: the one in force stays on every replica", "revision", b.Revision, "source", src, "err", err)
+		return false
+	}
+	entry := audit.Entry{Kind: audit.EventPolicyLoad, Caller: r.self,
+		Detail: clipDetail(fmt.Sprintf("policy revision %s (digest %s) from %s in force on every replica from this change", b.Revision, b.Digest, src))}
+	loaded, err := r.shared.LoadPolicy(ctx, &store.Policy{Revision: b.Revision, Digest: b.Digest, Source: src, Files: b.Files()}, entry)
+	if err != nil {
+		r.log.Error("policy not made the one in force (the store did not take it); retrying", "revision", b.Revision, "err", err)
+		return false
+	}
+	r.refused = ""
+	if loaded && r.loaded != nil {
+		r.loaded(ctx, b.Revision, b.Digest)
+	}
+	return loaded
+}
+
+// loadSource loads the source's bundle; a failure is recorded and logged
+// once.
+func (r *policyReloader) loadSource(ctx context.Context) (*policy.Bundle, bool) {
+	b, err := r.source.load()
+	if err != nil {
+		if key := "load:" + err.Error(); key != r.refused {
+			r.refused = key
+			r.record(ctx, authz.Status{Source: r.source.name()}, err)
+			r.log.Warn("policy refused: it does not load; the serving policy stays",
+				"source", r.source.name(), "serving_revision", r.engine.Status().Revision, "err", err)
+		}
+		return nil, false
+	}
+	return b, true
+}
+
+// bundleOf is the store's policy as a bundle, checked to be the one its
+// digest names.
+func bundleOf(p *store.Policy) (*policy.Bundle, error) {
+	b, err := policy.LoadFiles(p.Files)
+	if err != nil {
+		return nil, err
+	}
+	if b.Digest != p.Digest {
+		return nil, fmt.Errorf("the policy record names digest %s, its files hash to %s", p.Digest, b.Digest)
+	}
+	return b, nil
+}
+
 // record appends a policy_load entry; a failure is logged (the reload has
 // happened or not whatever the log says, and the next decision's entries
 // name the revision that made them).
@@ -129,9 +199,50 @@ func recordPolicyLoad(ctx context.Context, log *audit.Log, self string, st authz
 }
 
 func appendPolicyEntry(ctx context.Context, log *audit.Log, self, detail string) error {
-	if len(detail) > 1024 { // compile errors can be long; the log bounds fields
-		detail = strings.ToValidUTF8(detail[:1024], "") + "…"
-	}
-	_, _, err := log.Append(ctx, audit.Entry{Kind: audit.EventPolicyLoad, Caller: self, Detail: detail})
+	_, _, err := log.Append(ctx, audit.Entry{Kind: audit.EventPolicyLoad, Caller: self, Detail: clipDetail(detail)})
 	return err
+}
+
+// clipDetail bounds an entry's detail: compile errors can be long, and
+// the log bounds fields.
+func clipDetail(detail string) string {
+	if len(detail) > 1024 {
+		return strings.ToValidUTF8(detail[:1024], "") + "…"
+	}
+	return detail
+}
+
+// startingPolicy is the bundle a replica starts deciding under: the policy
+// in force in the store, if one was loaded through it, else its source's
+// (a lone gateway's always).
+func (m *Main) startingPolicy(src policySource) (*policy.Bundle, string, error) {
+	if m.repl != nil {
+		if p := m.db.Policy(); p != nil {
+			b, err := bundleOf(p)
+			return b, p.Source, err
+		}
+	}
+	b, err := src.load()
+	return b, src.name(), err
+}
+
+// policyLoaded swaps this replica's engine to the policy a change of the
+// store made the one in force (store.Options.PolicyLoaded): on every
+// replica, as its projection applies the change, before any call that
+// passes the read barrier after it. A policy this replica cannot load is
+// logged; it decides under the one before.
+func (m *Main) policyLoaded(p *store.Policy) {
+	e := m.policyEngine.Load()
+	if e == nil || e.Status().Digest == p.Digest {
+		return // the engine is made from the store's policy (startingPolicy)
+	}
+	b, err := bundleOf(p)
+	if err == nil {
+		err = e.Reload(context.Background(), b, p.Source)
+	}
+	if err != nil {
+		m.log.Error("the policy in force could not be loaded on this replica; it decides under the one before", "revision", p.Revision, "digest", p.Digest, "err", err)
+		return
+	}
+	m.log.Info("policy in force loaded", "revision", p.Revision, "digest", p.Digest, "source", p.Source)
 }
