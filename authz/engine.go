@@ -86,6 +86,7 @@ type Engine struct {
 
 	mu      sync.Mutex             // serializes Reload
 	current atomic.Pointer[loaded] // never nil after NewEngine
+	held    atomic.Pointer[error]  // Hold's reason; nil: deciding
 	workers workers                // deep evaluations (workers.go)
 }
 
@@ -151,6 +152,7 @@ func (e *Engine) Reload(ctx context.Context, b *policy.Bundle, source string) er
 		return err
 	}
 	prev := e.current.Swap(l)
+	e.held.Store(nil)
 	attrs := []slog.Attr{slog.String("revision", b.Revision), slog.String("source", source),
 		slog.Int("samples", len(b.Samples))}
 	if prev != nil {
@@ -172,6 +174,12 @@ func (e *Engine) Check(ctx context.Context, b *policy.Bundle, source string) err
 	_, err := e.prepare(ctx, b, source)
 	return err
 }
+
+// Hold stops the engine deciding until the next successful Reload: every
+// Authorize denies and fails with ErrHeld, saying why. A replica holds its
+// engine when it cannot load the policy in force for every replica: it
+// must not decide under the one before.
+func (e *Engine) Hold(why error) { e.held.Store(&why) }
 
 // Status reports the serving revision.
 func (e *Engine) Status() Status { return e.current.Load().status }
@@ -331,7 +339,8 @@ func (e *Engine) prepare(ctx context.Context, b *policy.Bundle, source string) (
 // Authorize evaluates the policy for in. It fails closed: whatever goes
 // wrong, the Decision denies and names the reason. Evaluation errors (and a
 // nil in, or an input that cannot be converted) also return an error
-// wrapping ErrEvaluation, or the context's error if ctx ended; a decision
+// wrapping ErrEvaluation (ErrHeld while Hold holds it), or the context's
+// error if ctx ended; a decision
 // document of the wrong shape is a deny with reason "policy decision is
 // malformed: ..." and no error (it is logged at error level: fix the policy).
 //
@@ -340,6 +349,11 @@ func (e *Engine) prepare(ctx context.Context, b *policy.Bundle, source string) (
 func (e *Engine) Authorize(ctx context.Context, in *Input) (*nvmegate.Decision, error) {
 	l := e.current.Load()
 	now := e.now()
+	if why := e.held.Load(); why != nil {
+		d := &nvmegate.Decision{ID: newDecisionID(now), PolicyRevision: l.status.Revision, EvaluatedAt: now,
+			Reasons: []string{"this replica cannot decide: " + (*why).Error()}}
+		return d, fmt.Errorf("%w: %w", ErrHeld, *why)
+	}
 	d, _, err := e.decide(ctx, l, in, e.gateway, now)
 	if err != nil {
 		e.log.LogAttrs(ctx, slog.LevelError, "authz: policy evaluation failed",

@@ -710,3 +710,28 @@ func TestDecisionIDs(t *testing.T) {
 		t.Errorf("ID %s does not start with the clock's milliseconds %s", d.ID, want)
 	}
 }
+
+// A held engine decides nothing: every call is denied and fails with
+// ErrHeld, saying why, until a policy loads again.
+func TestEngineHold(t *testing.T) {
+	e, _, _ := newEngine(t, nil)
+	in := input("spiffe://example.org/admin/alice", "/nvmegate.v1.Inventory/AddTarget")
+	if d, err := e.Authorize(context.Background(), in); err != nil || !d.Allow {
+		t.Fatalf("before the hold: %+v %v", d, err)
+	}
+	e.Hold(errors.New("the policy in force does not compile here"))
+	d, err := e.Authorize(context.Background(), in)
+	if !errors.Is(err, authz.ErrHeld) || d == nil || d.Allow || !strings.Contains(strings.Join(d.Reasons, ";"), "does not compile here") {
+		t.Fatalf("held: %+v %v", d, err)
+	}
+	b, err := policy.Load(policy.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Reload(context.Background(), b, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := e.Authorize(context.Background(), in); err != nil || !d.Allow {
+		t.Fatalf("after a reload: %+v %v", d, err)
+	}
+}

@@ -37,6 +37,11 @@ var (
 	// returns a denying Decision to record; the caller must treat the
 	// request as failed (an internal error), not as an ordinary denial.
 	ErrEvaluation = errors.New("authz: policy evaluation failed")
+
+	// ErrHeld: the engine is held (Engine.Hold) and decides nothing: its
+	// replica could not load the policy in force. The interceptors answer
+	// codes.Unavailable (another replica can decide).
+	ErrHeld = errors.New("authz: this gateway replica cannot load the policy in force")
 )
 
 // SelfTestError reports the self-test sample a policy revision got wrong.

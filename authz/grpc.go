@@ -162,6 +162,10 @@ func (g *guard) check(ctx context.Context, fullMethod string, req any) (context.
 	case err != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
 		g.logDecision(ctx, slog.LevelInfo, caller, fullMethod, d, err)
 		return nil, status.FromContextError(err).Err()
+	case errors.Is(err, ErrHeld):
+		g.logDecision(ctx, slog.LevelError, caller, fullMethod, d, err)
+		g.recordRefusal(ctx, in, d, err)
+		return nil, status.Errorf(codes.Unavailable, "this gateway replica cannot load the policy in force, and decides nothing; decision %s", d.ID)
 	case err != nil:
 		g.logDecision(ctx, slog.LevelError, caller, fullMethod, d, err)
 		g.recordRefusal(ctx, in, d, err)

@@ -383,6 +383,16 @@ decision := {"allow": allow, "reasons": ["r"], "obligations": {}}
 		t.Errorf("not logged:\n%s", s.log)
 	}
 
+	// A held engine (its replica cannot load the policy in force):
+	// Unavailable, and the handler does not run.
+	held, _, _ := newEngine(t, nil)
+	held.Hold(errors.New("policy in force not loadable"))
+	s = newServer(t, held, authz.WithPeerID(headerPeerID))
+	wantCode(t, s.addTarget(as(context.Background(), adminID), nil), codes.Unavailable, "cannot load the policy in force")
+	if s.inv.calls != 0 {
+		t.Error("handler ran under a held engine")
+	}
+
 	// An Authorizer that breaks its contract (nil, nil) fails closed.
 	s = newServer(t, authz.AuthorizerFunc(func(context.Context, *authz.Input) (*nvmegate.Decision, error) { return nil, nil }),
 		authz.WithPeerID(headerPeerID))

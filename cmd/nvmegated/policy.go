@@ -229,8 +229,8 @@ func (m *Main) startingPolicy(src policySource) (*policy.Bundle, string, error) 
 // policyLoaded swaps this replica's engine to the policy a change of the
 // store made the one in force (store.Options.PolicyLoaded): on every
 // replica, as its projection applies the change, before any call that
-// passes the read barrier after it. A policy this replica cannot load is
-// logged; it decides under the one before.
+// passes the read barrier after it. A policy this replica cannot load
+// holds its engine: it decides nothing until one loads.
 func (m *Main) policyLoaded(p *store.Policy) {
 	e := m.policyEngine.Load()
 	if e == nil || e.Status().Digest == p.Digest {
@@ -241,7 +241,10 @@ func (m *Main) policyLoaded(p *store.Policy) {
 		err = e.Reload(context.Background(), b, p.Source)
 	}
 	if err != nil {
-		m.log.Error("the policy in force could not be loaded on this replica; it decides under the one before", "revision", p.Revision, "digest", p.Digest, "err", err)
+		// Not the one before: the others decide under this one. Fail
+		// closed until a policy in force loads here.
+		e.Hold(fmt.Errorf("policy revision %s (digest %s): %w", p.Revision, p.Digest, err))
+		m.log.Error("the policy in force could not be loaded on this replica; it decides nothing until one loads", "revision", p.Revision, "digest", p.Digest, "err", err)
 		return
 	}
 	m.log.Info("policy in force loaded", "revision", p.Revision, "digest", p.Digest, "source", p.Source)
