@@ -55,6 +55,12 @@ type Options struct {
 	// the rotation), and again if the rotation then fails, or, for data
 	// keys, when the new version is known (see RotationEvent.Outcome).
 	OnRotate func(context.Context, RotationEvent) error
+	// OnRotated hears of every access root rotation this manager made,
+	// once the backend holds the new root (replicas note it in their
+	// shared store, so that every replica drops the old one at once). An
+	// error is logged: the rotation is made, and the others read it at
+	// their next refresh.
+	OnRotated func(context.Context, RotationEvent) error
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 	// Logger; nil discards.
@@ -380,6 +386,12 @@ func (m *Manager) rotate(ctx context.Context, subNQN string, prev uint64, reason
 	m.store(subNQN, roots)
 	cur := roots[len(roots)-1]
 	m.log.Info("keys: access root rotated", "subsystem", subNQN, "version", cur.Version, "reason", reason)
+	if m.opts.OnRotated != nil {
+		ev.Outcome, ev.Version, ev.Fingerprint = "applied", cur.Version, RootFingerprint(cur)
+		if err := m.opts.OnRotated(ctx, ev); err != nil {
+			m.log.Error("keys: access root rotated, not yet noted for the other replicas; they read it at their next refresh", "subsystem", subNQN, "err", err)
+		}
+	}
 	return cur, nil
 }
 

@@ -87,6 +87,7 @@ var ops = map[string]func() forwarded{
 	"create_job":          creating((*DB).CreateJob),
 	"finish_job":          func() forwarded { return &finishJobOp{} },
 	"load_policy":         func() forwarded { return &loadPolicyOp{} },
+	"note_root_rotated":   func() forwarded { return &noteRootOp{} },
 	"create_namespace":    creating((*DB).CreateNamespace),
 	"delete_namespace":    func() forwarded { return &deleteNamespaceOp{} },
 	"create_subsystem":    creating((*DB).CreateSubsystem),
@@ -536,6 +537,14 @@ type finishJobOp struct {
 func (o *finishJobOp) run(ctx context.Context, db *DB) (err error) {
 	o.Job, err = db.FinishJob(ctx, o.ID)
 	return err
+}
+
+type noteRootOp struct {
+	Rotation RootRotation `json:"rotation"`
+}
+
+func (o *noteRootOp) run(ctx context.Context, db *DB) error {
+	return db.NoteRootRotated(ctx, o.Rotation)
 }
 
 type loadPolicyOp struct {

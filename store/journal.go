@@ -752,6 +752,10 @@ func stateChangeEntry(ops []op) audit.Entry {
 		case o.job != nil:
 			parts = append(parts, "job "+o.job.ID+" "+o.job.State)
 			e.JobID = o.job.ID
+		case o.root != nil:
+			parts = append(parts, fmt.Sprintf("access root of %s at version %d (fingerprint %s)", o.root.Scope, o.root.Version, o.root.Fingerprint))
+		case o.policy != nil:
+			parts = append(parts, "policy "+o.policy.Digest+" in force")
 		case o.grant != nil:
 			g := o.grant
 			s := "grant " + g.ID + " " + g.State

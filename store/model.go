@@ -34,8 +34,10 @@ type model struct {
 	// feeds hear of every scope change applied (DB.WatchScope).
 	feeds []*ScopeFeed
 	// onPolicy hears of each policy a change loads, once the model
-	// serves it (Options.PolicyLoaded).
+	// serves it (Options.PolicyLoaded); onRoot of each access root
+	// rotation a change notes (Options.RootRotated).
 	onPolicy func(*Policy)
+	onRoot   func(*RootRotation)
 }
 
 // records are the model's maps. Values are never modified once stored: a
@@ -117,12 +119,20 @@ type op struct {
 	job       *nvmegate.Job
 	grant     *nvmegate.Grant
 	policy    *Policy
+	root      *RootRotation
 }
 
 // apply makes c visible to readers, all at once.
 func (m *model) apply(c change) {
 	if p := m.applyLocked(c); p != nil && m.onPolicy != nil {
 		m.onPolicy(p)
+	}
+	if m.onRoot != nil {
+		for _, o := range c.ops {
+			if o.root != nil {
+				m.onRoot(o.root)
+			}
+		}
 	}
 }
 
@@ -137,7 +147,7 @@ func (m *model) applyLocked(c change) (loaded *Policy) {
 	scope := false
 	for _, o := range c.ops {
 		m.records.apply(o)
-		scope = scope || o.grant == nil
+		scope = scope || o.grant == nil && o.root == nil // a root rotation changes no scope
 		if o.policy != nil {
 			loaded = o.policy
 		}

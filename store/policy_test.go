@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -90,5 +91,49 @@ func TestLoadPolicyTooLarge(t *testing.T) {
 	_, err = db.LoadPolicy(context.Background(), p, audit.Entry{Kind: audit.EventPolicyLoad})
 	if err == nil || db.Policy() != nil {
 		t.Fatalf("a policy of %d bytes: %v", store.MaxPolicyBytes, err)
+	}
+}
+
+// A root rotation noted in the store reaches the hook (every replica's, as
+// it applies the change); an older or the same version writes nothing.
+func TestNoteRootRotated(t *testing.T) {
+	dir := t.TempDir()
+	log, err := audit.Open(filepath.Join(dir, "audit.db"), audit.Options{Origin: "nvmegate.test/roots"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	var mu sync.Mutex
+	var heard []string
+	db, err := store.Open(filepath.Join(dir, "store.db"), store.Options{Journal: log, RootRotated: func(scope string, v uint64) {
+		mu.Lock()
+		heard = append(heard, fmt.Sprintf("%s@%d", scope, v))
+		mu.Unlock()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	const sub = "nqn.2026-01.io.nvmegate:sub-1"
+	if err := db.NoteRootRotated(ctx, store.RootRotation{Scope: sub, Version: 2, Fingerprint: "sha256:abcd"}); err != nil {
+		t.Fatal(err)
+	}
+	rev := db.Revision()
+	for _, v := range []uint64{1, 2} {
+		if err := db.NoteRootRotated(ctx, store.RootRotation{Scope: sub, Version: v, Fingerprint: "sha256:old"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if db.Revision() != rev {
+		t.Fatal("an older rotation was noted")
+	}
+	if err := db.NoteRootRotated(ctx, store.RootRotation{Scope: sub, Version: 3, Fingerprint: "sha256:ef01"}); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(heard) != "["+sub+"@2 "+sub+"@3]" {
+		t.Fatalf("the hook heard %v", heard)
 	}
 }

@@ -134,6 +134,8 @@ func decodeOp(bucket, v []byte) (*op, error) {
 		}
 	case bytes.Equal(bucket, bucketPolicy):
 		o.policy, err = decodePolicy(v)
+	case bytes.Equal(bucket, bucketRoots):
+		o.root, err = decodeRootRotation(v)
 	case bytes.Equal(bucket, bucketGrants):
 		o.grant, err = decodeGrant(v)
 	default:

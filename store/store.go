@@ -61,7 +61,7 @@ var (
 		bucketMeta, bucketTargets, bucketSubsystems, bucketSubsystemsByTarget,
 		bucketNamespaces, bucketHostBindings, bucketHostBindingsByNQN, bucketJobs,
 		bucketGrants, bucketGrantsBySubsystem, bucketGrantsByNode, bucketGrantsByHost, bucketGrantsPending, bucketHostKeyScopes,
-		bucketPolicy,
+		bucketPolicy, bucketRoots,
 		bucketGrantsSuperseded, bucketRequests, bucketRequestsByTime,
 	}
 
@@ -121,6 +121,12 @@ type Options struct {
 	// store's write lock held: a slow one holds up writes. Open's replay
 	// calls it too, before Open returns.
 	PolicyLoaded func(p *Policy)
+
+	// RootRotated hears of each access root rotation a change notes
+	// (NoteRootRotated), on every replica, as the change is applied: the
+	// replica drops the roots it keeps of that scope and reads the new
+	// one. Called with the store's write lock held; it must not block.
+	RootRotated func(scope string, version uint64)
 }
 
 // DB is the inventory store. Its methods are safe for concurrent use: the
@@ -193,6 +199,9 @@ func openFile(path string, opts Options) (*DB, error) {
 	}
 	db := &DB{bolt: bdb, now: opts.Now, applied: opts.Applied, revoked: opts.Revoked}
 	db.model.onPolicy = opts.PolicyLoaded
+	if f := opts.RootRotated; f != nil {
+		db.model.onRoot = func(r *RootRotation) { f(r.Scope, r.Version) }
+	}
 	if opts.Forward != nil {
 		db.lead.forward, db.lead.advanced = opts.Forward, make(chan struct{})
 	}

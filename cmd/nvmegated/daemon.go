@@ -201,8 +201,13 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		m.repl.elector.Value = m.seq.value
 		m.seq.client = &forward.Client{Resolve: m.repl.resolver(m.seq.value), Leading: func() bool { return m.db != nil && m.db.Leading() }}
 		auditOpts.Replica, auditOpts.Forward, storeOpts.Forward = m.repl.log, m.seq.client, m.seq.client
-		auditOpts.History = m.seq.client                   // the history etcd trimmed, from the leader's copy
-		storeOpts.PolicyLoaded = m.policyLoaded            // one policy for every replica
+		auditOpts.History = m.seq.client                       // the history etcd trimmed, from the leader's copy
+		storeOpts.PolicyLoaded = m.policyLoaded                // one policy for every replica
+		storeOpts.RootRotated = func(scope string, _ uint64) { // a rotation through another replica
+			if k := m.expire.Load(); k != nil {
+				k.Expire(scope)
+			}
+		}
 		auditOpts.GroupWait, _ = c.Etcd.groupWait()        // checked by validate
 		ack, _ := time.ParseDuration(c.Targets.AckTimeout) // checked by validate
 		m.peers = newTargetPeers(m.repl, nil, ack)
@@ -466,7 +471,7 @@ func (m *Main) openKeys(ctx context.Context, self string) error {
 	rotation, dataKeys, grace, refresh, stale := c.durations()
 	m.keys, err = keys.NewManager(keys.Options{Backend: m.keyStore, RotationPeriod: rotation, DataKeyRotationPeriod: dataKeys, Grace: grace,
 		RefreshInterval: refresh, MaxStaleness: stale, Logger: m.log,
-		OnRotate: gateway.AuditRotations(m.audit, self)})
+		OnRotate: gateway.AuditRotations(m.audit, self), OnRotated: m.noteRotated})
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,97 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nvmegate/nvmegate/audit"
+	"github.com/nvmegate/nvmegate/keys"
+	"github.com/nvmegate/nvmegate/keys/nvmefmt"
+)
+
+// Replicas decide under one policy: the leader's source makes it the one
+// in force (a change of the log), and every replica swaps to it as it
+// applies that change — a follower's own policy files do not.
+func TestOnePolicyForEveryReplica(t *testing.T) {
+	f := newFleet(t, 1)
+	dirs := map[string]string{"a": t.TempDir(), "b": t.TempDir()}
+	ms := map[string]*Main{}
+	for _, name := range []string{"a", "b"} {
+		copyDefaultPolicy(t, dirs[name])
+		ms[name], _ = f.replica(t, name, "--policy-dir", dirs[name], "--policy-reload-interval", "100ms")
+	}
+	waitUntil(t, "a leader", func() bool { return ms["a"].repl.elector.Leading() != ms["b"].repl.elector.Leading() })
+	lead, follow := "a", "b"
+	if ms["b"].repl.elector.Leading() {
+		lead, follow = "b", "a"
+	}
+	waitUntil(t, "the leader's policy in force in the store", func() bool { return ms[lead].db.Policy() != nil })
+
+	edit := func(name, note string) {
+		t.Helper()
+		rego := filepath.Join(dirs[name], "authz.rego")
+		src, err := os.ReadFile(rego)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(rego, append(src, []byte("\n# "+note+"\n")...), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := ms[follow].engine.Status().Digest
+	edit(follow, "only the follower's files")
+	edit(lead, "reviewed and approved")
+	waitUntil(t, "the leader's new policy in force", func() bool {
+		p := ms[lead].db.Policy()
+		return p != nil && p.Digest != before
+	})
+	want := ms[lead].db.Policy().Digest
+	waitUntil(t, "the follower deciding under the leader's policy", func() bool {
+		return ms[follow].engine.Status().Digest == want
+	})
+	if got := ms[lead].engine.Status().Digest; got != want {
+		t.Fatalf("the leader decides under %s, the policy in force is %s", got, want)
+	}
+	recs, _, err := ms[follow].audit.Query(ctxT(t), audit.Filter{Kinds: []audit.EventKind{audit.EventPolicyLoad}}, audit.Page{Size: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, r := range recs {
+		found = found || r.Entry.Change != nil && strings.Contains(r.Entry.Detail, want) && strings.Contains(r.Entry.Detail, "in force on every replica")
+	}
+	if !found {
+		t.Fatalf("no policy_load entry records the change to %s", want)
+	}
+}
+
+// An access root rotated through one replica is dropped by the other as
+// it applies the change that notes it: the next credentials there derive
+// from the new root, not the one it kept until its next refresh.
+func TestRotationReachesEveryReplica(t *testing.T) {
+	f := newFleet(t, 1)
+	a, _ := f.replica(t, "a")
+	b, _ := f.replica(t, "b")
+	sub := acmeJob(t, f.dir, a.GRPCAddr(), b.GRPCAddr(), "stor-1")
+	first, err := a.keys.Rotate(ctxT(t), sub, "first root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// b derives credentials from the root it keeps (its cache).
+	kept := func() uint64 {
+		c, err := b.keys.Credentials(ctxT(t), "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-000000000001", sub, keys.CredentialParams{DHCHAPHash: nvmefmt.SHA256})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.RootVersion
+	}
+	waitUntil(t, "b keeping the first root", func() bool { return kept() == first.Version })
+	rotated, err := a.keys.Rotate(ctxT(t), sub, "suspected compromise")
+	if err != nil || rotated.Version != first.Version+1 {
+		t.Fatalf("rotate through a: %+v %v", rotated, err)
+	}
+	// Within the wait, well before b's refresh (30 s) would read it.
+	waitUntil(t, "b deriving from the new root", func() bool { return kept() == rotated.Version })
+}
