@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/nvmegate/nvmegate"
 )
 
@@ -68,4 +70,20 @@ func (db *DB) NoteRootRotated(ctx context.Context, r RootRotation) error {
 		tx.record(op{root: &stored})
 		return put(tx, bucketRoots, []byte(r.Scope), val)
 	})
+}
+
+// NotedRoots are the access root versions the store notes, by scope.
+func (db *DB) NotedRoots(ctx context.Context) (map[string]uint64, error) {
+	out := map[string]uint64{}
+	err := db.view(ctx, func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketRoots).ForEach(func(k, v []byte) error {
+			r, err := decodeRootRotation(v)
+			if err != nil {
+				return err
+			}
+			out[string(k)] = r.Version
+			return nil
+		})
+	})
+	return out, err
 }

@@ -597,6 +597,7 @@ func (m *Main) Run(ctx context.Context) error {
 		g.Go(func() error { return m.seq.serve(ctx) })
 		g.Go(func() error { return m.peers.relay(ctx, m.agent, m.hub, m.log.Warn) })
 		g.Go(func() error { return m.repl.followLog(ctx, m.audit) })
+		once(m.reconcileRotations)
 		if t, _ := m.Config.Etcd.tail(); t.every > 0 { // checked by validate
 			g.Go(func() error { m.repl.reportCopy(ctx, m.audit, t, &m.tail, m.log); return nil })
 			once(func(ctx context.Context) { m.repl.trimLog(ctx, m.audit, t, &m.tail, m.log) })

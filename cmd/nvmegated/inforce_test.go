@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/keys"
@@ -94,4 +95,41 @@ func TestRotationReachesEveryReplica(t *testing.T) {
 	}
 	// Within the wait, well before b's refresh (30 s) would read it.
 	waitUntil(t, "b deriving from the new root", func() bool { return kept() == rotated.Version })
+}
+
+// A rotation Vault took and the store never noted (its replica died in
+// between) is noted by the leader's reconciliation: the other replicas
+// drop the old root then.
+func TestRotationReconciledByLeader(t *testing.T) {
+	f := newFleet(t, 1)
+	a, _ := f.replica(t, "a")
+	b, _ := f.replica(t, "b")
+	sub := acmeJob(t, f.dir, a.GRPCAddr(), b.GRPCAddr(), "stor-1")
+	first, err := a.keys.Rotate(ctxT(t), sub, "first root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := func() uint64 {
+		c, err := b.keys.Credentials(ctxT(t), "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-000000000002", sub, keys.CredentialParams{DHCHAPHash: nvmefmt.SHA256})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.RootVersion
+	}
+	waitUntil(t, "b keeping the first root", func() bool { return kept() == first.Version })
+	// Vault takes a rotation the store never hears of.
+	now := time.Now()
+	if _, err := a.keyStore.AddRoot(ctxT(t), sub, first.Version, make([]byte, keys.RootSize), now, now.Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if v := kept(); v != first.Version {
+		t.Fatalf("b derives from version %d before any note", v)
+	}
+	waitUntil(t, "a leader", func() bool { return a.repl.elector.Leading() != b.repl.elector.Leading() })
+	lead := a
+	if b.repl.elector.Leading() {
+		lead = b
+	}
+	lead.reconcileRotations(ctxT(t))
+	waitUntil(t, "b deriving from the root Vault took", func() bool { return kept() == first.Version+1 })
 }

@@ -16,3 +16,29 @@ func (m *Main) noteRotated(ctx context.Context, ev keys.RotationEvent) error {
 	}
 	return m.db.NoteRootRotated(context.WithoutCancel(ctx), store.RootRotation{Scope: ev.Name, Version: ev.Version, Fingerprint: ev.Fingerprint, At: ev.Time})
 }
+
+// reconcileRotations is the leader's, at the start of its term: a rotation
+// whose replica died between Vault taking it and the store noting it is
+// noted now, so every replica drops the old root before its refresh.
+func (m *Main) reconcileRotations(ctx context.Context) {
+	noted, err := m.db.NotedRoots(ctx)
+	if err != nil {
+		m.log.Warn("root rotations not reconciled with the store", "err", err)
+		return
+	}
+	scopes, err := m.keys.Subsystems(ctx)
+	if err != nil {
+		m.log.Warn("root rotations not reconciled with the store", "err", err)
+		return
+	}
+	for _, scope := range scopes {
+		st, err := m.keys.Status(ctx, scope)
+		if err != nil || st.Current <= noted[scope] || len(st.Versions) == 0 {
+			continue
+		}
+		v := st.Versions[0] // newest first
+		if err := m.db.NoteRootRotated(ctx, store.RootRotation{Scope: scope, Version: v.Version, Fingerprint: v.Fingerprint, At: v.Created}); err != nil {
+			m.log.Warn("root rotation not noted in the store; the replicas read it at their next refresh", "scope", scope, "err", err)
+		}
+	}
+}
