@@ -335,7 +335,7 @@ func (m *Main) Open(ctx context.Context) (err error) {
 		// the one in force on every replica.
 		m.reloader = &policyReloader{engine: m.engine, source: src, interval: c.Policy.reloadInterval(), log: m.log, audit: m.audit, self: self}
 		if m.repl != nil {
-			m.reloader.shared = m.db
+			m.reloader.shared, m.reloader.sharedOK = m.db, m.allApply
 		}
 	}
 

@@ -61,6 +61,10 @@ type policyReloader struct {
 	// there (a change of the log), and every replica's engine swaps to it
 	// as it applies that change (Main.policyLoaded), not to its own files.
 	shared *store.DB
+	// sharedOK, with shared, says whether every replica applies policy
+	// records (a rolling upgrade: until then each decides under its own
+	// source, as before).
+	sharedOK func(context.Context) bool
 }
 
 // Run checks every interval until ctx ends.
@@ -123,6 +127,13 @@ func (r *policyReloader) checkShared(ctx context.Context) bool {
 		return false
 	}
 	if cur := r.shared.Policy(); cur != nil && cur.Digest == b.Digest || b.Digest == r.refused {
+		return false
+	}
+	if r.sharedOK != nil && !r.sharedOK(ctx) {
+		if r.refused != "older replicas" {
+			r.refused = "older replicas"
+			r.log.Warn("policy not made the one in force for every replica: a replica of an older version runs (each decides under its own source until all are upgraded)", "revision", b.Revision)
+		}
 		return false
 	}
 	src := r.source.name()

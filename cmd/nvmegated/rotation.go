@@ -11,8 +11,8 @@ import (
 // of the replicas (keys.Options.OnRotated): every replica drops the old
 // root as it applies the change. A lone gateway's cache is its own.
 func (m *Main) noteRotated(ctx context.Context, ev keys.RotationEvent) error {
-	if m.repl == nil || m.db == nil {
-		return nil
+	if m.repl == nil || m.db == nil || !m.allApply(ctx) {
+		return nil // the others read it at their next refresh
 	}
 	return m.db.NoteRootRotated(context.WithoutCancel(ctx), store.RootRotation{Scope: ev.Name, Version: ev.Version, Fingerprint: ev.Fingerprint, At: ev.Time})
 }
@@ -21,6 +21,9 @@ func (m *Main) noteRotated(ctx context.Context, ev keys.RotationEvent) error {
 // whose replica died between Vault taking it and the store noting it is
 // noted now, so every replica drops the old root before its refresh.
 func (m *Main) reconcileRotations(ctx context.Context) {
+	if !m.allApply(ctx) {
+		return
+	}
 	noted, err := m.db.NotedRoots(ctx)
 	if err != nil {
 		m.log.Warn("root rotations not reconciled with the store", "err", err)
@@ -41,4 +44,14 @@ func (m *Main) reconcileRotations(ctx context.Context) {
 			m.log.Warn("root rotation not noted in the store; the replicas read it at their next refresh", "scope", scope, "err", err)
 		}
 	}
+}
+
+// allApply says whether every live replica applies the records this
+// version added (policy, root notes); a failure to tell is a no.
+func (m *Main) allApply(ctx context.Context) bool {
+	ok, err := m.repl.allApply(ctx, recordsNow)
+	if err != nil {
+		m.log.Warn("cannot tell whether every replica is upgraded", "err", err)
+	}
+	return ok
 }

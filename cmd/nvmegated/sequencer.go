@@ -12,6 +12,7 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 
 	"github.com/nvmegate/nvmegate/forward"
@@ -38,7 +39,20 @@ type sequencer struct {
 type candidate struct {
 	Name string `json:"name"`
 	Peer string `json:"peer"`
+	// Records is the newest kind of store record the replica applies
+	// (recordsNow); replicas of older versions have none. The leader
+	// writes a kind only once every candidate applies it, so that a
+	// rolling upgrade never leaves an older replica unable to project the
+	// log (it would fail closed).
+	Records int `json:"records,omitempty"`
 }
+
+// Kinds of store records added after the one writer, by the version of
+// the replicas that apply them.
+const (
+	recordsPolicyAndRoots = 1 // the policy in force, access root notes
+	recordsNow            = recordsPolicyAndRoots
+)
 
 // openSequencer binds the peer listener; its credentials come with the
 // gateway's SVID (start).
@@ -66,7 +80,7 @@ func openSequencer(c EtcdConfig, listen, name string) (*sequencer, error) {
 		}
 		adv = net.JoinHostPort(host, port)
 	}
-	v, _ := json.Marshal(candidate{Name: name, Peer: adv})
+	v, _ := json.Marshal(candidate{Name: name, Peer: adv, Records: recordsNow})
 	s := &sequencer{lis: lis, advertise: adv, value: string(v)}
 	for _, p := range c.Peers {
 		id, err := spiffeid.FromString(p)
@@ -169,4 +183,21 @@ func (s *sequencer) close() {
 	if s.client != nil {
 		s.client.Close()
 	}
+}
+
+// allApply says whether every replica campaigning in the election (every
+// live one) applies store records of kind: the leader writes a record of
+// a newer kind only then.
+func (r *replication) allApply(ctx context.Context, kind int) (bool, error) {
+	resp, err := r.client.Get(ctx, r.prefix+"leader/", clientv3.WithPrefix())
+	if err != nil {
+		return false, fmt.Errorf("etcd: read the replicas' versions: %w", err)
+	}
+	for _, kv := range resp.Kvs {
+		var c candidate
+		if json.Unmarshal(kv.Value, &c) != nil || c.Records < kind {
+			return false, nil
+		}
+	}
+	return true, nil
 }
