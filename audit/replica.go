@@ -492,8 +492,8 @@ const maxRunBytes = 4 << 20
 // last one's root (which covers all) and each payload against its entry.
 func (l *Log) applyRun(run []Commit) error {
 	for len(run) > 0 {
-		c, n, bytes := run[0], 1, len(run[0].Records)
-		for ; n < len(run) && bytes+len(run[n].Records) <= maxRunBytes; n++ {
+		c, n, held := run[0], 1, len(run[0].Records)
+		for ; n < len(run) && held+len(run[n].Records) <= maxRunBytes; n++ {
 			if n == 1 {
 				c.Records = append([]byte(nil), c.Records...)
 				c.Changes = append([]ChangeRecord(nil), c.Changes...)
@@ -502,9 +502,9 @@ func (l *Log) applyRun(run []Commit) error {
 			c.Records = append(c.Records, next.Records...)
 			c.Changes = append(c.Changes, next.Changes...)
 			c.End, c.Root = next.End, next.Root
-			bytes += len(next.Records)
+			held += len(next.Records)
 			for _, ch := range next.Changes {
-				bytes += len(ch.Payload)
+				held += len(ch.Payload)
 			}
 		}
 		if err := l.applyCommit(c); err != nil {

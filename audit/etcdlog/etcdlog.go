@@ -156,10 +156,8 @@ func (l *Log) Head(ctx context.Context) (uint64, error) {
 	if len(t.Kvs) == 0 {
 		return 0, nil
 	}
-	if v := t.Kvs[0].Value; len(v) == 40 {
-		return binary.BigEndian.Uint64(v), nil
-	}
-	return 0, fmt.Errorf("etcdlog: tree head of %d bytes", len(t.Kvs[0].Value))
+	size, _, err := decodeHead(t.Kvs[0].Value)
+	return size, err
 }
 
 // Commits calls fn with the commits from index from on, all read at one
