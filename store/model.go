@@ -124,21 +124,22 @@ type op struct {
 
 // apply makes c visible to readers, all at once.
 func (m *model) apply(c change) {
-	if p := m.applyLocked(c); p != nil && m.onPolicy != nil {
-		m.onPolicy(p)
-	}
-	if m.onRoot != nil {
-		for _, o := range c.ops {
-			if o.root != nil {
-				m.onRoot(o.root)
-			}
+	// The hooks hear of a change before the revision moves: a call that
+	// waits for this revision (a replica's read barrier, read your
+	// writes) then finds the engine and the roots of its result.
+	for _, o := range c.ops {
+		switch {
+		case o.policy != nil && m.onPolicy != nil:
+			m.onPolicy(o.policy)
+		case o.root != nil && m.onRoot != nil:
+			m.onRoot(o.root)
 		}
 	}
+	m.applyLocked(c)
 }
 
-// applyLocked is apply under the lock; it returns the policy c loaded, if
-// any.
-func (m *model) applyLocked(c change) (loaded *Policy) {
+// applyLocked is apply under the lock.
+func (m *model) applyLocked(c change) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if c.revision <= m.rev.Load() {
@@ -148,9 +149,6 @@ func (m *model) applyLocked(c change) (loaded *Policy) {
 	for _, o := range c.ops {
 		m.records.apply(o)
 		scope = scope || o.grant == nil && o.root == nil // a root rotation changes no scope
-		if o.policy != nil {
-			loaded = o.policy
-		}
 	}
 	if scope {
 		m.scopeRev.Store(c.revision)
@@ -159,7 +157,6 @@ func (m *model) applyLocked(c change) (loaded *Policy) {
 		}
 	}
 	m.rev.Store(c.revision)
-	return loaded
 }
 
 func (r *records) apply(o op) {
@@ -522,14 +519,19 @@ func (e *endedJobs) drop(id string) {
 // feed hears of every scope record before and after: anything may have
 // changed.
 func (m *model) replace(r records, rev uint64) {
-	if p := m.replaceLocked(r, rev); p != nil && m.onPolicy != nil {
-		m.onPolicy(p)
+	if m.onPolicy != nil && r.policy != nil {
+		m.mu.RLock()
+		cur := m.records.policy
+		m.mu.RUnlock()
+		if cur == nil || cur.Digest != r.policy.Digest {
+			m.onPolicy(r.policy) // before the revision moves, as apply's
+		}
 	}
+	m.replaceLocked(r, rev)
 }
 
-// replaceLocked is replace under the lock; it returns r's policy if it
-// is another than the one in force.
-func (m *model) replaceLocked(r records, rev uint64) *Policy {
+// replaceLocked is replace under the lock.
+func (m *model) replaceLocked(r records, rev uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var ops []op
@@ -550,15 +552,10 @@ func (m *model) replaceLocked(r records, rev uint64) *Policy {
 			ops = append(ops, op{job: j})
 		}
 	}
-	changed := r.policy != nil && (m.records.policy == nil || m.records.policy.Digest != r.policy.Digest)
 	m.records = r
 	m.rev.Store(rev)
 	m.scopeRev.Store(rev)
 	for _, f := range m.feeds {
 		f.add(rev, ops)
 	}
-	if changed {
-		return r.policy
-	}
-	return nil
 }

@@ -116,14 +116,16 @@ type Options struct {
 	Revoked func(scopes []string)
 
 	// PolicyLoaded hears of each policy a change makes the one in force
-	// (LoadPolicy), on every replica, as the model starts serving it: the
+	// (LoadPolicy), on every replica, as the change is applied and before
+	// the revision moves (a call waiting for that revision finds it): the
 	// gateway's policy engine swaps to it there. It is called with the
 	// store's write lock held: a slow one holds up writes. Open's replay
 	// calls it too, before Open returns.
 	PolicyLoaded func(p *Policy)
 
 	// RootRotated hears of each access root rotation a change notes
-	// (NoteRootRotated), on every replica, as the change is applied: the
+	// (NoteRootRotated), on every replica, as the change is applied and
+	// before the revision moves: the
 	// replica drops the roots it keeps of that scope and reads the new
 	// one. Called with the store's write lock held; it must not block.
 	RootRotated func(scope string, version uint64)
