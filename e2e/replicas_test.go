@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -244,17 +245,19 @@ func replicaStack(t testing.TB) (bin, work string, v *vaulttest.Server, role vau
 //
 //	NVMEGATE_VAULT=$(scripts/build-vault.sh) go test -run '^$' -bench ReplicaConnects -benchtime 1x ./e2e/
 //
-// NVMEGATE_BENCH_VARIANTS=bbolt,etcd/replicas=3 runs those variants only.
+// NVMEGATE_BENCH_VARIANTS=bbolt,etcd/replicas=3 runs those variants only;
+// NVMEGATE_BENCH_INFLIGHT sets the connects in flight in all (default 24).
 // NVMEGATE_BENCH_DURATION sets each variant's load (default 15s): with it
 // long, the etcd variants show what etcd's database grows to under
 // sustained load (its size is sampled each minute: the log is trimmed to
 // its tail and etcd's history compacted behind it).
 func BenchmarkReplicaConnects(b *testing.B) {
 	needVault(b)
-	const (
-		nodes    = 240
-		inFlight = 24
-	)
+	const nodes = 240
+	inFlight := 24 // in all: spread over the replicas
+	if n, err := strconv.Atoi(os.Getenv("NVMEGATE_BENCH_INFLIGHT")); err == nil && n >= 3 {
+		inFlight = n
+	}
 	duration := 15 * time.Second
 	if d, err := time.ParseDuration(os.Getenv("NVMEGATE_BENCH_DURATION")); err == nil && d > 0 {
 		duration = d
