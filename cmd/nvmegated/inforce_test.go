@@ -68,20 +68,20 @@ func TestOnePolicyForEveryReplica(t *testing.T) {
 	}
 }
 
-// An access root rotated through one replica is dropped by the other as
-// it applies the change that notes it: the next credentials there derive
-// from the new root, not the one it kept until its next refresh.
-func TestRotationReachesEveryReplica(t *testing.T) {
+// rotationPair is two replicas, a job's subsystem with a first root
+// rotated through a, and kept: the root version b derives credentials
+// from (the root it keeps), once b keeps the first root.
+func rotationPair(t *testing.T) (a, b *Main, sub string, first keys.Root, kept func() uint64) {
+	t.Helper()
 	f := newFleet(t, 1)
-	a, _ := f.replica(t, "a")
-	b, _ := f.replica(t, "b")
-	sub := acmeJob(t, f.dir, a.GRPCAddr(), b.GRPCAddr(), "stor-1")
+	a, _ = f.replica(t, "a")
+	b, _ = f.replica(t, "b")
+	sub = acmeJob(t, f.dir, a.GRPCAddr(), b.GRPCAddr(), "stor-1")
 	first, err := a.keys.Rotate(ctxT(t), sub, "first root")
 	if err != nil {
 		t.Fatal(err)
 	}
-	// b derives credentials from the root it keeps (its cache).
-	kept := func() uint64 {
+	kept = func() uint64 {
 		c, err := b.keys.Credentials(ctxT(t), "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-000000000001", sub, keys.CredentialParams{DHCHAPHash: nvmefmt.SHA256})
 		if err != nil {
 			t.Fatal(err)
@@ -89,6 +89,14 @@ func TestRotationReachesEveryReplica(t *testing.T) {
 		return c.RootVersion
 	}
 	waitUntil(t, "b keeping the first root", func() bool { return kept() == first.Version })
+	return a, b, sub, first, kept
+}
+
+// An access root rotated through one replica is dropped by the other as
+// it applies the change that notes it: the next credentials there derive
+// from the new root, not the one it kept until its next refresh.
+func TestRotationReachesEveryReplica(t *testing.T) {
+	a, _, sub, first, kept := rotationPair(t)
 	rotated, err := a.keys.Rotate(ctxT(t), sub, "suspected compromise")
 	if err != nil || rotated.Version != first.Version+1 {
 		t.Fatalf("rotate through a: %+v %v", rotated, err)
@@ -101,22 +109,7 @@ func TestRotationReachesEveryReplica(t *testing.T) {
 // between) is noted by the leader's reconciliation: the other replicas
 // drop the old root then.
 func TestRotationReconciledByLeader(t *testing.T) {
-	f := newFleet(t, 1)
-	a, _ := f.replica(t, "a")
-	b, _ := f.replica(t, "b")
-	sub := acmeJob(t, f.dir, a.GRPCAddr(), b.GRPCAddr(), "stor-1")
-	first, err := a.keys.Rotate(ctxT(t), sub, "first root")
-	if err != nil {
-		t.Fatal(err)
-	}
-	kept := func() uint64 {
-		c, err := b.keys.Credentials(ctxT(t), "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-000000000002", sub, keys.CredentialParams{DHCHAPHash: nvmefmt.SHA256})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c.RootVersion
-	}
-	waitUntil(t, "b keeping the first root", func() bool { return kept() == first.Version })
+	a, b, sub, first, kept := rotationPair(t)
 	waitUntil(t, "a leader", func() bool { return a.repl.elector.Leading() != b.repl.elector.Leading() })
 	// Vault takes a rotation the store never hears of.
 	now := time.Now()
