@@ -40,6 +40,13 @@ func (f *flight) take(wait bool) {
 // carrying those still unanswered (Commit.Pending), so a commit that
 // reaches the replica first stores them too.
 //
+// It works in two stages: once the Replica holds a commit, the next one
+// (if appends wait) is sent, built on it, before this copy stores it, so
+// that the Replica's round and this copy's commit (each with its fsyncs)
+// overlap instead of taking turns (chain). Proposals are prepared on top
+// of the one being stored, as the store's open transaction allows; a
+// proposal that needs its state durable first (Drainer) waits.
+//
 // Commits reach this copy, and their appenders their indexes, in order,
 // as soon as one is answered as stored: it holds every commit before it,
 // whose own answers (the overtaken one's is a refused compare, a whole
@@ -81,12 +88,22 @@ func (l *Log) pipelinedWriter() {
 		case r := <-reqs:
 			batch := l.gather(l.fill([]*appendReq{r}), round)
 			round = len(batch)
-			inflight = l.send(inflight, batch, wake)
+			inflight = l.send(inflight, batch, wake, nil)
 		case <-wake:
 			before := pendingAppends(inflight)
-			inflight = l.land(inflight, false)
-			if landed := before - pendingAppends(inflight); landed > 0 {
-				round = landed + len(l.reqs)
+			landed, rest := l.answered(inflight, false)
+			var held *appendReq
+			if len(landed) > 0 && len(rest) == 0 && len(syncs)+len(csyncs) == 0 {
+				rest, held = l.chain(landed[len(landed)-1].p, round, wake)
+			}
+			inflight = l.storeLanded(landed, rest)
+			if n := before - pendingAppends(landed); n > 0 {
+				round = n + len(l.reqs)
+			}
+			if held != nil {
+				batch := l.gather(l.fill([]*appendReq{held}), round)
+				round = len(batch)
+				inflight = l.send(inflight, batch, wake, nil)
 			}
 		case <-l.stop:
 			for len(inflight) > 0 {
@@ -173,6 +190,13 @@ func (l *Log) room(inflight []*flight) bool {
 // flights still in the Replica. The last one stored and those before it
 // reach this copy; a refused first one settles them all.
 func (l *Log) land(inflight []*flight, wait bool) []*flight {
+	return l.storeLanded(l.answered(inflight, wait))
+}
+
+// answered takes the answers that have come (all, with wait) and splits
+// the flights into those the Replica holds (the last one answered as
+// stored and those before it: that commit carried them) and the rest.
+func (l *Log) answered(inflight []*flight, wait bool) (landed, rest []*flight) {
 	last := -1
 	for i, f := range inflight {
 		f.take(wait)
@@ -180,9 +204,17 @@ func (l *Log) land(inflight []*flight, wait bool) []*flight {
 			last = i
 		}
 	}
-	for i, f := range inflight[:last+1] {
+	return inflight[:last+1], inflight[last+1:]
+}
+
+// storeLanded stores the landed flights in this copy, in order, and
+// returns the flights still in the Replica; a refused first one settles
+// them all. If a store fails, every flight after it fails too: each was
+// built on it.
+func (l *Log) storeLanded(landed, rest []*flight) []*flight {
+	for i, f := range landed {
 		if l.store(f.p) != nil {
-			for _, g := range inflight[i+1:] {
+			for _, g := range append(landed[i+1:len(landed):len(landed)], rest...) {
 				g.take(true)
 				answer(g.p.batch, errBehind(g.p))
 				finish(g.p.props, errBehind(g.p))
@@ -190,12 +222,36 @@ func (l *Log) land(inflight []*flight, wait bool) []*flight {
 			return nil
 		}
 	}
-	inflight = inflight[last+1:]
-	if len(inflight) > 0 && inflight[0].answered {
-		l.settle(inflight)
+	if len(rest) > 0 && rest[0].answered {
+		l.settle(rest)
 		return nil
 	}
-	return inflight
+	return rest
+}
+
+// A Drainer is a Proposal that may need the changes before it durable in
+// this copy before it is prepared (its state checkpointed, readers let
+// in): the writer then stores what the Replica holds first instead of
+// preparing it on top (chain).
+type Drainer interface {
+	DrainFirst() bool
+}
+
+// chain sends the next commit, if an append waits, built on base: a
+// commit the Replica holds and this copy has yet to store. It returns the
+// flight, or the append it took if that is a proposal that wants the
+// copy drained first (sent once base is stored).
+func (l *Log) chain(base *prepared, round int, wake chan<- struct{}) ([]*flight, *appendReq) {
+	var r *appendReq
+	select {
+	case r = <-l.reqs:
+	default:
+		return nil, nil
+	}
+	if d, ok := r.prop.(Drainer); ok && d.DrainFirst() {
+		return nil, r
+	}
+	return l.send(nil, l.gather(l.fill([]*appendReq{r}), round), wake, base), nil
 }
 
 // errBehind answers the appends of a commit after one that did not reach
@@ -205,8 +261,10 @@ func errBehind(p *prepared) error {
 	return fmt.Errorf("%w: commit of %d entries at index %d: an earlier commit did not reach this copy; the replicated log may hold these entries", ErrUnavailable, len(p.batch), p.start)
 }
 
-// send sends batch to the Replica as the commit after those in flight.
-func (l *Log) send(inflight []*flight, batch []*appendReq, wake chan<- struct{}) []*flight {
+// send sends batch to the Replica as the commit after those in flight, or,
+// with none, after base (a commit the Replica holds that this copy has
+// yet to store), or after this copy.
+func (l *Log) send(inflight []*flight, batch []*appendReq, wake chan<- struct{}, base *prepared) []*flight {
 	l.closeMu.RLock()
 	failed := l.failed
 	l.closeMu.RUnlock()
@@ -219,6 +277,8 @@ func (l *Log) send(inflight []*flight, batch []*appendReq, wake chan<- struct{})
 	if n := len(inflight); n > 0 {
 		last := inflight[n-1].p
 		start, rng = last.rng.End(), cloneRange(last.rng)
+	} else if base != nil {
+		start, rng = base.rng.End(), cloneRange(base.rng)
 	} else {
 		l.stmu.RLock()
 		start, rng = l.size, cloneRange(l.rng)
@@ -227,8 +287,9 @@ func (l *Log) send(inflight []*flight, batch []*appendReq, wake chan<- struct{})
 	var props []proposed
 	if hasProposal(batch) {
 		if len(inflight) > 0 {
-			// A proposal is prepared on the tree as this copy stores
-			// it: the flights before it land first.
+			// A proposal flies alone: the flights before it land first
+			// (it may still be prepared on a commit this copy has yet
+			// to store: chain).
 			for len(inflight) > 0 {
 				inflight = l.land(inflight, true)
 			}

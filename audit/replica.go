@@ -411,6 +411,10 @@ const watchWait = 100 * time.Millisecond
 // failover; it is what the one-writer design is checked by.
 func (l *Log) LostCompares() uint64 { return l.lost.Load() }
 
+// Queued is how many appends and proposals wait for the writer: the
+// depth of the queue in front of the log.
+func (l *Log) Queued() int { return len(l.reqs) }
+
 func (l *Log) countLost(err error) error {
 	if errors.Is(err, ErrConflict) {
 		l.lost.Add(1)

@@ -7,12 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	bolt "go.etcd.io/bbolt"
 	"sync"
 	"time"
 
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/audit"
-	bolt "go.etcd.io/bbolt"
 )
 
 // Forwarder carries a write of a replica that is not the term's leader to
@@ -289,10 +289,28 @@ func (db *DB) advance() {
 // through any later leader is recognised (ErrAppliedBefore), not applied
 // again.
 func WithRequestID(ctx context.Context, id string) context.Context {
-	return context.WithValue(ctx, requestKey{}, id)
+	return context.WithValue(ctx, requestKey{}, &requestID{id: id})
 }
 
 type requestKey struct{}
+
+// requestID is a forwarded request's ID as its writes run (propose): its
+// first change checks, in the sequencer's transaction, that the log and
+// the changes in flight before it do not hold the ID, and records it; a
+// later change of the same write (one made of several) does not check.
+// The check runs in the sequencer, not in a read before it: a read waits
+// for a moment with nothing in flight, and two retries racing would both
+// pass it.
+type requestID struct {
+	id    string
+	noted bool
+}
+
+// errAppliedBefore is ErrAppliedBefore as a caller learns it.
+func errAppliedBefore() error {
+	return fmt.Errorf("%w: %w", ErrAppliedBefore, nvmegate.Errorf(nvmegate.EUNAVAILABLE,
+		"the write was made once, by the gateway replica that led before; its answer was lost with it"))
+}
 
 // ErrAppliedBefore is Apply's answer to a request the log holds already:
 // a retry whose first answer was lost with the leader that gave it. The
@@ -332,16 +350,6 @@ func noteRequest(tx *txn, id string, now time.Time) error {
 	return nil
 }
 
-// appliedBefore says whether the log holds request id.
-func (db *DB) appliedBefore(ctx context.Context, id string) (bool, error) {
-	found := false
-	err := db.view(ctx, func(tx *bolt.Tx) error {
-		found = tx.Bucket(bucketRequests).Get([]byte(id)) != nil
-		return nil
-	})
-	return found, err
-}
-
 // Apply runs a write a follower forwarded, on the term's leader, and
 // returns the answer for Forward. A replica that does not lead answers
 // ErrNotLeader; a request the log holds already (WithRequestID),
@@ -358,12 +366,21 @@ func (db *DB) Apply(ctx context.Context, wire []byte) ([]byte, error) {
 	if !ok {
 		return nil, nvmegate.Invalid("", "a forwarded write of unknown kind %q", req.Op)
 	}
-	if id, ok := ctx.Value(requestKey{}).(string); ok {
-		if before, err := db.appliedBefore(ctx, id); err != nil {
+	if id, ok := ctx.Value(requestKey{}).(*requestID); ok {
+		// Early, so that a retry is not refused for what its first
+		// attempt did (AlreadyExists): an ID in flight counts, its
+		// outcome unknown. Its first change checks again, in the
+		// sequencer.
+		var noted bool
+		err := db.viewInFlight(func(tx *bolt.Tx) error {
+			noted = tx.Bucket(bucketRequests).Get([]byte(id.id)) != nil
+			return nil
+		})
+		if err != nil {
 			return nil, err
-		} else if before {
-			return nil, fmt.Errorf("%w: %w", ErrAppliedBefore, nvmegate.Errorf(nvmegate.EUNAVAILABLE,
-				"the write was made once, by the gateway replica that led before; its answer was lost with it"))
+		}
+		if noted {
+			return nil, errAppliedBefore()
 		}
 	}
 	args := mk()

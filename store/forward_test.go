@@ -362,6 +362,43 @@ func TestRetryThroughNewLeaderNotAppliedTwice(t *testing.T) {
 	}
 }
 
+// Retries of one request racing on the leader (a forwarder that retried
+// while its first attempt was still in flight) make the write once: the
+// ID is checked in the sequencer, with the changes in flight, not read
+// before it.
+func TestConcurrentRetriesAppliedOnce(t *testing.T) {
+	e := etcdtest.Start(t, 1)
+	c := newCluster(t, e.Client(t), "/retry3/", 1)
+	c.elect(0)
+	before := c.dbs[0].Revision()
+	const n = 8
+	errs := make(chan error, n)
+	for i := range n {
+		// Each attempt names another target, so that only the
+		// request's ID can tell them apart from new writes.
+		req := fmt.Sprintf(`{"op":"create_target","args":{"record":{"ID":"t-race-%d","Fabric":"fab-a","Region":"eu-west","Driver":"nvmet","Ports":[{"ID":1,"Transport":"tcp","AddressFamily":"ipv4","Address":"192.0.2.10","ServiceID":"4420"}]}}}`, i)
+		go func() { // each attempt its own call, as the peer service makes it
+			_, err := c.dbs[0].Apply(store.WithRequestID(bg, "req-race"), []byte(req))
+			errs <- err
+		}()
+	}
+	made := 0
+	for range n {
+		switch err := <-errs; {
+		case err == nil:
+			made++
+		case !errors.Is(err, store.ErrAppliedBefore):
+			t.Fatalf("a racing retry: %v", err)
+		}
+	}
+	if made != 1 {
+		t.Fatalf("%d attempts of one request were made, want 1", made)
+	}
+	if got := c.dbs[0].Revision(); got != before+1 {
+		t.Fatalf("revision %d after the retries, want %d", got, before+1)
+	}
+}
+
 // A forwarded entry that claims a change is refused: only the sequencer
 // records changes, and a claimed one would name a payload no copy holds.
 func TestForwardedEntryClaimingChangeRefused(t *testing.T) {

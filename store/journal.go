@@ -114,13 +114,17 @@ func (db *DB) propose(ctx context.Context, entries []audit.Entry, fn func(*txn) 
 	}
 	entries, rec := callEntries(ctx, entries)
 	p := &proposal{db: db, fn: fn, entries: entries}
-	if id, ok := ctx.Value(requestKey{}).(string); ok {
+	if req, ok := ctx.Value(requestKey{}).(*requestID); ok {
 		p.fn = func(tx *txn) error {
+			if !req.noted && tx.Bucket(bucketRequests).Get([]byte(req.id)) != nil {
+				return errAppliedBefore()
+			}
 			before := len(tx.writes)
 			if err := fn(tx); err != nil || len(tx.writes) == before {
 				return err // a write that changed nothing records nothing
 			}
-			return noteRequest(tx, id, db.now())
+			req.noted = true
+			return noteRequest(tx, req.id, db.now())
 		}
 	}
 	first, err := db.journal.Propose(pctx, p)
@@ -194,7 +198,9 @@ func (p *proposal) Prepare(first uint64) (audit.Prepared, error) {
 	return audit.Prepared{Entries: entries, Revision: p.rev, Payload: EncodeWrites(nil, tx.writes)}, nil
 }
 
-// Done applies the change to the model once it is durable, or undoes it.
+// Done applies the change to the model once it is durable, or undoes it
+// with every change prepared on top of it (they cannot be durable
+// without it; their own Done then finds nothing to undo).
 func (p *proposal) Done(err error) {
 	db := p.db
 	db.writeMu.Lock()
@@ -202,24 +208,46 @@ func (p *proposal) Done(err error) {
 	j := &db.jr
 	defer j.cond.Broadcast()
 	if err != nil {
-		// Called in reverse order: p is the last in flight.
-		if n := len(j.inflight); n > 0 && j.inflight[n-1] == p {
-			j.inflight = j.inflight[:n-1]
+		k := slices.Index(j.inflight, p)
+		if k < 0 {
+			return // undone with a change it was prepared on
 		}
+		for i := len(j.inflight) - 1; i >= k; i-- {
+			if uerr := j.inflight[i].tx.rollback(); uerr != nil {
+				db.failLocked(fmt.Errorf("store: a change the journal did not take could not be undone: %w", uerr))
+			}
+		}
+		j.inflight = j.inflight[:k]
 		j.next = p.rev - 1
-		if uerr := p.tx.rollback(); uerr != nil {
-			db.failLocked(fmt.Errorf("store: a change the journal did not take could not be undone: %w", uerr))
-		}
 		return
 	}
-	if len(j.inflight) > 0 && j.inflight[0] == p {
-		j.inflight = j.inflight[1:]
+	if len(j.inflight) == 0 || j.inflight[0] != p {
+		// Durable, yet undone or out of order: the model can no longer
+		// follow the journal. Fail closed; a restart replays it.
+		db.failLocked(fmt.Errorf("store: change %d was reported durable out of order", p.rev))
+		return
 	}
+	j.inflight = j.inflight[1:]
 	db.model.apply(change{revision: p.rev, ops: p.tx.ops[p.seed:]})
 	j.dirty++
 	if len(j.inflight) == 0 && (j.dirty >= checkpointChanges || time.Since(j.since) >= j.interval) {
 		db.checkpointLocked()
 	}
+}
+
+// DrainFirst says whether the writer should store the changes in flight
+// before preparing this one (audit.Drainer): a checkpoint is due, or
+// readers wait for a moment with nothing in flight. Chained commits
+// would otherwise keep one in flight for as long as the load lasts.
+func (p *proposal) DrainFirst() bool {
+	db := p.db
+	db.writeMu.Lock()
+	defer db.writeMu.Unlock()
+	j := &db.jr
+	if len(j.inflight) == 0 {
+		return false
+	}
+	return j.readers > 0 || j.dirty >= checkpointChanges || time.Since(j.since) >= j.interval
 }
 
 // ensureOpenLocked begins the transaction the next changes are written
@@ -352,6 +380,21 @@ func (db *DB) viewJournaled(fn func(*bolt.Tx) error) error {
 		return err
 	}
 	return fn(j.open)
+}
+
+// viewInFlight runs fn in the open transaction as it is, with the changes
+// in flight (which may yet be undone): for a check that must not wait for
+// a moment with nothing in flight.
+func (db *DB) viewInFlight(fn func(*bolt.Tx) error) error {
+	db.writeMu.Lock()
+	defer db.writeMu.Unlock()
+	if db.jr.failed != nil {
+		return db.jr.failed
+	}
+	if err := db.ensureOpenLocked(); err != nil {
+		return err
+	}
+	return fn(db.jr.open)
 }
 
 // openJournal replays the journal's changes after the file's revision

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -214,5 +217,119 @@ func TestTamperedPayloadRefused(t *testing.T) {
 		Replica: etcdlog.New(cl, "/nvmegate/audit/")})
 	if !errors.Is(err, audit.ErrCorrupt) {
 		t.Fatalf("a copy from a commit with an edited payload opened: %v", err)
+	}
+}
+
+// heldReplica is a Replica whose commits with changes wait to be let through,
+// one per release; it tells of each commit as it is sent.
+type heldReplica struct {
+	audit.Replica
+	sent    chan audit.Commit
+	release chan struct{}
+}
+
+func (g *heldReplica) Append(ctx context.Context, c audit.Commit) error {
+	g.sent <- c
+	if len(c.Changes) > 0 {
+		<-g.release
+	}
+	return g.Replica.Append(ctx, c)
+}
+
+// step is a proposal that notes in a shared list when it is prepared
+// (with the copy's size then) and when it is done.
+type step struct {
+	name   string
+	rev    uint64
+	l      **audit.Log
+	events *events
+	drain  bool
+}
+
+type events struct {
+	mu   sync.Mutex
+	list []string
+}
+
+func (e *events) add(s string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.list = append(e.list, s)
+}
+
+func (s *step) Prepare(first uint64) (audit.Prepared, error) {
+	s.events.add(fmt.Sprintf("prepare %s at %d, copy at %d", s.name, first, (*s.l).Size()))
+	return audit.Prepared{Entries: []audit.Entry{{Kind: audit.EventStateChange, Detail: s.name}},
+		Revision: s.rev, Payload: []byte(s.name)}, nil
+}
+
+func (s *step) Done(err error) { s.events.add(fmt.Sprintf("done %s %v", s.name, err)) }
+
+// drainingStep is a step that wants the copy drained first (audit.Drainer).
+type drainingStep struct{ step }
+
+func (s *drainingStep) DrainFirst() bool { return true }
+
+// chainRun proposes a, waits until its commit is in the Replica, queues
+// b behind it, lets a through, and returns what happened in order.
+func chainRun(t *testing.T, b func(**audit.Log, *events) audit.Proposal) []string {
+	t.Helper()
+	c := etcdtest.Start(t, 1)
+	cl := c.Client(t)
+	g := &heldReplica{Replica: etcdlog.New(cl, "/nvmegate/audit/"), sent: make(chan audit.Commit, 4), release: make(chan struct{}, 4)}
+	var l *audit.Log
+	l, err := audit.Open(filepath.Join(t.TempDir(), "audit.db"), audit.Options{Origin: origin, Signer: signer(t), Replica: g})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	ctx, _ := fence(t, cl, "/term")
+	ev := &events{}
+	a := &step{name: "a", rev: 1, l: &l, events: ev}
+	errs := make(chan error, 2)
+	go func() { _, err := l.Propose(ctx, a); errs <- err }()
+	<-g.sent // a is in the Replica, held there
+	go func() { _, err := l.Propose(ctx, b(&l, ev)); errs <- err }()
+	for l.Queued() == 0 {
+		runtime.Gosched() // b waits behind a
+	}
+	g.release <- struct{}{}
+	<-g.sent // b's commit
+	g.release <- struct{}{}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if l.Size() != 2 {
+		t.Fatalf("the copy holds %d entries, want 2", l.Size())
+	}
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	return ev.list
+}
+
+// Once the Replica holds a commit, the next one is prepared on it and
+// sent before this copy stores the first: the Replica's round and the
+// copy's commit overlap.
+func TestNextCommitSentBeforeTheCopyStores(t *testing.T) {
+	got := chainRun(t, func(l **audit.Log, ev *events) audit.Proposal {
+		return &step{name: "b", rev: 2, l: l, events: ev}
+	})
+	want := []string{"prepare a at 0, copy at 0", "prepare b at 1, copy at 0", "done a <nil>", "done b <nil>"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("events %q, want %q", got, want)
+	}
+}
+
+// A proposal that wants the changes before it durable first (a store
+// whose checkpoint is due) is prepared only once this copy stored them.
+func TestDrainerPreparedAfterTheCopyStores(t *testing.T) {
+	got := chainRun(t, func(l **audit.Log, ev *events) audit.Proposal {
+		return &drainingStep{step{name: "b", rev: 2, l: l, events: ev}}
+	})
+	want := []string{"prepare a at 0, copy at 0", "done a <nil>", "prepare b at 1, copy at 1", "done b <nil>"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("events %q, want %q", got, want)
 	}
 }
