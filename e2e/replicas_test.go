@@ -104,7 +104,8 @@ func startEtcd(t testing.TB, bin, work string, n int) *etcdCluster {
 		c.initial = append(c.initial, fmt.Sprintf("e%d=%s", i, peer))
 		c.members = append(c.members, &etcdMember{args: []string{"--name", fmt.Sprintf("e%d", i), "--data-dir", filepath.Join(work, fmt.Sprintf("etcd%d", i)),
 			"--listen-client-urls", client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
-			"--initial-advertise-peer-urls", peer, "--initial-cluster-token", "e2e", "--log-level", "error"},
+			"--initial-advertise-peer-urls", peer, "--initial-cluster-token", "e2e", "--log-level", "error",
+			"--enable-pprof"}, // loopback only: the benchmark's profiles (NVMEGATE_BENCH_PPROF)
 			log: filepath.Join(work, fmt.Sprintf("etcd%d.log", i))})
 	}
 	for _, m := range c.members {
@@ -300,7 +301,12 @@ func BenchmarkReplicaConnects(b *testing.B) {
 			if dir := os.Getenv("NVMEGATE_BENCH_PPROF"); dir != "" {
 				// CPU profiles of every replica over the middle of the run.
 				for _, r := range replicas {
-					go profile(b, r, filepath.Join(dir, fmt.Sprintf("%s-%s.pprof", strings.ReplaceAll(variant.name, "/", "_"), r.name)), duration/2)
+					go profile(b, r.name, r.http, filepath.Join(dir, fmt.Sprintf("%s-%s.pprof", strings.ReplaceAll(variant.name, "/", "_"), r.name)), duration/2)
+				}
+				if variant.etcd {
+					for i, ep := range etcd.endpoints {
+						go profile(b, fmt.Sprintf("etcd%d", i), strings.TrimPrefix(ep, "http://"), filepath.Join(dir, fmt.Sprintf("%s-etcd%d.pprof", strings.ReplaceAll(variant.name, "/", "_"), i)), duration/2)
+					}
 				}
 			}
 			var sizes *etcdSizes
@@ -400,18 +406,19 @@ func (s *etcdSizes) stop() (int64, int64) {
 	return s.maxSize, s.maxUse
 }
 
-// profile saves a CPU profile of replica r (--pprof) of length d, taken
-// from a quarter into the run (NVMEGATE_BENCH_PPROF=dir).
-func profile(b *testing.B, r *replicaProc, path string, d time.Duration) {
+// profile saves a CPU profile of the process named name serving pprof at
+// addr (a replica's --pprof, an etcd member's --enable-pprof) of length
+// d, taken from a quarter into the run (NVMEGATE_BENCH_PPROF=dir).
+func profile(b *testing.B, name, addr, path string, d time.Duration) {
 	time.Sleep(d / 2)
-	if g, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/goroutine?debug=1", r.http)); err == nil {
+	if g, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/goroutine?debug=1", addr)); err == nil {
 		data, _ := io.ReadAll(g.Body)
 		g.Body.Close()
 		_ = os.WriteFile(strings.TrimSuffix(path, ".pprof")+".goroutines.txt", data, 0o600)
 	}
-	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", r.http, int(d.Seconds())))
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())))
 	if err != nil {
-		b.Logf("profile of %s: %v", r.name, err)
+		b.Logf("profile of %s: %v", name, err)
 		return
 	}
 	defer resp.Body.Close()
@@ -420,7 +427,7 @@ func profile(b *testing.B, r *replicaProc, path string, d time.Duration) {
 		err = os.WriteFile(path, data, 0o600)
 	}
 	if err != nil {
-		b.Logf("profile of %s: %v", r.name, err)
+		b.Logf("profile of %s: %v", name, err)
 	}
 }
 
