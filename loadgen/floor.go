@@ -24,12 +24,17 @@ func NewFloorServer(creds credentials.TransportCredentials) *grpc.Server {
 	return s
 }
 
-// UseFloor points the fleet's CallTrivial at the floor server at addr:
-// every node gets a connection of its own to it with its SVID (made
-// lazily, at its first call, as the gateway's are).
+// UseFloor points the fleet's CallTrivial at the floor server at addr
+// (a node Spread over several, at its own): every node gets a connection
+// of its own to it with its SVID (made lazily, at its first call, as the
+// gateway's are).
 func (f *Fleet) UseFloor(addr string) error {
 	for _, n := range f.Nodes {
-		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(n.creds))
+		a := addr
+		if n.floorAddr != "" {
+			a = n.floorAddr
+		}
+		c, err := grpc.NewClient(a, grpc.WithTransportCredentials(n.creds))
 		if err != nil {
 			return fmt.Errorf("loadgen: floor connection: %w", err)
 		}
@@ -39,6 +44,31 @@ func (f *Fleet) UseFloor(addr string) error {
 		n.floor = c
 	}
 	f.floorAddr = addr
+	return nil
+}
+
+// Spread spreads the fleet over several gateway replicas and as many
+// floor servers: node i connects to gateways[i%len(gateways)] and makes
+// its trivial calls to floors[i%len(floors)] (either may be empty: the
+// fleet's). The nodes' connections are made again, lazily, to their own.
+func (f *Fleet) Spread(gateways, floors []string) error {
+	for i, n := range f.Nodes {
+		if len(gateways) > 0 {
+			n.addr = gateways[i%len(gateways)]
+			c, err := grpc.NewClient(n.addr, grpc.WithTransportCredentials(n.creds))
+			if err != nil {
+				return fmt.Errorf("loadgen: connection to %s: %w", n.addr, err)
+			}
+			n.conn.Close()
+			n.conn = c
+		}
+		if len(floors) > 0 {
+			n.floorAddr = floors[i%len(floors)]
+		}
+	}
+	if len(floors) > 0 {
+		return f.UseFloor(floors[0])
+	}
 	return nil
 }
 

@@ -129,6 +129,17 @@ type Node struct {
 	floor *grpc.ClientConn                 // to the floor server (CallTrivial)
 	creds credentials.TransportCredentials // conn's, for a new one (Storm)
 	tls   *tls.Config                      // the connection's TLS configuration (CallHandshake)
+	// addr and floorAddr are the node's own gateway and floor server
+	// (Spread); "" means the fleet's.
+	addr, floorAddr string
+}
+
+// gateway is the address of the gateway n connects to.
+func (n *Node) gateway(f *Fleet) string {
+	if n.addr != "" {
+		return n.addr
+	}
+	return f.addr
 }
 
 // Fleet is what Setup made.
@@ -341,7 +352,7 @@ func (r *recorder) connectFrom(ctx, run context.Context, f *Fleet, n *Node, call
 		}
 		_, err = healthpb.NewHealthClient(n.floor).Check(ctx, &healthpb.HealthCheckRequest{})
 	case CallHandshake:
-		err = handshake(ctx, f.addr, n.tls)
+		err = handshake(ctx, n.gateway(f), n.tls)
 	default:
 		resp, err = pb.NewAccessClient(n.conn).Connect(ctx, &pb.ConnectRequest{JobId: n.Job, SubsystemNqn: f.Subsystem})
 	}
@@ -574,7 +585,7 @@ func Storm(ctx context.Context, f *Fleet, o Options, timeout, attempt time.Durat
 		defer f.closeFloor()
 	default:
 		for _, n := range f.Nodes {
-			c, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(n.creds))
+			c, err := grpc.NewClient(n.gateway(f), grpc.WithTransportCredentials(n.creds))
 			if err != nil {
 				return &Result{Call: o.Call, Errors: map[string]int{"Internal": 1}, FirstErrors: []string{"Internal: " + err.Error()}}
 			}
