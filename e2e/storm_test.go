@@ -24,7 +24,8 @@ import (
 //
 //	NVMEGATE_VAULT=$(scripts/build-vault.sh) go test -run '^$' -bench ReplicaStorm -benchtime 1x -timeout 30m ./e2e/
 //
-// NVMEGATE_STORM_NODES sets the job's nodes (default 10,000).
+// NVMEGATE_STORM_NODES sets the job's nodes (default 10,000);
+// NVMEGATE_BENCH_PPROF=dir saves CPU profiles of the connect storm.
 func BenchmarkReplicaStorm(b *testing.B) {
 	needVault(b)
 	nodes := 10000
@@ -54,6 +55,16 @@ func BenchmarkReplicaStorm(b *testing.B) {
 	b.ResetTimer()
 	const timeout, attempt = 5 * time.Minute, 60 * time.Second
 	trivial := loadgen.Storm(ctx, fleet, loadgen.Options{Nodes: nodes, Call: loadgen.CallTrivial}, timeout, attempt)
+	if dir := os.Getenv("NVMEGATE_BENCH_PPROF"); dir != "" {
+		// CPU profiles of every replica and etcd member over the
+		// storm's first 20 s (10 s from its fifth second).
+		for _, r := range replicas {
+			go profile(b, r.name, r.http, filepath.Join(dir, "storm-"+r.name+".pprof"), 20*time.Second)
+		}
+		for i, ep := range etcd.endpoints {
+			go profile(b, fmt.Sprintf("etcd%d", i), strings.TrimPrefix(ep, "http://"), filepath.Join(dir, fmt.Sprintf("storm-etcd%d.pprof", i)), 20*time.Second)
+		}
+	}
 	connect := loadgen.Storm(ctx, fleet, loadgen.Options{Nodes: nodes, Call: loadgen.CallConnect}, timeout, attempt)
 	b.StopTimer()
 	for _, r := range []*loadgen.Result{trivial, connect} {
