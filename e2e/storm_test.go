@@ -72,6 +72,18 @@ func BenchmarkReplicaStorm(b *testing.B) {
 			b.Errorf("%s storm: %d attempts failed: %v %v", r.Call, r.ErrorCount(), r.Errors, r.FirstErrors)
 		}
 	}
+	if connect.ErrorCount() > 0 {
+		for _, r := range replicas {
+			data, _ := os.ReadFile(r.log)
+			var errs []string
+			for _, line := range strings.Split(string(data), "\n") {
+				if strings.Contains(line, "level=ERROR") && len(errs) < 10 {
+					errs = append(errs, line)
+				}
+			}
+			b.Logf("%s's first errors:\n%s", r.name, strings.Join(errs, "\n"))
+		}
+	}
 	if len(connect.Acks) != nodes {
 		b.Errorf("%d of %d nodes granted", len(connect.Acks), nodes)
 	}
