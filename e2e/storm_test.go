@@ -75,13 +75,26 @@ func BenchmarkReplicaStorm(b *testing.B) {
 	if connect.ErrorCount() > 0 {
 		for _, r := range replicas {
 			data, _ := os.ReadFile(r.log)
-			var errs []string
+			// The first line of each kind (its msg), and how many.
+			var kinds []string
+			first, count := map[string]string{}, map[string]int{}
 			for _, line := range strings.Split(string(data), "\n") {
-				if strings.Contains(line, "level=ERROR") && len(errs) < 10 {
-					errs = append(errs, line)
+				if !strings.Contains(line, "level=ERROR") {
+					continue
 				}
+				_, msg, _ := strings.Cut(line, "msg=")
+				msg, _, _ = strings.Cut(msg, " target=")
+				if _, seen := first[msg]; !seen {
+					kinds = append(kinds, msg)
+					first[msg] = line
+				}
+				count[msg]++
 			}
-			b.Logf("%s's first errors:\n%s", r.name, strings.Join(errs, "\n"))
+			var errs []string
+			for _, k := range kinds {
+				errs = append(errs, fmt.Sprintf("%d× %s", count[k], first[k]))
+			}
+			b.Logf("%s's errors, the first of each kind:\n%s", r.name, strings.Join(errs, "\n"))
 		}
 	}
 	if len(connect.Acks) != nodes {
