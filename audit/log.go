@@ -142,6 +142,10 @@ type Options struct {
 // Log is the append-only, tamper-evident audit log. Its methods are safe
 // for concurrent use.
 type Log struct {
+	// queued are the parts of a batch cut to fit the Replica's request
+	// limit (parts) still to send, each prepared on the one before: the
+	// pipelined writer's alone.
+	queued []*prepared
 	path   string
 	opts   Options
 	origin string

@@ -63,6 +63,9 @@ func (l *Log) pipelinedWriter() {
 		round    int                      // appends of the last round: those it answered and those queued meanwhile
 	)
 	for {
+		if len(inflight) == 0 && len(l.queued) > 0 {
+			inflight = l.dispatchQueued(wake)
+		}
 		if len(inflight) == 0 && len(syncs)+len(csyncs) > 0 {
 			err := l.syncNow(len(syncs) == 0) // a full one answers both
 			for _, done := range append(syncs, csyncs...) {
@@ -71,7 +74,7 @@ func (l *Log) pipelinedWriter() {
 			syncs, csyncs = nil, nil
 		}
 		var reqs <-chan *appendReq
-		if l.room(inflight) && len(syncs)+len(csyncs) == 0 {
+		if l.room(inflight) && len(syncs)+len(csyncs) == 0 && len(l.queued) == 0 {
 			reqs = l.reqs // a waiting Sync holds new commits back, or it could wait for ever
 		}
 		var offers <-chan []Commit
@@ -90,23 +93,29 @@ func (l *Log) pipelinedWriter() {
 			round = len(batch)
 			inflight = l.send(inflight, batch, wake, nil)
 		case <-wake:
-			before := pendingAppends(inflight)
 			landed, rest := l.answered(inflight, false)
+			if n := pendingAppends(landed); n > 0 {
+				round = n + len(l.reqs) // those it answers and those queued meanwhile
+			}
 			var held *appendReq
-			if len(landed) > 0 && len(rest) == 0 && len(syncs)+len(csyncs) == 0 {
+			switch {
+			case len(landed) == 0 || len(rest) > 0:
+			case len(l.queued) > 0:
+				rest = l.dispatchQueued(wake) // the next part of the batch, prepared
+			case len(syncs)+len(csyncs) == 0:
 				rest, held = l.chain(landed[len(landed)-1].p, round, wake)
 			}
 			inflight = l.storeLanded(landed, rest)
-			if n := before - pendingAppends(landed); n > 0 {
-				round = n + len(l.reqs)
-			}
 			if held != nil {
 				batch := l.gather(l.fill([]*appendReq{held}), round)
 				round = len(batch)
 				inflight = l.send(inflight, batch, wake, nil)
 			}
 		case <-l.stop:
-			for len(inflight) > 0 {
+			for len(inflight) > 0 || len(l.queued) > 0 {
+				if len(inflight) == 0 {
+					inflight = l.dispatchQueued(wake)
+				}
 				inflight = l.land(inflight, true)
 			}
 			for _, done := range append(syncs, csyncs...) {
@@ -219,14 +228,35 @@ func (l *Log) storeLanded(landed, rest []*flight) []*flight {
 				answer(g.p.batch, errBehind(g.p))
 				finish(g.p.props, errBehind(g.p))
 			}
+			l.failQueued()
 			return nil
 		}
 	}
 	if len(rest) > 0 && rest[0].answered {
 		l.settle(rest)
+		l.failQueued()
 		return nil
 	}
 	return rest
+}
+
+// dispatchQueued sends the next part of a batch cut in parts, prepared
+// on the one before it, which the Replica holds.
+func (l *Log) dispatchQueued(wake chan<- struct{}) []*flight {
+	p := l.queued[0]
+	l.queued = l.queued[1:]
+	return l.dispatch(nil, p, wake)
+}
+
+// failQueued fails the parts not yet sent: each was built on a commit
+// that did not reach this copy.
+func (l *Log) failQueued() {
+	for i := len(l.queued) - 1; i >= 0; i-- {
+		p := l.queued[i]
+		answer(p.batch, errBehind(p))
+		finish(p.props, errBehind(p))
+	}
+	l.queued = nil
 }
 
 // A Drainer is a Proposal that may need the changes before it durable in
@@ -301,14 +331,74 @@ func (l *Log) send(inflight []*flight, batch []*appendReq, wake chan<- struct{},
 			return inflight
 		}
 	}
-	p, err := prepare(start, rng, batch)
-	if err != nil {
-		err = fmt.Errorf("%w: commit of %d entries: %w", ErrUnavailable, len(batch), err)
-		answer(batch, err)
-		finish(props, err)
+	var ps []*prepared
+	parts := l.parts(start, batch, props)
+	for i, part := range parts {
+		p, err := prepare(start, rng, part.batch)
+		if err != nil {
+			// This part and those after it: the earlier ones go.
+			err = fmt.Errorf("%w: commit of %d entries: %w", ErrUnavailable, len(part.batch), err)
+			for k := len(parts) - 1; k >= i; k-- {
+				answer(parts[k].batch, err)
+				finish(parts[k].props, err)
+			}
+			break
+		}
+		p.props = part.props
+		ps = append(ps, p)
+		start, rng = p.rng.End(), cloneRange(p.rng)
+	}
+	if len(ps) == 0 {
 		return inflight
 	}
-	p.props = props
+	// The parts after the first follow it one per round (dispatchQueued).
+	l.queued = append(l.queued, ps[1:]...)
+	return l.dispatch(inflight, ps[0], wake)
+}
+
+// part is a run of a batch that fits one request to the Replica.
+type part struct {
+	batch []*appendReq
+	props []proposed
+}
+
+// parts cuts batch, which starts at index start and holds props, into
+// runs that each fit the Replica's request limit with their proposals'
+// payloads (gather bounds the entries only: a payload is known once its
+// proposal is prepared). A proposal's entries stay together; a unit
+// larger than the limit goes alone.
+func (l *Log) parts(start uint64, batch []*appendReq, props []proposed) []part {
+	limit := l.maxBatchBytes()
+	var (
+		out   []part
+		cur   part
+		bytes int
+	)
+	for i, j := 0, 0; i < len(batch); {
+		n, size, pr := 1, 2+len(batch[i].data), []proposed(nil)
+		if j < len(props) && props[j].first == start+uint64(i) {
+			n, pr = props[j].n, props[j:j+1]
+			size = 21 + len(props[j].payload)
+			for _, r := range batch[i : i+n] {
+				size += 2 + len(r.data)
+			}
+			j++
+		}
+		if len(cur.batch) > 0 && bytes+size > limit {
+			out = append(out, cur)
+			cur, bytes = part{}, 0
+		}
+		cur.batch = append(cur.batch, batch[i:i+n]...)
+		cur.props = append(cur.props, pr...)
+		bytes += size
+		i += n
+	}
+	return append(out, cur)
+}
+
+// dispatch sends p, prepared on the tree the flights before it make, to
+// the Replica.
+func (l *Log) dispatch(inflight []*flight, p *prepared, wake chan<- struct{}) []*flight {
 	c := p.commit()
 	for _, f := range inflight {
 		c.Pending = append(c.Pending, f.p.commit())
