@@ -274,6 +274,7 @@ func BenchmarkReplicaConnects(b *testing.B) {
 		{"bbolt", 1, false, ""},
 		{"etcd/replicas=1", 1, true, ""},
 		{"etcd/replicas=1/no-group-wait", 1, true, "  log_group_wait: \"off\"\n"},
+		{"etcd/replicas=2", 2, true, ""},
 		{"etcd/replicas=3", 3, true, ""},
 	} {
 		if only := os.Getenv("NVMEGATE_BENCH_VARIANTS"); only != "" && !slices.Contains(strings.Split(only, ","), variant.name) {
@@ -313,6 +314,25 @@ func BenchmarkReplicaConnects(b *testing.B) {
 			if variant.etcd {
 				sizes = sampleEtcdSize(b, etcd, min(time.Minute, duration/4))
 			}
+			// CPU of each kind of process over the middle half of the load.
+			var gwPIDs, etcdPIDs []int
+			for _, r := range replicas {
+				gwPIDs = append(gwPIDs, r.cmd.Process.Pid)
+			}
+			if variant.etcd {
+				for _, m := range etcd.members {
+					etcdPIDs = append(etcdPIDs, m.proc.cmd.Process.Pid)
+				}
+			}
+			cpu := make(chan [3]float64, 1) // cores: gateways, etcd, this process (the load generator)
+			go func() {
+				time.Sleep(duration / 4)
+				g0, e0, s0 := cpuSeconds(gwPIDs...), cpuSeconds(etcdPIDs...), cpuSeconds(os.Getpid())
+				time.Sleep(duration / 2)
+				g1, e1, s1 := cpuSeconds(gwPIDs...), cpuSeconds(etcdPIDs...), cpuSeconds(os.Getpid())
+				w := (duration / 2).Seconds()
+				cpu <- [3]float64{(g1 - g0) / w, (e1 - e0) / w, (s1 - s0) / w}
+			}()
 			for j, f := range fleets {
 				wg.Add(1)
 				go func() {
@@ -344,12 +364,41 @@ func BenchmarkReplicaConnects(b *testing.B) {
 			if len(lat) == 0 {
 				b.Fatal("no connect acknowledged")
 			}
-			b.ReportMetric(float64(len(lat))/elapsed.Seconds(), "grants/s")
+			rate := float64(len(lat)) / elapsed.Seconds()
+			b.ReportMetric(rate, "grants/s")
+			cores := <-cpu
+			b.ReportMetric(cores[0]/rate*1000, "gw-cpu-ms/grant")
+			b.ReportMetric(cores[1]/rate*1000, "etcd-cpu-ms/grant")
+			b.ReportMetric((cores[0]+cores[1]+cores[2])/rate*1000, "box-cpu-ms/grant")
 			b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
 			b.ReportMetric(float64(errs), "errors")
 		})
 	}
+}
+
+// cpuSeconds is the CPU time (user and system) the processes pids have
+// used, read from /proc/PID/stat; a process gone counts nothing.
+func cpuSeconds(pids ...int) float64 {
+	const ticks = 100 // USER_HZ on Linux
+	var total float64
+	for _, pid := range pids {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// Fields after the command name, which is in parentheses and
+		// may hold spaces: utime and stime are the 12th and 13th.
+		_, rest, ok := strings.Cut(string(data), ") ")
+		f := strings.Fields(rest)
+		if !ok || len(f) < 13 {
+			continue
+		}
+		u, _ := strconv.ParseFloat(f[11], 64)
+		s, _ := strconv.ParseFloat(f[12], 64)
+		total += (u + s) / ticks
+	}
+	return total
 }
 
 // etcdSizes samples the database size of every etcd member while a

@@ -17,11 +17,16 @@
 #      mTLS handshakes to the gateway, all at once; N trivial calls, each
 #      on a new gRPC connection, all at once);
 #  (b) nvmegate's audit append (audit BenchmarkAppend) against Tessera's
-#      POSIX driver at 16 and 256 appenders, same entry size.
+#      POSIX driver at 16 and 256 appenders, same entry size;
+#  (c) with HA=1, replicas (e2e BenchmarkReplicaConnects, BenchmarkReplicaStorm):
+#      one bbolt gateway, then 1, 2 and 3 replicas on a 3-member etcd, with
+#      CPU per grant by process, the issue's ratios, and the storm through
+#      three replicas against three floor servers.
 #
 #   scripts/sidebyside.sh            # C=32 D=20s N=1000 M=8
 #   STORM=10000 scripts/sidebyside.sh   # the storm with 10,000 nodes (default N)
 #   C=64 D=30s scripts/sidebyside.sh
+#   HA=1 scripts/sidebyside.sh          # and (c): replicas on etcd, their storm (needs Vault)
 #
 # Needs the opa CLI and Vault that `make test` caches; builds the Tessera
 # program once in a throwaway module (Tessera is not our dependency).
@@ -108,3 +113,26 @@ for w in 16 256; do
     "$TESSERA" --dir "$work/tlog" --appenders "$w" --n "$n" --size 840 --batch-max-age "$age" 2>/dev/null
   done
 done
+
+if [ "${HA:-0}" = 1 ]; then
+  # (c) Replicas: the e2e benchmarks with a 3-member etcd of real processes
+  # and Vault keys, everything on this machine's cores. Each variant reports
+  # grants/s, p99 and CPU per grant read from /proc (the gateways, etcd, and
+  # the whole box with the load generator); the storm runs one job's nodes
+  # through three replicas against a trivial storm on three floor servers.
+  echo
+  echo "== (c) replicas: one bbolt gateway, then 1, 2 and 3 replicas on a 3-member etcd, $(nproc) cores"
+  export NVMEGATE_VAULT="$VAULT"
+  NVMEGATE_BENCH_VARIANTS=bbolt,etcd/replicas=1,etcd/replicas=2,etcd/replicas=3 \
+    go test -run '^$' -bench ReplicaConnects -benchtime 1x -timeout 30m ./e2e/ 2>/dev/null | grep '^Benchmark' | tee "$work/ha.txt"
+  metric() { grep "ReplicaConnects/$1-" "$work/ha.txt" | tr '\t' '\n' | sed -n "s|^ *\([0-9.]*\) $2\$|\1|p"; }
+  python3 - "$(metric bbolt grants/s)" "$(metric etcd/replicas=1 grants/s)" "$(metric etcd/replicas=2 grants/s)" "$(metric etcd/replicas=3 grants/s)" \
+    "$(metric bbolt box-cpu-ms/grant)" "$(metric etcd/replicas=3 box-cpu-ms/grant)" <<'PY'
+import sys
+b, r1, r2, r3, cb, c3 = map(float, sys.argv[1:])
+print(f"   three replicas / one bbolt gateway: {r3/b:.2f}x (target >= 0.6x)")
+print(f"   one -> two replicas: {r2/r1:.2f}x, two -> three: {r3/r2:.2f}x (target >= 0.9x each)")
+print(f"   whole-box CPU per grant, three replicas / one gateway: {c3:.2f} / {cb:.2f} ms = {c3/cb:.2f}x (target <= 1.6x)")
+PY
+  go test -run '^$' -bench ReplicaStorm -benchtime 1x -timeout 30m ./e2e/ 2>/dev/null | grep -E '^Benchmark|storm_test' | tee "$work/hastorm.txt"
+fi
