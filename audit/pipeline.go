@@ -373,8 +373,9 @@ func (l *Log) parts(start uint64, batch []*appendReq, props []proposed) []part {
 		out   []part
 		cur   part
 		bytes int
+		j     int // the next proposal
 	)
-	for i, j := 0, 0; i < len(batch); {
+	for i := 0; i < len(batch); {
 		n, size, pr := 1, 2+len(batch[i].data), []proposed(nil)
 		if j < len(props) && props[j].first == start+uint64(i) {
 			n, pr = props[j].n, props[j:j+1]
@@ -392,6 +393,11 @@ func (l *Log) parts(start uint64, batch []*appendReq, props []proposed) []part {
 		cur.props = append(cur.props, pr...)
 		bytes += size
 		i += n
+	}
+	if j < len(props) {
+		// A proposal not where its index says (not expand's batch):
+		// one commit, as before parts, rather than lose its answer.
+		return []part{{batch: batch, props: props}}
 	}
 	return append(out, cur)
 }
