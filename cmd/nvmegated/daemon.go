@@ -278,7 +278,7 @@ func (m *Main) Open(ctx context.Context) (err error) {
 	// The policy that decides from now on is on the record before any
 	// decision is.
 	self := svid.ID.String()
-	if err := recordPolicyLoad(ctx, m.audit, self, m.engine.Status(), nil); err != nil {
+	if err := m.startingRecord(ctx, func() error { return recordPolicyLoad(ctx, m.audit, self, m.engine.Status(), nil) }); err != nil {
 		return fmt.Errorf("audit log: %w", err)
 	}
 	if err := m.openKeys(ctx, self); err != nil {
