@@ -217,10 +217,11 @@ func appendPolicyEntry(ctx context.Context, log *audit.Log, self, detail string)
 
 // startingRecord makes a replica's first record at start, again while the
 // log answers Unavailable, a few times: a replica that starts while none
-// leads appends on its own, and loses every race to the replica elected
-// meanwhile (seen in the failover test: 64 lost compares in a row, and
-// the replica exited). The next attempt is forwarded to that leader. A
-// lone gateway's record is tried once.
+// leads appends on its own, and can lose its compare to the replica
+// elected meanwhile until it gives up (seen once in the failover test:
+// "commit of 75 entries …: the replicated log moved on", and the replica
+// exited). Nothing was appended; the next attempt is forwarded to that
+// leader. A lone gateway's record is tried once.
 func (m *Main) startingRecord(ctx context.Context, record func() error) error {
 	err := record()
 	for wait := 200 * time.Millisecond; err != nil && m.repl != nil && errors.Is(err, audit.ErrUnavailable) && wait <= 3200*time.Millisecond; wait *= 2 {
