@@ -49,7 +49,7 @@
 //	                     "fingerprint": keyed hash, "id": key name,
 //	                     "version": int}]                             (optional)
 //	  "kind":          grant | deny | invalid_argument | renew | release |
-//	                   expire | revoke | job_admit | job_finish |
+//	                   expire | revoke | job_admit | job_finish | job_nodes |
 //	                   key_rotation | inventory_change | policy_load |
 //	                   target_apply | reauth_required | compliance_attestation
 //	  "namespaces":    [{"dataset": name, "dataset_digest": digest,

@@ -44,6 +44,7 @@ const (
 	EventRevoke          EventKind = "revoke"           // an admin revoked a grant or job
 	EventJobAdmit        EventKind = "job_admit"        // a job scope admitted
 	EventJobFinish       EventKind = "job_finish"       // a job finished
+	EventJobNodes        EventKind = "job_nodes"        // a job's nodes changed (an elastic job)
 	EventKeyRotation     EventKind = "key_rotation"     // a key version added (access root, DEK, log signing)
 	EventInventoryChange EventKind = "inventory_change" // inventory created/deleted
 	EventPolicyLoad      EventKind = "policy_load"      // a policy revision loaded
@@ -63,7 +64,7 @@ const (
 
 var knownKinds = map[EventKind]bool{
 	EventGrant: true, EventDeny: true, EventRenew: true, EventRelease: true,
-	EventExpire: true, EventRevoke: true, EventJobAdmit: true, EventJobFinish: true,
+	EventExpire: true, EventRevoke: true, EventJobAdmit: true, EventJobFinish: true, EventJobNodes: true,
 	EventKeyRotation: true, EventInventoryChange: true, EventPolicyLoad: true,
 	EventTargetApply: true, EventInvalid: true, EventReauth: true, EventComplianceAttestation: true,
 	EventStateChange: true, EventStateSnapshot: true,

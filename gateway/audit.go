@@ -83,6 +83,7 @@ var changeKinds = map[string]audit.EventKind{
 	"/nvmegate.v1.TargetAgent/Reencrypted":     audit.EventKeyRotation,
 	"/nvmegate.v1.Jobs/Admit":                  audit.EventJobAdmit,
 	"/nvmegate.v1.Jobs/Finish":                 audit.EventJobFinish,
+	"/nvmegate.v1.Jobs/UpdateNodes":            audit.EventJobNodes,
 	"/nvmegate.v1.Access/Release":              audit.EventRelease,
 	"/nvmegate.v1.Access/Revoke":               audit.EventRevoke,
 }
@@ -344,6 +345,10 @@ func resourceKey(r map[string]any) string {
 	case "subsystem":
 		return str(r, "subsystem", "nqn")
 	case "job":
+		if g, _ := r["job"].(map[string]any)["generation"].(int64); g > 0 {
+			// The runs of a requeued job stay apart in the log.
+			return str(r, "job", "job_id") + " generation " + strconv.FormatInt(g, 10)
+		}
 		return str(r, "job", "job_id")
 	case "key":
 		k, _ := r["key"].(map[string]any)

@@ -3,7 +3,10 @@ package gateway
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nvmegate/nvmegate"
 	"github.com/nvmegate/nvmegate/authz"
@@ -232,6 +235,8 @@ func (d *describer) resource(req any) (map[string]any, error) {
 
 	case *pb.AdmitRequest:
 		return d.admit(r)
+	case *pb.UpdateNodesRequest:
+		return d.updateNodes(r)
 	case *pb.JobsListRequest:
 		return res("job", r.Tenant), nil
 	case *pb.ListGrantsRequest:
@@ -747,8 +752,47 @@ func (d *describer) admit(r *pb.AdmitRequest) (map[string]any, error) {
 	out["job"] = map[string]any{
 		"job_id": r.JobId, "tenant": r.Tenant, "scheduler": scheduler.String(), "nodes": anySlice(r.Nodes),
 		"allowed_regions": anySlice(r.AllowedRegions), "expires_at": r.ExpiresAt.AsTime().UTC().Format(time.RFC3339Nano),
-		"state": "requested",
+		"state": "requested", "generation": int64(r.Generation), "user": r.User,
 	}
+	return out, nil
+}
+
+// updateNodes describes a change of a job's nodes as the admission of the
+// job with its new node set (policy decides it as it decides an
+// admission): the stored scope, the binding of every node it would have,
+// and the state it is in. A job that is not stored is described by its ID
+// only, which policy refuses.
+func (d *describer) updateNodes(r *pb.UpdateNodesRequest) (map[string]any, error) {
+	if d.jobs == nil {
+		return d.job(r.JobId)
+	}
+	j, err := d.jobs.Job(d.ctx, r.JobId)
+	if ok, err := found(err); err != nil || !ok {
+		out := res("job", "")
+		out["job"] = map[string]any{"job_id": r.JobId}
+		return out, err
+	}
+	nodes := slices.DeleteFunc(slices.Clone(j.Nodes), func(n string) bool { return slices.Contains(r.RemoveNodes, n) })
+	for _, n := range r.AddNodes {
+		if !slices.Contains(nodes, n) {
+			nodes = append(nodes, n)
+		}
+	}
+	as := &pb.AdmitRequest{JobId: j.ID, Tenant: j.Tenant, Nodes: nodes, AllowedRegions: j.AllowedRegions,
+		ExpiresAt: timestamppb.New(j.ExpiresAt), Generation: j.Generation, User: j.User}
+	for _, n := range j.Namespaces {
+		m := pb.AccessMode_ACCESS_MODE_READ_ONLY
+		if n.Mode == nvmegate.ModeReadWrite {
+			m = pb.AccessMode_ACCESS_MODE_READ_WRITE
+		}
+		as.Namespaces = append(as.Namespaces, &pb.JobNamespace{SubsystemNqn: n.SubsystemNQN, Nsid: n.NSID, Mode: m})
+	}
+	out, err := d.admit(as)
+	if err != nil {
+		return nil, err
+	}
+	job := out["job"].(map[string]any)
+	job["state"], job["scheduler"] = j.State, j.Scheduler
 	return out, nil
 }
 
@@ -767,8 +811,13 @@ func (d *describer) job(id string) (map[string]any, error) {
 	return out, nil
 }
 
-// jobValue describes a stored job for policy (policy/README.md).
-func jobValue(j *nvmegate.Job) map[string]any { return jobValueWith(j, j.Nodes) }
+// jobValue describes a stored job for policy (policy/README.md), with
+// its run (generation) and user for the job's own calls.
+func jobValue(j *nvmegate.Job) map[string]any {
+	v := jobValueWith(j, j.Nodes)
+	v["generation"], v["user"] = int64(j.Generation), j.User
+	return v
+}
 
 // jobValueWith describes j with nodes as its node list (a node's call
 // carries only the caller: converting a 10,000-node list for every call

@@ -288,6 +288,7 @@ var malformed = map[string]struct {
 	"/nvmegate.v1.Jobs/Get":               {&pb.JobsGetRequest{JobId: "job with spaces"}, "job_id"},
 	"/nvmegate.v1.Jobs/List":              {&pb.JobsListRequest{State: 42}, "state"},
 	"/nvmegate.v1.Jobs/Finish":            {&pb.FinishRequest{JobId: "job-1", Reason: strings.Repeat("x", 300)}, "reason"},
+	"/nvmegate.v1.Jobs/UpdateNodes":       {&pb.UpdateNodesRequest{JobId: "job-1", RemoveNodes: []string{"spiffe://nvmegate.test/tenant/acme"}}, "remove_nodes[0]"},
 	"/nvmegate.v1.Access/Discover":        {&pb.DiscoverRequest{}, "job_id"},
 	"/nvmegate.v1.Access/Connect":         {&pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN, Ttl: durationpb.New(-time.Second)}, "ttl"},
 	"/nvmegate.v1.Access/Renew":           {&pb.RenewRequest{GrantId: "short"}, "grant_id"},

@@ -123,7 +123,11 @@ func (s *Server) unaryInterceptors() []grpc.UnaryServerInterceptor {
 				seq := s.openings.enter()
 				defer s.openings.exit(seq)
 			}
-			if err := validate(req, s.now()); err != nil {
+			err := expandHostlists(ctx, req)
+			if err == nil {
+				err = validate(req, s.now())
+			}
+			if err != nil {
 				s.recordInvalid(ctx, info.FullMethod, err)
 				return nil, err
 			}

@@ -2,9 +2,12 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/authz"
 	"github.com/nvmegate/nvmegate/lease"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
@@ -16,7 +19,8 @@ type JobStore interface {
 	CreateJob(ctx context.Context, j *nvmegate.Job) error
 	Job(ctx context.Context, id string) (*nvmegate.Job, error)
 	ListJobs(ctx context.Context, f store.JobFilter, p store.Page) ([]*nvmegate.Job, string, error)
-	FinishJob(ctx context.Context, id string) (*nvmegate.Job, error)
+	FinishJob(ctx context.Context, id string, gen *uint32) (j *nvmegate.Job, unchanged bool, err error)
+	UpdateJobNodes(ctx context.Context, id string, gen *uint32, add, remove []string) (*nvmegate.Job, error)
 }
 
 // jobsService admits, reads and finishes job scopes. Policy has decided
@@ -31,7 +35,11 @@ type jobsService struct {
 	lease *lease.Lifecycle
 	// lineage signs the finished job's lineage attestation; nil: none.
 	lineage func(ctx context.Context, jobID string) ([]byte, error)
-	log     *slog.Logger
+	// record appends an entry to the audit log, durably: the end of a
+	// job's earlier generation that an admission makes.
+	record func(ctx context.Context, e audit.Entry) error
+	now    func() time.Time
+	log    *slog.Logger
 }
 
 func (s *jobsService) Admit(ctx context.Context, r *pb.AdmitRequest) (*pb.AdmitResponse, error) {
@@ -46,6 +54,9 @@ func (s *jobsService) Admit(ctx context.Context, r *pb.AdmitRequest) (*pb.AdmitR
 	}
 	j.Scheduler, j.DecisionID = c.ID, d.ID
 	j.ExpiresAt = r.ExpiresAt.AsTime()
+	if err := s.endEarlierGeneration(ctx, j); err != nil {
+		return nil, err
+	}
 	if err := s.store.CreateJob(ctx, j); err != nil {
 		return nil, err
 	}
@@ -75,26 +86,76 @@ func (s *jobsService) List(ctx context.Context, r *pb.JobsListRequest) (*pb.Jobs
 	return out, nil
 }
 
+// endEarlierGeneration finishes the job j's ID names if it is active at
+// an earlier generation (a requeued run whose epilog did not finish it),
+// and ends its grants, before j is admitted: the next run starts with
+// none of the last one's access. Its entry is recorded first, apart from
+// the admission's.
+func (s *jobsService) endEarlierGeneration(ctx context.Context, j *nvmegate.Job) error {
+	old, err := s.store.Job(ctx, j.ID)
+	if nvmegate.ErrorCode(err) == nvmegate.ENOTFOUND {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if old.State != nvmegate.JobActive || old.Generation >= j.Generation {
+		return nil // the store decides (CreateJob)
+	}
+	why := fmt.Sprintf("job %s generation %d finished: generation %d admitted", old.ID, old.Generation, j.Generation)
+	if s.record == nil {
+		return nvmegate.Errorf(nvmegate.EINTERNAL, "admit: no audit log to record the end of generation %d", old.Generation)
+	}
+	e := audit.Entry{Kind: audit.EventJobFinish, Time: s.now(), JobID: old.ID, Tenant: old.Tenant, Caller: callerID(ctx), Detail: why}
+	if err := s.record(ctx, e); err != nil {
+		return err
+	}
+	// The admission's own entry goes with the admission's write.
+	ctx = store.WithCallRecord(ctx, nil)
+	if _, _, err := s.store.FinishJob(ctx, old.ID, &old.Generation); err != nil {
+		return err
+	}
+	s.endGrants(ctx, old, why)
+	return nil
+}
+
+// endGrants revokes the active grants of job j (finished), saying why.
+// The job is finished whatever happens here; the reconciler and the
+// scheduled rotation catch up, and failures are logged.
+func (s *jobsService) endGrants(ctx context.Context, j *nvmegate.Job, why string) []string {
+	if s.lease == nil {
+		return nil
+	}
+	ids, err := s.lease.EndJob(ctx, j.ID, callerID(ctx), why)
+	if err != nil {
+		s.log.ErrorContext(ctx, "job finished, its grants not all ended", "job", j.ID, "err", err)
+	}
+	return ids
+}
+
 // Finish ends a job scope and its grants: the targets stop allowing its
-// hosts, and the roots those hosts knew rotate.
+// hosts, and the roots those hosts knew rotate. A job that ended already
+// is answered as it is (its grants are ended again, in case a finish
+// before was cut short); one at a later generation than the request's is
+// left alone (a late epilog of an earlier run).
 func (s *jobsService) Finish(ctx context.Context, r *pb.FinishRequest) (*pb.FinishResponse, error) {
-	j, err := s.store.FinishJob(ctx, r.JobId)
+	j, unchanged, err := s.store.FinishJob(ctx, r.JobId, r.Generation)
 	if err != nil {
 		return nil, err
 	}
-	out := &pb.FinishResponse{Job: jobToProto(j)}
+	out := &pb.FinishResponse{Job: jobToProto(j), Unchanged: unchanged}
+	if j.State == nvmegate.JobActive {
+		return out, nil // a later generation's
+	}
 	if s.lease != nil {
 		why := "job " + j.ID + " finished"
+		if j.Generation > 0 {
+			why = fmt.Sprintf("job %s generation %d finished", j.ID, j.Generation)
+		}
 		if r.Reason != "" {
 			why += ": " + r.Reason
 		}
-		// The job is finished whatever happens here; the reconciler and
-		// the scheduled rotation catch up, and failures are logged.
-		ids, err := s.lease.EndJob(ctx, j.ID, callerID(ctx), why)
-		if err != nil {
-			s.log.ErrorContext(ctx, "job finished, its grants not all ended", "job", j.ID, "err", err)
-		}
-		out.EndedGrantIds = ids
+		out.EndedGrantIds = s.endGrants(ctx, j, why)
 	}
 	if s.lineage != nil {
 		// The lineage covers every entry so far, this finish's included
@@ -123,7 +184,8 @@ func jobStateName(s pb.JobState) string {
 
 func jobToProto(j *nvmegate.Job) *pb.Job {
 	out := &pb.Job{JobId: j.ID, Tenant: j.Tenant, Scheduler: j.Scheduler, Nodes: j.Nodes, AllowedRegions: j.AllowedRegions,
-		ExpiresAt: ts(j.ExpiresAt), AdmittedAt: ts(j.AdmittedAt), FinishedAt: ts(j.FinishedAt), DecisionId: j.DecisionID}
+		ExpiresAt: ts(j.ExpiresAt), AdmittedAt: ts(j.AdmittedAt), FinishedAt: ts(j.FinishedAt), DecisionId: j.DecisionID,
+		Generation: j.Generation, User: j.User}
 	switch j.State {
 	case nvmegate.JobActive:
 		out.State = pb.JobState_JOB_STATE_ACTIVE
@@ -140,4 +202,29 @@ func jobToProto(j *nvmegate.Job) *pb.Job {
 		out.Namespaces = append(out.Namespaces, &pb.JobNamespace{SubsystemNqn: n.SubsystemNQN, Nsid: n.NSID, Mode: m})
 	}
 	return out
+}
+
+// UpdateNodes adds nodes to an active job and removes others. Policy has
+// decided the job with its new node set (describe.go); the removed nodes'
+// grants end, and their targets stop allowing their hosts.
+func (s *jobsService) UpdateNodes(ctx context.Context, r *pb.UpdateNodesRequest) (*pb.UpdateNodesResponse, error) {
+	d, ok := authz.DecisionFromContext(ctx)
+	if !ok {
+		return nil, nvmegate.Errorf(nvmegate.EINTERNAL, "update nodes: call has no authorization")
+	}
+	j, err := s.store.UpdateJobNodes(ctx, r.JobId, r.Generation, r.AddNodes, r.RemoveNodes)
+	if err != nil {
+		return nil, err
+	}
+	out := &pb.UpdateNodesResponse{Job: jobToProto(j), Decision: decisionToProto(d)}
+	if s.lease != nil && len(r.RemoveNodes) > 0 {
+		ids, err := s.lease.EndNodes(ctx, j.ID, r.RemoveNodes, callerID(ctx), fmt.Sprintf("node left job %s", j.ID))
+		if err != nil {
+			// The nodes are out of the job: no grant of theirs commits
+			// again, and the reconciler retries what did not follow.
+			s.log.ErrorContext(ctx, "nodes left the job, their grants not all ended", "job", j.ID, "err", err)
+		}
+		out.EndedGrantIds = ids
+	}
+	return out, nil
 }

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/nvmegate/nvmegate/attest"
+	"github.com/nvmegate/nvmegate/audit"
 	"github.com/nvmegate/nvmegate/authz"
 	"github.com/nvmegate/nvmegate/internal/grpcserver"
 	"github.com/nvmegate/nvmegate/lease"
@@ -239,7 +240,13 @@ func New(cfg Config) (*Server, error) {
 	// Without a job store (or a lease, for grants) these answer
 	// Unimplemented after validation and policy: never a fake success.
 	if s.jobs != nil {
-		js := &jobsService{store: s.jobs, lease: s.lease, log: s.log}
+		js := &jobsService{store: s.jobs, lease: s.lease, log: s.log, now: s.now,
+			record: func(ctx context.Context, e audit.Entry) error {
+				if _, _, err := s.audit.Append(ctx, e); err != nil {
+					return errAuditUnavailable
+				}
+				return nil
+			}}
 		if cfg.LineageSigner != nil {
 			js.lineage = audits.lineage
 		}

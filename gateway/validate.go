@@ -119,6 +119,8 @@ func validate(req any, now time.Time) error {
 			nvmegate.ValidateJobID("job_id", r.JobId),
 			reason(r.Reason, false),
 		)
+	case *pb.UpdateNodesRequest:
+		return validateUpdateNodes(r)
 
 	// Access
 	case *pb.DiscoverRequest:
@@ -327,9 +329,48 @@ func validateQuery(r *pb.QueryRequest) error {
 	return nil
 }
 
+// validateUpdateNodes checks a change of a job's nodes: at least one node
+// named, each a node ID, none both added and removed.
+func validateUpdateNodes(r *pb.UpdateNodesRequest) error {
+	if err := nvmegate.ValidateJobID("job_id", r.JobId); err != nil {
+		return err
+	}
+	if r.AddHostlist != "" || r.RemoveHostlist != "" {
+		return nvmegate.Invalid("add_hostlist", "was not expanded")
+	}
+	if len(r.AddNodes) == 0 && len(r.RemoveNodes) == 0 {
+		return nvmegate.Invalid("add_nodes", "a change names at least one node to add or remove")
+	}
+	if n := len(r.AddNodes) + len(r.RemoveNodes); n > nvmegate.MaxJobNodes {
+		return nvmegate.Invalid("add_nodes", "at most %d nodes in one change (got %d)", nvmegate.MaxJobNodes, n)
+	}
+	adding := make(map[string]bool, len(r.AddNodes))
+	for i, n := range r.AddNodes {
+		if err := nvmegate.ValidateNodeID("add_nodes["+strconv.Itoa(i)+"]", n); err != nil {
+			return err
+		}
+		adding[n] = true
+	}
+	for i, n := range r.RemoveNodes {
+		f := "remove_nodes[" + strconv.Itoa(i) + "]"
+		if err := nvmegate.ValidateNodeID(f, n); err != nil {
+			return err
+		}
+		if adding[n] {
+			return nvmegate.Invalid(f, "node %s is both added and removed", n)
+		}
+	}
+	return nil
+}
+
 // jobFromAdmit converts an Admit request to the domain's Job.
 func jobFromAdmit(r *pb.AdmitRequest) (*nvmegate.Job, error) {
-	j := &nvmegate.Job{ID: r.JobId, Tenant: r.Tenant, Nodes: r.Nodes, AllowedRegions: r.AllowedRegions}
+	if r.Hostlist != "" {
+		// Expanded into nodes before validation (expandHostlists).
+		return nil, nvmegate.Invalid("hostlist", "was not expanded")
+	}
+	j := &nvmegate.Job{ID: r.JobId, Tenant: r.Tenant, Nodes: r.Nodes, AllowedRegions: r.AllowedRegions,
+		Generation: r.Generation, User: r.User}
 	for i, ns := range r.Namespaces {
 		f := "namespaces[" + strconv.Itoa(i) + "]"
 		if ns == nil {

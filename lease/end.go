@@ -159,6 +159,48 @@ func (l *Lifecycle) revokeRecorded(ctx context.Context, gs []*nvmegate.Grant, en
 	return ended, nil
 }
 
+// EndNodes revokes the active grants of job jobID held by nodes (nodes
+// that left the job), on caller's authority, saying why: as Revoke by
+// job, keeping those of nodes. A grant of one of them decided before it
+// left is refused in its commit (store.OpenGrant), so none comes after.
+func (l *Lifecycle) EndNodes(ctx context.Context, jobID string, nodes []string, caller, why string) ([]string, error) {
+	if jobID == "" || len(nodes) == 0 {
+		return nil, nil
+	}
+	leaving := make(map[string]bool, len(nodes))
+	for _, n := range nodes {
+		leaving[n] = true
+	}
+	// As Revoke by job: a connect refused meanwhile can have put back a
+	// grant it superseded, after the selection; look again, a few times.
+	f := store.GrantFilter{State: nvmegate.GrantActive, JobID: jobID}
+	var ended []string
+	for i := range 3 {
+		if i > 0 {
+			ctx = context.WithoutCancel(ctx) // begun: runs to its end
+		}
+		gs, err := store.All(func(p store.Page) ([]*nvmegate.Grant, string, error) { return l.grants.ListGrants(ctx, f, p) })
+		if err != nil {
+			return ended, err
+		}
+		var theirs []*nvmegate.Grant
+		for _, g := range gs {
+			if leaving[g.Node] {
+				theirs = append(theirs, g)
+			}
+		}
+		if len(theirs) == 0 {
+			return ended, nil
+		}
+		done, err := l.revoke(ctx, theirs, caller, why)
+		ended = append(ended, done...)
+		if err != nil {
+			return ended, err
+		}
+	}
+	return ended, nil
+}
+
 // EndJob revokes a finished job's active grants (Revoke), on caller's
 // authority, saying why.
 func (l *Lifecycle) EndJob(ctx context.Context, jobID, caller, why string) ([]string, error) {

@@ -1,16 +1,13 @@
 package nvmegate.authz
 
-# --- Job admission (jobs.admit) -------------------------------------------------
+# --- Job admission (jobs.admit, and jobs.update_nodes: the job with its new
+# node set) ------------------------------------------------------------------
 #
 # The scheduler's request is described as the job to store (resource.job),
 # the stored record of every namespace it names with the requested mode
 # (resource.namespaces) and the binding of every node (resource.nodes). The
 # scope's tenant checks, residency and classes apply as well.
 
-admit_call if {
-	input.action == "jobs.admit"
-	checked_call
-}
 
 # binding_ids: the nodes whose binding allows them to run a job of the
 # job's tenant (unbound, bound without a tenant, or bound to it); admit_ok

@@ -87,3 +87,26 @@ test_admit_by_a_global_role_is_held_to_the_jobs_tenant if {
 	y := object.union(admit({"namespaces": [ns(1, {"mode": "rw"}), ns(2, {"tenant": "globex", "mode": "ro"})]}), {"caller": admin})
 	decide(y).reasons == ["namespace nqn.2026-01.org.example:acme-train/2 is not in job j1's tenant"] with data.nvmegate.roles as roles
 }
+
+# A change of a job's nodes is decided as the admission of the job with its
+# new node set: the scheduler's own tenant, every node bound to it or to no
+# tenant.
+update_nodes(patch) := object.union(admit(patch), {"action": "jobs.update_nodes", "rpc": {"method": "UpdateNodes", "full_method": "/nvmegate.v1.Jobs/UpdateNodes"}})
+
+test_update_nodes_allowed if {
+	d := decide(update_nodes({"job": {"state": "active"}}))
+	d == {"allow": true, "reasons": ["role scheduler may perform jobs.update_nodes for tenant acme"], "obligations": {}}
+}
+
+test_update_nodes_to_another_tenants_node_denied if {
+	other := object.union(binding, {"spiffe_id": node2_id, "tenant": "globex", "bound": true})
+	d := decide(update_nodes({"job": {"state": "active"}, "nodes": [binding, other]}))
+	d.reasons == ["node spiffe://example.org/node/gpu-02 is bound to another tenant"]
+	not leaks_globex(d)
+}
+
+test_update_nodes_of_another_tenants_job_denied if {
+	d := decide(update_nodes({"tenant": "globex", "job": {"tenant": "globex", "state": "active"}, "namespaces": [ns(1, {"tenant": "globex", "mode": "ro"})]}))
+	not d.allow
+	"a scheduler of tenant acme may act only on tenant acme's resources" in d.reasons
+}

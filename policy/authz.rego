@@ -104,7 +104,7 @@ action_checks(t) := {} if {
 }
 
 action_checks(t) := {} if {
-	input.action == "jobs.admit"
+	input.action in admit_actions
 	admit_ok
 	namespaces_ok(t)
 }
@@ -144,7 +144,11 @@ checked_call if {
 	not open_grant
 }
 
-namespace_actions := {"jobs.admit", "access.discover", "access.connect", "access.renew"}
+namespace_actions := {"jobs.admit", "jobs.update_nodes", "access.discover", "access.connect", "access.renew"}
+
+# admit_actions are decided as an admission: a change of a job's nodes is
+# the admission of the job with its new node set.
+admit_actions := {"jobs.admit", "jobs.update_nodes"}
 
 subsystem_actions := {"access.connect", "access.renew"}
 
@@ -154,7 +158,7 @@ namespace_call if {
 }
 
 admit_call if {
-	input.action == "jobs.admit"
+	input.action in admit_actions
 	checked_call
 }
 

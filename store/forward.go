@@ -86,6 +86,7 @@ var ops = map[string]func() forwarded{
 	"delete_host_binding": func() forwarded { return &deleteOp{} },
 	"create_job":          creating((*DB).CreateJob),
 	"finish_job":          func() forwarded { return &finishJobOp{} },
+	"update_job_nodes":    func() forwarded { return &updateJobNodesOp{} },
 	"load_policy":         func() forwarded { return &loadPolicyOp{} },
 	"note_root_rotated":   func() forwarded { return &noteRootOp{} },
 	"create_namespace":    creating((*DB).CreateNamespace),
@@ -547,12 +548,14 @@ func (o *deleteOp) run(ctx context.Context, db *DB) error {
 }
 
 type finishJobOp struct {
-	ID  string        `json:"id"`
-	Job *nvmegate.Job `json:"job,omitempty"` // result
+	ID         string        `json:"id"`
+	Generation *uint32       `json:"generation,omitempty"`
+	Job        *nvmegate.Job `json:"job,omitempty"` // result
+	Unchanged  bool          `json:"unchanged,omitempty"`
 }
 
 func (o *finishJobOp) run(ctx context.Context, db *DB) (err error) {
-	o.Job, err = db.FinishJob(ctx, o.ID)
+	o.Job, o.Unchanged, err = db.FinishJob(ctx, o.ID, o.Generation)
 	return err
 }
 
@@ -612,4 +615,17 @@ func (o *openGrantOp) opened(g *nvmegate.Grant, err error) ([]*nvmegate.Grant, e
 		*g = *o.Grant
 	}
 	return o.Superseded, nil
+}
+
+type updateJobNodesOp struct {
+	ID         string        `json:"id"`
+	Generation *uint32       `json:"generation,omitempty"`
+	Add        []string      `json:"add,omitempty"`
+	Remove     []string      `json:"remove,omitempty"`
+	Job        *nvmegate.Job `json:"job,omitempty"` // result
+}
+
+func (o *updateJobNodesOp) run(ctx context.Context, db *DB) (err error) {
+	o.Job, err = db.UpdateJobNodes(ctx, o.ID, o.Generation, o.Add, o.Remove)
+	return err
 }

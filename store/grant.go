@@ -505,6 +505,10 @@ func (db *DB) putGrants(ctx context.Context, gs []*nvmegate.Grant, move []string
 				if st := tx.jobState(g.JobID); st != "" && st != nvmegate.JobActive {
 					return nvmegate.Errorf(nvmegate.ECONFLICT, "job %s is %s; not granted", g.JobID, st)
 				}
+				// And one decided before its node left the job.
+				if !tx.jobHasNode(g.JobID, g.Node) {
+					return nvmegate.Errorf(nvmegate.ECONFLICT, "node %s is no longer in job %s; not granted", g.Node, g.JobID)
+				}
 			}
 			if err := putGrant(tx, stored[i], vals[i]); err != nil {
 				return err

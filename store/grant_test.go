@@ -306,7 +306,7 @@ func TestUndoOpening(t *testing.T) {
 		inventory(t, db, "acme")
 		must(t, db.CreateNamespace(ctx, newNamespace(subNQN(0), 1, "acme")))
 		must(t, db.CreateJob(ctx, newJob("job-1", "acme", nvmegate.JobNamespace{SubsystemNQN: subNQN(0), NSID: 1, Mode: nvmegate.ModeReadOnly})))
-		if _, err := db.FinishJob(ctx, "job-1"); err != nil {
+		if _, _, err := db.FinishJob(ctx, "job-1", nil); err != nil {
 			t.Fatal(err)
 		}
 		if back, err := db.UndoOpening(ctx, g); err != nil || len(back) != 0 {

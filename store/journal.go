@@ -86,6 +86,9 @@ type proposal struct {
 	// own is how many entries the change made itself (tx.entries),
 	// ahead of the caller's: the caller's first is at first+own.
 	own int
+	// call: entries are the call's record (CallRecord), which a write
+	// that changes nothing leaves to the call to append.
+	call bool
 }
 
 // Journaled reports whether the store sequences its writes in a Journal,
@@ -113,7 +116,7 @@ func (db *DB) propose(ctx context.Context, entries []audit.Entry, fn func(*txn) 
 		pctx = audit.WithCondition(ctx, audit.ConditionOf(term))
 	}
 	entries, rec := callEntries(ctx, entries)
-	p := &proposal{db: db, fn: fn, entries: entries}
+	p := &proposal{db: db, fn: fn, entries: entries, call: rec != nil}
 	if req, ok := ctx.Value(requestKey{}).(*requestID); ok {
 		p.fn = func(tx *txn) error {
 			if !req.noted && tx.Bucket(bucketRequests).Get([]byte(req.id)) != nil {
@@ -183,7 +186,12 @@ func (p *proposal) Prepare(first uint64) (audit.Prepared, error) {
 		}
 		return audit.Prepared{}, err
 	}
-	if len(tx.writes) == 0 && len(tx.entries) == 0 && len(p.entries) == 0 {
+	if len(tx.writes) == 0 && len(tx.entries) == 0 && (len(p.entries) == 0 || p.call) {
+		// No revision for nothing; a call's record is appended by the
+		// call (the gateway's auditWithChange), without a change.
+		if uerr := tx.rollback(); uerr != nil {
+			db.failLocked(fmt.Errorf("store: a change of nothing could not be undone: %w", uerr))
+		}
 		return audit.Prepared{}, errNoChange
 	}
 	p.tx, p.rev, p.own = tx, j.next+1, len(tx.entries)

@@ -58,6 +58,9 @@ type records struct {
 	// ended.
 	jobs  map[string]*nvmegate.Job
 	ended *endedJobs
+	// jobNodes is each active job's node set: a grant's commit asks
+	// whether its node is still in its job (a job's nodes can change).
+	jobNodes map[string]map[string]struct{}
 	// grants holds the active grants (those in the indexes); ended grants
 	// are read from the file.
 	grants      map[string]*nvmegate.Grant
@@ -90,7 +93,7 @@ func newRecords() records {
 		targets: map[string]*nvmegate.Target{}, subsystems: map[string]*nvmegate.Subsystem{},
 		subsByTarget: map[string][]string{}, namespaces: map[nsKey]*nvmegate.Namespace{},
 		nsBySub: map[string][]uint32{}, bindings: map[string]*nvmegate.HostBinding{},
-		bindingByNQN: map[string]string{}, jobs: map[string]*nvmegate.Job{}, ended: &endedJobs{},
+		bindingByNQN: map[string]string{}, jobs: map[string]*nvmegate.Job{}, ended: &endedJobs{}, jobNodes: map[string]map[string]struct{}{},
 		grants: map[string]*nvmegate.Grant{}, grantsBySub: map[string][]string{},
 		grantsByNode: map[string][]string{}, pending: map[string]*nvmegate.Grant{}, corrupt: map[recordKey]error{},
 	}
@@ -209,8 +212,14 @@ func (r *records) apply(o op) {
 		if o.job.State == nvmegate.JobActive {
 			r.jobs[o.job.ID] = o.job
 			r.ended.drop(o.job.ID)
+			set := make(map[string]struct{}, len(o.job.Nodes))
+			for _, n := range o.job.Nodes {
+				set[n] = struct{}{}
+			}
+			r.jobNodes[o.job.ID] = set
 		} else {
 			delete(r.jobs, o.job.ID)
+			delete(r.jobNodes, o.job.ID)
 			r.ended.put(o.job)
 		}
 	case o.policy != nil:
@@ -387,7 +396,7 @@ func load(tx *bolt.Tx) (records, uint64, error) {
 		case err != nil:
 			bad(bucketJobs, k, err)
 		case j.State == nvmegate.JobActive:
-			r.jobs[string(k)] = clipJob(j)
+			r.apply(op{job: clipJob(j)})
 		}
 		return nil
 	})

@@ -154,7 +154,7 @@ func randomWrite(t *testing.T, db *DB, w *modelWorld, rng *rand.Rand, clock *ste
 		w.jobs = append(w.jobs, j.ID)
 		return "create job", db.CreateJob(ctx, j)
 	case 11:
-		_, err := db.FinishJob(ctx, pick(w.jobs))
+		_, _, err := db.FinishJob(ctx, pick(w.jobs), nil)
 		return "finish job", err
 	case 12, 13, 14:
 		var gs []*nvmegate.Grant
@@ -606,7 +606,10 @@ func TestRevision(t *testing.T) {
 	write(db.CreateTarget(ctx, &nvmegate.Target{}), false) // EINVALID before it
 	write(db.CreateSubsystem(ctx, newSubsystem(subNQN(0), "t1", "acme")), true)
 	write(db.PutGrants(ctx, newGrant(1, subNQN(0)), newGrant(2, subNQN(0))), true)      // one commit
-	write(db.PutGrantsMoving(ctx, nil, []string{"grant-none"}, nil, HostEntry{}), true) // changes nothing, still a commit
+	must(t, db.PutGrantsMoving(ctx, nil, []string{"grant-none"}, nil, HostEntry{})) // changes nothing: no revision
+	if got := db.Revision(); got != want {
+		t.Fatalf("a write that changed nothing moved the revision to %d from %d", got, want)
+	}
 	write(db.DeleteTarget(ctx, "t1"), false)
 	must(t, db.Close())
 	if err := db.CreateTarget(ctx, newTarget("t2")); !errors.Is(err, ErrClosed) {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -398,6 +399,26 @@ func (tx *txn) jobState(id string) string {
 	return "unreadable"
 }
 
+// jobHasNode says whether node is in job id's node set as tx sees it: a
+// job this transaction wrote, else the model's active job. A job that is
+// not active or unknown to the store says yes: jobState's check is the
+// one that refuses those.
+func (tx *txn) jobHasNode(id, node string) bool {
+	for i := len(tx.ops) - 1; i >= 0; i-- {
+		if j := tx.ops[i].job; j != nil && j.ID == id {
+			return j.State != nvmegate.JobActive || slices.Contains(j.Nodes, node)
+		}
+	}
+	tx.model.mu.RLock()
+	defer tx.model.mu.RUnlock()
+	set, ok := tx.model.jobNodes[id]
+	if !ok {
+		return true
+	}
+	_, in := set[node]
+	return in
+}
+
 // update runs fn in a write transaction, stamps the next revision,
 // commits (fsync) if fn succeeds, and applies the change to the model; on
 // a journaled store it is a proposal the journal sequences.
@@ -422,6 +443,9 @@ func (db *DB) updateOnce(fn func(*txn) error) error {
 	tx := &txn{Tx: btx, model: &db.model}
 	if err := fn(tx); err != nil {
 		return err
+	}
+	if len(tx.writes) == 0 {
+		return nil // nothing changed: no revision, as on a journaled store
 	}
 	rev := db.model.rev.Load() + 1
 	if err := put(tx, bucketMeta, metaRevision, binary.BigEndian.AppendUint64(nil, rev)); err != nil {

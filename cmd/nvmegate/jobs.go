@@ -15,11 +15,11 @@ import (
 
 func (a *app) jobCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "job", Short: "Admit, read and finish training job scopes (schedulers)"}
-	cmd.AddCommand(a.jobAdmitCmd(), a.jobGetCmd(), a.jobListCmd(), a.jobFinishCmd())
+	cmd.AddCommand(a.jobAdmitCmd(), a.jobGetCmd(), a.jobListCmd(), a.jobFinishCmd(), a.jobNodesCmd())
 	return cmd
 }
 
-var jobHeader = []string{"JOB", "TENANT", "STATE", "NODES", "NAMESPACES", "REGIONS", "EXPIRES"}
+var jobHeader = []string{"JOB", "GEN", "TENANT", "STATE", "NODES", "NAMESPACES", "REGIONS", "EXPIRES"}
 
 func jobRow(j *pb.Job) []string {
 	var nss []string
@@ -31,7 +31,7 @@ func jobRow(j *pb.Job) []string {
 		nss = append(nss, fmt.Sprintf("%s/%d:%s", n.SubsystemNqn, n.Nsid, mode))
 	}
 	state := strings.ToLower(strings.TrimPrefix(j.State.String(), "JOB_STATE_"))
-	return []string{j.JobId, j.Tenant, state, fmt.Sprint(len(j.Nodes)), strings.Join(nss, ","),
+	return []string{j.JobId, fmt.Sprint(j.Generation), j.Tenant, state, fmt.Sprint(len(j.Nodes)), strings.Join(nss, ","),
 		strings.Join(j.AllowedRegions, ","), tsString(j.ExpiresAt)}
 }
 
@@ -65,16 +65,25 @@ func parseJobNamespace(s string) (*pb.JobNamespace, error) {
 
 func (a *app) jobAdmitCmd() *cobra.Command {
 	var (
-		req     pb.AdmitRequest
-		nss     []string
-		expires time.Duration
+		req       pb.AdmitRequest
+		nss       []string
+		expires   time.Duration
+		expiresAt string
 	)
 	cmd := &cobra.Command{
-		Use:   "admit JOB_ID --tenant T --node SPIFFE_ID... --namespace NQN/NSID:ro|rw... --region R... [--expires-in 24h]",
+		Use:   "admit JOB_ID --tenant T (--node SPIFFE_ID... | --hostlist EXPR) --namespace NQN/NSID:ro|rw... --region R... [--expires-in 24h | --expires-at TIME]",
 		Short: "Admit a job scope: which nodes may reach which namespaces, how, where, until when",
+		Long: `Admit a job scope. Admitting the same job, generation and scope again answers
+the job as stored, so a scheduler may retry. A requeued job is admitted again
+under its ID with --generation one higher: the run before ends first.
+
+Nodes are SPIFFE IDs, or hosts of a Slurm hostlist (--hostlist 'gpu[001-128]'),
+each host h the node spiffe://<your trust domain>/node/h.`,
 		Example: `  nvmegate job admit llm-pretrain-7 --tenant acme \
     --node spiffe://example.org/node/gpu-1 --node spiffe://example.org/node/gpu-2 \
-    --namespace nqn.2026-01.io.example:acme-train/1:ro --region eu-west --expires-in 12h`,
+    --namespace nqn.2026-01.io.example:acme-train/1:ro --region eu-west --expires-in 12h
+  nvmegate job admit 4242 --generation 1 --user alice --tenant acme --hostlist 'gpu[001-128,130]' \
+    --namespace nqn.2026-01.io.example:acme-train/1:ro --region eu-west --expires-at 2026-12-08T06:00:00Z`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req.JobId = args[0]
@@ -86,10 +95,21 @@ func (a *app) jobAdmitCmd() *cobra.Command {
 				}
 				req.Namespaces = append(req.Namespaces, n)
 			}
-			if expires <= 0 {
+			switch {
+			case expiresAt != "" && cmd.Flags().Changed("expires-in"):
+				return fmt.Errorf("give --expires-in or --expires-at, not both")
+			case expiresAt != "":
+				at, err := time.Parse(time.RFC3339, expiresAt)
+				if err != nil {
+					return fmt.Errorf("--expires-at: want an RFC 3339 time such as 2026-12-08T06:00:00Z: %w", err)
+				}
+				// A retried admission names the same expiry: the same scope.
+				req.ExpiresAt = timestamppb.New(at)
+			case expires <= 0:
 				return fmt.Errorf("--expires-in must be positive")
+			default:
+				req.ExpiresAt = timestamppb.New(time.Now().Add(expires))
 			}
-			req.ExpiresAt = timestamppb.New(time.Now().Add(expires))
 			return a.call(cmd, func(ctx context.Context, c *grpc.ClientConn) error {
 				resp, err := pb.NewJobsClient(c).Admit(ctx, &req)
 				if err != nil {
@@ -106,6 +126,10 @@ func (a *app) jobAdmitCmd() *cobra.Command {
 	f.StringSliceVar(&nss, "namespace", nil, "NQN/NSID:ro or NQN/NSID:rw (repeat)")
 	f.StringSliceVar(&req.AllowedRegions, "region", nil, "a region the job's data may be read in (repeat)")
 	f.DurationVar(&expires, "expires-in", 24*time.Hour, "how long the scope lasts")
+	f.StringVar(&expiresAt, "expires-at", "", "when the scope ends (RFC 3339); a retry names the same time")
+	f.StringVar(&req.Hostlist, "hostlist", "", "the job's nodes as a Slurm hostlist, e.g. 'gpu[001-128,130]'")
+	f.Uint32Var(&req.Generation, "generation", 0, "the job's run: 0, then one more per requeue (SLURM_JOB_RESTART_COUNT)")
+	f.StringVar(&req.User, "user", "", "the user the job runs as, for the record")
 	cmd.MarkFlagRequired("tenant")
 	return cmd
 }
@@ -166,20 +190,65 @@ func (a *app) jobListCmd() *cobra.Command {
 }
 
 func (a *app) jobFinishCmd() *cobra.Command {
-	var reason string
+	var (
+		reason string
+		gen    uint32
+	)
 	cmd := &cobra.Command{
-		Use: "finish JOB_ID [--reason TEXT]", Short: "End a job scope: its access ends and the roots its hosts knew rotate",
+		Use: "finish JOB_ID [--reason TEXT] [--generation N]", Short: "End a job scope: its access ends and the roots its hosts knew rotate",
+		Long: `End a job scope. Finishing a job that has ended already answers it as it is,
+so an epilog may retry. With --generation, a job at a later generation is left
+alone (a late epilog of an earlier run).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			req := &pb.FinishRequest{JobId: args[0], Reason: reason}
+			if cmd.Flags().Changed("generation") {
+				req.Generation = &gen
+			}
 			return a.call(cmd, func(ctx context.Context, c *grpc.ClientConn) error {
-				resp, err := pb.NewJobsClient(c).Finish(ctx, &pb.FinishRequest{JobId: args[0], Reason: reason})
+				resp, err := pb.NewJobsClient(c).Finish(ctx, req)
 				if err != nil {
 					return err
 				}
-				return a.print(resp, jobHeader, [][]string{jobRow(resp.Job)})
+				return a.print(resp, append(jobHeader, "UNCHANGED", "ENDED"),
+					[][]string{append(jobRow(resp.Job), fmt.Sprint(resp.Unchanged), fmt.Sprint(len(resp.EndedGrantIds)))})
 			})
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log")
+	cmd.Flags().Uint32Var(&gen, "generation", 0, "finish only this generation or an earlier one")
+	return cmd
+}
+
+func (a *app) jobNodesCmd() *cobra.Command {
+	var (
+		req pb.UpdateNodesRequest
+		gen uint32
+	)
+	cmd := &cobra.Command{
+		Use:   "nodes JOB_ID [--add SPIFFE_ID...] [--remove SPIFFE_ID...] [--add-hostlist EXPR] [--remove-hostlist EXPR]",
+		Short: "Add nodes to an active job and remove others (elastic jobs): a removed node's grants end",
+		Example: `  nvmegate job nodes 4242 --add-hostlist 'gpu[129-136]' --remove-hostlist gpu007`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req.JobId = args[0]
+			if cmd.Flags().Changed("generation") {
+				req.Generation = &gen
+			}
+			return a.call(cmd, func(ctx context.Context, c *grpc.ClientConn) error {
+				resp, err := pb.NewJobsClient(c).UpdateNodes(ctx, &req)
+				if err != nil {
+					return err
+				}
+				return a.print(resp, append(jobHeader, "ENDED"), [][]string{append(jobRow(resp.Job), fmt.Sprint(len(resp.EndedGrantIds)))})
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&req.AddNodes, "add", nil, "SPIFFE ID of a node to add (repeat)")
+	f.StringSliceVar(&req.RemoveNodes, "remove", nil, "SPIFFE ID of a node to remove (repeat)")
+	f.StringVar(&req.AddHostlist, "add-hostlist", "", "nodes to add, as a Slurm hostlist")
+	f.StringVar(&req.RemoveHostlist, "remove-hostlist", "", "nodes to remove, as a Slurm hostlist")
+	f.Uint32Var(&gen, "generation", 0, "the generation the change is for; another is refused")
 	return cmd
 }

@@ -282,7 +282,7 @@ func noGrantAfterJobEnds(t *testing.T, dbs []*store.DB) {
 		AllowedRegions: []string{"eu-west"}, ExpiresAt: time.Now().Add(24 * time.Hour), DecisionID: "d-1"}
 	must(t, db0.CreateJob(ctx, j))
 	must(t, pick(dbs, 1).PutGrants(ctx, grant(1, "job-9", subNQN(0))))
-	if _, err := pick(dbs, 2).FinishJob(ctx, "job-9"); err != nil {
+	if _, _, err := pick(dbs, 2).FinishJob(ctx, "job-9", nil); err != nil {
 		t.Fatal(err)
 	}
 	g := grant(2, "job-9", subNQN(0))

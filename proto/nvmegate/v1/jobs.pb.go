@@ -105,7 +105,13 @@ type Job struct {
 	// ID of the policy decision that admitted it.
 	DecisionId string `protobuf:"bytes,11,opt,name=decision_id,json=decisionId,proto3" json:"decision_id,omitempty"`
 	// Index of the admission's audit log entry.
-	AuditIndex    uint64 `protobuf:"varint,12,opt,name=audit_index,json=auditIndex,proto3" json:"audit_index,omitempty"`
+	AuditIndex uint64 `protobuf:"varint,12,opt,name=audit_index,json=auditIndex,proto3" json:"audit_index,omitempty"`
+	// The run of the job under its ID: 0 first, then one more for each
+	// requeue or restart (Slurm's SLURM_JOB_RESTART_COUNT).
+	Generation uint32 `protobuf:"varint,13,opt,name=generation,proto3" json:"generation,omitempty"`
+	// The user the job runs as, as the scheduler names them (for the audit
+	// log and the lineage; policy does not trust it).
+	User          string `protobuf:"bytes,14,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -224,6 +230,20 @@ func (x *Job) GetAuditIndex() uint64 {
 	return 0
 }
 
+func (x *Job) GetGeneration() uint32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *Job) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
 // JobNamespace is one namespace in a job scope.
 type JobNamespace struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -302,7 +322,18 @@ type AdmitRequest struct {
 	// Regions the job may read data in; at least one.
 	AllowedRegions []string `protobuf:"bytes,5,rep,name=allowed_regions,json=allowedRegions,proto3" json:"allowed_regions,omitempty"`
 	// When the scope ends; must be in the future.
-	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// Nodes named by a Slurm hostlist expression ("gpu[001-128,130]"), each
+	// host h the node spiffe://<the calling scheduler's trust domain>/node/h;
+	// added to nodes. At most 100,000 hosts.
+	Hostlist string `protobuf:"bytes,7,opt,name=hostlist,proto3" json:"hostlist,omitempty"`
+	// The run of the job: 0 first, one more for each requeue. Admitting the
+	// same job, generation and scope again answers the job as stored. A
+	// higher generation ends the one before (its grants end) and takes its
+	// place; a lower one is refused.
+	Generation uint32 `protobuf:"varint,8,opt,name=generation,proto3" json:"generation,omitempty"`
+	// The user the job runs as, for the record: 0-64 characters.
+	User          string `protobuf:"bytes,9,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -377,6 +408,27 @@ func (x *AdmitRequest) GetExpiresAt() *timestamppb.Timestamp {
 		return x.ExpiresAt
 	}
 	return nil
+}
+
+func (x *AdmitRequest) GetHostlist() string {
+	if x != nil {
+		return x.Hostlist
+	}
+	return ""
+}
+
+func (x *AdmitRequest) GetGeneration() uint32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *AdmitRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
 }
 
 // AdmitResponse returns the admitted job and the decision.
@@ -660,7 +712,11 @@ type FinishRequest struct {
 	// Job ID.
 	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
 	// Why the job ends, for the audit log; at most 256 bytes.
-	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The generation to finish, if set. A job at a later generation is left
+	// as it is (a late epilog of an earlier run); one at this generation or
+	// an earlier one is finished. Unset: whatever generation is active.
+	Generation    *uint32 `protobuf:"varint,3,opt,name=generation,proto3,oneof" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -709,6 +765,13 @@ func (x *FinishRequest) GetReason() string {
 	return ""
 }
 
+func (x *FinishRequest) GetGeneration() uint32 {
+	if x != nil && x.Generation != nil {
+		return *x.Generation
+	}
+	return 0
+}
+
 // FinishResponse reports what finishing did.
 type FinishResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -718,7 +781,10 @@ type FinishResponse struct {
 	EndedGrantIds []string `protobuf:"bytes,2,rep,name=ended_grant_ids,json=endedGrantIds,proto3" json:"ended_grant_ids,omitempty"`
 	// The job's lineage attestation: a DSSE envelope (JSON) around an in-toto
 	// Statement v1.
-	Lineage       []byte `protobuf:"bytes,3,opt,name=lineage,proto3" json:"lineage,omitempty"`
+	Lineage []byte `protobuf:"bytes,3,opt,name=lineage,proto3" json:"lineage,omitempty"`
+	// True if nothing changed: the job had ended before this call, or it is
+	// at a later generation than the one named (then it is still active).
+	Unchanged     bool `protobuf:"varint,4,opt,name=unchanged,proto3" json:"unchanged,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -774,11 +840,173 @@ func (x *FinishResponse) GetLineage() []byte {
 	return nil
 }
 
+func (x *FinishResponse) GetUnchanged() bool {
+	if x != nil {
+		return x.Unchanged
+	}
+	return false
+}
+
+// UpdateNodesRequest changes an active job's node set.
+type UpdateNodesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Job ID.
+	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// The generation the change is for, if set; another is refused.
+	Generation *uint32 `protobuf:"varint,2,opt,name=generation,proto3,oneof" json:"generation,omitempty"`
+	// SPIFFE IDs of nodes to add; nodes the job has already are no change.
+	AddNodes []string `protobuf:"bytes,3,rep,name=add_nodes,json=addNodes,proto3" json:"add_nodes,omitempty"`
+	// SPIFFE IDs of nodes to remove; their grants end.
+	RemoveNodes []string `protobuf:"bytes,4,rep,name=remove_nodes,json=removeNodes,proto3" json:"remove_nodes,omitempty"`
+	// Nodes to add, as a Slurm hostlist expression (as in AdmitRequest).
+	AddHostlist string `protobuf:"bytes,5,opt,name=add_hostlist,json=addHostlist,proto3" json:"add_hostlist,omitempty"`
+	// Nodes to remove, as a Slurm hostlist expression.
+	RemoveHostlist string `protobuf:"bytes,6,opt,name=remove_hostlist,json=removeHostlist,proto3" json:"remove_hostlist,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *UpdateNodesRequest) Reset() {
+	*x = UpdateNodesRequest{}
+	mi := &file_nvmegate_v1_jobs_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateNodesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateNodesRequest) ProtoMessage() {}
+
+func (x *UpdateNodesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nvmegate_v1_jobs_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateNodesRequest.ProtoReflect.Descriptor instead.
+func (*UpdateNodesRequest) Descriptor() ([]byte, []int) {
+	return file_nvmegate_v1_jobs_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *UpdateNodesRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *UpdateNodesRequest) GetGeneration() uint32 {
+	if x != nil && x.Generation != nil {
+		return *x.Generation
+	}
+	return 0
+}
+
+func (x *UpdateNodesRequest) GetAddNodes() []string {
+	if x != nil {
+		return x.AddNodes
+	}
+	return nil
+}
+
+func (x *UpdateNodesRequest) GetRemoveNodes() []string {
+	if x != nil {
+		return x.RemoveNodes
+	}
+	return nil
+}
+
+func (x *UpdateNodesRequest) GetAddHostlist() string {
+	if x != nil {
+		return x.AddHostlist
+	}
+	return ""
+}
+
+func (x *UpdateNodesRequest) GetRemoveHostlist() string {
+	if x != nil {
+		return x.RemoveHostlist
+	}
+	return ""
+}
+
+// UpdateNodesResponse is the job with its new node set.
+type UpdateNodesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The job as stored.
+	Job *Job `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	// IDs of the grants of removed nodes that were ended.
+	EndedGrantIds []string `protobuf:"bytes,2,rep,name=ended_grant_ids,json=endedGrantIds,proto3" json:"ended_grant_ids,omitempty"`
+	// The policy decision that allowed the change.
+	Decision      *Decision `protobuf:"bytes,3,opt,name=decision,proto3" json:"decision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateNodesResponse) Reset() {
+	*x = UpdateNodesResponse{}
+	mi := &file_nvmegate_v1_jobs_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateNodesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateNodesResponse) ProtoMessage() {}
+
+func (x *UpdateNodesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nvmegate_v1_jobs_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateNodesResponse.ProtoReflect.Descriptor instead.
+func (*UpdateNodesResponse) Descriptor() ([]byte, []int) {
+	return file_nvmegate_v1_jobs_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *UpdateNodesResponse) GetJob() *Job {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+func (x *UpdateNodesResponse) GetEndedGrantIds() []string {
+	if x != nil {
+		return x.EndedGrantIds
+	}
+	return nil
+}
+
+func (x *UpdateNodesResponse) GetDecision() *Decision {
+	if x != nil {
+		return x.Decision
+	}
+	return nil
+}
+
 var File_nvmegate_v1_jobs_proto protoreflect.FileDescriptor
 
 const file_nvmegate_v1_jobs_proto_rawDesc = "" +
 	"\n" +
-	"\x16nvmegate/v1/jobs.proto\x12\vnvmegate.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18nvmegate/v1/common.proto\"\xf0\x03\n" +
+	"\x16nvmegate/v1/jobs.proto\x12\vnvmegate.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18nvmegate/v1/common.proto\"\xa4\x04\n" +
 	"\x03Job\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1c\n" +
@@ -799,11 +1027,15 @@ const file_nvmegate_v1_jobs_proto_rawDesc = "" +
 	"\vdecision_id\x18\v \x01(\tR\n" +
 	"decisionId\x12\x1f\n" +
 	"\vaudit_index\x18\f \x01(\x04R\n" +
-	"auditIndex\"t\n" +
+	"auditIndex\x12\x1e\n" +
+	"\n" +
+	"generation\x18\r \x01(\rR\n" +
+	"generation\x12\x12\n" +
+	"\x04user\x18\x0e \x01(\tR\x04user\"t\n" +
 	"\fJobNamespace\x12#\n" +
 	"\rsubsystem_nqn\x18\x01 \x01(\tR\fsubsystemNqn\x12\x12\n" +
 	"\x04nsid\x18\x02 \x01(\rR\x04nsid\x12+\n" +
-	"\x04mode\x18\x03 \x01(\x0e2\x17.nvmegate.v1.AccessModeR\x04mode\"\xf2\x01\n" +
+	"\x04mode\x18\x03 \x01(\x0e2\x17.nvmegate.v1.AccessModeR\x04mode\"\xc2\x02\n" +
 	"\fAdmitRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x14\n" +
@@ -813,7 +1045,12 @@ const file_nvmegate_v1_jobs_proto_rawDesc = "" +
 	"namespaces\x12'\n" +
 	"\x0fallowed_regions\x18\x05 \x03(\tR\x0eallowedRegions\x129\n" +
 	"\n" +
-	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"f\n" +
+	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x1a\n" +
+	"\bhostlist\x18\a \x01(\tR\bhostlist\x12\x1e\n" +
+	"\n" +
+	"generation\x18\b \x01(\rR\n" +
+	"generation\x12\x12\n" +
+	"\x04user\x18\t \x01(\tR\x04user\"f\n" +
 	"\rAdmitResponse\x12\"\n" +
 	"\x03job\x18\x01 \x01(\v2\x10.nvmegate.v1.JobR\x03job\x121\n" +
 	"\bdecision\x18\x02 \x01(\v2\x15.nvmegate.v1.DecisionR\bdecision\"'\n" +
@@ -829,24 +1066,44 @@ const file_nvmegate_v1_jobs_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\"`\n" +
 	"\x10JobsListResponse\x12$\n" +
 	"\x04jobs\x18\x01 \x03(\v2\x10.nvmegate.v1.JobR\x04jobs\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\">\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"r\n" +
 	"\rFinishRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"v\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12#\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\rH\x00R\n" +
+	"generation\x88\x01\x01B\r\n" +
+	"\v_generation\"\x94\x01\n" +
 	"\x0eFinishResponse\x12\"\n" +
 	"\x03job\x18\x01 \x01(\v2\x10.nvmegate.v1.JobR\x03job\x12&\n" +
 	"\x0fended_grant_ids\x18\x02 \x03(\tR\rendedGrantIds\x12\x18\n" +
-	"\alineage\x18\x03 \x01(\fR\alineage*j\n" +
+	"\alineage\x18\x03 \x01(\fR\alineage\x12\x1c\n" +
+	"\tunchanged\x18\x04 \x01(\bR\tunchanged\"\xeb\x01\n" +
+	"\x12UpdateNodesRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12#\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\rH\x00R\n" +
+	"generation\x88\x01\x01\x12\x1b\n" +
+	"\tadd_nodes\x18\x03 \x03(\tR\baddNodes\x12!\n" +
+	"\fremove_nodes\x18\x04 \x03(\tR\vremoveNodes\x12!\n" +
+	"\fadd_hostlist\x18\x05 \x01(\tR\vaddHostlist\x12'\n" +
+	"\x0fremove_hostlist\x18\x06 \x01(\tR\x0eremoveHostlistB\r\n" +
+	"\v_generation\"\x94\x01\n" +
+	"\x13UpdateNodesResponse\x12\"\n" +
+	"\x03job\x18\x01 \x01(\v2\x10.nvmegate.v1.JobR\x03job\x12&\n" +
+	"\x0fended_grant_ids\x18\x02 \x03(\tR\rendedGrantIds\x121\n" +
+	"\bdecision\x18\x03 \x01(\v2\x15.nvmegate.v1.DecisionR\bdecision*j\n" +
 	"\bJobState\x12\x19\n" +
 	"\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10JOB_STATE_ACTIVE\x10\x01\x12\x16\n" +
 	"\x12JOB_STATE_FINISHED\x10\x02\x12\x15\n" +
-	"\x11JOB_STATE_EXPIRED\x10\x032\x90\x02\n" +
+	"\x11JOB_STATE_EXPIRED\x10\x032\xe2\x02\n" +
 	"\x04Jobs\x12>\n" +
 	"\x05Admit\x12\x19.nvmegate.v1.AdmitRequest\x1a\x1a.nvmegate.v1.AdmitResponse\x12@\n" +
 	"\x03Get\x12\x1b.nvmegate.v1.JobsGetRequest\x1a\x1c.nvmegate.v1.JobsGetResponse\x12C\n" +
 	"\x04List\x12\x1c.nvmegate.v1.JobsListRequest\x1a\x1d.nvmegate.v1.JobsListResponse\x12A\n" +
-	"\x06Finish\x12\x1a.nvmegate.v1.FinishRequest\x1a\x1b.nvmegate.v1.FinishResponseB;Z9github.com/nvmegate/nvmegate/proto/nvmegate/v1;nvmegatev1b\x06proto3"
+	"\x06Finish\x12\x1a.nvmegate.v1.FinishRequest\x1a\x1b.nvmegate.v1.FinishResponse\x12P\n" +
+	"\vUpdateNodes\x12\x1f.nvmegate.v1.UpdateNodesRequest\x1a .nvmegate.v1.UpdateNodesResponseB;Z9github.com/nvmegate/nvmegate/proto/nvmegate/v1;nvmegatev1b\x06proto3"
 
 var (
 	file_nvmegate_v1_jobs_proto_rawDescOnce sync.Once
@@ -861,7 +1118,7 @@ func file_nvmegate_v1_jobs_proto_rawDescGZIP() []byte {
 }
 
 var file_nvmegate_v1_jobs_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_nvmegate_v1_jobs_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_nvmegate_v1_jobs_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_nvmegate_v1_jobs_proto_goTypes = []any{
 	(JobState)(0),                 // 0: nvmegate.v1.JobState
 	(*Job)(nil),                   // 1: nvmegate.v1.Job
@@ -874,38 +1131,44 @@ var file_nvmegate_v1_jobs_proto_goTypes = []any{
 	(*JobsListResponse)(nil),      // 8: nvmegate.v1.JobsListResponse
 	(*FinishRequest)(nil),         // 9: nvmegate.v1.FinishRequest
 	(*FinishResponse)(nil),        // 10: nvmegate.v1.FinishResponse
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
-	(AccessMode)(0),               // 12: nvmegate.v1.AccessMode
-	(*Decision)(nil),              // 13: nvmegate.v1.Decision
+	(*UpdateNodesRequest)(nil),    // 11: nvmegate.v1.UpdateNodesRequest
+	(*UpdateNodesResponse)(nil),   // 12: nvmegate.v1.UpdateNodesResponse
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
+	(AccessMode)(0),               // 14: nvmegate.v1.AccessMode
+	(*Decision)(nil),              // 15: nvmegate.v1.Decision
 }
 var file_nvmegate_v1_jobs_proto_depIdxs = []int32{
 	2,  // 0: nvmegate.v1.Job.namespaces:type_name -> nvmegate.v1.JobNamespace
-	11, // 1: nvmegate.v1.Job.expires_at:type_name -> google.protobuf.Timestamp
+	13, // 1: nvmegate.v1.Job.expires_at:type_name -> google.protobuf.Timestamp
 	0,  // 2: nvmegate.v1.Job.state:type_name -> nvmegate.v1.JobState
-	11, // 3: nvmegate.v1.Job.admitted_at:type_name -> google.protobuf.Timestamp
-	11, // 4: nvmegate.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
-	12, // 5: nvmegate.v1.JobNamespace.mode:type_name -> nvmegate.v1.AccessMode
+	13, // 3: nvmegate.v1.Job.admitted_at:type_name -> google.protobuf.Timestamp
+	13, // 4: nvmegate.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
+	14, // 5: nvmegate.v1.JobNamespace.mode:type_name -> nvmegate.v1.AccessMode
 	2,  // 6: nvmegate.v1.AdmitRequest.namespaces:type_name -> nvmegate.v1.JobNamespace
-	11, // 7: nvmegate.v1.AdmitRequest.expires_at:type_name -> google.protobuf.Timestamp
+	13, // 7: nvmegate.v1.AdmitRequest.expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 8: nvmegate.v1.AdmitResponse.job:type_name -> nvmegate.v1.Job
-	13, // 9: nvmegate.v1.AdmitResponse.decision:type_name -> nvmegate.v1.Decision
+	15, // 9: nvmegate.v1.AdmitResponse.decision:type_name -> nvmegate.v1.Decision
 	1,  // 10: nvmegate.v1.JobsGetResponse.job:type_name -> nvmegate.v1.Job
 	0,  // 11: nvmegate.v1.JobsListRequest.state:type_name -> nvmegate.v1.JobState
 	1,  // 12: nvmegate.v1.JobsListResponse.jobs:type_name -> nvmegate.v1.Job
 	1,  // 13: nvmegate.v1.FinishResponse.job:type_name -> nvmegate.v1.Job
-	3,  // 14: nvmegate.v1.Jobs.Admit:input_type -> nvmegate.v1.AdmitRequest
-	5,  // 15: nvmegate.v1.Jobs.Get:input_type -> nvmegate.v1.JobsGetRequest
-	7,  // 16: nvmegate.v1.Jobs.List:input_type -> nvmegate.v1.JobsListRequest
-	9,  // 17: nvmegate.v1.Jobs.Finish:input_type -> nvmegate.v1.FinishRequest
-	4,  // 18: nvmegate.v1.Jobs.Admit:output_type -> nvmegate.v1.AdmitResponse
-	6,  // 19: nvmegate.v1.Jobs.Get:output_type -> nvmegate.v1.JobsGetResponse
-	8,  // 20: nvmegate.v1.Jobs.List:output_type -> nvmegate.v1.JobsListResponse
-	10, // 21: nvmegate.v1.Jobs.Finish:output_type -> nvmegate.v1.FinishResponse
-	18, // [18:22] is the sub-list for method output_type
-	14, // [14:18] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	1,  // 14: nvmegate.v1.UpdateNodesResponse.job:type_name -> nvmegate.v1.Job
+	15, // 15: nvmegate.v1.UpdateNodesResponse.decision:type_name -> nvmegate.v1.Decision
+	3,  // 16: nvmegate.v1.Jobs.Admit:input_type -> nvmegate.v1.AdmitRequest
+	5,  // 17: nvmegate.v1.Jobs.Get:input_type -> nvmegate.v1.JobsGetRequest
+	7,  // 18: nvmegate.v1.Jobs.List:input_type -> nvmegate.v1.JobsListRequest
+	9,  // 19: nvmegate.v1.Jobs.Finish:input_type -> nvmegate.v1.FinishRequest
+	11, // 20: nvmegate.v1.Jobs.UpdateNodes:input_type -> nvmegate.v1.UpdateNodesRequest
+	4,  // 21: nvmegate.v1.Jobs.Admit:output_type -> nvmegate.v1.AdmitResponse
+	6,  // 22: nvmegate.v1.Jobs.Get:output_type -> nvmegate.v1.JobsGetResponse
+	8,  // 23: nvmegate.v1.Jobs.List:output_type -> nvmegate.v1.JobsListResponse
+	10, // 24: nvmegate.v1.Jobs.Finish:output_type -> nvmegate.v1.FinishResponse
+	12, // 25: nvmegate.v1.Jobs.UpdateNodes:output_type -> nvmegate.v1.UpdateNodesResponse
+	21, // [21:26] is the sub-list for method output_type
+	16, // [16:21] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_nvmegate_v1_jobs_proto_init() }
@@ -914,13 +1177,15 @@ func file_nvmegate_v1_jobs_proto_init() {
 		return
 	}
 	file_nvmegate_v1_common_proto_init()
+	file_nvmegate_v1_jobs_proto_msgTypes[8].OneofWrappers = []any{}
+	file_nvmegate_v1_jobs_proto_msgTypes[10].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nvmegate_v1_jobs_proto_rawDesc), len(file_nvmegate_v1_jobs_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   10,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,10 +19,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Jobs_Admit_FullMethodName  = "/nvmegate.v1.Jobs/Admit"
-	Jobs_Get_FullMethodName    = "/nvmegate.v1.Jobs/Get"
-	Jobs_List_FullMethodName   = "/nvmegate.v1.Jobs/List"
-	Jobs_Finish_FullMethodName = "/nvmegate.v1.Jobs/Finish"
+	Jobs_Admit_FullMethodName       = "/nvmegate.v1.Jobs/Admit"
+	Jobs_Get_FullMethodName         = "/nvmegate.v1.Jobs/Get"
+	Jobs_List_FullMethodName        = "/nvmegate.v1.Jobs/List"
+	Jobs_Finish_FullMethodName      = "/nvmegate.v1.Jobs/Finish"
+	Jobs_UpdateNodes_FullMethodName = "/nvmegate.v1.Jobs/UpdateNodes"
 )
 
 // JobsClient is the client API for Jobs service.
@@ -40,8 +41,13 @@ type JobsClient interface {
 	// List lists jobs, newest admission first, paginated.
 	List(ctx context.Context, in *JobsListRequest, opts ...grpc.CallOption) (*JobsListResponse, error)
 	// Finish ends a job: its hosts are removed from the targets, what they knew
-	// is rotated, and the job's lineage attestation is produced.
+	// is rotated, and the job's lineage attestation is produced. Finishing a
+	// job that already ended answers its final state again.
 	Finish(ctx context.Context, in *FinishRequest, opts ...grpc.CallOption) (*FinishResponse, error)
+	// UpdateNodes adds nodes to an active job and removes others (elastic and
+	// heterogeneous jobs): policy decides the new node set as it decides an
+	// admission, and a removed node's grants end.
+	UpdateNodes(ctx context.Context, in *UpdateNodesRequest, opts ...grpc.CallOption) (*UpdateNodesResponse, error)
 }
 
 type jobsClient struct {
@@ -92,6 +98,16 @@ func (c *jobsClient) Finish(ctx context.Context, in *FinishRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *jobsClient) UpdateNodes(ctx context.Context, in *UpdateNodesRequest, opts ...grpc.CallOption) (*UpdateNodesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateNodesResponse)
+	err := c.cc.Invoke(ctx, Jobs_UpdateNodes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // JobsServer is the server API for Jobs service.
 // All implementations must embed UnimplementedJobsServer
 // for forward compatibility.
@@ -107,8 +123,13 @@ type JobsServer interface {
 	// List lists jobs, newest admission first, paginated.
 	List(context.Context, *JobsListRequest) (*JobsListResponse, error)
 	// Finish ends a job: its hosts are removed from the targets, what they knew
-	// is rotated, and the job's lineage attestation is produced.
+	// is rotated, and the job's lineage attestation is produced. Finishing a
+	// job that already ended answers its final state again.
 	Finish(context.Context, *FinishRequest) (*FinishResponse, error)
+	// UpdateNodes adds nodes to an active job and removes others (elastic and
+	// heterogeneous jobs): policy decides the new node set as it decides an
+	// admission, and a removed node's grants end.
+	UpdateNodes(context.Context, *UpdateNodesRequest) (*UpdateNodesResponse, error)
 	mustEmbedUnimplementedJobsServer()
 }
 
@@ -130,6 +151,9 @@ func (UnimplementedJobsServer) List(context.Context, *JobsListRequest) (*JobsLis
 }
 func (UnimplementedJobsServer) Finish(context.Context, *FinishRequest) (*FinishResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Finish not implemented")
+}
+func (UnimplementedJobsServer) UpdateNodes(context.Context, *UpdateNodesRequest) (*UpdateNodesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateNodes not implemented")
 }
 func (UnimplementedJobsServer) mustEmbedUnimplementedJobsServer() {}
 func (UnimplementedJobsServer) testEmbeddedByValue()              {}
@@ -224,6 +248,24 @@ func _Jobs_Finish_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Jobs_UpdateNodes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateNodesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(JobsServer).UpdateNodes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Jobs_UpdateNodes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(JobsServer).UpdateNodes(ctx, req.(*UpdateNodesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Jobs_ServiceDesc is the grpc.ServiceDesc for Jobs service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -246,6 +288,10 @@ var Jobs_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Finish",
 			Handler:    _Jobs_Finish_Handler,
+		},
+		{
+			MethodName: "UpdateNodes",
+			Handler:    _Jobs_UpdateNodes_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
