@@ -75,7 +75,11 @@ func TestJobGenerations(t *testing.T) {
 	inventory(t, db, "acme")
 	must(t, db.CreateNamespace(ctx, newNamespace(subNQN(0), 1, "acme")))
 	ro := nvmegate.JobNamespace{SubsystemNQN: subNQN(0), NSID: 1, Mode: nvmegate.ModeReadOnly}
-	gen := func(g uint32) *nvmegate.Job { j := newJob("12345", "acme", ro); j.Generation, j.User = g, "alice"; return j }
+	gen := func(g uint32) *nvmegate.Job {
+		j := newJob("12345", "acme", ro)
+		j.Generation, j.User = g, "alice"
+		return j
+	}
 	must(t, db.CreateJob(ctx, gen(0)))
 	wantMessage(t, wantError(t, db.CreateJob(ctx, gen(1)), nvmegate.ECONFLICT, ""), "generation 0 is still active")
 

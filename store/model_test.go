@@ -605,7 +605,7 @@ func TestRevision(t *testing.T) {
 	write(db.CreateTarget(ctx, newTarget("t1")), false)    // EEXISTS in the transaction
 	write(db.CreateTarget(ctx, &nvmegate.Target{}), false) // EINVALID before it
 	write(db.CreateSubsystem(ctx, newSubsystem(subNQN(0), "t1", "acme")), true)
-	write(db.PutGrants(ctx, newGrant(1, subNQN(0)), newGrant(2, subNQN(0))), true)      // one commit
+	write(db.PutGrants(ctx, newGrant(1, subNQN(0)), newGrant(2, subNQN(0))), true)  // one commit
 	must(t, db.PutGrantsMoving(ctx, nil, []string{"grant-none"}, nil, HostEntry{})) // changes nothing: no revision
 	if got := db.Revision(); got != want {
 		t.Fatalf("a write that changed nothing moved the revision to %d from %d", got, want)

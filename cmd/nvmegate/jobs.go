@@ -226,8 +226,8 @@ func (a *app) jobNodesCmd() *cobra.Command {
 		gen uint32
 	)
 	cmd := &cobra.Command{
-		Use:   "nodes JOB_ID [--add SPIFFE_ID...] [--remove SPIFFE_ID...] [--add-hostlist EXPR] [--remove-hostlist EXPR]",
-		Short: "Add nodes to an active job and remove others (elastic jobs): a removed node's grants end",
+		Use:     "nodes JOB_ID [--add SPIFFE_ID...] [--remove SPIFFE_ID...] [--add-hostlist EXPR] [--remove-hostlist EXPR]",
+		Short:   "Add nodes to an active job and remove others (elastic jobs): a removed node's grants end",
 		Example: `  nvmegate job nodes 4242 --add-hostlist 'gpu[129-136]' --remove-hostlist gpu007`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
