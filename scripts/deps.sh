@@ -6,11 +6,14 @@
 # rest), (and for the 6.12 tier binutils' readelf and xz, which
 # unpack Debian's kernel modules and Debian 13's tlshd and nvme-cli), and
 # chromium, in which the auditor's report is rendered
-# and checked (report package). Instant when all are there.
+# and checked (report package), and Slurm 22.05 (slurmctld, slurmd, the
+# client and munge: the hostlist package is checked against scontrol, and
+# the Slurm tier runs a one-node cluster). Instant when all are there.
 set -euo pipefail
 
 pkgs=(make git nvme-cli linux-source-6.1 bc flex bison libelf-dev libssl-dev
-  qemu-system-x86 busybox-static cpio chromium binutils xz-utils cryptsetup-bin dmsetup)
+  qemu-system-x86 busybox-static cpio chromium binutils xz-utils cryptsetup-bin dmsetup
+  slurmctld slurmd slurm-client munge)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
