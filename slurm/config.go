@@ -1,0 +1,88 @@
+package slurm
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Config is the hooks' configuration file: Slurm runs a hook with no
+// arguments and a bare environment (not even PATH), so everything the
+// hook needs is in the file. Lines are "key = value"; '#' starts a
+// comment. Keys:
+//
+//	tenant = acme                  # the tenant the cluster's jobs run for
+//	regions = eu-west,eu-central   # the regions a job's data may be read in
+//	slurm-conf = /etc/slurm/slurm.conf
+//	scontrol = /usr/bin/scontrol
+//	expiry-margin = 15m            # after the time limit, for the epilogs
+//	unlimited-expiry = 168h        # the scope of a job without a time limit
+//
+// and the nvmegate CLI's identity flags without their dashes (addr,
+// spiffe-socket, or cert, key and bundle; dev-dir and dev-identity on a
+// dev gateway).
+type Config struct {
+	Identity        map[string]string
+	Tenant          string
+	Regions         []string
+	SlurmConf       string
+	Scontrol        string
+	ExpiryMargin    time.Duration
+	UnlimitedExpiry time.Duration
+}
+
+// ParseConfig reads a configuration file; identityKeys are the CLI's
+// identity flags it may set.
+func ParseConfig(r io.Reader, identityKeys []string) (Config, error) {
+	c := Config{Identity: map[string]string{}, SlurmConf: "/etc/slurm/slurm.conf", Scontrol: "/usr/bin/scontrol",
+		ExpiryMargin: 15 * time.Minute, UnlimitedExpiry: 7 * 24 * time.Hour}
+	sc := bufio.NewScanner(r)
+	for n := 1; sc.Scan(); n++ {
+		line, _, _ := strings.Cut(sc.Text(), "#")
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+		if !ok || k == "" || v == "" {
+			return c, fmt.Errorf("line %d: want key = value", n)
+		}
+		var err error
+		switch k {
+		case "tenant":
+			c.Tenant = v
+		case "regions":
+			c.Regions = strings.Split(v, ",")
+			for i := range c.Regions {
+				c.Regions[i] = strings.TrimSpace(c.Regions[i])
+			}
+		case "slurm-conf":
+			c.SlurmConf = v
+		case "scontrol":
+			c.Scontrol = v
+		case "expiry-margin":
+			c.ExpiryMargin, err = time.ParseDuration(v)
+		case "unlimited-expiry":
+			c.UnlimitedExpiry, err = time.ParseDuration(v)
+		default:
+			if !slices.Contains(identityKeys, k) {
+				return c, fmt.Errorf("line %d: unknown key %q", n, k)
+			}
+			c.Identity[k] = v
+		}
+		if err != nil {
+			return c, fmt.Errorf("line %d: %s: %w", n, k, err)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return c, err
+	}
+	if c.Tenant == "" || len(c.Regions) == 0 {
+		return c, fmt.Errorf("tenant and regions are required")
+	}
+	return c, nil
+}

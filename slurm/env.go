@@ -1,0 +1,33 @@
+package slurm
+
+import (
+	"fmt"
+	"strconv"
+)
+
+// Job is what a job hook's environment says of its job (PrologSlurmctld,
+// EpilogSlurmctld, and the node's Prolog and Epilog see the same).
+type Job struct {
+	ID       string // SLURM_JOB_ID
+	Nodes    string // SLURM_JOB_NODELIST: a hostlist expression
+	User     string // SLURM_JOB_USER
+	Comment  string // SLURM_JOB_COMMENT (--comment)
+	Restarts uint32 // SLURM_JOB_RESTART_COUNT: nvmegate's generation
+}
+
+// JobFromEnv reads the job from a hook's environment (getenv: os.Getenv).
+func JobFromEnv(getenv func(string) string) (Job, error) {
+	j := Job{ID: getenv("SLURM_JOB_ID"), Nodes: getenv("SLURM_JOB_NODELIST"), User: getenv("SLURM_JOB_USER"),
+		Comment: getenv("SLURM_JOB_COMMENT")}
+	if j.ID == "" {
+		return Job{}, fmt.Errorf("SLURM_JOB_ID is not set: run this as a Slurm job hook")
+	}
+	if v := getenv("SLURM_JOB_RESTART_COUNT"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil {
+			return Job{}, fmt.Errorf("SLURM_JOB_RESTART_COUNT=%q: %w", v, err)
+		}
+		j.Restarts = uint32(n)
+	}
+	return j, nil
+}
