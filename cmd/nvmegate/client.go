@@ -51,7 +51,7 @@ func (a *app) root() *cobra.Command {
 	f.AddGoFlagSet(idFlags)
 	f.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
 	f.DurationVar(&a.timeout, "timeout", 30*time.Second, "deadline of each RPC")
-	root.AddCommand(a.inventoryCmd(), a.jobCmd(), a.discoverCmd(), a.connectCmd(), a.renewCmd(), a.releaseCmd(), a.grantsCmd(), a.revokeCmd(), a.policyCmd(), a.auditCmd(), a.attestCmd(), a.keysCmd(), a.hostNQNCmd(), a.benchCmd())
+	root.AddCommand(a.inventoryCmd(), a.jobCmd(), a.discoverCmd(), a.connectCmd(), a.renewCmd(), a.releaseCmd(), a.grantsCmd(), a.revokeCmd(), a.policyCmd(), a.auditCmd(), a.attestCmd(), a.keysCmd(), a.hostNQNCmd(), a.benchCmd(), a.slurmCmd())
 	return root
 }
 

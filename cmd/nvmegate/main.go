@@ -19,7 +19,11 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	a := newApp(os.Stdout, os.Stderr)
-	err := a.root().ExecuteContext(ctx)
+	root := a.root()
+	if args := hookArgs(os.Args[0]); args != nil {
+		root.SetArgs(args) // run as a Slurm hook (slurm.go)
+	}
+	err := root.ExecuteContext(ctx)
 	a.close()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "Error:", err)
