@@ -183,7 +183,6 @@ func run(t *testing.T, name string, args ...string) {
 	}
 }
 
-
 // A real Slurm cluster with nvmegate's controller hooks, and nothing else
 // written for it: a job that asks for a dataset in its --comment is
 // admitted under its Slurm job ID, with its node (by the hostlist Slurm
