@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"encoding/base64"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,9 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/nvmegate/nvmegate/attest"
+	"github.com/nvmegate/nvmegate/audit"
+	"github.com/nvmegate/nvmegate/lineage"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 )
 
@@ -95,6 +99,41 @@ func TestSchedulerStory(t *testing.T) {
 	}
 	if _, err := connect("/node/acme-gpu-2"); err != nil {
 		t.Fatalf("gpu-2 added back: %v", err)
+	}
+
+	// The lineage of the run: its generation, user and nodes, and only
+	// the entries from its admission on (run 0's grant is not among them).
+	lin, err := pb.NewAuditClient(g.client(t, auditor)).Lineage(ctx, &pb.LineageRequest{JobId: "4242"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := lineage.Verify(lin.Envelope, []attest.PublicKey{g.auditKey})
+	if err != nil || rep.Generation != 1 || rep.User != "alice" || !slices.Equal(rep.Nodes, []string{gpu1, gpu2}) {
+		t.Fatalf("lineage of generation 1: %+v, %v", rep, err)
+	}
+	var pred lineage.Predicate
+	if _, _, err := attest.OpenPredicate(lin.Envelope, lineage.PredicateType, []attest.PublicKey{g.auditKey}, &pred); err != nil {
+		t.Fatal(err)
+	}
+	grants := 0
+	for _, le := range pred.Entries {
+		raw, err := base64.StdEncoding.DecodeString(le.Entry)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := audit.DecodeEntry(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.GrantID == first.Grant.GrantId {
+			t.Fatalf("run 0's grant is in run 1's lineage: entry %d %s %q", le.Index, e.Kind, e.Detail)
+		}
+		if e.Kind == audit.EventGrant {
+			grants++
+		}
+	}
+	if grants == 0 {
+		t.Fatal("run 1's lineage names none of its grants")
 	}
 
 	// Each run's admission and end is in the log, apart.

@@ -49,6 +49,10 @@ type JobInfo struct {
 	AdmittedAt time.Time `json:"admitted_at"`
 	FinishedAt time.Time `json:"finished_at,omitzero"`
 	ExpiresAt  time.Time `json:"expires_at"`
+	// Generation is the job's run under its ID (a requeued Slurm job's
+	// restart count); User whom its scheduler said it runs as.
+	Generation uint32 `json:"generation"`
+	User       string `json:"user,omitempty"`
 }
 
 // NamespaceUse is one namespace of the job scope with its dataset.
@@ -101,7 +105,7 @@ func Build(ctx context.Context, log Log, j *nvmegate.Job, datasets map[string]Na
 	}
 	p := Predicate{
 		Job: JobInfo{ID: j.ID, Tenant: j.Tenant, Scheduler: j.Scheduler, Nodes: j.Nodes, State: j.State,
-			AdmittedAt: j.AdmittedAt, FinishedAt: j.FinishedAt, ExpiresAt: j.ExpiresAt},
+			AdmittedAt: j.AdmittedAt, FinishedAt: j.FinishedAt, ExpiresAt: j.ExpiresAt, Generation: j.Generation, User: j.User},
 		Log: audit.AnchorOf(cp),
 	}
 	for _, jn := range j.Namespaces {
@@ -109,6 +113,7 @@ func Build(ctx context.Context, log Log, j *nvmegate.Job, datasets map[string]Na
 		u.SubsystemNQN, u.NSID, u.Mode = jn.SubsystemNQN, jn.NSID, jn.Mode
 		p.Namespaces = append(p.Namespaces, u)
 	}
+	recs = fromGeneration(recs, j)
 	revs := map[string]bool{}
 	keys := map[string]audit.KeyRef{}
 	for _, r := range recs {
@@ -180,6 +185,24 @@ func Build(ctx context.Context, log Log, j *nvmegate.Job, datasets map[string]Na
 	return st, nil
 }
 
+// fromGeneration keeps the records of j's generation: from its allowed
+// admission on (the gateway records a generation past 0 as "jobs.admit ID
+// generation N"). A requeued job's earlier runs are in the log before it;
+// each run's entries are apart because a run starts only once the one
+// before has ended.
+func fromGeneration(recs []audit.Record, j *nvmegate.Job) []audit.Record {
+	if j.Generation == 0 {
+		return recs
+	}
+	want := fmt.Sprintf("jobs.admit %s generation %d", j.ID, j.Generation)
+	for i, r := range recs {
+		if r.Entry.Kind == audit.EventJobAdmit && r.Entry.Detail == want && r.Entry.Decision != nil && r.Entry.Decision.Allow {
+			return recs[i:]
+		}
+	}
+	return recs
+}
+
 func toStruct(v any) (*structpb.Struct, error) {
 	raw, err := json.Marshal(v)
 	if err != nil {
@@ -197,12 +220,15 @@ func Sign(ctx context.Context, st *intoto.Statement, s attest.Signer) ([]byte, e
 
 // Report is what Verify found.
 type Report struct {
-	Job      string   `json:"job"`
-	Tenant   string   `json:"tenant"`
-	Datasets []string `json:"datasets"`
-	Entries  int      `json:"entries_verified"`
-	TreeSize uint64   `json:"tree_size"`
-	SignedBy string   `json:"signed_by"`
+	Job        string   `json:"job"`
+	Generation uint32   `json:"generation"`
+	User       string   `json:"user,omitempty"`
+	Nodes      []string `json:"nodes"`
+	Tenant     string   `json:"tenant"`
+	Datasets   []string `json:"datasets"`
+	Entries    int      `json:"entries_verified"`
+	TreeSize   uint64   `json:"tree_size"`
+	SignedBy   string   `json:"signed_by"`
 }
 
 // Verify checks an envelope offline against the log's public keys and
@@ -248,7 +274,8 @@ func Verify(envJSON []byte, keys []attest.PublicKey) (*Report, error) {
 			}
 		}
 	}
-	rep := &Report{Job: p.Job.ID, Tenant: p.Job.Tenant, Entries: len(p.Entries), TreeSize: cp.Size, SignedBy: signer.KeyID()}
+	rep := &Report{Job: p.Job.ID, Generation: p.Job.Generation, User: p.Job.User, Nodes: p.Job.Nodes, Tenant: p.Job.Tenant,
+		Entries: len(p.Entries), TreeSize: cp.Size, SignedBy: signer.KeyID()}
 	for _, s := range st.Subject {
 		d := "sha256:" + s.Digest["sha256"]
 		if len(p.Entries) > 0 && !named[s.Name+"@"+d] {
