@@ -265,16 +265,7 @@ func (db *DB) FinishJob(ctx context.Context, id string, gen *uint32) (j *nvmegat
 			return nil
 		}
 		j.State, j.FinishedAt = nvmegate.JobFinished, db.now().UTC()
-		val, err := encodeJob(j)
-		if err != nil {
-			return err
-		}
-		stored, err := decodeJob(val) // j is the caller's
-		if err != nil {
-			return err
-		}
-		tx.record(op{job: clipJob(stored)})
-		return put(tx, bucketJobs, []byte(id), val)
+		return putJob(tx, j)
 	})
 	return j, unchanged, err
 }
@@ -318,16 +309,7 @@ func (db *DB) UpdateJobNodes(ctx context.Context, id string, gen *uint32, add, r
 		if err := j.Validate(time.Time{}); err != nil {
 			return err
 		}
-		val, err := encodeJob(j)
-		if err != nil {
-			return err
-		}
-		stored, err := decodeJob(val) // j is the caller's
-		if err != nil {
-			return err
-		}
-		tx.record(op{job: clipJob(stored)})
-		return put(tx, bucketJobs, []byte(id), val)
+		return putJob(tx, j)
 	})
 	return j, err
 }
@@ -357,4 +339,18 @@ func mergeNodes(nodes, add, remove []string) ([]string, bool) {
 		}
 	}
 	return out, changed
+}
+
+// putJob writes job j (the caller's: the model gets its own decoded copy).
+func putJob(tx *txn, j *nvmegate.Job) error {
+	val, err := encodeJob(j)
+	if err != nil {
+		return err
+	}
+	stored, err := decodeJob(val)
+	if err != nil {
+		return err
+	}
+	tx.record(op{job: clipJob(stored)})
+	return put(tx, bucketJobs, []byte(j.ID), val)
 }

@@ -31,8 +31,9 @@ func openJournaled(fail func(...any), dir, storeFile string, interval time.Durat
 	return log, db
 }
 
-// fillJournaled writes an inventory and n grants, one change each.
-func fillJournaled(fail func(...any), db *store.DB, n int) {
+// journalInventory writes a target, a subsystem and its namespace, and
+// returns the subsystem's NQN.
+func journalInventory(fail func(...any), db *store.DB) string {
 	ctx := context.Background()
 	tg := &nvmegate.Target{ID: "t1", Fabric: "fab-a", Region: "eu-west", Driver: nvmegate.DriverNVMet,
 		Ports: []nvmegate.Port{{ID: 1, Transport: nvmegate.TransportTCP, AddressFamily: nvmegate.FamilyIPv4, Address: "192.0.2.10", ServiceID: "4420"}}}
@@ -47,6 +48,13 @@ func fillJournaled(fail func(...any), db *store.DB, n int) {
 			fail(err)
 		}
 	}
+	return sub
+}
+
+// fillJournaled writes an inventory and n grants, one change each.
+func fillJournaled(fail func(...any), db *store.DB, n int) {
+	ctx := context.Background()
+	sub := journalInventory(fail, db)
 	t0 := time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)
 	for i := range n {
 		g := &nvmegate.Grant{ID: fmt.Sprintf("grant-%04d", i), JobID: "job-1", Tenant: "acme", Node: fmt.Sprintf("spiffe://example.org/node/n%04d", i%7),

@@ -111,19 +111,7 @@ func peakRSS(tb testing.TB) int64 {
 // i%10,000 connects, superseding its grant before.
 func fillFleet(tb testing.TB, db *store.DB, n int) {
 	ctx := context.Background()
-	tg := &nvmegate.Target{ID: "t1", Fabric: "fab-a", Region: "eu-west", Driver: nvmegate.DriverNVMet,
-		Ports: []nvmegate.Port{{ID: 1, Transport: nvmegate.TransportTCP, AddressFamily: nvmegate.FamilyIPv4, Address: "192.0.2.10", ServiceID: "4420"}}}
-	sub := "nqn.2026-01.io.nvmegate:sub-0001"
-	for _, err := range []error{
-		db.CreateTarget(ctx, tg),
-		db.CreateSubsystem(ctx, &nvmegate.Subsystem{NQN: sub, TargetID: "t1", Tenant: "acme", PortIDs: []uint16{1}, DHCHAP: true}),
-		db.CreateNamespace(ctx, &nvmegate.Namespace{SubsystemNQN: sub, NSID: 1, Tenant: "acme", Region: "eu-west", DataClass: nvmegate.ClassRestricted,
-			Dataset: nvmegate.Dataset{Name: "common-crawl/2026-10", Digest: "sha256:" + strings.Repeat("ab", 32)}}),
-	} {
-		if err != nil {
-			tb.Fatal(err)
-		}
-	}
+	sub := journalInventory(func(a ...any) { tb.Fatal(a...) }, db)
 	const writers, nodes = 64, 10_000
 	t0 := time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)
 	var next atomic.Int64
