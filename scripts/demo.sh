@@ -177,6 +177,20 @@ refused "... nor one reading acme's eu-west dataset from us-east (residency)" Pe
     --node spiffe://nvmegate.test/node/acme-gpu-1 --namespace "$ACME/1:ro" --region us-east
 refused "globex's scheduler cannot read acme's job" PermissionDenied -- as globex-scheduler job get llm-pretrain-1
 ok "acme's scheduler lists its active jobs" -- as acme-scheduler job list --tenant acme --state active
+
+echo "== a scheduler's hooks retry and requeue: the API made for them (docs/slurm.md)"
+slurm_expiry=$(date -u -d '+6 hours' +%Y-%m-%dT%H:00:00Z)
+slurm_job() { as acme-scheduler job admit 4242 --tenant acme --hostlist 'acme-gpu-[1-2]' --user alice \
+  --namespace "$ACME/1:ro" --region eu-west --expires-at "$slurm_expiry" "$@"; }
+ok "acme's scheduler admits Slurm job 4242, its nodes as a hostlist (acme-gpu-[1-2])" -- slurm_job
+ok "... and its prolog's retry gets the same answer (admission is idempotent)" -- slurm_job
+refused "the same job ID with another scope is refused, saying how" AlreadyExists -- slurm_job --generation 0 --hostlist 'acme-gpu-[1-3]'
+ok "the job is requeued: generation 1 is admitted, generation 0 ends first" -- slurm_job --generation 1
+refused "a late admission of generation 0 is refused" FailedPrecondition -- slurm_job --generation 0
+ok "the elastic job loses acme-gpu-2 (its grants would end)" -- \
+  as acme-scheduler job nodes 4242 --generation 1 --remove-hostlist acme-gpu-2
+ok "the epilog finishes generation 1" -- as acme-scheduler job finish 4242 --generation 1
+ok "... and its retry answers the job as it ended" -- as acme-scheduler job finish 4242 --generation 1
 ok "acme-node-1 discovers the job's subsystem ports and its host NQN" -- as acme-node-1 discover --job llm-pretrain-1
 refused "globex-node-1 learns nothing about acme's job" PermissionDenied -- as globex-node-1 discover --job llm-pretrain-1
 
