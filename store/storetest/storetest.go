@@ -32,6 +32,7 @@ func Run(t *testing.T, open Open) {
 	t.Run("OneIdentityPerHostNQN", func(t *testing.T) { oneIdentityPerHostNQN(t, open(t)) })
 	t.Run("ConcurrentGrants", func(t *testing.T) { concurrentGrants(t, open(t)) })
 	t.Run("NoGrantAfterJobEnds", func(t *testing.T) { noGrantAfterJobEnds(t, open(t)) })
+	t.Run("JobRunsAndNodesAcrossCopies", func(t *testing.T) { jobRunsAndNodes(t, open(t)) })
 	t.Run("ScopeFeedHearsOtherCopies", func(t *testing.T) { scopeFeed(t, open(t)) })
 }
 
@@ -287,6 +288,50 @@ func noGrantAfterJobEnds(t *testing.T, dbs []*store.DB) {
 	}
 	g := grant(2, "job-9", subNQN(0))
 	wantCode(t, pick(dbs, 3).PutGrants(ctx, g), nvmegate.ECONFLICT)
+	same(t, dbs)
+}
+
+// A scheduler's calls through different copies: an admission retried
+// through another copy is the same job, a node removed through one takes
+// no grant through another, a finish retried changes nothing, and the
+// next generation is admitted through a third.
+func jobRunsAndNodes(t *testing.T, dbs []*store.DB) {
+	db0 := pick(dbs, 0)
+	must(t, db0.CreateTarget(ctx, target("t1")))
+	must(t, db0.CreateSubsystem(ctx, subsystem(0, "t1")))
+	must(t, db0.CreateNamespace(ctx, namespace(subNQN(0), 1)))
+	expires := time.Now().Add(24 * time.Hour).UTC().Truncate(time.Second)
+	job := func(gen uint32) *nvmegate.Job {
+		return &nvmegate.Job{ID: "4242", Tenant: "acme", Scheduler: "spiffe://example.org/tenant/acme/scheduler/s",
+			Nodes: []string{nodeID(1), nodeID(2)}, Namespaces: []nvmegate.JobNamespace{{SubsystemNQN: subNQN(0), NSID: 1, Mode: nvmegate.ModeReadOnly}},
+			AllowedRegions: []string{"eu-west"}, ExpiresAt: expires, DecisionID: "d-1", Generation: gen, User: "alice"}
+	}
+	first := job(0)
+	must(t, db0.CreateJob(ctx, first))
+	again := job(0)
+	must(t, pick(dbs, 1).CreateJob(ctx, again))
+	if !again.AdmittedAt.Equal(first.AdmittedAt) {
+		t.Fatalf("the retried admission through another copy: admitted at %v, the first at %v", again.AdmittedAt, first.AdmittedAt)
+	}
+	j, err := pick(dbs, 2).UpdateJobNodes(ctx, "4242", nil, nil, []string{nodeID(1)})
+	if err != nil || len(j.Nodes) != 1 || j.Nodes[0] != nodeID(2) {
+		t.Fatalf("node 1 removed: %+v, %v", j, err)
+	}
+	wantCode(t, pick(dbs, 3).PutGrants(ctx, grant(1, "4242", subNQN(0))), nvmegate.ECONFLICT)
+	zero := uint32(0)
+	if _, unchanged, err := pick(dbs, 1).FinishJob(ctx, "4242", &zero); err != nil || unchanged {
+		t.Fatalf("finish of generation 0: unchanged %v, %v", unchanged, err)
+	}
+	if j, unchanged, err := pick(dbs, 2).FinishJob(ctx, "4242", &zero); err != nil || !unchanged || j.State != nvmegate.JobFinished {
+		t.Fatalf("the finish retried through another copy: %+v, unchanged %v, %v", j, unchanged, err)
+	}
+	must(t, pick(dbs, 3).CreateJob(ctx, job(1)))
+	if err := db0.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := db0.Job(ctx, "4242"); err != nil || got.Generation != 1 || got.State != nvmegate.JobActive || got.User != "alice" {
+		t.Fatalf("generation 1 as another copy reads it: %+v, %v", got, err)
+	}
 	same(t, dbs)
 }
 
