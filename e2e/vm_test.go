@@ -241,6 +241,23 @@ func TestRealKernel(t *testing.T) {
 	checkNodeAgent(t, ok, kernelRefuses, "globex-gpu-2", "qid 0: authenticated with hash hmac(sha384) dhgroup ffdhe3072", true,
 		"the controller holds the new controller secret")
 
+	// Slurm's node hooks, as slurmd runs them: the Prolog returns with
+	// the job's namespace connected (authenticated), the task reads its
+	// dataset through the device the TaskProlog exported, and the Epilog
+	// leaves no controller, no allowed host and no job state.
+	ok("slurm-hooks", "dev-identity = acme-node-1")
+	ok("slurm-job")
+	pro := ok("slurm-prolog", "nvmegate-node: job 7001 connected: /dev/nvme")
+	if !strings.Contains(pro.Kernel, "with DH-HMAC-CHAP") {
+		t.Errorf("slurm-prolog: the kernel log lacks the authentication:\n%s", pro.excerpt())
+	}
+	ok("slurm-task", "task prolog: export NVMEGATE_DEVICES=/dev/nvme", "the job read 65536 bytes of its dataset from /dev/nvme")
+	epi := ok("slurm-epilog", "nvmegate-node: job 7001 stopped", "msg=released", "not allowed on", "no job state left")
+	if strings.Contains(epi.Output, "controllers: nvme") || strings.Contains(epi.Output, "still allowed") {
+		t.Errorf("slurm-epilog: something of the job left on the node:\n%s", epi.excerpt())
+	}
+	ok("slurm-finish")
+
 	// Encryption at rest on 6.1 too (checkAtRest), with DH-HMAC-CHAP.
 	checkAtRest(t, ok, "Linux 6.1")
 

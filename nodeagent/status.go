@@ -25,7 +25,10 @@ type SubsystemStatus struct {
 	Expires    time.Time `json:"expires,omitzero"`
 	Controller string    `json:"controller,omitempty"`
 	// State is the controller's state as the kernel reports it ("live").
-	State       string    `json:"state,omitempty"`
+	State string `json:"state,omitempty"`
+	// Devices are the block devices of its namespaces (/dev/nvme1n1), once
+	// the kernel has scanned them.
+	Devices     []string  `json:"devices,omitempty"`
 	TLS         bool      `json:"tls"`
 	PSKIdentity string    `json:"psk_identity,omitempty"`
 	LastRenewal time.Time `json:"last_renewal,omitzero"`
@@ -33,6 +36,12 @@ type SubsystemStatus struct {
 	Rekeys      int       `json:"rekeys"`
 	Error       string    `json:"error,omitempty"`
 	ErrorSince  time.Time `json:"error_since,omitzero"`
+}
+
+// deviceLister is a Kernel that names its namespaces' block devices
+// (nvmehost.Host does).
+type deviceLister interface {
+	Devices(controller string) ([]string, error)
 }
 
 // Status returns the agent's state now.
@@ -58,6 +67,9 @@ func (a *Agent) Status() Status {
 			st.Subsystems[i].State = in.State
 		} else {
 			st.Subsystems[i].State = "gone"
+		}
+		if k, ok := a.Kernel.(deviceLister); ok {
+			st.Subsystems[i].Devices, _ = k.Devices(ss.Controller)
 		}
 	}
 	return st

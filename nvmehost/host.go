@@ -257,6 +257,35 @@ func (h *Host) Namespaces(name string) ([]string, error) {
 	return ids, nil
 }
 
+// Devices lists the block devices (/dev/nvme0n1) of the namespaces
+// controller name serves now. Under multipath a namespace's device is
+// named by its subsystem's instance, not the controller's: the path
+// nvme0c1n1 is /dev/nvme0n1.
+func (h *Host) Devices(name string) ([]string, error) {
+	dir, err := h.attr(name, "")
+	if err != nil {
+		return nil, err
+	}
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %s", ErrNoController, name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("nvmehost: %s: %w", name, err)
+	}
+	var devs []string
+	for _, e := range ents {
+		if m := pathRE.FindStringSubmatch(e.Name()); m != nil {
+			devs = append(devs, "/dev/nvme"+m[1]+"n"+m[2])
+		}
+	}
+	return devs, nil
+}
+
+// pathRE splits a namespace entry into its block device's instance and
+// namespace: nvme0n1, or the multipath path nvme0c1n1.
+var pathRE = regexp.MustCompile(`^nvme([0-9]+)(?:c[0-9]+)?n([0-9]+)$`)
+
 // Controllers lists the controllers sysfs shows, with what they connect.
 func (h *Host) Controllers() ([]Info, error) {
 	ents, err := os.ReadDir(h.class())

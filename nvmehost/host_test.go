@@ -127,6 +127,13 @@ func TestSysfs(t *testing.T) {
 	if _, err := h.Namespaces("nvme9"); !errors.Is(err, ErrNoController) {
 		t.Errorf("Namespaces(gone) = %v", err)
 	}
+	// A path's block device is named by its subsystem's instance.
+	if devs, err := h.Devices("nvme1"); err != nil || strings.Join(devs, ",") != "/dev/nvme0n1,/dev/nvme0n3,/dev/nvme1n2" {
+		t.Errorf("Devices = %v, %v", devs, err)
+	}
+	if _, err := h.Devices("nvme9"); !errors.Is(err, ErrNoController) {
+		t.Errorf("Devices(gone) = %v", err)
+	}
 	if err := h.SetDHCHAP("nvme1", "DHHC-1:01:new:", "DHHC-1:01:newctrl:"); err != nil {
 		t.Fatal(err)
 	}

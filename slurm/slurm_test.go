@@ -102,3 +102,18 @@ expiry-margin = 5m
 		}
 	}
 }
+
+func TestParseNodeConfig(t *testing.T) {
+	c, err := slurm.ParseNodeConfig(strings.NewReader("spiffe-socket = unix:///run/spire/agent.sock\nkeyring = nvmegate-node\nconnect-timeout = 90s\n"),
+		[]string{"spiffe-socket", "keyring", "job", "status-socket"})
+	if err != nil || c.Agent["spiffe-socket"] != "unix:///run/spire/agent.sock" || c.Agent["keyring"] != "nvmegate-node" ||
+		c.ConnectTimeout != 90*time.Second || c.RunDir != "/run/nvmegate/jobs" {
+		t.Fatalf("ParseNodeConfig = %+v, %v", c, err)
+	}
+	// The hook sets the job and the status socket itself.
+	for _, text := range []string{"job = x", "status-socket = /tmp/s", "bogus = 1"} {
+		if _, err := slurm.ParseNodeConfig(strings.NewReader(text), []string{"job", "status-socket"}); err == nil || !strings.Contains(err.Error(), "unknown key") {
+			t.Errorf("ParseNodeConfig(%q) = %v, want unknown key", text, err)
+		}
+	}
+}

@@ -21,7 +21,11 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	if err := newRoot(os.Stdout, os.Stderr).ExecuteContext(ctx); err != nil {
+	root := newRoot(os.Stdout, os.Stderr)
+	if args := nodeHookArgs(os.Args[0]); args != nil {
+		root.SetArgs(args) // run as a Slurm hook (slurm.go)
+	}
+	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "Error:", err)
 		os.Exit(1)
 	}
@@ -39,6 +43,6 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(runCmd(stderr), statusCmd(stdout))
+	root.AddCommand(runCmd(stderr), statusCmd(stdout), slurmCmd(stdout))
 	return root
 }

@@ -248,6 +248,46 @@ agent_stop() {
   [ -e "$NODE_SOCK" ] && echo "status socket left behind" || true
 }
 
+# Slurm's node hooks, run as slurmd runs them: through their links (beside
+# the hooks' configuration), with no arguments and a bare environment of
+# the job's variables. slurmd itself is not in this VM (its busybox
+# userland has no Slurm); e2e/slurm_test.go runs a real Slurm for the
+# controller's hooks.
+SLURM_HOOKS=/tmp/slurm-hooks
+slurm_hooks_install() {
+  mkdir -p "$SLURM_HOOKS" || return 1
+  for h in nvmegate-node-prolog nvmegate-node-task-prolog nvmegate-node-epilog; do
+    ln -sf "$(command -v nvmegate-node)" "$SLURM_HOOKS/$h" || return 1
+  done
+  printf 'dev-dir = %s\ndev-identity = %s\nrenew-every = 2s\nrun-dir = /tmp/slurm-jobs\nconnect-timeout = 60s\n%s\n' \
+    "$G" "$1" "$2" > "$SLURM_HOOKS/nvmegate-node-slurm.conf"
+  cat "$SLURM_HOOKS/nvmegate-node-slurm.conf"
+}
+# slurm_hook HOOK JOB DATASET: run a node hook for JOB, which asks for DATASET.
+slurm_hook() {
+  env -i SLURM_JOB_ID="$2" SLURM_JOB_USER=alice SLURM_JOB_NODELIST=acme-gpu-1 SLURM_JOB_RESTART_COUNT=0 \
+    SLURM_JOB_COMMENT="train nvmegate:$3" "$SLURM_HOOKS/$1"
+}
+# slurm_task JOB DATASET: the job's task — the TaskProlog's export line in
+# its environment (as slurmd puts it there), then a read of its dataset
+# through the device the line names.
+slurm_task() {
+  local line dev
+  line=$(slurm_hook nvmegate-node-task-prolog "$1" "$2") || return 1
+  echo "task prolog: $line"
+  eval "$line"
+  dev=${NVMEGATE_DEVICES%%,*}
+  [ -b "$dev" ] || { echo "no block device $dev"; return 1; }
+  echo "the job read $(dd if="$dev" bs=4096 count=16 2>/dev/null | wc -c) bytes of its dataset from $dev"
+}
+# slurm_epilog JOB DATASET SUB HOST: the Epilog, then what it left.
+slurm_epilog() {
+  slurm_hook nvmegate-node-epilog "$1" "$2" || return 1
+  echo "controllers: $(ls /sys/class/nvme | tr '\n' ' ')"
+  [ -e "$CFS/subsystems/$3/allowed_hosts/$4" ] && echo "host $4 still allowed" || echo "host $4 not allowed on $3"
+  [ -e "/tmp/slurm-jobs/$1" ] && echo "job state left behind" || echo "no job state left"
+}
+
 # agent_restart JOB WHO [ARGS]: with a read loop running, the agent dies
 # (SIGKILL: no release, no clean-up) and starts again; the new agent takes
 # over the live controller with a new grant's secrets.

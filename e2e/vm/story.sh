@@ -109,6 +109,17 @@ step agent-restart agent_restart vm-agent-1 globex-node-2
 step agent-old-secret agent_old_secret "$GLOBEX"
 step agent-stop agent_stop "$GLOBEX" "$GN2"
 step finish-agent-job as globex-scheduler job finish vm-agent-1 --reason done
+# Slurm's node hooks (lib.sh: slurm_hook): the Prolog returns once the
+# job's namespace is connected, the task reads its dataset through the
+# device the TaskProlog exported, and the Epilog leaves nothing behind.
+AN1=$(nvmegate hostnqn spiffe://nvmegate.test/node/acme-gpu-1)
+step slurm-hooks slurm_hooks_install acme-node-1 ""
+step slurm-job as acme-scheduler job admit 7001 --tenant acme --node spiffe://nvmegate.test/node/acme-gpu-1 \
+  --namespace "$ACME/1:ro" --region eu-west --expires-in 2h
+step slurm-prolog slurm_hook nvmegate-node-prolog 7001 vm/acme
+step slurm-task slurm_task 7001 vm/acme
+step slurm-epilog slurm_epilog 7001 vm/acme "$ACME" "$AN1"
+step slurm-finish as acme-scheduler job finish 7001
 # Encryption at rest (lib.sh: at_rest_story), with DH-HMAC-CHAP.
 at_rest_story --dhchap
 # The security team tightens residency: eu-west data only over fabric f1
