@@ -216,6 +216,9 @@ func TestSlurmControllerHooks(t *testing.T) {
 		"--class", "internal", "--dataset", "common-crawl/2026-10", "--digest", digest)
 	admin("inventory", "namespace", "add", "nqn.2026-01.io.example:globex-ckpt", "1", "--tenant", "globex", "--region", "us-east",
 		"--class", "internal", "--dataset", "globex/checkpoints", "--digest", digest)
+	admin("inventory", "subsystem", "add", "nqn.2026-01.io.example:acme-us", "--target", "stor-us-1", "--tenant", "acme", "--ports", "1", "--dhchap")
+	admin("inventory", "namespace", "add", "nqn.2026-01.io.example:acme-us", "1", "--tenant", "acme", "--region", "us-east",
+		"--class", "internal", "--dataset", "acme/us-logs", "--digest", digest)
 
 	// The site's part: two links and the hooks' configuration.
 	hooks := t.TempDir()
@@ -332,6 +335,21 @@ func TestSlurmControllerHooks(t *testing.T) {
 	}
 	if _, found, out := gatewayJob(bad); found {
 		t.Fatalf("a refused job is in the gateway: %s", out)
+	}
+
+	// Acme's own dataset outside the cluster's regions: policy refuses it
+	// (residency), and its reason is what the operator reads.
+	out, err = c.slurm(t, "sbatch", "--parsable", "--comment", "nvmegate:acme/us-logs", "-t", "10", "--wrap", "true")
+	if err != nil {
+		t.Fatalf("sbatch: %v\n%s", err, out)
+	}
+	far := strings.TrimSpace(out)
+	c.waitFor(t, "the job outside its regions to be cancelled", 60*time.Second, func() (bool, string) {
+		st := c.field(t, far, "JobState")
+		return st == "CANCELLED", st
+	})
+	if ac := c.field(t, far, "AdminComment"); !strings.Contains(ac, "is in region us-east, which job "+far+" does not allow") {
+		t.Fatalf("AdminComment %q does not give the policy's reason", ac)
 	}
 
 	// A job that does not ask runs as before.
