@@ -72,7 +72,9 @@ func startSlurm(t *testing.T, hookDir string) *slurmCluster {
 			t.Fatal(err)
 		}
 	}
-	c := &slurmCluster{conf: filepath.Join(dir, "slurm.conf"), dir: dir, host: host}
+	// The one node is named as the dev trust domain's node acme-gpu-1
+	// (slurmd -N), so that the job's script can connect as it.
+	c := &slurmCluster{conf: filepath.Join(dir, "slurm.conf"), dir: dir, host: "acme-gpu-1"}
 	conf := fmt.Sprintf(`ClusterName=nvmegate-test
 SlurmctldHost=%[1]s
 SlurmUser=root
@@ -97,7 +99,7 @@ SlurmdLogFile=%[5]s/log/slurmd.log
 MailProg=/bin/true
 PrologSlurmctld=%[6]s/nvmegate-prolog-slurmctld
 EpilogSlurmctld=%[6]s/nvmegate-epilog-slurmctld
-NodeName=%[1]s CPUs=%[7]d State=UNKNOWN
+NodeName=acme-gpu-1 NodeHostname=%[1]s NodeAddr=127.0.0.1 CPUs=%[7]d State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 `, host, sock, freePort(t), freePort(t), dir, hookDir, runtime.NumCPU())
 	if err := os.WriteFile(c.conf, []byte(conf), 0o644); err != nil {
@@ -107,6 +109,8 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 		args := []string{"-D", "-f", c.conf}
 		if d == "slurmctld" {
 			args = append(args, "-c") // no saved state
+		} else {
+			args = append(args, "-N", "acme-gpu-1")
 		}
 		cmd := exec.Command(d, args...)
 		cmd.Env = append(os.Environ(), "SLURM_CONF="+c.conf)
@@ -186,10 +190,13 @@ func run(t *testing.T, name string, args ...string) {
 // A real Slurm cluster with nvmegate's controller hooks, and nothing else
 // written for it: a job that asks for a dataset in its --comment is
 // admitted under its Slurm job ID, with its node (by the hostlist Slurm
-// gives) and its user; a requeue ends the run and admits the next under
-// a new generation; scancel finishes it; a job asking for another
-// tenant's dataset is cancelled with the reason in AdminComment, not
-// requeued; a job that asks for nothing runs as before.
+// gives) and its user, and its script connects as that node; a requeue
+// ends the run and its grant and admits the next under a new generation;
+// scancel ends that one's grant and its host leaves the target; a job
+// asking for another tenant's dataset, or for one outside the cluster's
+// regions, is cancelled with the reason in AdminComment, not requeued; a
+// job that asks for nothing runs as before. (The node's own hooks, which
+// need the kernel, run in the VM tier: e2e/vm/story.sh.)
 func TestSlurmControllerHooks(t *testing.T) {
 	if testing.Short() {
 		t.Skip("e2e: runs Slurm and the binaries")
@@ -219,6 +226,10 @@ func TestSlurmControllerHooks(t *testing.T) {
 	admin("inventory", "subsystem", "add", "nqn.2026-01.io.example:acme-us", "--target", "stor-us-1", "--tenant", "acme", "--ports", "1", "--dhchap")
 	admin("inventory", "namespace", "add", "nqn.2026-01.io.example:acme-us", "1", "--tenant", "acme", "--region", "us-east",
 		"--class", "internal", "--dataset", "acme/us-logs", "--digest", digest)
+
+	// The dev gateway's own target agent programs stor-eu-1's nvmet tree
+	// in a directory: the job's node connects, so its grants are real.
+	tree := filepath.Join(dev, "state", "configfs", "stor-eu-1")
 
 	// The site's part: two links and the hooks' configuration.
 	hooks := t.TempDir()
@@ -278,7 +289,38 @@ func TestSlurmControllerHooks(t *testing.T) {
 		return j
 	}
 
-	out, err := c.slurm(t, "sbatch", "--parsable", "--comment", "train run nvmegate:common-crawl/2026-10", "-t", "10", "--wrap", "sleep 120")
+	// activeGrants lists the job's active grants at the gateway.
+	activeGrants := func(id string) []string {
+		t.Helper()
+		out, err := cli(t, bin, dev, "admin", "-o", "json", "grants", "list", "--job", id, "--state", "active")
+		if err != nil {
+			t.Fatalf("grants list: %v\n%s", err, out)
+		}
+		var resp struct {
+			Grants []struct {
+				GrantID string `json:"grant_id"`
+			}
+		}
+		if err := json.Unmarshal([]byte(out), &resp); err != nil {
+			t.Fatalf("grants list: %v\n%s", err, out)
+		}
+		var ids []string
+		for _, g := range resp.Grants {
+			ids = append(ids, g.GrantID)
+		}
+		return ids
+	}
+	waitGrants := func(id, what string, n int) {
+		t.Helper()
+		c.waitFor(t, "job "+id+" "+what, 60*time.Second, func() (bool, string) {
+			g := activeGrants(id)
+			return len(g) == n, fmt.Sprint(g)
+		})
+	}
+	// The job's script connects as its node, then trains.
+	script := fmt.Sprintf("%s --dev-dir %s --dev-identity acme-node-1 connect --job $SLURM_JOB_ID --subsystem nqn.2026-01.io.example:acme-train >/dev/null && sleep 120",
+		filepath.Join(bin, "nvmegate"), dev)
+	out, err := c.slurm(t, "sbatch", "--parsable", "--comment", "train run nvmegate:common-crawl/2026-10", "-t", "10", "--wrap", script)
 	if err != nil {
 		t.Fatalf("sbatch: %v\n%s", err, out)
 	}
@@ -299,19 +341,32 @@ func TestSlurmControllerHooks(t *testing.T) {
 	// run is admitted as generation 1. (A job requeued before it runs may
 	// get no epilog: the next admission then ends generation 0 itself.)
 	running(id)
+	waitGrants(id, "connected", 1)
+	allowed := filepath.Join(tree, "subsystems", "nqn.2026-01.io.example:acme-train", "allowed_hosts", "*")
+	if hosts, _ := filepath.Glob(allowed); len(hosts) != 1 {
+		all, _ := exec.Command("find", tree).CombinedOutput()
+		t.Fatalf("the target allows %v while the job's node is connected; the tree:\n%s", hosts, all)
+	}
 	if out, err := c.slurm(t, "scontrol", "requeue", id); err != nil {
 		t.Fatalf("requeue: %v\n%s", err, out)
 	}
 	waitJob(id, "finished by the requeue", "JOB_STATE_FINISHED", 0)
+	waitGrants(id, "with run 0's grant ended", 0)
 	if out, err := c.slurm(t, "scontrol", "update", "jobid="+id, "StartTime=now"); err != nil {
 		t.Fatalf("release the requeued job: %v\n%s", err, out)
 	}
 	waitJob(id, "admitted again as generation 1", "JOB_STATE_ACTIVE", 1)
 	running(id)
+	waitGrants(id, "connected again", 1)
 	if out, err := c.slurm(t, "scancel", id); err != nil {
 		t.Fatalf("scancel: %v\n%s", err, out)
 	}
 	waitJob(id, "finished by scancel", "JOB_STATE_FINISHED", 1)
+	waitGrants(id, "with every grant ended by scancel", 0)
+	c.waitFor(t, "the host to leave the target", 30*time.Second, func() (bool, string) {
+		hosts, _ := filepath.Glob(allowed)
+		return len(hosts) == 0, fmt.Sprint(hosts)
+	})
 	audit, err := cli(t, bin, dev, "auditor", "audit", "query", "--job", id)
 	if err != nil || !strings.Contains(audit, "jobs.admit "+id+" generation 1") || !strings.Contains(audit, "jobs.finish "+id+" generation 1") {
 		t.Fatalf("the log does not keep the generations apart: %v\n%s", err, audit)
