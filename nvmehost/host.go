@@ -229,32 +229,16 @@ func (h *Host) Multipath() bool {
 }
 
 // nsRE matches a controller's namespace entries in sysfs: nvme0n1 without
-// multipath, the path nvme0c1n1 (subsystem 0, controller 1) with it.
-var nsRE = regexp.MustCompile(`^nvme[0-9]+(?:c[0-9]+)?n([0-9]+)$`)
+// multipath, the path nvme0c1n1 (subsystem 0, controller 1) with it; the
+// groups are the block device's instance and the namespace ID.
+var nsRE = regexp.MustCompile(`^nvme([0-9]+)(?:c[0-9]+)?n([0-9]+)$`)
 
 // Namespaces lists the namespace IDs controller name serves now: those
 // the kernel has scanned and attached (under multipath, a path of the
 // namespace's block device). A scan runs after the connect returns, so a
 // new controller lists none at first.
 func (h *Host) Namespaces(name string) ([]string, error) {
-	dir, err := h.attr(name, "")
-	if err != nil {
-		return nil, err
-	}
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("%w: %s", ErrNoController, name)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("nvmehost: %s: %w", name, err)
-	}
-	var ids []string
-	for _, e := range ents {
-		if m := nsRE.FindStringSubmatch(e.Name()); m != nil {
-			ids = append(ids, m[1])
-		}
-	}
-	return ids, nil
+	return h.namespaceEntries(name, func(m []string) string { return m[2] })
 }
 
 // Devices lists the block devices (/dev/nvme0n1) of the namespaces
@@ -262,6 +246,12 @@ func (h *Host) Namespaces(name string) ([]string, error) {
 // named by its subsystem's instance, not the controller's: the path
 // nvme0c1n1 is /dev/nvme0n1.
 func (h *Host) Devices(name string) ([]string, error) {
+	return h.namespaceEntries(name, func(m []string) string { return "/dev/nvme" + m[1] + "n" + m[2] })
+}
+
+// namespaceEntries maps each namespace entry of controller name's sysfs
+// directory (nsRE's submatches) through fn.
+func (h *Host) namespaceEntries(name string, fn func(m []string) string) ([]string, error) {
 	dir, err := h.attr(name, "")
 	if err != nil {
 		return nil, err
@@ -273,18 +263,14 @@ func (h *Host) Devices(name string) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nvmehost: %s: %w", name, err)
 	}
-	var devs []string
+	var out []string
 	for _, e := range ents {
-		if m := pathRE.FindStringSubmatch(e.Name()); m != nil {
-			devs = append(devs, "/dev/nvme"+m[1]+"n"+m[2])
+		if m := nsRE.FindStringSubmatch(e.Name()); m != nil {
+			out = append(out, fn(m))
 		}
 	}
-	return devs, nil
+	return out, nil
 }
-
-// pathRE splits a namespace entry into its block device's instance and
-// namespace: nvme0n1, or the multipath path nvme0c1n1.
-var pathRE = regexp.MustCompile(`^nvme([0-9]+)(?:c[0-9]+)?n([0-9]+)$`)
 
 // Controllers lists the controllers sysfs shows, with what they connect.
 func (h *Host) Controllers() ([]Info, error) {
