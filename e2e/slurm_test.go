@@ -367,6 +367,32 @@ func TestSlurmControllerHooks(t *testing.T) {
 		hosts, _ := filepath.Glob(allowed)
 		return len(hosts) == 0, fmt.Sprint(hosts)
 	})
+	// What an auditor sees of the Slurm job: its lineage names the run,
+	// the user and the node, and verifies offline; the report takes the
+	// Slurm job ID.
+	exp := filepath.Join(t.TempDir(), "export")
+	if out, err := cli(t, bin, dev, "auditor", "audit", "export", "--out", exp); err != nil {
+		t.Fatalf("audit export: %v\n%s", err, out)
+	}
+	key := filepath.Join(exp, "keys", "v1.pem")
+	lin, err := cli(t, bin, dev, "auditor", "attest", "lineage", "--job", id)
+	if err != nil {
+		t.Fatalf("attest lineage: %v\n%s", err, lin)
+	}
+	linFile := filepath.Join(t.TempDir(), "lineage.json")
+	os.WriteFile(linFile, []byte(lin), 0o600)
+	ver, err := exec.Command(filepath.Join(bin, "nvmegate"), "attest", "verify", linFile, "--key", key).CombinedOutput()
+	if err != nil || !strings.Contains(string(ver), "job:       "+id+" generation 1 (tenant acme, user "+me.Username+")") ||
+		!strings.Contains(string(ver), node) || !strings.Contains(string(ver), "result:    OK") {
+		t.Fatalf("attest verify of the lineage: %v\n%s", err, ver)
+	}
+	html := filepath.Join(t.TempDir(), "report.html")
+	if out, err := cli(t, bin, dev, "auditor", "audit", "report", "--job", id, "--export", exp, "--key", key, "--html", html); err != nil {
+		t.Fatalf("audit report --job %s: %v\n%s", id, err, out)
+	}
+	if b, err := os.ReadFile(html); err != nil || !strings.Contains(string(b), id) {
+		t.Fatalf("the report of job %s: %v", id, err)
+	}
 	audit, err := cli(t, bin, dev, "auditor", "audit", "query", "--job", id)
 	if err != nil || !strings.Contains(audit, "jobs.admit "+id+" generation 1") || !strings.Contains(audit, "jobs.finish "+id+" generation 1") {
 		t.Fatalf("the log does not keep the generations apart: %v\n%s", err, audit)

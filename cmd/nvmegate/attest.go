@@ -106,8 +106,12 @@ func (a *app) attestCmd() *cobra.Command {
 			if a.output == "json" {
 				return json.NewEncoder(a.stdout).Encode(rep)
 			}
-			_, err = fmt.Fprintf(a.stdout, "job:       %s (tenant %s)\ndatasets:  %s\nentries:   %d, each proved in the signed log (tree size %d)\nsigned by: %s\nresult:    OK\n",
-				rep.Job, rep.Tenant, strings.Join(rep.Datasets, ", "), rep.Entries, rep.TreeSize, rep.SignedBy)
+			user := rep.User
+			if user == "" {
+				user = "(not named)"
+			}
+			_, err = fmt.Fprintf(a.stdout, "job:       %s generation %d (tenant %s, user %s)\nnodes:     %d (%s)\ndatasets:  %s\nentries:   %d, each proved in the signed log (tree size %d)\nsigned by: %s\nresult:    OK\n",
+				rep.Job, rep.Generation, rep.Tenant, user, len(rep.Nodes), clipList(rep.Nodes, 3), strings.Join(rep.Datasets, ", "), rep.Entries, rep.TreeSize, rep.SignedBy)
 			return err
 		},
 	}
@@ -195,4 +199,12 @@ func (a *app) printCompliance(bundle []byte, keys []attest.PublicKey, fresh comp
 	}
 	_, err = fmt.Fprintf(a.stdout, "result:            OK (the attestation verifies; it states the fabric as of %s; its findings are above)\n", compliance.Ago(age))
 	return err
+}
+
+// clipList joins the first n of s, saying how many more there are.
+func clipList(s []string, n int) string {
+	if len(s) <= n {
+		return strings.Join(s, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(s[:n], ", "), len(s)-n)
 }

@@ -102,7 +102,7 @@ func TestJobCommands(t *testing.T) {
 		t.Fatalf("export keys %v", keys)
 	}
 	out = mustCLI(t, dir, "auditor", "attest", "verify", lf, "--key", keys[0])
-	if !strings.Contains(out, "job:       job-7 (tenant acme)") || !strings.Contains(out, "result:    OK") || !strings.Contains(out, "ds@"+digest) {
+	if !strings.Contains(out, "job:       job-7 generation 0 (tenant acme, user (not named))") || !strings.Contains(out, "result:    OK") || !strings.Contains(out, "ds@"+digest) {
 		t.Fatalf("attest verify:\n%s", out)
 	}
 	// A lineage attestation states no time it was made: a freshness bound
