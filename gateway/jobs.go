@@ -99,8 +99,8 @@ func (s *jobsService) endEarlierGeneration(ctx context.Context, j *nvmegate.Job)
 	if err != nil {
 		return err
 	}
-	if old.State != nvmegate.JobActive || old.Generation >= j.Generation {
-		return nil // the store decides (CreateJob)
+	if old.Tenant != j.Tenant || old.State != nvmegate.JobActive || old.Generation >= j.Generation {
+		return nil // the store decides (CreateJob): another tenant's job is never ended here
 	}
 	why := fmt.Sprintf("job %s generation %d finished: generation %d admitted", old.ID, old.Generation, j.Generation)
 	if s.record == nil {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/nvmegate/nvmegate/attest"
 	"github.com/nvmegate/nvmegate/audit"
@@ -203,4 +204,40 @@ func TestSchedulerRefusals(t *testing.T) {
 	}
 	_, err = jc.UpdateNodes(ctx, &pb.UpdateNodesRequest{JobId: "job-1", RemoveNodes: []string{"spiffe://nvmegate.test/node/acme-gpu-2"}})
 	wantCode(t, err, codes.FailedPrecondition, "is finished")
+}
+
+// Another tenant's scheduler naming an active job's ID, as a later
+// generation of a job of its own tenant: policy allows globex's admission
+// of globex's data, and the gateway must neither end acme's run nor take
+// its ID.
+func TestAdmissionCannotTakeAnotherTenantsJob(t *testing.T) {
+	g, ctx := admittedGateway(t)
+	if _, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN}); err != nil {
+		t.Fatal(err)
+	}
+	inv := pb.NewInventoryClient(g.client(t, admin))
+	globexSub := "nqn.2026-01.io.nvmegate.test:globex-train"
+	if _, err := inv.AddSubsystem(ctx, &pb.AddSubsystemRequest{Subsystem: &pb.Subsystem{Nqn: globexSub, TargetId: "stor-eu-1", Tenant: "globex", PortIds: []uint32{1}, Dhchap: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inv.AddNamespace(ctx, &pb.AddNamespaceRequest{Namespace: &pb.Namespace{SubsystemNqn: globexSub, Nsid: 1, Tenant: "globex", Region: "eu-west",
+		DataClass: "internal", Dataset: &pb.Dataset{Name: "globex/data", Digest: digest}}}); err != nil {
+		t.Fatal(err)
+	}
+	req := &pb.AdmitRequest{JobId: "job-1", Tenant: "globex", Generation: 7, Nodes: []string{"spiffe://nvmegate.test/node/globex-gpu-1"},
+		Namespaces:     []*pb.JobNamespace{{SubsystemNqn: globexSub, Nsid: 1, Mode: pb.AccessMode_ACCESS_MODE_READ_ONLY}},
+		AllowedRegions: []string{"eu-west"}, ExpiresAt: admitRequest("x").ExpiresAt}
+	_, err := pb.NewJobsClient(g.client(t, "/tenant/globex/scheduler/slurm")).Admit(ctx, req)
+	wantCode(t, err, codes.AlreadyExists, `job ID "job-1" is taken`)
+	if strings.Contains(status.Convert(err).Message(), "acme") {
+		t.Fatalf("the refusal names the other tenant: %v", err)
+	}
+	got, err := pb.NewJobsClient(g.client(t, sched)).Get(ctx, &pb.JobsGetRequest{JobId: "job-1"})
+	if err != nil || got.Job.Tenant != "acme" || got.Job.State != pb.JobState_JOB_STATE_ACTIVE || got.Job.Generation != 0 {
+		t.Fatalf("acme's job after globex's attempt: %v, %v", got, err)
+	}
+	active, err := pb.NewAccessClient(g.client(t, admin)).ListGrants(ctx, &pb.ListGrantsRequest{JobId: "job-1", State: pb.GrantState_GRANT_STATE_ACTIVE})
+	if err != nil || len(active.Grants) != 1 {
+		t.Fatalf("acme's grant after globex's attempt: %v, %v", active, err)
+	}
 }

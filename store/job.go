@@ -75,6 +75,7 @@ func decodeJob(v []byte) (*nvmegate.Job, error) {
 // that a scheduler may retry it. The job ID's stored generation decides:
 //
 //   - none: j is stored;
+//   - another tenant's job: EEXISTS (an ID is never taken over);
 //   - j's generation, active, the same scope (Job.ScopeDiff): nothing is
 //     written, and j takes the stored job's fields;
 //   - j's generation with another scope, or ended: EEXISTS, saying which;
@@ -150,6 +151,10 @@ func (db *DB) CreateJob(ctx context.Context, j *nvmegate.Job) error {
 func (db *DB) admitOver(old, j *nvmegate.Job) (*nvmegate.Job, error) {
 	db.expire(old)
 	switch {
+	case old.Tenant != j.Tenant:
+		// Another tenant's job, whatever its generation or state: its ID
+		// is never taken over (nor is the tenant named).
+		return nil, nvmegate.Errorf(nvmegate.EEXISTS, "job ID %q is taken: choose another", j.ID)
 	case old.Generation > j.Generation:
 		return nil, nvmegate.Errorf(nvmegate.ECONFLICT, "job %q is at generation %d: generation %d is over", j.ID, old.Generation, j.Generation)
 	case old.Generation < j.Generation && old.State == nvmegate.JobActive:

@@ -72,8 +72,9 @@ func TestJobLifecycle(t *testing.T) {
 func TestJobGenerations(t *testing.T) {
 	db := openTestDB(t)
 	ctx := context.Background()
-	inventory(t, db, "acme")
+	inventory(t, db, "acme", "globex")
 	must(t, db.CreateNamespace(ctx, newNamespace(subNQN(0), 1, "acme")))
+	must(t, db.CreateNamespace(ctx, newNamespace(subNQN(1), 1, "globex")))
 	ro := nvmegate.JobNamespace{SubsystemNQN: subNQN(0), NSID: 1, Mode: nvmegate.ModeReadOnly}
 	gen := func(g uint32) *nvmegate.Job {
 		j := newJob("12345", "acme", ro)
@@ -82,6 +83,10 @@ func TestJobGenerations(t *testing.T) {
 	}
 	must(t, db.CreateJob(ctx, gen(0)))
 	wantMessage(t, wantError(t, db.CreateJob(ctx, gen(1)), nvmegate.ECONFLICT, ""), "generation 0 is still active")
+	// Another tenant never takes the ID, at any generation.
+	theirs := newJob("12345", "globex", nvmegate.JobNamespace{SubsystemNQN: subNQN(1), NSID: 1, Mode: nvmegate.ModeReadOnly})
+	theirs.Generation = 9
+	wantMessage(t, wantError(t, db.CreateJob(ctx, theirs), nvmegate.EEXISTS, ""), `job ID "12345" is taken`)
 
 	// The killed run's epilog names the next generation already.
 	one := uint32(1)
