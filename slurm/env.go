@@ -3,6 +3,8 @@ package slurm
 import (
 	"fmt"
 	"strconv"
+
+	"github.com/nvmegate/nvmegate"
 )
 
 // Job is what a job hook's environment says of its job (PrologSlurmctld,
@@ -21,6 +23,10 @@ func JobFromEnv(getenv func(string) string) (Job, error) {
 		Comment: getenv("SLURM_JOB_COMMENT")}
 	if j.ID == "" {
 		return Job{}, fmt.Errorf("SLURM_JOB_ID is not set: run this as a Slurm job hook")
+	}
+	// The ID names files under the hooks' run directory too.
+	if err := nvmegate.ValidateJobID("SLURM_JOB_ID", j.ID); err != nil {
+		return Job{}, err
 	}
 	if v := getenv("SLURM_JOB_RESTART_COUNT"); v != "" {
 		n, err := strconv.ParseUint(v, 10, 32)

@@ -55,6 +55,9 @@ func TestJobFromEnv(t *testing.T) {
 	if _, err := slurm.JobFromEnv(func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "Slurm job hook") {
 		t.Fatalf("outside a hook: %v", err)
 	}
+	if _, err := slurm.JobFromEnv(func(k string) string { return map[string]string{"SLURM_JOB_ID": "../etc"}[k] }); err == nil {
+		t.Fatal("a job ID that is a path was read")
+	}
 }
 
 func TestParseShowJob(t *testing.T) {
