@@ -325,7 +325,9 @@ func TestSlurmControllerHooks(t *testing.T) {
 		t.Fatalf("sbatch: %v\n%s", err, out)
 	}
 	id := strings.TrimSpace(out)
+	t.Logf("sbatch --comment 'train run nvmegate:common-crawl/2026-10' -t 10: job %s", id)
 	j := waitJob(id, "admitted", "JOB_STATE_ACTIVE", 0)
+	t.Logf("PrologSlurmctld admitted job %s generation %d: tenant %s, nodes %v, user %s", j.JobID, j.Generation, j.Tenant, j.Nodes, j.User)
 	if j.JobID != id || len(j.Nodes) != 1 || j.Nodes[0] != node || j.User != me.Username || j.Tenant != "acme" {
 		t.Fatalf("admitted %+v; want job %s of acme, node %s, user %s", j, id, node, me.Username)
 	}
@@ -352,12 +354,14 @@ func TestSlurmControllerHooks(t *testing.T) {
 	}
 	waitJob(id, "finished by the requeue", "JOB_STATE_FINISHED", 0)
 	waitGrants(id, "with run 0's grant ended", 0)
+	t.Logf("scontrol requeue %s: the killed run's EpilogSlurmctld finished generation 0; its grant ended", id)
 	if out, err := c.slurm(t, "scontrol", "update", "jobid="+id, "StartTime=now"); err != nil {
 		t.Fatalf("release the requeued job: %v\n%s", err, out)
 	}
 	waitJob(id, "admitted again as generation 1", "JOB_STATE_ACTIVE", 1)
 	running(id)
 	waitGrants(id, "connected again", 1)
+	t.Logf("scontrol update jobid=%s StartTime=now: PrologSlurmctld admitted generation 1; its node connected again", id)
 	if out, err := c.slurm(t, "scancel", id); err != nil {
 		t.Fatalf("scancel: %v\n%s", err, out)
 	}
@@ -367,6 +371,7 @@ func TestSlurmControllerHooks(t *testing.T) {
 		hosts, _ := filepath.Glob(allowed)
 		return len(hosts) == 0, fmt.Sprint(hosts)
 	})
+	t.Logf("scancel %s: EpilogSlurmctld finished generation 1; its grant ended and its host left stor-eu-1", id)
 	// What an auditor sees of the Slurm job: its lineage names the run,
 	// the user and the node, and verifies offline; the report takes the
 	// Slurm job ID.
@@ -386,6 +391,7 @@ func TestSlurmControllerHooks(t *testing.T) {
 		!strings.Contains(string(ver), node) || !strings.Contains(string(ver), "result:    OK") {
 		t.Fatalf("attest verify of the lineage: %v\n%s", err, ver)
 	}
+	t.Logf("nvmegate attest verify (the job's lineage, offline):\n%s", ver)
 	html := filepath.Join(t.TempDir(), "report.html")
 	if out, err := cli(t, bin, dev, "auditor", "audit", "report", "--job", id, "--export", exp, "--key", key, "--html", html); err != nil {
 		t.Fatalf("audit report --job %s: %v\n%s", id, err, out)
@@ -408,9 +414,11 @@ func TestSlurmControllerHooks(t *testing.T) {
 		st := c.field(t, bad, "JobState")
 		return st == "CANCELLED", st
 	})
-	if ac := c.field(t, bad, "AdminComment"); !strings.Contains(ac, "dataset globex/checkpoints is not in tenant acme's inventory") {
+	ac := c.field(t, bad, "AdminComment")
+	if !strings.Contains(ac, "dataset globex/checkpoints is not in tenant acme's inventory") {
 		t.Fatalf("AdminComment %q does not say why", ac)
 	}
+	t.Logf("sbatch --comment nvmegate:globex/checkpoints: job %s %s, Requeue=%s, AdminComment=%s", bad, c.field(t, bad, "JobState"), c.field(t, bad, "Requeue"), ac)
 	if rq := c.field(t, bad, "Requeue"); rq != "0" {
 		t.Fatalf("the refused job is still requeueable (Requeue=%s): it would loop", rq)
 	}
@@ -429,9 +437,11 @@ func TestSlurmControllerHooks(t *testing.T) {
 		st := c.field(t, far, "JobState")
 		return st == "CANCELLED", st
 	})
-	if ac := c.field(t, far, "AdminComment"); !strings.Contains(ac, "is in region us-east, which job "+far+" does not allow") {
+	ac = c.field(t, far, "AdminComment")
+	if !strings.Contains(ac, "is in region us-east, which job "+far+" does not allow") {
 		t.Fatalf("AdminComment %q does not give the policy's reason", ac)
 	}
+	t.Logf("sbatch --comment nvmegate:acme/us-logs: job %s %s, AdminComment=%s", far, c.field(t, far, "JobState"), ac)
 
 	// A job that does not ask runs as before.
 	out, err = c.slurm(t, "sbatch", "--parsable", "-t", "10", "--wrap", "true")
@@ -446,4 +456,5 @@ func TestSlurmControllerHooks(t *testing.T) {
 	if _, found, out := gatewayJob(plain); found {
 		t.Fatalf("a job that asked for nothing is in the gateway: %s", out)
 	}
+	t.Logf("sbatch without the comment: job %s COMPLETED, unknown to the gateway", plain)
 }
