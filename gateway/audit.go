@@ -345,7 +345,8 @@ func resourceKey(r map[string]any) string {
 	case "subsystem":
 		return str(r, "subsystem", "nqn")
 	case "job":
-		if g, _ := r["job"].(map[string]any)["generation"].(int64); g > 0 {
+		job, _ := r["job"].(map[string]any)
+		if g, _ := job["generation"].(int64); g > 0 {
 			// The runs of a requeued job stay apart in the log.
 			return str(r, "job", "job_id") + " generation " + strconv.FormatInt(g, 10)
 		}

@@ -241,3 +241,15 @@ func TestAdmissionCannotTakeAnotherTenantsJob(t *testing.T) {
 		t.Fatalf("acme's grant after globex's attempt: %v, %v", active, err)
 	}
 }
+
+// A call refused on a job resource without a job (a list) is recorded as
+// a refusal, not answered Internal.
+func TestJobListRefusedAndRecorded(t *testing.T) {
+	g, ctx := admittedGateway(t)
+	_, err := pb.NewJobsClient(g.client(t, node)).List(ctx, &pb.JobsListRequest{Tenant: "acme"})
+	wantCode(t, err, codes.PermissionDenied)
+	entries := queryAll(t, pb.NewAuditClient(g.client(t, auditor)), &pb.QueryRequest{Kinds: []string{"deny"}})
+	if len(entries) != 1 || entries[0].Detail != "jobs.list" {
+		t.Fatalf("deny entries %+v, want the refused jobs.list", entries)
+	}
+}
