@@ -17,10 +17,17 @@ var ErrSyntax = errors.New("hostlist: malformed expression")
 // maxDigits bounds a range's numbers: no host number has more.
 const maxDigits = 18
 
+// MaxLen bounds an expression: a hostlist of 100,000 hosts written out
+// one by one fits, and nothing larger is read.
+const MaxLen = 1 << 20
+
 // Expand returns the hosts expr names, in order, each once. It fails with
 // ErrSyntax if expr is malformed or names no host, and with ErrTooMany if
 // it names more than max hosts.
 func Expand(expr string, max int) ([]string, error) {
+	if len(expr) > MaxLen {
+		return nil, fmt.Errorf("%w: %d bytes (at most %d)", ErrTooMany, len(expr), MaxLen)
+	}
 	items, err := split(expr)
 	if err != nil {
 		return nil, err
@@ -28,6 +35,7 @@ func Expand(expr string, max int) ([]string, error) {
 	var (
 		out  []string
 		seen = map[string]bool{}
+		made int // names made, repeats included: the work is bounded by max
 	)
 	for _, item := range items {
 		parts, err := parseItem(item)
@@ -35,12 +43,17 @@ func Expand(expr string, max int) ([]string, error) {
 			return nil, err
 		}
 		// The count is known before any name is made: an item past the
-		// bound is refused at once, whatever its size.
+		// bound, or one that would take the names made past it (repeats
+		// count: "a[1-100000],a[1-100000],…" is refused, not expanded
+		// again and again), is refused at once.
 		n := 1
 		for _, p := range parts {
 			if n = mulBounded(n, p.count(), max+1); n > max {
 				return nil, fmt.Errorf("%w: %q names more than %d", ErrTooMany, item, max)
 			}
+		}
+		if made += n; made > max {
+			return nil, fmt.Errorf("%w: %q names more than %d, repeats included", ErrTooMany, expr, max)
 		}
 		err = product(parts, func(name string) error {
 			if seen[name] {

@@ -80,11 +80,21 @@ func TestExpandBound(t *testing.T) {
 			t.Errorf("Expand(%q, 10) = %d hosts, %v; want ErrTooMany", expr, len(got), err)
 		}
 	}
-	got, err := hostlist.Expand("a[1-5],b[1-5],a[1-5]", 10)
-	if err != nil || len(got) != 10 {
-		t.Fatalf("ten hosts and five repeats under a bound of 10: %d, %v", len(got), err)
+	// Repeats count against the bound: the work is bounded, not only the
+	// answer.
+	if got, err := hostlist.Expand("a[1-5],b[1-5],a[1-5]", 10); !errors.Is(err, hostlist.ErrTooMany) {
+		t.Fatalf("ten hosts and five repeats under a bound of 10: %d, %v; want ErrTooMany", len(got), err)
 	}
-	got, err = hostlist.Expand("gpu[00001-10000]", 10000)
+	if got, err := hostlist.Expand(strings.Repeat("a[1-100000],", 40), 100_000); !errors.Is(err, hostlist.ErrTooMany) {
+		t.Fatalf("one range forty times: %d hosts, %v; want ErrTooMany", len(got), err)
+	}
+	if got, err := hostlist.Expand("a[1-5],a[3-4]", 7); err != nil || len(got) != 5 {
+		t.Fatalf("repeats within the bound: %v, %v", got, err)
+	}
+	if _, err := hostlist.Expand(strings.Repeat("a,", hostlist.MaxLen/2+1), 1<<30); !errors.Is(err, hostlist.ErrTooMany) {
+		t.Fatalf("an expression past MaxLen: %v", err)
+	}
+	got, err := hostlist.Expand("gpu[00001-10000]", 10000)
 	if err != nil || len(got) != 10000 || got[0] != "gpu00001" || got[9999] != "gpu10000" {
 		t.Fatalf("10,000 hosts: %d, %v", len(got), err)
 	}
