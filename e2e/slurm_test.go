@@ -242,10 +242,14 @@ func TestSlurmControllerHooks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	squeue, err := exec.LookPath("squeue")
+	if err != nil {
+		t.Fatal(err)
+	}
 	c := startSlurm(t, hooks)
 	if err := os.WriteFile(filepath.Join(hooks, "nvmegate-slurm.conf"), fmt.Appendf(nil,
-		"tenant = acme\nregions = eu-west\nslurm-conf = %s\nscontrol = %s\ndev-dir = %s\ndev-identity = acme-scheduler\n",
-		c.conf, scontrol, dev), 0o644); err != nil {
+		"tenant = acme\nregions = eu-west\nslurm-conf = %s\nscontrol = %s\nsqueue = %s\ndev-dir = %s\ndev-identity = acme-scheduler\n",
+		c.conf, scontrol, squeue, dev), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	me, err := user.Current()

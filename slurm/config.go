@@ -18,7 +18,8 @@ import (
 //	tenant = acme                  # the tenant the cluster's jobs run for
 //	regions = eu-west,eu-central   # the regions a job's data may be read in
 //	slurm-conf = /etc/slurm/slurm.conf
-//	scontrol = /usr/bin/scontrol
+//	scontrol = /usr/bin/scontrol   # a refused job's AdminComment and Requeue
+//	squeue = /usr/bin/squeue       # the run's start and time limit
 //	expiry-margin = 15m            # after the time limit, for the epilogs
 //	unlimited-expiry = 168h        # the scope of a job without a time limit
 //
@@ -31,6 +32,7 @@ type Config struct {
 	Regions         []string
 	SlurmConf       string
 	Scontrol        string
+	Squeue          string
 	ExpiryMargin    time.Duration
 	UnlimitedExpiry time.Duration
 }
@@ -39,7 +41,7 @@ type Config struct {
 // identity flags it may set.
 func ParseConfig(r io.Reader, identityKeys []string) (Config, error) {
 	c := Config{Identity: map[string]string{}, SlurmConf: "/etc/slurm/slurm.conf", Scontrol: "/usr/bin/scontrol",
-		ExpiryMargin: 15 * time.Minute, UnlimitedExpiry: 7 * 24 * time.Hour}
+		Squeue: "/usr/bin/squeue", ExpiryMargin: 15 * time.Minute, UnlimitedExpiry: 7 * 24 * time.Hour}
 	err := parseKV(r, func(k, v string) (err error) {
 		switch k {
 		case "tenant":
@@ -53,6 +55,8 @@ func ParseConfig(r io.Reader, identityKeys []string) (Config, error) {
 			c.SlurmConf = v
 		case "scontrol":
 			c.Scontrol = v
+		case "squeue":
+			c.Squeue = v
 		case "expiry-margin":
 			c.ExpiryMargin, err = time.ParseDuration(v)
 		case "unlimited-expiry":

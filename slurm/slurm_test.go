@@ -60,19 +60,19 @@ func TestJobFromEnv(t *testing.T) {
 	}
 }
 
-func TestParseShowJob(t *testing.T) {
-	out := "JobId=7 JobName=wrap UserId=root(0) JobState=RUNNING RunTime=00:00:01 TimeLimit=1-02:03:04 TimeMin=N/A SubmitTime=2026-12-07T21:00:00 StartTime=2026-12-07T21:00:05 EndTime=2026-12-08T23:03:09"
-	w, err := slurm.ParseShowJob(out, time.UTC)
+func TestParseSqueue(t *testing.T) {
+	w, err := slurm.ParseSqueue("2026-12-07T21:00:05|1-02:03:04\n", time.UTC)
 	want := slurm.Window{Start: time.Date(2026, 12, 7, 21, 0, 5, 0, time.UTC), Limit: 26*time.Hour + 3*time.Minute + 4*time.Second}
 	if err != nil || w != want {
-		t.Fatalf("ParseShowJob = %+v, %v; want %+v", w, err, want)
+		t.Fatalf("ParseSqueue = %+v, %v; want %+v", w, err, want)
 	}
-	if w, err := slurm.ParseShowJob("StartTime=2026-12-07T21:00:05 TimeLimit=UNLIMITED", time.UTC); err != nil || !w.Unlimited {
+	if w, err := slurm.ParseSqueue("2026-12-07T21:00:05|UNLIMITED", time.UTC); err != nil || !w.Unlimited {
 		t.Fatalf("unlimited: %+v, %v", w, err)
 	}
-	for _, bad := range []string{"JobId=7", "StartTime=soon TimeLimit=10:00", "StartTime=2026-12-07T21:00:05 TimeLimit=1:2:3:4", "StartTime=2026-12-07T21:00:05 TimeLimit=10:99"} {
-		if _, err := slurm.ParseShowJob(bad, time.UTC); err == nil {
-			t.Errorf("ParseShowJob(%q) succeeded", bad)
+	for _, bad := range []string{"", "2026-12-07T21:00:05", "soon|10:00", "2026-12-07T21:00:05|1:2:3:4", "2026-12-07T21:00:05|10:99",
+		"2026-12-07T21:00:05|10:00|StartTime=2099-01-01T00:00:00"} {
+		if _, err := slurm.ParseSqueue(bad, time.UTC); err == nil {
+			t.Errorf("ParseSqueue(%q) succeeded", bad)
 		}
 	}
 	for s, want := range map[string]time.Duration{"10:00": 10 * time.Minute, "01:00:00": time.Hour, "2-00:00:00": 48 * time.Hour} {

@@ -15,30 +15,23 @@ type Window struct {
 	Unlimited bool
 }
 
-// ParseShowJob reads StartTime and TimeLimit from `scontrol show job -o
-// ID` output (one line of Key=Value fields). Times are in the local zone
-// of the machine scontrol ran on (loc).
-func ParseShowJob(out string, loc *time.Location) (Window, error) {
+// SqueueFormat is the squeue output format ParseSqueue reads: the start
+// time and the time limit alone. (scontrol show job prints user-set
+// fields, the comment and the job name, around them unquoted: a comment
+// holding " StartTime=2099-01-01T00:00:00" would set the scope's expiry.)
+const SqueueFormat = "%S|%l"
+
+// ParseSqueue reads `squeue -h -j ID -o '%S|%l'`: the run's start time in
+// the zone of the machine squeue ran on (loc), and its time limit.
+func ParseSqueue(out string, loc *time.Location) (Window, error) {
 	var w Window
-	var start, limit string
-	for _, f := range strings.Fields(out) {
-		k, v, ok := strings.Cut(f, "=")
-		if !ok {
-			continue
-		}
-		switch k {
-		case "StartTime":
-			start = v
-		case "TimeLimit":
-			limit = v
-		}
-	}
-	if start == "" || limit == "" {
-		return w, fmt.Errorf("scontrol's answer has no StartTime or TimeLimit")
+	start, limit, ok := strings.Cut(strings.TrimSpace(out), "|")
+	if !ok || strings.Contains(limit, "|") {
+		return w, fmt.Errorf("squeue's answer %q is not START|LIMIT", out)
 	}
 	t, err := time.ParseInLocation("2006-01-02T15:04:05", start, loc)
 	if err != nil {
-		return w, fmt.Errorf("StartTime=%s: %w", start, err)
+		return w, fmt.Errorf("start time %s: %w", start, err)
 	}
 	w.Start = t
 	if limit == "UNLIMITED" || limit == "INFINITE" {

@@ -169,18 +169,18 @@ func (a *app) epilogSlurmctld(cmd *cobra.Command, path string) error {
 }
 
 // jobExpiry is the end of the job's scope: its run's start plus its time
-// limit and the margin (scontrol's answer is the same on every retry of
+// limit and the margin, as squeue reports them (the same on every retry of
 // the hook, so a retried admission names the same scope).
 func jobExpiry(cfg slurm.Config, job slurm.Job) (time.Time, error) {
-	c := exec.Command(cfg.Scontrol, "show", "job", "-o", job.ID)
+	c := exec.Command(cfg.Squeue, "-h", "-j", job.ID, "-o", slurm.SqueueFormat)
 	c.Env = append(os.Environ(), "SLURM_CONF="+cfg.SlurmConf)
 	out, err := c.Output()
 	if err != nil {
-		return time.Time{}, fmt.Errorf("scontrol show job %s: %w", job.ID, err)
+		return time.Time{}, fmt.Errorf("squeue -j %s: %w", job.ID, err)
 	}
-	w, err := slurm.ParseShowJob(string(out), time.Local)
+	w, err := slurm.ParseSqueue(string(out), time.Local)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("scontrol show job %s: %w", job.ID, err)
+		return time.Time{}, fmt.Errorf("squeue -j %s: %w", job.ID, err)
 	}
 	if w.Unlimited {
 		return w.Start.Add(cfg.UnlimitedExpiry), nil
