@@ -240,6 +240,28 @@ func TestAdmissionCannotTakeAnotherTenantsJob(t *testing.T) {
 	if err != nil || len(active.Grants) != 1 {
 		t.Fatalf("acme's grant after globex's attempt: %v, %v", active, err)
 	}
+	// Acme's lineage holds none of globex's calls under the same ID.
+	fin, err := pb.NewJobsClient(g.client(t, sched)).Finish(ctx, &pb.FinishRequest{JobId: "job-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pred lineage.Predicate
+	if _, _, err := attest.OpenPredicate(fin.Lineage, lineage.PredicateType, []attest.PublicKey{g.auditKey}, &pred); err != nil {
+		t.Fatal(err)
+	}
+	for _, le := range pred.Entries {
+		raw, _ := base64.StdEncoding.DecodeString(le.Entry)
+		e, err := audit.DecodeEntry(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Tenant == "globex" || strings.Contains(e.Caller, "globex") {
+			t.Fatalf("globex's call is in acme's lineage: entry %d %s %q", le.Index, e.Kind, e.Detail)
+		}
+	}
+	if len(pred.Entries) == 0 {
+		t.Fatal("acme's lineage is empty")
+	}
 }
 
 // A call refused on a job resource without a job (a list) is recorded as

@@ -185,18 +185,32 @@ func Build(ctx context.Context, log Log, j *nvmegate.Job, datasets map[string]Na
 	return st, nil
 }
 
-// fromGeneration keeps the records of j's generation: from its allowed
-// admission on (the gateway records a generation past 0 as "jobs.admit ID
-// generation N"). A requeued job's earlier runs are in the log before it;
-// each run's entries are apart because a run starts only once the one
-// before has ended.
+// fromGeneration keeps the records of j's run: of j's tenant (another
+// tenant's scheduler naming the same job ID is refused, but its calls are
+// recorded under the ID too), from the run's admission on (the gateway
+// records a generation past 0 as "jobs.admit ID generation N"; an
+// attempt the store refused is followed by its "... failed" entry and is
+// no start). A requeued job's earlier runs are in the log before it; each
+// run's entries are apart because a run starts only once the one before
+// has ended.
 func fromGeneration(recs []audit.Record, j *nvmegate.Job) []audit.Record {
+	recs = slices.DeleteFunc(recs, func(r audit.Record) bool { return r.Entry.Tenant != "" && r.Entry.Tenant != j.Tenant })
 	if j.Generation == 0 {
 		return recs
 	}
 	want := fmt.Sprintf("jobs.admit %s generation %d", j.ID, j.Generation)
 	for i, r := range recs {
-		if r.Entry.Kind == audit.EventJobAdmit && r.Entry.Detail == want && r.Entry.Decision != nil && r.Entry.Decision.Allow {
+		if r.Entry.Kind != audit.EventJobAdmit || r.Entry.Detail != want || r.Entry.Decision == nil || !r.Entry.Decision.Allow {
+			continue
+		}
+		failed := false
+		for _, q := range recs[i+1:] {
+			if q.Entry.Caller == r.Entry.Caller && strings.HasPrefix(q.Entry.Detail, want) {
+				failed = strings.HasPrefix(q.Entry.Detail, want+" failed")
+				break
+			}
+		}
+		if !failed {
 			return recs[i:]
 		}
 	}
