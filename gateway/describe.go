@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"errors"
-	"slices"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -772,10 +771,22 @@ func (d *describer) updateNodes(r *pb.UpdateNodesRequest) (map[string]any, error
 		out["job"] = map[string]any{"job_id": r.JobId}
 		return out, err
 	}
-	nodes := slices.DeleteFunc(slices.Clone(j.Nodes), func(n string) bool { return slices.Contains(r.RemoveNodes, n) })
+	// As the store merges them (store.UpdateJobNodes), in linear time: a
+	// 100,000-node change is described before policy decides.
+	gone := make(map[string]bool, len(r.RemoveNodes))
+	for _, n := range r.RemoveNodes {
+		gone[n] = true
+	}
+	have := make(map[string]bool, len(j.Nodes)+len(r.AddNodes))
+	nodes := make([]string, 0, len(j.Nodes)+len(r.AddNodes))
+	for _, n := range j.Nodes {
+		if !gone[n] {
+			nodes, have[n] = append(nodes, n), true
+		}
+	}
 	for _, n := range r.AddNodes {
-		if !slices.Contains(nodes, n) {
-			nodes = append(nodes, n)
+		if !have[n] && !gone[n] {
+			nodes, have[n] = append(nodes, n), true
 		}
 	}
 	as := &pb.AdmitRequest{JobId: j.ID, Tenant: j.Tenant, Nodes: nodes, AllowedRegions: j.AllowedRegions,

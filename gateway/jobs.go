@@ -112,10 +112,20 @@ func (s *jobsService) endEarlierGeneration(ctx context.Context, j *nvmegate.Job)
 	}
 	// The admission's own entry goes with the admission's write.
 	ctx = store.WithCallRecord(ctx, nil)
-	if _, _, err := s.store.FinishJob(ctx, old.ID, &old.Generation); err != nil {
+	fin, unchanged, err := s.store.FinishJob(ctx, old.ID, &old.Generation)
+	if err != nil {
 		return err
 	}
-	s.endGrants(ctx, old, why)
+	if unchanged && fin.Generation != old.Generation {
+		return nil // a later generation landed meanwhile: its grants are its own
+	}
+	// The next run must start with none of this one's access: a grant
+	// that did not end refuses the admission (a retry ends it).
+	if s.lease != nil {
+		if _, err := s.lease.EndJob(ctx, old.ID, callerID(ctx), why); err != nil {
+			return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "generation %d of job %q is finished, but its grants did not all end (%v); retry the admission", old.Generation, old.ID, err)
+		}
+	}
 	return nil
 }
 
@@ -219,12 +229,14 @@ func (s *jobsService) UpdateNodes(ctx context.Context, r *pb.UpdateNodesRequest)
 	out := &pb.UpdateNodesResponse{Job: jobToProto(j), Decision: decisionToProto(d)}
 	if s.lease != nil && len(r.RemoveNodes) > 0 {
 		ids, err := s.lease.EndNodes(ctx, j.ID, r.RemoveNodes, callerID(ctx), fmt.Sprintf("node left job %s", j.ID))
-		if err != nil {
-			// The nodes are out of the job: no grant of theirs commits
-			// again, and the reconciler retries what did not follow.
-			s.log.ErrorContext(ctx, "nodes left the job, their grants not all ended", "job", j.ID, "err", err)
-		}
 		out.EndedGrantIds = ids
+		if err != nil {
+			// The nodes are out of the job (no grant of theirs commits
+			// again), but a grant of theirs did not end: not a success.
+			// The same call again changes no node and ends the rest.
+			s.log.ErrorContext(ctx, "nodes left the job, their grants not all ended", "job", j.ID, "err", err)
+			return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "the nodes left job %q, but %d of their grants ended and the rest did not (%v); retry the call", j.ID, len(ids), err)
+		}
 	}
 	return out, nil
 }

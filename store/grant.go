@@ -625,7 +625,7 @@ func (db *DB) UndoOpening(ctx context.Context, g *nvmegate.Grant) ([]*nvmegate.G
 			switch {
 			case successor != "":
 				o.SupersededBy = successor
-			case active && o.ExpiresAt.After(now) && jobActive(tx, o.JobID):
+			case active && o.ExpiresAt.After(now) && jobActive(tx, o.JobID) && tx.jobHasNode(o.JobID, o.Node):
 				o.State, o.SupersededBy, o.RemovalPending = nvmegate.GrantActive, "", false
 				if checkHostNQN(tx.Tx, o) != nil {
 					o.State = nvmegate.GrantReleased
