@@ -251,7 +251,8 @@ func TestRealKernel(t *testing.T) {
 	if !strings.Contains(pro.Kernel, "with DH-HMAC-CHAP") {
 		t.Errorf("slurm-prolog: the kernel log lacks the authentication:\n%s", pro.excerpt())
 	}
-	ok("slurm-task", "task prolog: export NVMEGATE_DEVICES=/dev/nvme", "the job read 65536 bytes of its dataset from /dev/nvme")
+	ok("slurm-task", "task prolog: export NVMEGATE_DEVICES=/dev/nvme", "the job read 65536 bytes of its dataset from /dev/nvme",
+		" owner 4242; devices file owner 4242 mode 600")
 	epi := ok("slurm-epilog", "nvmegate-node: job 7001 stopped", "msg=released", "not allowed on", "no job state left")
 	if strings.Contains(epi.Output, "controllers: nvme") || strings.Contains(epi.Output, "still allowed") {
 		t.Errorf("slurm-epilog: something of the job left on the node:\n%s", epi.excerpt())

@@ -43,9 +43,9 @@ func many(n int) string {
 
 func TestJobFromEnv(t *testing.T) {
 	env := map[string]string{"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[01-02]", "SLURM_JOB_USER": "alice",
-		"SLURM_JOB_COMMENT": "nvmegate:x", "SLURM_JOB_RESTART_COUNT": "2"}
+		"SLURM_JOB_COMMENT": "nvmegate:x", "SLURM_JOB_RESTART_COUNT": "2", "SLURM_JOB_UID": "1000"}
 	j, err := slurm.JobFromEnv(func(k string) string { return env[k] })
-	if err != nil || j != (slurm.Job{ID: "4242", Nodes: "gpu[01-02]", User: "alice", Comment: "nvmegate:x", Restarts: 2}) {
+	if err != nil || j != (slurm.Job{ID: "4242", Nodes: "gpu[01-02]", User: "alice", Comment: "nvmegate:x", Restarts: 2, UID: 1000}) {
 		t.Fatalf("JobFromEnv = %+v, %v", j, err)
 	}
 	env["SLURM_JOB_RESTART_COUNT"] = "x"

@@ -79,6 +79,13 @@ node): the controller's hook refuses jobs.`,
 	return cmd
 }
 
+// devicesFile is where the Prolog publishes the job's block devices for
+// its TaskProlog, which slurmd runs as the job's user: beside the job's
+// root-only state, owned by that user, mode 0600.
+func devicesFile(cfg slurm.NodeConfig, job slurm.Job) string {
+	return filepath.Join(cfg.RunDir, job.ID+".devices")
+}
+
 // nodeJob reads the hooks' configuration and the job; use is false for a
 // job that asks for no dataset (nothing to do).
 func nodeJob(path string) (cfg slurm.NodeConfig, job slurm.Job, dir string, use bool, err error) {
@@ -108,8 +115,16 @@ func nodeProlog(ctx context.Context, path string, stdout io.Writer) error {
 	if err != nil || !use {
 		return err
 	}
+	if err := os.MkdirAll(cfg.RunDir, 0o755); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
+	}
+	// A Prolog run again for the job on this node (its Epilog failed)
+	// waits on the agent already there rather than orphan it.
+	if pid, ok := jobAgent(dir, job); ok {
+		return waitConnected(ctx, cfg, job, dir, pid, nil, stdout)
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -146,7 +161,14 @@ func nodeProlog(ctx context.Context, path string, stdout io.Writer) error {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- agent.Wait() }()
+	return waitConnected(ctx, cfg, job, dir, pid, exited, stdout)
+}
 
+// waitConnected waits until the job's agent (pid; exited, if it is this
+// process's child) has every subsystem live with its block devices, then
+// gives the devices to the job's user and publishes them.
+func waitConnected(ctx context.Context, cfg slurm.NodeConfig, job slurm.Job, dir string, pid int, exited <-chan error, stdout io.Writer) error {
+	socket := filepath.Join(dir, "status.sock")
 	deadline := time.Now().Add(cfg.ConnectTimeout)
 	var last string
 	for time.Now().Before(deadline) {
@@ -173,7 +195,7 @@ func nodeProlog(ctx context.Context, path string, stdout io.Writer) error {
 		if !ready {
 			continue
 		}
-		if err := os.WriteFile(filepath.Join(dir, "devices"), []byte(strings.Join(devs, ",")+"\n"), 0o644); err != nil {
+		if err := publishDevices(cfg, job, devs); err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "nvmegate-node: job %s connected: %s\n", job.ID, strings.Join(devs, ","))
@@ -183,13 +205,52 @@ func nodeProlog(ctx context.Context, path string, stdout io.Writer) error {
 	return fmt.Errorf("the job's namespaces were not connected in %v (last: %s)", cfg.ConnectTimeout, last)
 }
 
+// publishDevices gives the job's user its block devices (slurmd runs the
+// job as that user; the kernel makes them root's) and writes their names
+// where its TaskProlog reads them.
+func publishDevices(cfg slurm.NodeConfig, job slurm.Job, devs []string) error {
+	if job.UID >= 0 {
+		for _, d := range devs {
+			if err := os.Chown(d, job.UID, -1); err != nil {
+				return fmt.Errorf("give %s to the job's user: %w", d, err)
+			}
+		}
+	}
+	path := devicesFile(cfg, job)
+	if err := os.WriteFile(path, []byte(strings.Join(devs, ",")+"\n"), 0o600); err != nil {
+		return err
+	}
+	if job.UID >= 0 {
+		return os.Chown(path, job.UID, -1)
+	}
+	return nil
+}
+
+// jobAgent is the pid of the job's agent, if one runs (its pid file names
+// a live process started for this job).
+func jobAgent(dir string, job slurm.Job) (int, bool) {
+	b, err := os.ReadFile(filepath.Join(dir, "agent.pid"))
+	if err != nil {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return 0, false
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || !running(pid) || !bytes.Contains(cmdline, []byte("\x00--job\x00"+job.ID+"\x00")) {
+		return 0, false
+	}
+	return pid, true
+}
+
 // nodeTaskProlog prints the line slurmd turns into the task's environment.
 func nodeTaskProlog(path string, stdout io.Writer) error {
-	_, _, dir, use, err := nodeJob(path)
+	cfg, job, _, use, err := nodeJob(path)
 	if err != nil || !use {
 		return err
 	}
-	devs, err := os.ReadFile(filepath.Join(dir, "devices"))
+	devs, err := os.ReadFile(devicesFile(cfg, job))
 	if err != nil {
 		return fmt.Errorf("the Prolog published no devices: %w", err)
 	}
@@ -200,24 +261,15 @@ func nodeTaskProlog(path string, stdout io.Writer) error {
 // nodeEpilog stops the job's agent (SIGTERM: it disconnects, removes its
 // keys and releases the grants) and waits for it to exit.
 func nodeEpilog(path string, stdout io.Writer) error {
-	_, job, dir, _, err := nodeJob(path)
+	cfg, job, dir, _, err := nodeJob(path)
 	if err != nil {
 		return err
 	}
-	b, err := os.ReadFile(filepath.Join(dir, "agent.pid"))
-	if errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 		return nil // no agent for this job on this node
 	}
-	if err != nil {
-		return err
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		return fmt.Errorf("agent.pid: %w", err)
-	}
 	// Only the job's own agent: a pid reused since is left alone.
-	if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil &&
-		bytes.Contains(cmdline, []byte("\x00--job\x00"+job.ID+"\x00")) {
+	if pid, ok := jobAgent(dir, job); ok {
 		if err := syscall.Kill(pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
 			return err
 		}
@@ -231,6 +283,7 @@ func nodeEpilog(path string, stdout io.Writer) error {
 	}
 	log, _ := os.ReadFile(filepath.Join(dir, "agent.log"))
 	fmt.Fprintf(stdout, "nvmegate-node: job %s stopped\n%s", job.ID, tail(log))
+	os.Remove(devicesFile(cfg, job))
 	return os.RemoveAll(dir)
 }
 

@@ -7,8 +7,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nvmegate/nvmegate/slurm"
 )
 
 // nodeHookEnv sets a hook's job environment for the test.
@@ -99,7 +102,7 @@ func TestNodeTaskPrologAndEpilog(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	os.WriteFile(filepath.Join(dir, "devices"), []byte("/dev/nvme1n1,/dev/nvme2n1\n"), 0o644)
+	os.WriteFile(filepath.Join(runDir, "43.devices"), []byte("/dev/nvme1n1,/dev/nvme2n1\n"), 0o600)
 	var out bytes.Buffer
 	if err := nodeTaskProlog(conf, &out); err != nil || out.String() != "export NVMEGATE_DEVICES=/dev/nvme1n1,/dev/nvme2n1\n" {
 		t.Fatalf("task prolog: %v, %q", err, out.String())
@@ -136,7 +139,38 @@ func TestNodeTaskPrologAndEpilog(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the epilog returned with the job's agent running")
 	}
-	if _, err := os.Stat(dir); !os.IsNotExist(err) {
-		t.Fatalf("the job's state is left: %v", err)
+	for _, p := range []string{dir, filepath.Join(runDir, "43.devices")} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Fatalf("the job's state is left: %s: %v", p, err)
+		}
+	}
+}
+
+// The devices go to the job's user (slurmd runs TaskProlog and the job as
+// that user), and so does the file naming them.
+func TestPublishDevicesToTheJobsUser(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("chown needs root")
+	}
+	_, runDir := nodeHookConfig(t)
+	os.MkdirAll(runDir, 0o755)
+	dev := filepath.Join(t.TempDir(), "nvme9n1") // a stand-in for the block device
+	os.WriteFile(dev, nil, 0o660)
+	job := slurm.Job{ID: "44", UID: 4242}
+	cfg := slurm.NodeConfig{RunDir: runDir}
+	if err := publishDevices(cfg, job, []string{dev}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{dev, devicesFile(cfg, job)} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if uid := fi.Sys().(*syscall.Stat_t).Uid; uid != 4242 {
+			t.Errorf("%s is owned by %d, want the job's user 4242", p, uid)
+		}
+	}
+	if fi, _ := os.Stat(devicesFile(cfg, job)); fi.Mode().Perm() != 0o600 {
+		t.Errorf("the devices file is %v, want 0600", fi.Mode().Perm())
 	}
 }

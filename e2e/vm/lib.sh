@@ -265,7 +265,7 @@ slurm_hooks_install() {
 }
 # slurm_hook HOOK JOB DATASET: run a node hook for JOB, which asks for DATASET.
 slurm_hook() {
-  env -i SLURM_JOB_ID="$2" SLURM_JOB_USER=alice SLURM_JOB_NODELIST=acme-gpu-1 SLURM_JOB_RESTART_COUNT=0 \
+  env -i SLURM_JOB_ID="$2" SLURM_JOB_USER=alice SLURM_JOB_UID=4242 SLURM_JOB_NODELIST=acme-gpu-1 SLURM_JOB_RESTART_COUNT=0 \
     SLURM_JOB_COMMENT="train nvmegate:$3" "$SLURM_HOOKS/$1"
 }
 # slurm_task JOB DATASET: the job's task — the TaskProlog's export line in
@@ -278,6 +278,8 @@ slurm_task() {
   eval "$line"
   dev=${NVMEGATE_DEVICES%%,*}
   [ -b "$dev" ] || { echo "no block device $dev"; return 1; }
+  # slurmd runs the task as the job's user: the device and the list are its.
+  echo "$dev owner $(stat -c %u "$dev"); devices file owner $(stat -c %u /tmp/slurm-jobs/$1.devices) mode $(stat -c %a /tmp/slurm-jobs/$1.devices)"
   echo "the job read $(dd if="$dev" bs=4096 count=16 2>/dev/null | wc -c) bytes of its dataset from $dev"
 }
 # slurm_epilog JOB DATASET SUB HOST: the Epilog, then what it left.
