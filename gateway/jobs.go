@@ -99,28 +99,33 @@ func (s *jobsService) endEarlierGeneration(ctx context.Context, j *nvmegate.Job)
 	if err != nil {
 		return err
 	}
-	if old.Tenant != j.Tenant || old.State != nvmegate.JobActive || old.Generation >= j.Generation {
+	if old.Tenant != j.Tenant || old.Generation >= j.Generation {
 		return nil // the store decides (CreateJob): another tenant's job is never ended here
 	}
 	why := fmt.Sprintf("job %s generation %d finished: generation %d admitted", old.ID, old.Generation, j.Generation)
-	if s.record == nil {
-		return nvmegate.Errorf(nvmegate.EINTERNAL, "admit: no audit log to record the end of generation %d", old.Generation)
-	}
-	e := audit.Entry{Kind: audit.EventJobFinish, Time: s.now(), JobID: old.ID, Tenant: old.Tenant, Caller: callerID(ctx), Detail: why}
-	if err := s.record(ctx, e); err != nil {
-		return err
-	}
 	// The admission's own entry goes with the admission's write.
 	ctx = store.WithCallRecord(ctx, nil)
-	fin, unchanged, err := s.store.FinishJob(ctx, old.ID, &old.Generation)
-	if err != nil {
-		return err
+	if old.State == nvmegate.JobActive {
+		if s.record == nil {
+			return nvmegate.Errorf(nvmegate.EINTERNAL, "admit: no audit log to record the end of generation %d", old.Generation)
+		}
+		e := audit.Entry{Kind: audit.EventJobFinish, Time: s.now(), JobID: old.ID, Tenant: old.Tenant, Caller: callerID(ctx), Detail: why}
+		if err := s.record(ctx, e); err != nil {
+			return err
+		}
+		fin, unchanged, err := s.store.FinishJob(ctx, old.ID, &old.Generation)
+		if err != nil {
+			return err
+		}
+		if unchanged && fin.Generation != old.Generation {
+			return nil // a later generation landed meanwhile: its grants are its own
+		}
 	}
-	if unchanged && fin.Generation != old.Generation {
-		return nil // a later generation landed meanwhile: its grants are its own
-	}
-	// The next run must start with none of this one's access: a grant
-	// that did not end refuses the admission (a retry ends it).
+	// The next run must start with none of the last one's access, also
+	// when that run ended before (its epilog finished it, or an admission
+	// before this one did and then failed here): a grant that did not end
+	// refuses the admission, and a retry ends it. Until the next run is
+	// admitted, every grant under the ID is the last run's.
 	if s.lease != nil {
 		if _, err := s.lease.EndJob(ctx, old.ID, callerID(ctx), why); err != nil {
 			return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "generation %d of job %q is finished, but its grants did not all end (%v); retry the admission", old.Generation, old.ID, err)
