@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -410,16 +411,32 @@ func runVM(t *testing.T, r vmRun) map[string]vmStep {
 		runErr  error
 		out     string
 	)
+	//
+	// And a guest kernel that hangs in the story: after an NVMe/TCP
+	// controller's fatal error the host's workers block for good (Linux
+	// 6.12 under emulation, one run in several; issue 34). The hang is
+	// the kernel's, in a step whose outcome the story cannot see; the
+	// VM is stopped once the kernel reports it and the whole story runs
+	// again, once, and must then pass whole.
 	for attempt := 1; ; attempt++ {
 		console.Reset()
-		var took time.Duration
-		took, runErr = bootStory(&console, qemu, initrd, r)
+		var (
+			took time.Duration
+			hung bool
+		)
+		took, hung, runErr = bootStory(&console, qemu, initrd, r)
 		t.Logf("VM ran %s", took.Round(time.Second))
 		out = strings.ReplaceAll(console.String(), "\r", "")
-		if attempt == 2 || strings.Contains(out, "@@BEGIN") || !strings.Contains(out, "Kernel panic") {
-			break
+		switch {
+		case attempt == 2:
+		case !strings.Contains(out, "@@BEGIN") && strings.Contains(out, "Kernel panic"):
+			t.Logf("the guest panicked before the story began; booting it again:\n%s", tail(out, 20))
+			continue
+		case hung && !strings.Contains(out, "@@VM done") && strings.Contains(out, "fatal error occurred"):
+			t.Logf("the guest's kernel hung after a controller's fatal error; running the story again:\n%s", tail(out, 30))
+			continue
 		}
-		t.Logf("the guest panicked before the story began; booting it again:\n%s", tail(out, 20))
+		break
 	}
 	if dir := os.Getenv(r.ConsoleEnv); dir != "" {
 		// Keep the console for reading (CI artifacts, the closing note).
@@ -437,17 +454,40 @@ func runVM(t *testing.T, r vmRun) map[string]vmStep {
 }
 
 // bootStory boots the VM with initrd and r's kernel, its console into
-// console, for at most 10 minutes.
-func bootStory(console *bytes.Buffer, qemu, initrd string, r vmRun) (time.Duration, error) {
+// console, for at most 10 minutes; hung says it was stopped because the
+// guest's kernel reported a hung task.
+func bootStory(console *bytes.Buffer, qemu, initrd string, r vmRun) (time.Duration, bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, qemu, "-accel", "tcg", "-cpu", "max", "-m", "2048", "-smp", "2",
 		"-nic", "none", "-nographic", "-no-reboot", "-kernel", r.Kernel, "-initrd", initrd,
 		"-append", fmt.Sprintf("console=ttyS0 loglevel=4 panic=-1 %s nvmegate.epoch=%d", r.Append, time.Now().Unix()))
-	cmd.Stdout, cmd.Stderr = console, console
+	w := &hangWatch{buf: console, cancel: cancel}
+	cmd.Stdout, cmd.Stderr = w, w
 	start := time.Now()
 	err := cmd.Run()
-	return time.Since(start), err
+	return time.Since(start), w.hung, err
+}
+
+// hangWatch collects the console and stops the VM once the guest's
+// kernel reports a task blocked for minutes.
+type hangWatch struct {
+	mu     sync.Mutex
+	buf    *bytes.Buffer
+	cancel func()
+	hung   bool
+}
+
+func (w *hangWatch) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	from := max(0, w.buf.Len()-64)
+	w.buf.Write(p)
+	if !w.hung && bytes.Contains(w.buf.Bytes()[from:], []byte("blocked for more than")) {
+		w.hung = true
+		w.cancel()
+	}
+	return len(p), nil
 }
 
 // hostNQNIn finds the host NQN in an inventory host listing.
@@ -466,4 +506,21 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// The watch stops the VM on the kernel's hung-task report, also when the
+// report arrives split across writes, and not before.
+func TestHangWatch(t *testing.T) {
+	var buf bytes.Buffer
+	stopped := 0
+	w := &hangWatch{buf: &buf, cancel: func() { stopped++ }}
+	w.Write([]byte("[  134.0] nvmet: ctrl 1 fatal error occurred!\n[  363.8] INFO: task kworker/u8:0:12 blocked for mo"))
+	if stopped != 0 || w.hung {
+		t.Fatal("stopped before the report was whole")
+	}
+	w.Write([]byte("re than 120 seconds.\n"))
+	w.Write([]byte("[  484.6] INFO: task sh:183 blocked for more than 241 seconds.\n"))
+	if stopped != 1 || !w.hung || !strings.Contains(buf.String(), "sh:183") {
+		t.Fatalf("stopped %d times, hung %v", stopped, w.hung)
+	}
 }
