@@ -134,20 +134,6 @@ func (s *jobsService) endEarlierGeneration(ctx context.Context, j *nvmegate.Job)
 	return nil
 }
 
-// endGrants revokes the active grants of job j (finished), saying why.
-// The job is finished whatever happens here; the reconciler and the
-// scheduled rotation catch up, and failures are logged.
-func (s *jobsService) endGrants(ctx context.Context, j *nvmegate.Job, why string) []string {
-	if s.lease == nil {
-		return nil
-	}
-	ids, err := s.lease.EndJob(ctx, j.ID, callerID(ctx), why)
-	if err != nil {
-		s.log.ErrorContext(ctx, "job finished, its grants not all ended", "job", j.ID, "err", err)
-	}
-	return ids
-}
-
 // Finish ends a job scope and its grants: the targets stop allowing its
 // hosts, and the roots those hosts knew rotate. A job that ended already
 // is answered as it is (its grants are ended again, in case a finish
@@ -170,7 +156,13 @@ func (s *jobsService) Finish(ctx context.Context, r *pb.FinishRequest) (*pb.Fini
 		if r.Reason != "" {
 			why += ": " + r.Reason
 		}
-		out.EndedGrantIds = s.endGrants(ctx, j, why)
+		// The job is finished whatever happens here; the reconciler and
+		// the scheduled rotation catch up, and failures are logged.
+		ids, err := s.lease.EndJob(ctx, j.ID, callerID(ctx), why)
+		if err != nil {
+			s.log.ErrorContext(ctx, "job finished, its grants not all ended", "job", j.ID, "err", err)
+		}
+		out.EndedGrantIds = ids
 	}
 	if s.lineage != nil {
 		// The lineage covers every entry so far, this finish's included

@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/nvmegate/nvmegate"
@@ -115,16 +116,23 @@ func (l *Lifecycle) Revoke(ctx context.Context, sel Selection, caller, why strin
 		}
 		return l.revoke(ctx, gs, caller, why)
 	}
-	// By job or node: what is active once the revocation committed. A
-	// connect refused meanwhile can have put back a grant it superseded,
-	// after the selection: look again, a few times.
-	f := store.GrantFilter{State: nvmegate.GrantActive, JobID: sel.JobID, Node: sel.Node}
+	return l.revokeActive(ctx, store.GrantFilter{State: nvmegate.GrantActive, JobID: sel.JobID, Node: sel.Node}, nil, caller, why)
+}
+
+// revokeActive revokes the active grants f lists (and keep, if set,
+// keeps): what is active once the revocation committed. A connect refused
+// meanwhile can have put back a grant it superseded, after the selection:
+// it looks again, a few times.
+func (l *Lifecycle) revokeActive(ctx context.Context, f store.GrantFilter, keep func(*nvmegate.Grant) bool, caller, why string) ([]string, error) {
 	var ended []string
 	for i := range 3 {
 		if i > 0 {
 			ctx = context.WithoutCancel(ctx) // begun: runs to its end
 		}
 		gs, err := store.All(func(p store.Page) ([]*nvmegate.Grant, string, error) { return l.grants.ListGrants(ctx, f, p) })
+		if keep != nil {
+			gs = slices.DeleteFunc(gs, func(g *nvmegate.Grant) bool { return !keep(g) })
+		}
 		if err != nil || len(gs) == 0 {
 			return ended, err
 		}
@@ -171,34 +179,8 @@ func (l *Lifecycle) EndNodes(ctx context.Context, jobID string, nodes []string, 
 	for _, n := range nodes {
 		leaving[n] = true
 	}
-	// As Revoke by job: a connect refused meanwhile can have put back a
-	// grant it superseded, after the selection; look again, a few times.
-	f := store.GrantFilter{State: nvmegate.GrantActive, JobID: jobID}
-	var ended []string
-	for i := range 3 {
-		if i > 0 {
-			ctx = context.WithoutCancel(ctx) // begun: runs to its end
-		}
-		gs, err := store.All(func(p store.Page) ([]*nvmegate.Grant, string, error) { return l.grants.ListGrants(ctx, f, p) })
-		if err != nil {
-			return ended, err
-		}
-		var theirs []*nvmegate.Grant
-		for _, g := range gs {
-			if leaving[g.Node] {
-				theirs = append(theirs, g)
-			}
-		}
-		if len(theirs) == 0 {
-			return ended, nil
-		}
-		done, err := l.revoke(ctx, theirs, caller, why)
-		ended = append(ended, done...)
-		if err != nil {
-			return ended, err
-		}
-	}
-	return ended, nil
+	return l.revokeActive(ctx, store.GrantFilter{State: nvmegate.GrantActive, JobID: jobID},
+		func(g *nvmegate.Grant) bool { return leaving[g.Node] }, caller, why)
 }
 
 // EndJob revokes a finished job's active grants (Revoke), on caller's

@@ -172,9 +172,7 @@ func (a *app) epilogSlurmctld(cmd *cobra.Command, path string) error {
 // limit and the margin, as squeue reports them (the same on every retry of
 // the hook, so a retried admission names the same scope).
 func jobExpiry(cfg slurm.Config, job slurm.Job) (time.Time, error) {
-	c := exec.Command(cfg.Squeue, "-h", "-j", job.ID, "-o", slurm.SqueueFormat)
-	c.Env = append(os.Environ(), "SLURM_CONF="+cfg.SlurmConf)
-	out, err := c.Output()
+	out, err := slurmCommand(cfg, cfg.Squeue, "-h", "-j", job.ID, "-o", slurm.SqueueFormat).Output()
 	if err != nil {
 		return time.Time{}, fmt.Errorf("squeue -j %s: %w", job.ID, err)
 	}
@@ -261,12 +259,18 @@ func refuseJob(cfg slurm.Config, job slurm.Job, reason string) error {
 }
 
 func scontrolUpdate(cfg slurm.Config, job slurm.Job, field string) error {
-	c := exec.Command(cfg.Scontrol, "update", "jobid="+job.ID, field)
-	c.Env = append(os.Environ(), "SLURM_CONF="+cfg.SlurmConf)
-	if out, err := c.CombinedOutput(); err != nil {
+	if out, err := slurmCommand(cfg, cfg.Scontrol, "update", "jobid="+job.ID, field).CombinedOutput(); err != nil {
 		return fmt.Errorf("scontrol update %s: %v: %s", strings.SplitN(field, "=", 2)[0], err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// slurmCommand runs a Slurm client: a hook's environment has no
+// SLURM_CONF, so the configured one is given.
+func slurmCommand(cfg slurm.Config, name string, args ...string) *exec.Cmd {
+	c := exec.Command(name, args...)
+	c.Env = append(os.Environ(), "SLURM_CONF="+cfg.SlurmConf)
+	return c
 }
 
 // clipComment keeps an AdminComment readable.
