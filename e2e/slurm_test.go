@@ -359,10 +359,19 @@ func TestSlurmControllerHooks(t *testing.T) {
 	waitJob(id, "finished by the requeue", "JOB_STATE_FINISHED", 0)
 	waitGrants(id, "with run 0's grant ended", 0)
 	t.Logf("scontrol requeue %s: the killed run's EpilogSlurmctld finished generation 0; its grant ended", id)
-	if out, err := c.slurm(t, "scontrol", "update", "jobid="+id, "StartTime=now"); err != nil {
-		t.Fatalf("release the requeued job: %v\n%s", err, out)
-	}
-	waitJob(id, "admitted again as generation 1", "JOB_STATE_ACTIVE", 1)
+	// slurmctld puts the job back in the queue only once the killed run
+	// has completed, after its epilog, and then holds it for the
+	// credential's lifetime (BeginTime). Release it each time it is seen
+	// held: a release sent before the requeue completes is overwritten.
+	c.waitFor(t, "job "+id+" admitted again as generation 1", 60*time.Second, func() (bool, string) {
+		if c.field(t, id, "JobState") == "PENDING" && c.field(t, id, "Reason") == "BeginTime" {
+			if out, err := c.slurm(t, "scontrol", "update", "jobid="+id, "StartTime=now"); err != nil {
+				t.Fatalf("release the requeued job: %v\n%s", err, out)
+			}
+		}
+		j, found, out := gatewayJob(id)
+		return found && j.State == "JOB_STATE_ACTIVE" && j.Generation == 1, out
+	})
 	running(id)
 	waitGrants(id, "connected again", 1)
 	t.Logf("scontrol update jobid=%s StartTime=now: PrologSlurmctld admitted generation 1; its node connected again", id)
