@@ -5,13 +5,11 @@ import (
 	"strings"
 
 	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/dataset"
 )
 
 // Dataset is one dataset a job asks for, with the access it needs.
-type Dataset struct {
-	Name string // the inventory's dataset name
-	Mode string // nvmegate.ModeReadOnly or nvmegate.ModeReadWrite
-}
+type Dataset = dataset.Want
 
 // commentPrefix opens the comment's field that asks for datasets.
 const commentPrefix = "nvmegate:"

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/nvmegate/nvmegate"
+	"github.com/nvmegate/nvmegate/dataset"
 	pb "github.com/nvmegate/nvmegate/proto/nvmegate/v1"
 	"github.com/nvmegate/nvmegate/slurm"
 )
@@ -127,7 +127,7 @@ func (a *app) prologSlurmctld(cmd *cobra.Command, path string) error {
 		return err // Slurm retries
 	}
 	return a.call(cmd, func(ctx context.Context, c *grpc.ClientConn) error {
-		nss, err := resolveDatasets(ctx, pb.NewInventoryClient(c), cfg.Tenant, datasets)
+		nss, err := dataset.Resolve(ctx, pb.NewInventoryClient(c), cfg.Tenant, datasets)
 		if err != nil {
 			return slurmAnswer(cfg, job, err)
 		}
@@ -186,53 +186,11 @@ func jobExpiry(cfg slurm.Config, job slurm.Job) (time.Time, error) {
 	return w.Start.Add(w.Limit + cfg.ExpiryMargin), nil
 }
 
-// resolveDatasets finds the tenant's namespaces that hold each dataset.
-func resolveDatasets(ctx context.Context, inv pb.InventoryClient, tenant string, ds []slurm.Dataset) ([]*pb.JobNamespace, error) {
-	want := map[string]pb.AccessMode{}
-	for _, d := range ds {
-		want[d.Name] = pb.AccessMode_ACCESS_MODE_READ_ONLY
-		if d.Mode == nvmegate.ModeReadWrite {
-			want[d.Name] = pb.AccessMode_ACCESS_MODE_READ_WRITE
-		}
-	}
-	found := map[string]bool{}
-	var out []*pb.JobNamespace
-	req := &pb.ListNamespacesRequest{Tenant: tenant, PageSize: 1000}
-	for {
-		resp, err := inv.ListNamespaces(ctx, req)
-		if err != nil {
-			return nil, err
-		}
-		for _, n := range resp.Namespaces {
-			if mode, ok := want[n.GetDataset().GetName()]; ok {
-				out = append(out, &pb.JobNamespace{SubsystemNqn: n.SubsystemNqn, Nsid: n.Nsid, Mode: mode})
-				found[n.GetDataset().GetName()] = true
-			}
-		}
-		if resp.NextPageToken == "" {
-			break
-		}
-		req.PageToken = resp.NextPageToken
-	}
-	for _, d := range ds {
-		if !found[d.Name] {
-			return nil, errDatasetUnknown{name: d.Name, tenant: tenant}
-		}
-	}
-	return out, nil
-}
-
-type errDatasetUnknown struct{ name, tenant string }
-
-func (e errDatasetUnknown) Error() string {
-	return fmt.Sprintf("dataset %s is not in tenant %s's inventory", e.name, e.tenant)
-}
-
 // slurmAnswer turns the gateway's answer into the hook's: a refusal stops
 // the job (refuseJob); a gateway that does not answer leaves it to
 // Slurm's retry, saying so where the operator looks.
 func slurmAnswer(cfg slurm.Config, job slurm.Job, err error) error {
-	var unknown errDatasetUnknown
+	var unknown dataset.UnknownError
 	if errors.As(err, &unknown) {
 		return refuseJob(cfg, job, err.Error())
 	}
