@@ -54,6 +54,10 @@ type Agent struct {
 	// Keys holds the TLS PSKs; nil refuses TLS grants.
 	Keys Keys
 	Job  string
+	// Subsystems, when set, are the only subsystems of the job the agent
+	// connects (a CSI volume is one namespace of one subsystem); each must
+	// be one the job gives this node.
+	Subsystems []string
 	// TTL asked for each grant; 0 is the gateway's default.
 	TTL time.Duration
 	// RenewEvery is how often grants are renewed (a rotation reaches the
@@ -85,6 +89,7 @@ type sub struct {
 	lastRekey  time.Time
 	rekeys     int
 	lastErr    string
+	errCode    codes.Code // the gateway's, when lastErr is its refusal
 	errorSince time.Time
 }
 
@@ -106,6 +111,11 @@ func (a *Agent) log() *slog.Logger {
 // side (revoked, expired, the job finished): the agent disconnected and
 // has nothing left to do.
 var ErrJobEnded = errors.New("nodeagent: the job's grants ended")
+
+// ErrNotGranted reports that the job gives this node none of the
+// subsystems asked for (the node is not in the job, or the subsystem not
+// in its scope).
+var ErrNotGranted = errors.New("nodeagent: not granted")
 
 // Run connects the job's subsystems, then renews and re-keys them until
 // ctx ends (then it disconnects and releases everything) or the job's
@@ -145,7 +155,15 @@ func (a *Agent) start(ctx context.Context) error {
 		}
 	}
 	if len(nqns) == 0 {
-		return fmt.Errorf("nodeagent: job %s gives this node no subsystem", a.Job)
+		return fmt.Errorf("%w: job %s gives this node no subsystem", ErrNotGranted, a.Job)
+	}
+	if len(a.Subsystems) > 0 {
+		for _, n := range a.Subsystems {
+			if !slices.Contains(nqns, n) {
+				return fmt.Errorf("%w: job %s gives this node no subsystem %s", ErrNotGranted, a.Job, n)
+			}
+		}
+		nqns = slices.Clone(a.Subsystems)
 	}
 	a.mu.Lock()
 	a.hostNQN, a.subs, a.started = resp.HostNqn, map[string]*sub{}, a.now()
@@ -168,12 +186,16 @@ func (a *Agent) fail(s *sub, err error) {
 		s.errorSince = a.now()
 	}
 	s.lastErr = err.Error()
+	s.errCode = codes.Unknown
+	if st, ok := status.FromError(err); ok {
+		s.errCode = st.Code()
+	}
 	a.log().Error("subsystem", "subsystem", s.nqn, "err", err)
 }
 
 func (a *Agent) ok(s *sub) {
 	a.mu.Lock()
-	s.lastErr, s.errorSince = "", time.Time{}
+	s.lastErr, s.errCode, s.errorSince = "", codes.OK, time.Time{}
 	a.mu.Unlock()
 }
 

@@ -35,7 +35,11 @@ type SubsystemStatus struct {
 	LastRekey   time.Time `json:"last_rekey,omitzero"`
 	Rekeys      int       `json:"rekeys"`
 	Error       string    `json:"error,omitempty"`
-	ErrorSince  time.Time `json:"error_since,omitzero"`
+	// ErrorCode is the gateway's status code when Error is its answer
+	// ("PermissionDenied" for a policy refusal), "Unknown" for a fault of
+	// the node.
+	ErrorCode  string    `json:"error_code,omitempty"`
+	ErrorSince time.Time `json:"error_since,omitzero"`
 }
 
 // deviceLister is a Kernel that names its namespaces' block devices
@@ -51,6 +55,9 @@ func (a *Agent) Status() Status {
 	for _, s := range a.subs {
 		ss := SubsystemStatus{Subsystem: s.nqn, Controller: s.ctrl, TLS: s.conn.TLS, PSKIdentity: s.pskDesc,
 			LastRenewal: s.lastRenew, LastRekey: s.lastRekey, Rekeys: s.rekeys, Error: s.lastErr, ErrorSince: s.errorSince}
+		if s.lastErr != "" {
+			ss.ErrorCode = s.errCode.String()
+		}
 		if s.grant != nil {
 			ss.Grant, ss.KeyVersion, ss.Expires = s.grant.GrantId, s.grant.KeyVersion, s.grant.ExpiresAt.AsTime()
 		}

@@ -249,6 +249,40 @@ func (h *Host) Devices(name string) ([]string, error) {
 	return h.namespaceEntries(name, func(m []string) string { return "/dev/nvme" + m[1] + "n" + m[2] })
 }
 
+// Device names the block device of namespace nsid behind controller
+// name, "" while the kernel has not attached it. The entry's own nsid
+// attribute decides: the n<N> of a device's name is an instance number
+// the kernel hands out per subsystem, which equals the namespace ID only
+// when namespaces were scanned in order.
+func (h *Host) Device(name string, nsid uint32) (string, error) {
+	dir, err := h.attr(name, "")
+	if err != nil {
+		return "", err
+	}
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("%w: %s", ErrNoController, name)
+	}
+	if err != nil {
+		return "", fmt.Errorf("nvmehost: %s: %w", name, err)
+	}
+	want := strconv.FormatUint(uint64(nsid), 10)
+	for _, e := range ents {
+		m := nsRE.FindStringSubmatch(e.Name())
+		if m == nil {
+			continue
+		}
+		id := m[2]
+		if b, err := os.ReadFile(filepath.Join(dir, e.Name(), "nsid")); err == nil {
+			id = strings.TrimSpace(string(b))
+		}
+		if id == want {
+			return "/dev/nvme" + m[1] + "n" + m[2], nil
+		}
+	}
+	return "", nil
+}
+
 // namespaceEntries maps each namespace entry of controller name's sysfs
 // directory (nsRE's submatches) through fn.
 func (h *Host) namespaceEntries(name string, fn func(m []string) string) ([]string, error) {

@@ -134,6 +134,17 @@ func TestSysfs(t *testing.T) {
 	if _, err := h.Devices("nvme9"); !errors.Is(err, ErrNoController) {
 		t.Errorf("Devices(gone) = %v", err)
 	}
+	// The namespace ID is the entry's nsid attribute where there is one
+	// (nvme1n2 serves namespace 5), its name's number where not.
+	os.WriteFile(filepath.Join(class, "nvme1", "nvme1n2", "nsid"), []byte("5\n"), 0o644)
+	for nsid, want := range map[uint32]string{5: "/dev/nvme1n2", 3: "/dev/nvme0n3", 2: ""} {
+		if dev, err := h.Device("nvme1", nsid); err != nil || dev != want {
+			t.Errorf("Device(nvme1, %d) = %q, %v; want %q", nsid, dev, err, want)
+		}
+	}
+	if _, err := h.Device("nvme9", 1); !errors.Is(err, ErrNoController) {
+		t.Errorf("Device(gone) = %v", err)
+	}
 	if err := h.SetDHCHAP("nvme1", "DHHC-1:01:new:", "DHHC-1:01:newctrl:"); err != nil {
 		t.Fatal(err)
 	}

@@ -24,11 +24,12 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer/json"
 	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/nvmegate/nvmegate/csidriver"
 )
 
-// driverName must equal csidriver.DriverName
-// (github.com/nvmegate/nvmegate/csidriver).
-const driverName = "csi.nvmegate.io"
+// driverName is the driver's own name: the manifests must use it.
+const driverName = csidriver.DriverName
 
 const (
 	systemNamespace = "nvmegate-system" // the driver's own objects
