@@ -19,6 +19,10 @@ VAULT       := $(TOOLS_CACHE)/vault-$(VAULT_VERSION)/vault
 # ~9 CPU-minutes the first time, cached by version after that).
 SPIRE_VERSION := v1.13.3
 SPIRE       := $(TOOLS_CACHE)/spire-$(SPIRE_VERSION)
+# The CSI project's own conformance tests, run against nvmegate-csi (static,
+# so that the VM tier's initramfs can carry it; ~1 CPU-minute once).
+CSI_SANITY_VERSION := v5.6.0
+CSI_SANITY  := $(TOOLS_CACHE)/csi-sanity-$(CSI_SANITY_VERSION)/csi-sanity
 
 .PHONY: all build test deps demo proto lint bench fuzz clean
 
@@ -35,12 +39,12 @@ build:
 # The Linux 6.12 tier boots Debian's prebuilt 6.12 cloud kernel with tlshd
 # and nvme-cli 2.13 from Debian 13 (e2e/vm/fetch-*.sh: downloads, ~1 minute
 # the first time, cached beside it).
-test: deps $(OPA) $(VAULT) $(SPIRE)/spire-server
+test: deps $(OPA) $(VAULT) $(SPIRE)/spire-server $(CSI_SANITY)
 	$(GO) vet ./...
 	kernel=$$(./e2e/vm/build-kernel.sh) && k612=$$(./e2e/vm/fetch-kernel-6.12.sh) && u612=$$(./e2e/vm/fetch-userland-trixie.sh) && \
 		NVMEGATE_VAULT=$(VAULT) NVMEGATE_VM_KERNEL=$$kernel $(GO) test $$($(GO) list ./... | grep -v /e2e) && \
 		NVMEGATE_VAULT=$(VAULT) NVMEGATE_VM_KERNEL=$$kernel NVMEGATE_VM612_KERNEL=$$k612 NVMEGATE_VM612_USERLAND=$$u612 \
-		NVMEGATE_SPIRE=$(SPIRE) $(GO) test -count=1 -timeout 30m ./e2e/...
+		NVMEGATE_SPIRE=$(SPIRE) NVMEGATE_CSI_SANITY=$(CSI_SANITY) $(GO) test -count=1 -timeout 30m ./e2e/...
 	$(OPA) test policy/
 
 # Debian packages the tests use (nvme-cli, the kernel tier's toolchain,
@@ -50,6 +54,9 @@ deps:
 
 $(OPA):
 	GOBIN=$(dir $(OPA)) $(GO) install github.com/open-policy-agent/opa@$(OPA_VERSION)
+
+$(CSI_SANITY):
+	CGO_ENABLED=0 GOBIN=$(dir $(CSI_SANITY)) $(GO) install github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@$(CSI_SANITY_VERSION)
 
 $(VAULT):
 	TOOLS_CACHE=$(TOOLS_CACHE) VAULT_VERSION=$(VAULT_VERSION) ./scripts/build-vault.sh >/dev/null

@@ -288,10 +288,14 @@ func (c *Controller) lifetime() time.Duration {
 	return 7 * 24 * time.Hour
 }
 
-// job reads a job; nil if the gateway has none of that ID.
+// job reads a job; nil if the tenant has none of that ID. The gateway
+// answers a scheduler PermissionDenied for a job that is not its
+// tenant's, whether it is another tenant's or no one's, so as not to tell
+// which: either way it holds nothing this controller published (an
+// admission under the ID is then refused if the ID is taken).
 func (c *Controller) job(ctx context.Context, id string) (*pb.Job, error) {
 	resp, err := c.Jobs.Get(ctx, &pb.JobsGetRequest{JobId: id})
-	if status.Code(err) == codes.NotFound {
+	if code := status.Code(err); code == codes.NotFound || code == codes.PermissionDenied {
 		return nil, nil
 	}
 	if err != nil {
