@@ -7,12 +7,10 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
-// Identity is the CSI Identity service; Controller says whether this
-// process serves the Controller service too.
+// Identity is the CSI Identity service, the same in both plugins.
 type Identity struct {
 	csi.UnimplementedIdentityServer
-	Version    string
-	Controller bool
+	Version string
 }
 
 // GetPluginInfo names the driver.
@@ -20,14 +18,13 @@ func (i *Identity) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*c
 	return &csi.GetPluginInfoResponse{Name: DriverName, VendorVersion: i.Version}, nil
 }
 
-// GetPluginCapabilities says whether the Controller service is here.
+// GetPluginCapabilities says the driver has a Controller service. It is
+// the driver's capability, not the process's: the node plugin says it
+// too, since a CO (and csi-sanity) asks the node plugin whether volumes
+// are published by a controller before they are staged.
 func (i *Identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
-	resp := &csi.GetPluginCapabilitiesResponse{}
-	if i.Controller {
-		resp.Capabilities = append(resp.Capabilities, &csi.PluginCapability{Type: &csi.PluginCapability_Service_{
-			Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_CONTROLLER_SERVICE}}})
-	}
-	return resp, nil
+	return &csi.GetPluginCapabilitiesResponse{Capabilities: []*csi.PluginCapability{{Type: &csi.PluginCapability_Service_{
+		Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_CONTROLLER_SERVICE}}}}}, nil
 }
 
 // Probe answers ready: the driver holds no state that must load first;

@@ -71,6 +71,7 @@ func TestRealKernel(t *testing.T) {
 		t.Skip("e2e: boots a VM")
 	}
 	kernel := builtByMake(t, "NVMEGATE_VM_KERNEL", "the kernel with e2e/vm/build-kernel.sh")
+	builtByMake(t, "NVMEGATE_CSI_SANITY", "csi-sanity") // build-initramfs.sh puts it in the VM
 	steps := runVM(t, vmRun{Kernel: kernel, Append: "null_blk.nr_devices=2", ConsoleEnv: "NVMEGATE_VM_CONSOLE"})
 
 	step := func(name string) (vmStep, bool) {
@@ -260,6 +261,8 @@ func TestRealKernel(t *testing.T) {
 	}
 	ok("slurm-finish")
 
+	checkCSI(t, ok, step)
+
 	// Encryption at rest on 6.1 too (checkAtRest), with DH-HMAC-CHAP.
 	checkAtRest(t, ok, "Linux 6.1")
 
@@ -315,6 +318,44 @@ func checkNodeAgent(t *testing.T, ok func(string, ...string) vmStep, kernelRefus
 	if strings.Contains(stop.Output, "controllers: nvme") || strings.Contains(stop.Output, "still") || strings.Contains(stop.Output, "left behind") {
 		t.Errorf("agent-stop: something of node %s left after SIGTERM:\n%s", node, stop.excerpt())
 	}
+}
+
+// checkCSI judges the CSI driver's steps of the 6.1 story (lib.sh: csi_*):
+// csi-sanity's whole suite on the real kernel, and two pods of one job.
+func checkCSI(t *testing.T, ok func(string, ...string) vmStep, step func(string) (vmStep, bool)) {
+	t.Helper()
+	ok("csi-plugins", "ctrl serving", "gctrl serving", "node1 serving", "node2 serving")
+	san := ok("csi-sanity", "SUCCESS!", "0 Failed")
+	t.Logf("csi-sanity on Linux 6.1 (staging through the kernel):\n%s", san.Output)
+	ok("csi-create", "volume nqn.2026-01.io.nvmegate.vm:acme-train/1@team-a.pods-1")
+	for _, p := range []string{"csi-pod-1", "csi-pod-2"} {
+		st := ok(p, "ControllerPublishVolume OK", "NodeStageVolume OK", "NodePublishVolume OK", ": block device ")
+		if !strings.Contains(st.Kernel, "with DH-HMAC-CHAP") {
+			t.Errorf("%s: the kernel log lacks the authentication:\n%s", p, st.excerpt())
+		}
+	}
+	ok("csi-pod-1", "publish context: job team-a.pods-1 generation 0")
+	ok("csi-read-1", "pod pod-1 read 65536 bytes of its dataset")
+	ok("csi-read-2", "pod pod-2 read 65536 bytes of its dataset")
+	ok("csi-write-ro", "pod pod-1's write refused")
+	if s := ok("csi-write-ro"); strings.Contains(s.Output, "WROTE") {
+		t.Errorf("csi-write-ro: a read-only dataset was written:\n%s", s.excerpt())
+	}
+	// Another tenant's pod: globex's controller is refused with the
+	// policy's reason, and nothing is staged.
+	if s, found := step("csi-other-tenant"); found && (s.Exit == 0 || strings.Contains(s.Output, "ControllerPublishVolume OK") ||
+		!strings.Contains(s.Output, "ControllerPublishVolume: PermissionDenied") || !strings.Contains(s.Output, "not in tenant globex")) {
+		t.Errorf("csi-other-tenant: want globex's publish of acme's volume refused with the policy's reason:\n%s", s.excerpt())
+	}
+	ok("csi-detach-1", "NodeUnpublishVolume OK", "NodeUnstageVolume OK", "ControllerUnpublishVolume OK")
+	ok("csi-read-2-after", "pod pod-2 read 65536 bytes")
+	ok("csi-detach-2", "NodeUnpublishVolume OK", "NodeUnstageVolume OK", "ControllerUnpublishVolume OK")
+	after := ok("csi-after", "not allowed on", "JOB_STATE_FINISHED", "jobs.admit team-a.pods-1", "jobs.update_nodes team-a.pods-1", "jobs.finish team-a.pods-1")
+	if strings.Contains(after.Output, "still allowed") {
+		t.Errorf("csi-after: a host is still on the target:\n%s", after.excerpt())
+	}
+	fig := ok("csi-stage-time", "median: agent ")
+	t.Logf("NodeStageVolume beside the node agent's own connect (Linux 6.1 under TCG):\n%s", fig.Output)
 }
 
 // checkAtRest judges the encryption-at-rest steps of a VM story (lib.sh:

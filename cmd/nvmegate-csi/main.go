@@ -112,7 +112,7 @@ the job's run.`,
 			ctrl := &csidriver.Controller{Jobs: pb.NewJobsClient(conn), Inventory: pb.NewInventoryClient(conn),
 				Scheduler: svid.ID, Regions: regions, Lifetime: lifetime}
 			return serve(cmd.Context(), c.endpoint, log, func(s *grpc.Server) {
-				csi.RegisterIdentityServer(s, &csidriver.Identity{Version: version, Controller: true})
+				csi.RegisterIdentityServer(s, &csidriver.Identity{Version: version})
 				csi.RegisterControllerServer(s, ctrl)
 			}, "controller", svid.ID.String())
 		},

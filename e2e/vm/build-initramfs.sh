@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the initramfs (a newc cpio archive) of the real-kernel e2e VM:
 # busybox (static), nvme-cli, cryptsetup and dmsetup with the shared
-# libraries ldd lists, the project's four binaries built static, the shipped
-# policy, /init, /lib.sh and /story.sh.
+# libraries ldd lists, the project's binaries built static (and the CSI
+# story's csi-kubelet and csi-sanity), the shipped policy, /init, /lib.sh
+# and /story.sh.
 #
 #   e2e/vm/build-initramfs.sh OUT.cpio
 #   VM_MODULES=DIR VM_USERLAND=DIR VM_STORY=FILE e2e/vm/build-initramfs.sh OUT.cpio
@@ -50,7 +51,13 @@ if [ -n "${VM_MODULES:-}" ]; then
 fi
 
 (cd "$repo" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$root/bin/" \
-  ./cmd/nvmegated ./cmd/nvmegate ./cmd/nvmegate-target ./cmd/nvmegate-node)
+  ./cmd/nvmegated ./cmd/nvmegate ./cmd/nvmegate-target ./cmd/nvmegate-node ./cmd/nvmegate-csi ./e2e/vm/csi-kubelet)
+
+# The CSI project's csi-sanity (make test builds it static), for the
+# story's run of the whole suite against nvmegate-csi on the real kernel.
+if [ -n "${NVMEGATE_CSI_SANITY:-}" ]; then
+  cp "$NVMEGATE_CSI_SANITY" "$root/bin/csi-sanity"
+fi
 
 # The shipped policy (its sources, not its tests): the story hot-reloads a
 # tightened copy of it.

@@ -512,3 +512,120 @@ at_rest_story() {
   step at-rest-after-erase at_rest_after_erase
   step at-rest-figures at_rest_figures
 }
+
+# --- Kubernetes through nvmegate-csi (story.sh's csi-* steps) ---------------
+# The CSI driver's plugins as a cluster runs them: acme's controller (as
+# acme's scheduler), a node plugin on each of two GPU nodes (as the node),
+# and globex's controller for the other tenant's pod. csi-kubelet makes the
+# calls the external-attacher and the kubelet make, in their order.
+CSI=/tmp/csi
+csi_start() {
+  mkdir -p "$CSI"
+  local p
+  nvmegate-csi controller --endpoint "unix://$CSI/ctrl.sock" --dev-dir "$G" --dev-identity acme-scheduler --region eu-west >"$CSI/ctrl.log" 2>&1 &
+  nvmegate-csi controller --endpoint "unix://$CSI/gctrl.sock" --dev-dir "$G" --dev-identity globex-scheduler --region eu-west >"$CSI/gctrl.log" 2>&1 &
+  for n in 1 2; do
+    nvmegate-csi node --endpoint "unix://$CSI/node$n.sock" --dev-dir "$G" --dev-identity "acme-node-$n" --state-dir "$CSI/state$n" \
+      --renew-every 2s --connect-timeout 60s >"$CSI/node$n.log" 2>&1 &
+  done
+  for p in ctrl gctrl node1 node2; do
+    for _ in $(seq 300); do [ -S "$CSI/$p.sock" ] && break; sleep 0.1; done
+    [ -S "$CSI/$p.sock" ] || { echo "$p did not start"; cat "$CSI/$p.log"; return 1; }
+    echo "$p serving on $CSI/$p.sock"
+  done
+}
+csi_kubelet() { csi-kubelet "$@" --root "$CSI/kubelet"; }
+# csi_create NAMESPACE PVC: the external-provisioner's CreateVolume for a
+# claim of the dataset (--extra-create-metadata names the claim: the job is
+# NAMESPACE.PVC).
+csi_create() {
+  csi_kubelet create --controller "$CSI/ctrl.sock" --name "pvc-$2" --mode rox --param dataset=vm/acme \
+    --param csi.storage.k8s.io/pvc/namespace="$1" --param csi.storage.k8s.io/pvc/name="$2" > "$CSI/create.out"
+  local rc=$?
+  cat "$CSI/create.out"
+  sed -n 's/^volume //p' "$CSI/create.out" > "$CSI/volume"
+  return $rc
+}
+# csi_sanity: the CSI project's whole suite against acme's controller and
+# node 1, staging for real; its volumes are ReadWriteOnce (csi-sanity asks
+# SINGLE_NODE_WRITER), which policy allows for acme's internal class.
+csi_sanity() {
+  [ -x /bin/csi-sanity ] || { echo "csi-sanity is not in the initramfs (make test builds it: NVMEGATE_CSI_SANITY)"; return 1; }
+  printf 'dataset: "vm/acme"\njob: "vm-sanity-1"\n' > "$CSI/params.yaml"
+  csi-sanity --csi.endpoint "$CSI/node1.sock" --csi.controllerendpoint "$CSI/ctrl.sock" \
+    --csi.stagingdir "$CSI/sanity-staging" --csi.mountdir "$CSI/sanity-mount" --csi.testvolumeaccesstype block \
+    --csi.testvolumeparameters "$CSI/params.yaml" --ginkgo.no-color --ginkgo.v > "$CSI/sanity.out" 2>&1
+  local rc=$?
+  grep -E '^[[:space:]]*\[FAIL' "$CSI/sanity.out" | head -20
+  grep -E '^(Ran [0-9]+ of|SUCCESS!|FAIL!)' "$CSI/sanity.out"
+  if [ $rc != 0 ]; then
+    grep -B2 -A25 'Unexpected error' "$CSI/sanity.out" | head -80
+    grep -E 'level=(WARN|ERROR)' "$CSI/node1.log" "$CSI/ctrl.log" | grep -v 'is required' | head -20
+  fi
+  return $rc
+}
+# csi_attach N POD: pod POD of the job placed on node N.
+csi_attach() { csi_kubelet attach --controller "$CSI/ctrl.sock" --node "$CSI/node$1.sock" --volume "$(cat $CSI/volume)" --mode rox --pod "$2"; }
+csi_detach() { csi_kubelet detach --controller "$CSI/ctrl.sock" --node "$CSI/node$1.sock" --volume "$(cat $CSI/volume)" --pod "$2"; }
+csi_target() { ls -d "$CSI"/kubelet/pods/"$1"/volumeDevices/* 2>/dev/null | head -1; }
+# csi_read POD: the pod reads its dataset through the path it was given.
+csi_read() {
+  local t; t=$(csi_target "$1")
+  [ -b "$t" ] || { echo "pod $1 has no block device"; return 1; }
+  echo "pod $1 read $(dd if="$t" bs=4096 count=16 2>/dev/null | wc -c) bytes of its dataset through $t"
+}
+# csi_write POD: a write to the read-only dataset; the node's kernel must refuse it.
+csi_write() {
+  local t; t=$(csi_target "$1")
+  if dd if=/dev/zero of="$t" bs=4096 count=1 conv=fsync 2>/tmp/csi-write.err; then
+    echo "pod $1 WROTE to its read-only dataset"; return 1
+  fi
+  echo "pod $1's write refused: $(grep -v records /tmp/csi-write.err | head -1)"
+}
+# csi_after SUB HOST...: after both pods left: no host on the subsystem,
+# the job finished, its story in the audit log.
+csi_after() {
+  local sub=$1 h; shift
+  for h in "$@"; do
+    [ -e "$CFS/subsystems/$sub/allowed_hosts/$h" ] && { echo "host $h still allowed on $sub"; return 1; }
+    echo "host $h not allowed on $sub"
+  done
+  as admin -o json job get team-a.pods-1 | grep -E '"(state|generation)"'
+  as auditor audit query --job team-a.pods-1 | grep -oE '(jobs\.[a-z_]+|access\.[a-z]+) [^ ]*( generation [0-9]+)?' | sort | uniq -c
+}
+# csi_stage_time N: N rounds of the node agent's own connect (its process
+# started to the namespace's block device in /dev) beside NodeStageVolume's
+# (the call's time in the running plugin, to the same device), each on a
+# fresh job with nothing else connected; medians.
+csi_stage_time() {
+  local i t0 t1 a s dev
+  : > /tmp/agent-ms; : > /tmp/stage-ms
+  for f in /dev/nvme*n*; do [ -b "$f" ] && { echo "a namespace is connected already: $f"; return 1; }; done
+  for i in $(seq "$1"); do
+    as acme-scheduler job admit "vm-bench-a$i" --tenant acme --node spiffe://nvmegate.test/node/acme-gpu-1 \
+      --namespace "$ACME/1:ro" --region eu-west --expires-in 1h >/dev/null || return 1
+    t0=$(uptime_cs)
+    nvmegate-node run --dev-dir "$G" --dev-identity acme-node-1 --job "vm-bench-a$i" --renew-every 2s --status-socket /tmp/bench.sock >/tmp/bench-agent.log 2>&1 &
+    a=$!
+    dev=""
+    for _ in $(seq 3000); do
+      for f in /dev/nvme*n*; do [ -b "$f" ] && dev=$f; done
+      [ -n "$dev" ] && break
+      sleep 0.01
+    done
+    t1=$(uptime_cs)
+    kill "$a"; wait "$a"
+    [ -n "$dev" ] || { echo "the agent gave no device"; cat /tmp/bench-agent.log; return 1; }
+    echo $(((t1 - t0) * 10)) >> /tmp/agent-ms
+    as acme-scheduler job finish "vm-bench-a$i" >/dev/null || return 1
+    csi_kubelet create --controller "$CSI/ctrl.sock" --name "bench-$i" --mode rox --param dataset=vm/acme --param "job=vm-bench-c$i" > /tmp/bench-create.out || { cat /tmp/bench-create.out; return 1; }
+    v=$(sed -n 's/^volume //p' /tmp/bench-create.out)
+    csi_kubelet attach --controller "$CSI/ctrl.sock" --node "$CSI/node1.sock" --volume "$v" --mode rox --pod "bench-$i" > /tmp/bench-attach.out || { cat /tmp/bench-attach.out; return 1; }
+    sed -n 's/^NodeStageVolume OK in \([0-9]*\).*/\1/p' /tmp/bench-attach.out >> /tmp/stage-ms
+    csi_kubelet detach --controller "$CSI/ctrl.sock" --node "$CSI/node1.sock" --volume "$v" --pod "bench-$i" >/dev/null || return 1
+  done
+  echo "node agent connect (ms): $(sort -n /tmp/agent-ms | tr '\n' ' ')"
+  echo "NodeStageVolume (ms):    $(sort -n /tmp/stage-ms | tr '\n' ' ')"
+  a=$(sort -n /tmp/agent-ms | sed -n "$((($1 + 1) / 2))p"); s=$(sort -n /tmp/stage-ms | sed -n "$((($1 + 1) / 2))p")
+  echo "median: agent ${a} ms, NodeStageVolume ${s} ms, ratio $((s * 100 / a))/100"
+}

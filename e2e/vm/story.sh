@@ -120,6 +120,29 @@ step slurm-prolog slurm_hook nvmegate-node-prolog 7001 vm/acme
 step slurm-task slurm_task 7001 vm/acme
 step slurm-epilog slurm_epilog 7001 vm/acme "$ACME" "$AN1"
 step slurm-finish as acme-scheduler job finish 7001
+# Kubernetes through nvmegate-csi (lib.sh: csi_*): the CSI project's own
+# suite, staging on this kernel; then two pods of one job on two nodes, as
+# the external-attacher and the kubelet call the driver: published,
+# staged, published to the pod; read; a write to the read-only dataset
+# refused by the node's kernel; another tenant's pod refused with the
+# policy's reason; unpublished, unstaged, unpublished from the node; the
+# hosts off the target, the job's story in the audit log. Last, what
+# NodeStageVolume costs beside the node agent's own connect.
+AN2=$(nvmegate hostnqn spiffe://nvmegate.test/node/acme-gpu-2)
+step csi-plugins csi_start
+step csi-sanity csi_sanity
+step csi-create csi_create team-a pods-1
+step csi-pod-1 csi_attach 1 pod-1
+step csi-pod-2 csi_attach 2 pod-2
+step csi-read-1 csi_read pod-1
+step csi-read-2 csi_read pod-2
+step csi-write-ro csi_write pod-1
+step csi-other-tenant csi_kubelet attach --controller "$CSI/gctrl.sock" --node "$CSI/node1.sock" --volume "$ACME/1@globex-steal-1" --mode rox --pod pod-g
+step csi-detach-1 csi_detach 1 pod-1
+step csi-read-2-after csi_read pod-2
+step csi-detach-2 csi_detach 2 pod-2
+step csi-after csi_after "$ACME" "$AN1" "$AN2"
+step csi-stage-time csi_stage_time 5
 # Encryption at rest (lib.sh: at_rest_story), with DH-HMAC-CHAP.
 at_rest_story --dhchap
 # The security team tightens residency: eu-west data only over fabric f1
