@@ -16,8 +16,10 @@ func fromGateway(what string, err error) error {
 	if err == nil {
 		return nil
 	}
-	st, ok := status.FromError(err)
-	if !ok {
+	// The gateway's own status, under whatever wrapped it on the way:
+	// its message, not the chain's.
+	var gs interface{ GRPCStatus() *status.Status }
+	if !errors.As(err, &gs) {
 		switch {
 		case errors.Is(err, context.DeadlineExceeded):
 			return status.Errorf(codes.DeadlineExceeded, "%s: %v", what, err)
@@ -26,6 +28,7 @@ func fromGateway(what string, err error) error {
 		}
 		return status.Errorf(codes.Internal, "%s: %v", what, err)
 	}
+	st := gs.GRPCStatus()
 	code := st.Code()
 	switch code {
 	case codes.PermissionDenied, codes.NotFound, codes.AlreadyExists, codes.FailedPrecondition,

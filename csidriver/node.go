@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -52,6 +53,10 @@ type Node struct {
 	Kernel  Kernel
 	Keys    nodeagent.Keys // nil: grants that require TLS fail
 	Mounter Mounter
+	// PathRoot, when set, is the only tree staging and target paths may
+	// name (the kubelet's directory): the plugin bind-mounts block devices
+	// as root, so a path outside it is refused rather than trusted.
+	PathRoot string
 	// StateDir keeps what is staged, so that a restarted plugin takes
 	// its volumes back (their grants would otherwise lapse).
 	StateDir string
@@ -139,6 +144,9 @@ func (n *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 	if req.GetStagingTargetPath() == "" {
 		return nil, status.Error(codes.InvalidArgument, "staging_target_path is required")
 	}
+	if err := n.checkPath("staging_target_path", req.GetStagingTargetPath()); err != nil {
+		return nil, err
+	}
 	mode, err := modeOf(req.GetVolumeCapability(), false)
 	if err != nil {
 		return nil, err
@@ -195,6 +203,18 @@ func (n *Node) stage(ctx context.Context, st *staged) error {
 	n.volumes[st.VolumeID] = st
 	n.mu.Unlock()
 	n.log().Info("staged", "volume", st.VolumeID, "job", v.Job, "device", dev, "mode", st.Mode)
+	return nil
+}
+
+// checkPath refuses a path that is not absolute and clean, or lies
+// outside PathRoot.
+func (n *Node) checkPath(field, p string) error {
+	if !filepath.IsAbs(p) || filepath.Clean(p) != p {
+		return status.Errorf(codes.InvalidArgument, "%s %s is not an absolute, clean path", field, quote(p))
+	}
+	if n.PathRoot != "" && p != n.PathRoot && !strings.HasPrefix(p, strings.TrimSuffix(n.PathRoot, "/")+"/") {
+		return status.Errorf(codes.InvalidArgument, "%s %s is outside %s", field, quote(p), n.PathRoot)
+	}
 	return nil
 }
 
@@ -399,6 +419,9 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	if req.GetStagingTargetPath() == "" {
 		return nil, status.Error(codes.InvalidArgument, "staging_target_path is required: the volume is staged first")
 	}
+	if err := n.checkPath("target_path", req.GetTargetPath()); err != nil {
+		return nil, err
+	}
 	mode, err := modeOf(req.GetVolumeCapability(), req.GetReadonly())
 	if err != nil {
 		return nil, err
@@ -443,6 +466,9 @@ func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 	}
 	if req.GetTargetPath() == "" {
 		return nil, status.Error(codes.InvalidArgument, "target_path is required")
+	}
+	if err := n.checkPath("target_path", req.GetTargetPath()); err != nil {
+		return nil, err
 	}
 	done, err := n.claim(req.GetVolumeId())
 	if err != nil {
@@ -525,7 +551,13 @@ func (n *Node) Resume(ctx context.Context) error {
 			n.log().Error("a state file with a bad volume ID is left", "file", e.Name(), "err", err)
 			continue
 		}
-		if err := n.stage(ctx, st); err != nil {
+		done, err := n.claim(st.VolumeID)
+		if err != nil {
+			continue // the CO is at it already
+		}
+		err = n.stage(ctx, st)
+		done()
+		if err != nil {
 			n.log().Error("could not take back a staged volume", "volume", st.VolumeID, "err", err)
 			continue
 		}

@@ -90,9 +90,8 @@ func csiInventory(t *testing.T, bin, dev string) {
 
 // csiSanity runs the CSI project's csi-sanity against the two plugins and
 // returns its summary line ("Ran N of M Specs …").
-func csiSanity(t *testing.T, sanity string, ctrl, node *csiPlugin, params map[string]string, skip string) string {
+func csiSanity(t *testing.T, sanity, dir string, ctrl, node *csiPlugin, params map[string]string, skip string) string {
 	t.Helper()
-	dir := t.TempDir()
 	var y strings.Builder
 	for k, v := range params {
 		fmt.Fprintf(&y, "%s: %q\n", k, v)
@@ -132,9 +131,11 @@ func TestCSIDriver(t *testing.T) {
 	startGateway(t, bin, dev)
 	csiInventory(t, bin, dev)
 	ctrl := startCSI(t, bin, dev, "controller", "acme-scheduler", "--region", "eu-west")
-	node := startCSI(t, bin, dev, "node", "acme-node-1", "--state-dir", filepath.Join(t.TempDir(), "state"))
+	// The kubelet's tree: the only one the node plugin bind-mounts into.
+	kubelet := t.TempDir()
+	node := startCSI(t, bin, dev, "node", "acme-node-1", "--state-dir", filepath.Join(t.TempDir(), "state"), "--path-root", kubelet)
 
-	summary := csiSanity(t, sanity, ctrl, node, map[string]string{"dataset": "common-crawl/2026-10", "job": "csi-sanity-1"},
+	summary := csiSanity(t, sanity, kubelet, ctrl, node, map[string]string{"dataset": "common-crawl/2026-10", "job": "csi-sanity-1"},
 		`Node Service should work|Node Service should be idempotent|should remove target path`)
 	t.Logf("csi-sanity (host, staging tests left to the VM tier):\n%s", summary)
 
@@ -232,6 +233,25 @@ func TestCSIDriver(t *testing.T) {
 		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}}, AccessMode: rox.AccessMode}},
 		Parameters: map[string]string{"dataset": "common-crawl/2026-10", "job": "fs-1"}})
 	wantCode("a file-system volume", err, codes.InvalidArgument, "use volumeMode: Block")
+
+	// The node side: node 1 staging a volume published to node 2 only is
+	// refused by the gateway, with its reason; a pod path outside the
+	// kubelet's tree is refused before anything is mounted.
+	nc := csi.NewNodeClient(node.conn)
+	only2 := "nqn.2026-01.io.example:acme-train/1@only-node-2"
+	if _, err := cc.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: only2, NodeId: n2, VolumeCapability: rox}); err != nil {
+		t.Fatalf("publish to node 2: %v", err)
+	}
+	_, err = nc.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: only2, StagingTargetPath: filepath.Join(kubelet, "staging-x"), VolumeCapability: rox})
+	wantCode("node 1 staging a volume published to node 2", err, codes.PermissionDenied, "is not in the scope of job only-node-2")
+	_, err = nc.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: only2, StagingTargetPath: "/etc/nvmegate-x", VolumeCapability: rox})
+	wantCode("a staging path outside the kubelet's tree", err, codes.InvalidArgument, "is outside "+kubelet)
+	_, err = nc.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: only2, StagingTargetPath: filepath.Join(kubelet, "staging-x"),
+		TargetPath: kubelet + "/../../etc/shadow", VolumeCapability: rox})
+	wantCode("a pod path that climbs out of the kubelet's tree", err, codes.InvalidArgument, "is not an absolute, clean path")
+	if fi, err := os.Stat(node.sock); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the node plugin's socket: %v, mode %v; want 0600 (it bind-mounts devices as root)", err, fi.Mode().Perm())
+	}
 
 	// The audit log names the job and the refusal's reason.
 	out, err := cli(t, bin, dev, "auditor", "audit", "query", "--job", "team-a.train-7")

@@ -349,6 +349,9 @@ func checkCSI(t *testing.T, ok func(string, ...string) vmStep, step func(string)
 	}
 	ok("csi-detach-1", "NodeUnpublishVolume OK", "NodeUnstageVolume OK", "ControllerUnpublishVolume OK")
 	ok("csi-read-2-after", "pod pod-2 read 65536 bytes")
+	// The node plugin killed while a volume is staged: the restarted one
+	// takes it back from its state and keeps the pod's device.
+	ok("csi-node-restart", "took back a staged volume", "took over a live controller", "pod pod-2 read 65536 bytes")
 	ok("csi-detach-2", "NodeUnpublishVolume OK", "NodeUnstageVolume OK", "ControllerUnpublishVolume OK")
 	after := ok("csi-after", "not allowed on", "JOB_STATE_FINISHED", "jobs.admit team-a.pods-1", "jobs.update_nodes team-a.pods-1", "jobs.finish team-a.pods-1")
 	if strings.Contains(after.Output, "still allowed") {

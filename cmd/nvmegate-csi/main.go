@@ -188,6 +188,7 @@ are taken over, the pods' devices stay).`,
 	c.flags(cmd, "acme-node-1")
 	f := cmd.Flags()
 	f.StringVar(&n.StateDir, "state-dir", "/var/lib/nvmegate-csi", "where the staged volumes are kept")
+	f.StringVar(&n.PathRoot, "path-root", "/var/lib/kubelet", "the only tree staging and target paths may name ('' for any)")
 	f.DurationVar(&n.ConnectTimeout, "connect-timeout", time.Minute, "how long a stage waits for the volume's block device")
 	f.DurationVar(&n.RenewEvery, "renew-every", time.Minute, "grant renewal interval; shorter than the gateway's rotation grace")
 	f.DurationVar(&n.TTL, "ttl", 0, "lifetime asked for each grant (default: the gateway's)")
@@ -214,6 +215,12 @@ func serve(ctx context.Context, endpoint string, log *slog.Logger, register func
 	}
 	l, err := net.Listen("unix", path)
 	if err != nil {
+		return err
+	}
+	// The CO is root (the kubelet) or the sidecars, which run as the
+	// plugin's own user: no one else may ask for a stage or a bind mount.
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
 		return err
 	}
 	s := grpc.NewServer(grpc.ChainUnaryInterceptor(logCalls(log)))

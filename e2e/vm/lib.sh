@@ -519,15 +519,30 @@ at_rest_story() {
 # and globex's controller for the other tenant's pod. csi-kubelet makes the
 # calls the external-attacher and the kubelet make, in their order.
 CSI=/tmp/csi
+csi_node() {
+  nvmegate-csi node --endpoint "unix://$CSI/node$1.sock" --dev-dir "$G" --dev-identity "acme-node-$1" --state-dir "$CSI/state$1" \
+    --path-root "$CSI" --renew-every 2s --connect-timeout 60s >>"$CSI/node$1.log" 2>&1 &
+  echo $! > "$CSI/node$1.pid"
+}
+# csi_node_restart N POD: node N's plugin is killed (-9) while POD's volume
+# is staged and started again: it takes the volume back from its state
+# (the live controller adopted, the grant renewed), and the pod reads on.
+csi_node_restart() {
+  local pid; pid=$(cat "$CSI/node$1.pid")
+  kill -9 "$pid"; wait "$pid" 2>/dev/null
+  echo "node $1's plugin killed; controllers left: $(ls /sys/class/nvme | tr '\n' ' ')"
+  csi_node "$1"
+  for _ in $(seq 300); do grep -q 'took back a staged volume' "$CSI/node$1.log" && break; sleep 0.1; done
+  grep -o 'msg="took back a staged volume".*' "$CSI/node$1.log" || { tail -20 "$CSI/node$1.log"; return 1; }
+  grep -o 'msg="took over a live controller"[^ ]* [^ ]*' "$CSI/node$1.log" | tail -1
+  csi_read "$2"
+}
 csi_start() {
   mkdir -p "$CSI"
   local p
   nvmegate-csi controller --endpoint "unix://$CSI/ctrl.sock" --dev-dir "$G" --dev-identity acme-scheduler --region eu-west >"$CSI/ctrl.log" 2>&1 &
   nvmegate-csi controller --endpoint "unix://$CSI/gctrl.sock" --dev-dir "$G" --dev-identity globex-scheduler --region eu-west >"$CSI/gctrl.log" 2>&1 &
-  for n in 1 2; do
-    nvmegate-csi node --endpoint "unix://$CSI/node$n.sock" --dev-dir "$G" --dev-identity "acme-node-$n" --state-dir "$CSI/state$n" \
-      --renew-every 2s --connect-timeout 60s >"$CSI/node$n.log" 2>&1 &
-  done
+  for n in 1 2; do csi_node "$n"; done
   for p in ctrl gctrl node1 node2; do
     for _ in $(seq 300); do [ -S "$CSI/$p.sock" ] && break; sleep 0.1; done
     [ -S "$CSI/$p.sock" ] || { echo "$p did not start"; cat "$CSI/$p.log"; return 1; }

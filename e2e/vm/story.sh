@@ -140,6 +140,7 @@ step csi-write-ro csi_write pod-1
 step csi-other-tenant csi_kubelet attach --controller "$CSI/gctrl.sock" --node "$CSI/node1.sock" --volume "$ACME/1@globex-steal-1" --mode rox --pod pod-g
 step csi-detach-1 csi_detach 1 pod-1
 step csi-read-2-after csi_read pod-2
+step csi-node-restart csi_node_restart 2 pod-2
 step csi-detach-2 csi_detach 2 pod-2
 step csi-after csi_after "$ACME" "$AN1" "$AN2"
 step csi-stage-time csi_stage_time 5
