@@ -161,6 +161,15 @@ func TestRealKernel612(t *testing.T) {
 	checkNodeAgent(t, ok, kernelRefuses, "acme-gpu-1", "qid 0: authenticated with hash hmac(sha256) dhgroup ffdhe2048", false)
 	has(ok("agent-tls", "state live", "NVMe0R01 "+node1+" nqn.2026-01.io.nvmegate.vm:acme-train"), "output", "was successful")
 	ok("agent-keys-after-stop", "nvmegate-node ring: 0 key(s)")
+	// The CSI driver's node plugin stages over TLS with DH-HMAC-CHAP, and
+	// its unstage leaves no key in its ring.
+	ok("csi-tls-plugins", "node1 serving")
+	ok("csi-tls-create", "volume nqn.2026-01.io.nvmegate.vm:acme-train/1@team-a.tls-1")
+	ok("csi-tls-pod", "ControllerPublishVolume OK", "NodeStageVolume OK", "NodePublishVolume OK", ": block device ")
+	has(ok("csi-tls-key", "state live", "NVMe0R01 "+node1+" nqn.2026-01.io.nvmegate.vm:acme-train"), "output", "was successful")
+	ok("csi-tls-read", "pod pod-t read 65536 bytes of its dataset")
+	ok("csi-tls-detach", "NodeUnpublishVolume OK", "NodeUnstageVolume OK", "ControllerUnpublishVolume OK")
+	ok("csi-tls-keys-after", "nvmegate-node ring: 0 key(s)")
 	// Encryption at rest (checkAtRest, e2e/vm_test.go), over TLS.
 	checkAtRest(t, ok, "Linux 6.12")
 

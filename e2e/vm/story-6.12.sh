@@ -184,6 +184,23 @@ step agent-restart agent_restart vm-agent-1 acme-node-1 --keyring nvmegate-node
 step agent-old-secret agent_old_secret "$ACME" ",tls,keyring=$((0x$(grep 'keyring   nvmegate-node:' /proc/keys | cut -d' ' -f1)))"
 step agent-stop agent_stop "$ACME" "$N1"
 step agent-keys-after-stop agent_keys
+# The CSI driver over TLS (lib.sh: csi_*): a pod's volume staged by the
+# node plugin with the grant's PSK in its keyring, TLS keyed by tlshd and
+# DH-HMAC-CHAP inside it; unstaged, no key left.
+csi_tls_key() {
+  local c
+  for c in /sys/class/nvme/nvme*; do
+    k=$(cat "$c/tls_key"); echo "$(basename "$c"): state $(cat "$c/state"), TLS key $k: $(grep "^$k " /proc/keys | sed 's/^.* psk *//')"
+  done
+  tlshd_says
+}
+step csi-tls-plugins csi_start
+step csi-tls-create csi_create team-a tls-1
+step csi-tls-pod csi_attach 1 pod-t
+step csi-tls-key csi_tls_key
+step csi-tls-read csi_read pod-t
+step csi-tls-detach csi_detach 1 pod-t
+step csi-tls-keys-after agent_keys
 # Encryption at rest (lib.sh: at_rest_story), over TLS here.
 AT_REST_AGENT="--keyring nvmegate-node"
 at_rest_story --dhchap --tls
