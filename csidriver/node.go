@@ -115,6 +115,21 @@ func (n *Node) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequ
 		Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME}}}}}, nil
 }
 
+// begin checks what every node call names, a volume and a path in the
+// kubelet's tree, and claims the volume; done releases it.
+func (n *Node) begin(id, field, path string) (done func(), err error) {
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+	}
+	if path == "" {
+		return nil, status.Errorf(codes.InvalidArgument, "%s is required", field)
+	}
+	if err := n.checkPath(field, path); err != nil {
+		return nil, err
+	}
+	return n.claim(id)
+}
+
 // claim marks a volume busy; a second call for it while the first runs
 // is Aborted, as CSI asks.
 func (n *Node) claim(id string) (func(), error) {
@@ -138,15 +153,11 @@ func (n *Node) claim(id string) (func(), error) {
 // and returns once its block device is there. A refusal of the gateway
 // fails it at once with the policy's reason.
 func (n *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
-	}
-	if req.GetStagingTargetPath() == "" {
-		return nil, status.Error(codes.InvalidArgument, "staging_target_path is required")
-	}
-	if err := n.checkPath("staging_target_path", req.GetStagingTargetPath()); err != nil {
+	done, err := n.begin(req.GetVolumeId(), "staging_target_path", req.GetStagingTargetPath())
+	if err != nil {
 		return nil, err
 	}
+	defer done()
 	mode, err := modeOf(req.GetVolumeCapability(), false)
 	if err != nil {
 		return nil, err
@@ -155,11 +166,6 @@ func (n *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 	if err != nil {
 		return nil, status.Errorf(codes.NotFound, "no such volume: %v", err)
 	}
-	done, err := n.claim(req.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
-	defer done()
 	n.mu.Lock()
 	st, ok := n.volumes[req.GetVolumeId()]
 	n.mu.Unlock()
@@ -369,13 +375,7 @@ func endedErr(v Volume, err error) error {
 // grant; it fails, and the CO retries, while the gateway has not taken
 // the release.
 func (n *Node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
-	}
-	if req.GetStagingTargetPath() == "" {
-		return nil, status.Error(codes.InvalidArgument, "staging_target_path is required")
-	}
-	done, err := n.claim(req.GetVolumeId())
+	done, err := n.begin(req.GetVolumeId(), "staging_target_path", req.GetStagingTargetPath())
 	if err != nil {
 		return nil, err
 	}
@@ -410,27 +410,18 @@ func (n *Node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolume
 // NodePublishVolume puts the staged volume's block device at the pod's
 // target path.
 func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+	done, err := n.begin(req.GetVolumeId(), "target_path", req.GetTargetPath())
+	if err != nil {
+		return nil, err
 	}
-	if req.GetTargetPath() == "" {
-		return nil, status.Error(codes.InvalidArgument, "target_path is required")
-	}
+	defer done()
 	if req.GetStagingTargetPath() == "" {
 		return nil, status.Error(codes.InvalidArgument, "staging_target_path is required: the volume is staged first")
-	}
-	if err := n.checkPath("target_path", req.GetTargetPath()); err != nil {
-		return nil, err
 	}
 	mode, err := modeOf(req.GetVolumeCapability(), req.GetReadonly())
 	if err != nil {
 		return nil, err
 	}
-	done, err := n.claim(req.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
-	defer done()
 	n.mu.Lock()
 	st, ok := n.volumes[req.GetVolumeId()]
 	n.mu.Unlock()
@@ -461,16 +452,7 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 // NodeUnpublishVolume takes the device away from the pod's path and
 // removes the path.
 func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
-	}
-	if req.GetTargetPath() == "" {
-		return nil, status.Error(codes.InvalidArgument, "target_path is required")
-	}
-	if err := n.checkPath("target_path", req.GetTargetPath()); err != nil {
-		return nil, err
-	}
-	done, err := n.claim(req.GetVolumeId())
+	done, err := n.begin(req.GetVolumeId(), "target_path", req.GetTargetPath())
 	if err != nil {
 		return nil, err
 	}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/spf13/cobra"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc"
 
 	"github.com/nvmegate/nvmegate/authz"
@@ -72,6 +73,25 @@ func (c *common) flags(cmd *cobra.Command, devIdentity string) {
 	cmd.Flags().StringVar(&c.endpoint, "endpoint", "unix:///csi/csi.sock", "the CSI endpoint the CO calls (unix:///path)")
 }
 
+// dial connects to the gateway as this process's SVID, which must be of
+// role (form names it for the error).
+func (c *common) dial(ctx context.Context, role, form string) (*grpc.ClientConn, spiffeid.ID, func(), error) {
+	conn, src, err := clientconn.Dial(ctx, c.conn)
+	if err != nil {
+		return nil, spiffeid.ID{}, nil, err
+	}
+	closeAll := func() { conn.Close(); src.Close() }
+	svid, err := src.GetX509SVID()
+	if err == nil && authz.ParseCaller(svid.ID).Role != role {
+		err = fmt.Errorf("this plugin runs as a %s (%s), not %s", role, form, svid.ID)
+	}
+	if err != nil {
+		closeAll()
+		return nil, spiffeid.ID{}, nil, err
+	}
+	return conn, svid.ID, closeAll, nil
+}
+
 func controllerCmd(stderr io.Writer) *cobra.Command {
 	var (
 		c        common
@@ -96,25 +116,17 @@ the job's run.`,
 			if len(regions) == 0 {
 				return errors.New("--region is required: the regions the jobs' data may be served from")
 			}
-			conn, src, err := clientconn.Dial(cmd.Context(), c.conn)
+			conn, id, closeConn, err := c.dial(cmd.Context(), authz.RoleScheduler, "spiffe://<td>/tenant/<tenant>/scheduler/<name>")
 			if err != nil {
 				return err
 			}
-			defer src.Close()
-			defer conn.Close()
-			svid, err := src.GetX509SVID()
-			if err != nil {
-				return err
-			}
-			if authz.ParseCaller(svid.ID).Role != authz.RoleScheduler {
-				return fmt.Errorf("the controller runs as a scheduler (spiffe://<td>/tenant/<tenant>/scheduler/<name>), not %s", svid.ID)
-			}
+			defer closeConn()
 			ctrl := &csidriver.Controller{Jobs: pb.NewJobsClient(conn), Inventory: pb.NewInventoryClient(conn),
-				Scheduler: svid.ID, Regions: regions, Lifetime: lifetime}
+				Scheduler: id, Regions: regions, Lifetime: lifetime}
 			return serve(cmd.Context(), c.endpoint, log, func(s *grpc.Server) {
 				csi.RegisterIdentityServer(s, &csidriver.Identity{Version: version})
 				csi.RegisterControllerServer(s, ctrl)
-			}, "controller", svid.ID.String())
+			}, "controller", id.String())
 		},
 	}
 	c.flags(cmd, "acme-scheduler")
@@ -151,20 +163,12 @@ are taken over, the pods' devices stay).`,
 			if n.StateDir == "" {
 				return errors.New("--state-dir is required")
 			}
-			conn, src, err := clientconn.Dial(cmd.Context(), c.conn)
+			conn, id, closeConn, err := c.dial(cmd.Context(), authz.RoleNode, "spiffe://<td>/node/<host>")
 			if err != nil {
 				return err
 			}
-			defer src.Close()
-			defer conn.Close()
-			svid, err := src.GetX509SVID()
-			if err != nil {
-				return err
-			}
-			if authz.ParseCaller(svid.ID).Role != authz.RoleNode {
-				return fmt.Errorf("the node plugin runs as a node (spiffe://<td>/node/<host>), not %s", svid.ID)
-			}
-			n.NodeID, n.Gateway, n.Log = svid.ID.String(), pb.NewAccessClient(conn), log
+			defer closeConn()
+			n.NodeID, n.Gateway, n.Log = id.String(), pb.NewAccessClient(conn), log
 			n.Kernel = &nvmehost.Host{Fabrics: fabrics, Class: class}
 			n.Mounter = csidriver.HostMounter{}
 			if ring != "" {
@@ -182,7 +186,7 @@ are taken over, the pods' devices stay).`,
 			return serve(cmd.Context(), c.endpoint, log, func(s *grpc.Server) {
 				csi.RegisterIdentityServer(s, &csidriver.Identity{Version: version})
 				csi.RegisterNodeServer(s, &n)
-			}, "node", svid.ID.String())
+			}, "node", id.String())
 		},
 	}
 	c.flags(cmd, "acme-node-1")
