@@ -49,3 +49,12 @@ func checkCaps(cs []*csi.VolumeCapability) error {
 	}
 	return nil
 }
+
+// singleNode reports whether a capability's access mode is one node's.
+func singleNode(c *csi.VolumeCapability) bool {
+	switch c.GetAccessMode().GetMode() {
+	case csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY, csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER:
+		return true
+	}
+	return false
+}

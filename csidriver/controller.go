@@ -65,7 +65,7 @@ type Controller struct {
 	Now      func() time.Time
 
 	mu    sync.Mutex
-	locks map[string]*sync.Mutex // by job: one change of a job at a time
+	locks map[string]*jobLock // by job: one change of a job at a time
 }
 
 func (c *Controller) tenant() string { return authz.ParseCaller(c.Scheduler).Tenant }
@@ -79,20 +79,33 @@ func (c *Controller) now() time.Time {
 
 // lock serializes the controller's changes of one job: the attacher
 // publishes a volume to many nodes at once, and each change reads the job
-// first.
+// first. A job's lock lives while a call holds or waits for it.
 func (c *Controller) lock(job string) func() {
 	c.mu.Lock()
 	if c.locks == nil {
-		c.locks = map[string]*sync.Mutex{}
+		c.locks = map[string]*jobLock{}
 	}
 	l, ok := c.locks[job]
 	if !ok {
-		l = &sync.Mutex{}
+		l = &jobLock{}
 		c.locks[job] = l
 	}
+	l.users++
 	c.mu.Unlock()
 	l.Lock()
-	return l.Unlock
+	return func() {
+		l.Unlock()
+		c.mu.Lock()
+		if l.users--; l.users == 0 {
+			delete(c.locks, job)
+		}
+		c.mu.Unlock()
+	}
+}
+
+type jobLock struct {
+	sync.Mutex
+	users int // calls holding or waiting; guarded by Controller.mu
 }
 
 // ControllerGetCapabilities: volumes (found, not made), publish to nodes,
@@ -259,8 +272,9 @@ func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csi.Contr
 			if slices.Contains(j.Nodes, node.String()) {
 				return published(j), nil
 			}
-			if mode == nvmegate.ModeReadWrite && len(j.Nodes) > 0 {
-				return nil, status.Errorf(codes.FailedPrecondition, "volume %s is published read-write to node %s; a writer volume is one node's at a time", v.Handle(), j.Nodes[0])
+			if singleNode(req.GetVolumeCapability()) && len(j.Nodes) > 0 {
+				return nil, status.Errorf(codes.FailedPrecondition, "volume %s is published %s to node %s; its access mode is one node's at a time",
+					v.Handle(), modeName(j.Namespaces[0].Mode), j.Nodes[0])
 			}
 			resp, err := c.Jobs.UpdateNodes(ctx, &pb.UpdateNodesRequest{JobId: v.Job, Generation: &j.Generation, AddNodes: []string{node.String()}})
 			if err != nil {
@@ -317,9 +331,20 @@ func sameVolume(j *pb.Job, want *pb.JobNamespace, v Volume) error {
 	return nil
 }
 
+// Keys of the publish context the node plugin reads.
+const (
+	ctxJob        = "job"
+	ctxGeneration = "generation"
+	ctxMode       = "mode" // the job's mode for the namespace: the node enforces read-only
+)
+
 func published(j *pb.Job) *csi.ControllerPublishVolumeResponse {
+	mode := nvmegate.ModeReadOnly
+	if len(j.GetNamespaces()) == 1 && j.Namespaces[0].Mode == pb.AccessMode_ACCESS_MODE_READ_WRITE {
+		mode = nvmegate.ModeReadWrite
+	}
 	return &csi.ControllerPublishVolumeResponse{PublishContext: map[string]string{
-		"job": j.GetJobId(), "generation": strconv.FormatUint(uint64(j.GetGeneration()), 10)}}
+		ctxJob: j.GetJobId(), ctxGeneration: strconv.FormatUint(uint64(j.GetGeneration()), 10), ctxMode: mode}}
 }
 
 func pbMode(m string) pb.AccessMode {
@@ -339,7 +364,8 @@ func modeName(m pb.AccessMode) string {
 // ControllerUnpublishVolume takes the node out of the volume's job: its
 // grants end and the targets drop it. The last node's leaving finishes
 // the job's run. It answers OK only once the gateway says the node's
-// grants ended; a volume or node it never published is unpublished.
+// grants ended, also on a retry; a volume it never published is
+// unpublished.
 func (c *Controller) ControllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (*csi.ControllerUnpublishVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
@@ -353,23 +379,24 @@ func (c *Controller) ControllerUnpublishVolume(ctx context.Context, req *csi.Con
 	if err != nil {
 		return nil, err
 	}
-	if j == nil || j.State != pb.JobState_JOB_STATE_ACTIVE {
-		return &csi.ControllerUnpublishVolumeResponse{}, nil
-	}
-	if len(j.Namespaces) != 1 || j.Namespaces[0].SubsystemNqn != v.NQN || j.Namespaces[0].Nsid != v.NSID {
-		return &csi.ControllerUnpublishVolumeResponse{}, nil // the job holds another volume
+	if j == nil || len(j.Namespaces) != 1 || j.Namespaces[0].SubsystemNqn != v.NQN || j.Namespaces[0].Nsid != v.NSID {
+		return &csi.ControllerUnpublishVolumeResponse{}, nil // never published, or the job holds another volume
 	}
 	node := req.GetNodeId()
-	if node != "" && !slices.Contains(j.Nodes, node) {
-		return &csi.ControllerUnpublishVolumeResponse{}, nil
-	}
-	if node == "" || len(j.Nodes) == 1 {
+	last := node == "" || len(j.Nodes) == 0 || len(j.Nodes) == 1 && j.Nodes[0] == node
+	if j.State != pb.JobState_JOB_STATE_ACTIVE || last {
+		// Finished already, the finish is asked again: it ends again any
+		// grant a finish before left (one cut short, a target that had
+		// not followed), so an OK is never on the word of a call that
+		// failed.
 		reason := fmt.Sprintf("CSI: volume %s unpublished from its last node", v.Handle())
 		if _, err := c.Jobs.Finish(ctx, &pb.FinishRequest{JobId: v.Job, Generation: &j.Generation, Reason: reason}); err != nil {
 			return nil, fromGateway("finish job "+v.Job, err)
 		}
 		return &csi.ControllerUnpublishVolumeResponse{}, nil
 	}
+	// Also for a node that is not (any more) in the job: the removal then
+	// changes no node and ends any grant of its that a call before left.
 	if _, err := c.Jobs.UpdateNodes(ctx, &pb.UpdateNodesRequest{JobId: v.Job, Generation: &j.Generation, RemoveNodes: []string{node}}); err != nil {
 		return nil, fromGateway("remove node "+node+" from job "+v.Job, err)
 	}

@@ -48,6 +48,12 @@ func ParseHandle(h string) (Volume, error) {
 	if err := v.validate(); err != nil {
 		return Volume{}, fmt.Errorf("volume ID %s: %w", quote(h), err)
 	}
+	// One volume, one handle: "…/01@j" would be a second attachment of
+	// "…/1@j", and unpublishing it would take the node out of the job
+	// under the other's pod.
+	if v.Handle() != h {
+		return Volume{}, fmt.Errorf("volume ID %s is not in its canonical form %s", quote(h), quote(v.Handle()))
+	}
 	return v, nil
 }
 

@@ -24,6 +24,7 @@ func TestHandle(t *testing.T) {
 		"nqn.2026-01.io.example:a/x@job",        // nsid not a number
 		"nqn.2026-01.io.example:a/0@job",        // nsid 0
 		"nqn.2026-01.io.example:a/4294967296@j", // nsid past 32 bits
+		"nqn.2026-01.io.example:a/01@job",       // not canonical: an alias of /1
 		"nqn.2026-01.io.example:a/1@",           // empty job
 		"nqn.2026-01.io.example:a/1@-job",       // job not an ID
 		"not-an-nqn/1@job",

@@ -10,12 +10,21 @@ import (
 // Identity is the CSI Identity service, the same in both plugins.
 type Identity struct {
 	csi.UnimplementedIdentityServer
+	// Name is the driver's name; "" is DriverName. A cluster shared by
+	// tenants runs one driver per tenant, each under its own name: every
+	// attacher handles every attachment of its driver's name, and a
+	// tenant's controller must not be asked for another's.
+	Name    string
 	Version string
 }
 
 // GetPluginInfo names the driver.
 func (i *Identity) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
-	return &csi.GetPluginInfoResponse{Name: DriverName, VendorVersion: i.Version}, nil
+	name := i.Name
+	if name == "" {
+		name = DriverName
+	}
+	return &csi.GetPluginInfoResponse{Name: name, VendorVersion: i.Version}, nil
 }
 
 // GetPluginCapabilities says the driver has a Controller service. It is

@@ -156,11 +156,13 @@ func (s *jobsService) Finish(ctx context.Context, r *pb.FinishRequest) (*pb.Fini
 		if r.Reason != "" {
 			why += ": " + r.Reason
 		}
-		// The job is finished whatever happens here; the reconciler and
-		// the scheduled rotation catch up, and failures are logged.
+		// The job is finished whatever happens here, but a grant that
+		// did not end is not a success: the same call again ends the rest
+		// (the reconciler retries meanwhile).
 		ids, err := s.lease.EndJob(ctx, j.ID, callerID(ctx), why)
 		if err != nil {
 			s.log.ErrorContext(ctx, "job finished, its grants not all ended", "job", j.ID, "err", err)
+			return nil, nvmegate.Errorf(nvmegate.EUNAVAILABLE, "job %q is finished, but %d of its grants ended and the rest did not (%v); retry the call", j.ID, len(ids), err)
 		}
 		out.EndedGrantIds = ids
 	}

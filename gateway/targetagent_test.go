@@ -349,3 +349,64 @@ func TestLocalTargetRefusesRemoteAgent(t *testing.T) {
 	}
 	wantCode(t, err, codes.FailedPrecondition, "programs this target with its own driver")
 }
+
+// switchable applies with d until fail is set, then refuses every state.
+type switchable struct {
+	d    targetagent.Driver
+	fail atomic.Bool
+}
+
+func (s *switchable) Apply(ctx context.Context, st fabric.State) error {
+	if s.fail.Load() {
+		return errors.New("disk on fire")
+	}
+	return s.d.Apply(ctx, st)
+}
+
+func (s *switchable) ApplyDelta(ctx context.Context, d fabric.Delta) error {
+	if s.fail.Load() {
+		return errors.New("disk on fire")
+	}
+	return s.d.ApplyDelta(ctx, d)
+}
+
+// A finish whose grants the target did not drop is not a success: it
+// answers Unavailable, and the same finish again, once the target
+// follows, ends them and answers OK with the host gone. (A scheduler's
+// hook or the CSI driver retries on Unavailable; an OK would have left
+// the host on the target with no one retrying.)
+func TestFinishIsNotOKWhileTheTargetKeepsTheHost(t *testing.T) {
+	g, ctx := admittedGateway(t)
+	root := t.TempDir()
+	d := &switchable{d: &nvmet.Driver{Root: root}}
+	waitApplied(t, startRemote(t, g, "stor-eu-1", d))
+	c, err := pb.NewAccessClient(g.client(t, node)).Connect(ctx, &pb.ConnectRequest{JobId: "job-1", SubsystemNqn: subNQN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := filepath.Join(root, "hosts", c.Grant.HostNqn)
+	if _, err := os.Stat(host); err != nil {
+		t.Fatalf("the host is not on the target after its connect: %v", err)
+	}
+	d.fail.Store(true)
+	jobs := pb.NewJobsClient(g.client(t, sched))
+	_, err = jobs.Finish(ctx, &pb.FinishRequest{JobId: "job-1"})
+	wantCode(t, err, codes.Unavailable, "is finished, but", "retry the call")
+	if _, err := os.Stat(host); err != nil {
+		t.Fatalf("the failing target dropped the host anyway: %v", err)
+	}
+	d.fail.Store(false)
+	var fin *pb.FinishResponse
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		fin, err = jobs.Finish(ctx, &pb.FinishRequest{JobId: "job-1"})
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil || fin.Job.State != pb.JobState_JOB_STATE_FINISHED {
+		t.Fatalf("the finish again, the target following: %v", err)
+	}
+	if _, err := os.Stat(host); !os.IsNotExist(err) {
+		t.Fatalf("finish answered OK with the host still on the target: %v", err)
+	}
+}

@@ -133,8 +133,11 @@ func (l *Lifecycle) revokeActive(ctx context.Context, f store.GrantFilter, keep 
 		if keep != nil {
 			gs = slices.DeleteFunc(gs, func(g *nvmegate.Grant) bool { return !keep(g) })
 		}
-		if err != nil || len(gs) == 0 {
+		if err != nil {
 			return ended, err
+		}
+		if len(gs) == 0 {
+			break
 		}
 		done, err := l.revoke(ctx, gs, caller, why)
 		ended = append(ended, done...)
@@ -142,7 +145,30 @@ func (l *Lifecycle) revokeActive(ctx context.Context, f store.GrantFilter, keep 
 			return ended, err // the reconciler and the next sweep retry
 		}
 	}
-	return ended, nil
+	return ended, l.settlePending(ctx, f, keep)
+}
+
+// settlePending tells the targets again of the grants of f's job or node
+// (and keep's) that ended before but whose removal is still pending: a
+// revocation retried after one a target did not follow answers success
+// only once the hosts are off their targets, not on the word of the
+// store's state alone.
+func (l *Lifecycle) settlePending(ctx context.Context, f store.GrantFilter, keep func(*nvmegate.Grant) bool) error {
+	pf := store.GrantFilter{JobID: f.JobID, Node: f.Node, RemovalPending: true}
+	gs, err := store.All(func(p store.Page) ([]*nvmegate.Grant, string, error) { return l.grants.ListGrants(ctx, pf, p) })
+	if keep != nil {
+		gs = slices.DeleteFunc(gs, func(g *nvmegate.Grant) bool { return !keep(g) })
+	}
+	if err != nil || len(gs) == 0 {
+		return err
+	}
+	followed, err := l.programEnds(context.WithoutCancel(ctx), "", gs)
+	l.settle(context.WithoutCancel(ctx), followed)
+	if err != nil {
+		l.log.ErrorContext(ctx, "removal still pending", "err", err)
+		return nvmegate.Errorf(nvmegate.EUNAVAILABLE, "%d grant(s) ended before are still on their targets: removal pending; the gateway retries, and the call may be retried", len(gs)-len(followed))
+	}
+	return nil
 }
 
 // revoke ends gs as revoked (Revoke).

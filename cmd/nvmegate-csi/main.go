@@ -64,6 +64,7 @@ func newRoot(stderr io.Writer) *cobra.Command {
 type common struct {
 	conn     clientconn.Options
 	endpoint string
+	driver   string
 }
 
 func (c *common) flags(cmd *cobra.Command, devIdentity string) {
@@ -71,6 +72,7 @@ func (c *common) flags(cmd *cobra.Command, devIdentity string) {
 	c.conn.AddFlags(fs, devIdentity)
 	cmd.Flags().AddGoFlagSet(fs)
 	cmd.Flags().StringVar(&c.endpoint, "endpoint", "unix:///csi/csi.sock", "the CSI endpoint the CO calls (unix:///path)")
+	cmd.Flags().StringVar(&c.driver, "driver-name", csidriver.DriverName, "the driver's name; one per tenant where tenants share a cluster (docs/kubernetes.md)")
 }
 
 // dial connects to the gateway as this process's SVID, which must be of
@@ -124,7 +126,7 @@ the job's run.`,
 			ctrl := &csidriver.Controller{Jobs: pb.NewJobsClient(conn), Inventory: pb.NewInventoryClient(conn),
 				Scheduler: id, Regions: regions, Lifetime: lifetime}
 			return serve(cmd.Context(), c.endpoint, log, func(s *grpc.Server) {
-				csi.RegisterIdentityServer(s, &csidriver.Identity{Version: version})
+				csi.RegisterIdentityServer(s, &csidriver.Identity{Name: c.driver, Version: version})
 				csi.RegisterControllerServer(s, ctrl)
 			}, "controller", id.String())
 		},
@@ -184,7 +186,7 @@ are taken over, the pods' devices stay).`,
 				}
 			}()
 			return serve(cmd.Context(), c.endpoint, log, func(s *grpc.Server) {
-				csi.RegisterIdentityServer(s, &csidriver.Identity{Version: version})
+				csi.RegisterIdentityServer(s, &csidriver.Identity{Name: c.driver, Version: version})
 				csi.RegisterNodeServer(s, &n)
 			}, "node", id.String())
 		},
