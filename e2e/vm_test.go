@@ -357,6 +357,17 @@ func checkCSI(t *testing.T, ok func(string, ...string) vmStep, step func(string)
 	if strings.Contains(after.Output, "still allowed") {
 		t.Errorf("csi-after: a host is still on the target:\n%s", after.excerpt())
 	}
+	// One job per subsystem on a node: the second job's stage is refused
+	// while the first's volume is staged, and its attachment undone.
+	ok("csi-pod-r", "NodeStageVolume OK", "NodePublishVolume OK")
+	if s, found := step("csi-pod-o"); found && (s.Exit == 0 || !strings.Contains(s.Output, "NodeStageVolume: FailedPrecondition") ||
+		!strings.Contains(s.Output, "is connected on this node for job team-a.pods-r")) {
+		t.Errorf("csi-pod-o: want the second job's stage refused on a subsystem the node serves for another job:\n%s", s.excerpt())
+	}
+	ok("csi-detach-o", "NodeUnstageVolume OK", "ControllerUnpublishVolume OK")
+	// A job finished under its pod: the device is taken from the pod.
+	ok("csi-job-ended", "pod pod-r's device taken away after its job finished", "its device is taken from its pods")
+	ok("csi-detach-r", "NodeUnpublishVolume OK", "NodeUnstageVolume OK", "ControllerUnpublishVolume OK")
 	fig := ok("csi-stage-time", "median: agent ")
 	t.Logf("NodeStageVolume beside the node agent's own connect (Linux 6.1 under TCG):\n%s", fig.Output)
 }

@@ -180,11 +180,11 @@ are taken over, the pods' devices stay).`,
 					log.Warn("no keyring for TLS PSKs: grants that require TLS will fail", "keyring", ring, "err", err)
 				}
 			}
-			go func() {
-				if err := n.Resume(cmd.Context()); err != nil {
-					log.Error("resume staged volumes", "err", err)
-				}
-			}()
+			resume, err := n.Resume(cmd.Context())
+			if err != nil {
+				return fmt.Errorf("the staged volumes in %s: %w", n.StateDir, err)
+			}
+			go resume()
 			return serve(cmd.Context(), c.endpoint, log, func(s *grpc.Server) {
 				csi.RegisterIdentityServer(s, &csidriver.Identity{Name: c.driver, Version: version})
 				csi.RegisterNodeServer(s, &n)

@@ -558,7 +558,8 @@ csi_create() {
     --param csi.storage.k8s.io/pvc/namespace="$1" --param csi.storage.k8s.io/pvc/name="$2" > "$CSI/create.out"
   local rc=$?
   cat "$CSI/create.out"
-  sed -n 's/^volume //p' "$CSI/create.out" > "$CSI/volume"
+  sed -n 's/^volume //p' "$CSI/create.out" > "$CSI/vol-$2"
+  cp "$CSI/vol-$2" "$CSI/volume"
   return $rc
 }
 # csi_sanity: the CSI project's whole suite against acme's controller and
@@ -579,9 +580,24 @@ csi_sanity() {
   fi
   return $rc
 }
-# csi_attach N POD: pod POD of the job placed on node N.
-csi_attach() { csi_kubelet attach --controller "$CSI/ctrl.sock" --node "$CSI/node$1.sock" --volume "$(cat $CSI/volume)" --mode rox --pod "$2"; }
-csi_detach() { csi_kubelet detach --controller "$CSI/ctrl.sock" --node "$CSI/node$1.sock" --volume "$(cat $CSI/volume)" --pod "$2"; }
+# csi_attach N POD [PVC]: pod POD of the job placed on node N, with the
+# volume of claim PVC (default: the last one created).
+csi_attach() { csi_kubelet attach --controller "$CSI/ctrl.sock" --node "$CSI/node$1.sock" --volume "$(cat "$CSI/vol-${3:-}" 2>/dev/null || cat "$CSI/volume")" --mode rox --pod "$2"; }
+csi_detach() { csi_kubelet detach --controller "$CSI/ctrl.sock" --node "$CSI/node$1.sock" --volume "$(cat "$CSI/vol-${3:-}" 2>/dev/null || cat "$CSI/volume")" --pod "$2"; }
+# csi_job_ended JOB POD: an admin finishes JOB while POD reads its
+# volume; the node plugin's agent sees its grants end and takes the
+# device from the pod (its path is gone), so that no later namespace can
+# answer at that path.
+csi_job_ended() {
+  local t; t=$(csi_target "$2")
+  [ -b "$t" ] || { echo "pod $2 has no device to begin with"; return 1; }
+  as admin job finish "$1" --reason "vm: the job ends under its pod" >/dev/null || return 1
+  for _ in $(seq 300); do [ -e "$t" ] || break; sleep 0.1; done
+  [ -e "$t" ] && { echo "pod $2 still has $t after its job finished"; return 1; }
+  echo "pod $2's device taken away after its job finished"
+  grep -o 'msg="the job'"'"'s grants ended: its device is taken from its pods".*' "$CSI/node1.log" | tail -1
+  ls /sys/class/nvme | tr '\n' ' '; echo "(controllers left)"
+}
 csi_target() { ls -d "$CSI"/kubelet/pods/"$1"/volumeDevices/* 2>/dev/null | head -1; }
 # csi_read POD: the pod reads its dataset through the path it was given.
 csi_read() {

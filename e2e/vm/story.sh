@@ -143,6 +143,15 @@ step csi-read-2-after csi_read pod-2
 step csi-node-restart csi_node_restart 2 pod-2
 step csi-detach-2 csi_detach 2 pod-2
 step csi-after csi_after "$ACME" "$AN1" "$AN2"
+# A node serves one job per subsystem at a time; and a job finished under
+# its pod takes the device from the pod.
+step csi-create-r csi_create team-a pods-r
+step csi-pod-r csi_attach 1 pod-r pods-r
+step csi-create-o csi_create team-a pods-o
+step csi-pod-o csi_attach 1 pod-o pods-o
+step csi-detach-o csi_detach 1 pod-o pods-o
+step csi-job-ended csi_job_ended team-a.pods-r pod-r
+step csi-detach-r csi_detach 1 pod-r pods-r
 step csi-stage-time csi_stage_time 5
 # Encryption at rest (lib.sh: at_rest_story), with DH-HMAC-CHAP.
 at_rest_story --dhchap
