@@ -28,9 +28,11 @@ func (HostMounter) Publish(device, target string, readonly bool) error {
 		return fmt.Errorf("bind-mount %s on %s: %w", device, target, err)
 	}
 	if readonly {
-		// A read-only bind mount keeps a device node from being opened
-		// for writing through this path's mount only; the device itself
-		// is made read-only at staging (ReadOnly).
+		// The kernel checks a mount's read-only flag for files, not for
+		// device nodes: this keeps the pod's path read-only as it shows,
+		// and the device itself is made read-only for a read-only job
+		// (ReadOnly, at staging). A pod's readonly on a writer volume is
+		// the pod's own promise.
 		if err := unix.Mount("", target, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
 			unix.Unmount(target, 0)
 			os.Remove(target)
