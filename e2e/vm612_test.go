@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -27,7 +28,14 @@ func TestRealKernel612(t *testing.T) {
 	// A connect the target ends as a fatal error mid-authentication hangs
 	// the host for several admin timeouts (4 minutes at the default 60 s,
 	// seen once under emulation): 10 s bounds it within the story's time.
-	steps := runVM(t, vmRun{Kernel: filepath.Join(kdir, "vmlinuz"), Append: "nvme_core.admin_timeout=10", ConsoleEnv: "NVMEGATE_VM612_CONSOLE", Env: []string{
+	// NVMEGATE_VM612_PROBES=1 also runs the probes of the kernel's own
+	// behaviour that can hang it (story-6.12.sh: bidir-rekey).
+	probes := os.Getenv("NVMEGATE_VM612_PROBES") == "1"
+	appendArgs := "nvme_core.admin_timeout=10"
+	if probes {
+		appendArgs += " nvmegate.probes=1"
+	}
+	steps := runVM(t, vmRun{Kernel: filepath.Join(kdir, "vmlinuz"), Append: appendArgs, ConsoleEnv: "NVMEGATE_VM612_CONSOLE", Env: []string{
 		"VM_MODULES=" + filepath.Join(kdir, "modules"), "VM_USERLAND=" + userland,
 		"VM_STORY=" + filepath.Join(root, "e2e", "vm", "story-6.12.sh")}})
 
@@ -180,8 +188,12 @@ func TestRealKernel612(t *testing.T) {
 	// A bidirectional live re-key on this kernel, by hand: what happened
 	// is logged (the agent re-keys bidirectional grants by a new path on
 	// any kernel); that it connected and read, and an outcome, are checked.
-	bd := ok("bidir-rekey", "connected", "with both secrets, state live", "reads ", "outcome: controller")
-	t.Logf("bidirectional live re-key on Linux 6.12:\n%s\nkernel:\n%s", bd.Output, bd.Kernel)
+	// It hangs the guest's kernel in some runs, so it runs only when
+	// asked (NVMEGATE_VM612_PROBES=1).
+	if probes {
+		bd := ok("bidir-rekey", "connected", "with both secrets, state live", "reads ", "outcome: controller")
+		t.Logf("bidirectional live re-key on Linux 6.12:\n%s\nkernel:\n%s", bd.Output, bd.Kernel)
+	}
 	tm := ok("timing", "timing plain: mean", "timing dhchap: mean", "timing tls: mean", "timing tls+dhchap: mean", "queues per connect")
 	t.Logf("connect times (Linux 6.12 under TCG):\n%s", tm.Output)
 	ok("gateway-log", "/tmp/gateway.log:0", "/tmp/agent.log:0", "/tmp/tlshd.log:0", "/tmp/node.log:0")

@@ -266,9 +266,9 @@ func TestRealKernel(t *testing.T) {
 	// Encryption at rest on 6.1 too (checkAtRest), with DH-HMAC-CHAP.
 	checkAtRest(t, ok, "Linux 6.1")
 
-	// The gateway's, the target agent's and the node agent's logs hold no
-	// secret and no panic.
-	ok("gateway-log", "/tmp/gateway.log:0", "/tmp/agent.log:0", "/tmp/node.log:0")
+	// The gateway's, the target agent's, the node agent's and the CSI
+	// plugins' logs hold no secret and no panic.
+	ok("gateway-log", "/tmp/gateway.log:0", "/tmp/agent.log:0", "/tmp/node.log:0", "/tmp/csi/ctrl.log:0", "/tmp/csi/node1.log:0", "/tmp/csi/node2.log:0")
 }
 
 // checkNodeAgent judges the node agent's steps of a VM story (lib.sh:

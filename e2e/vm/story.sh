@@ -167,4 +167,4 @@ step finish-jobs sh -c "nvmegate --dev-dir $G --dev-identity acme-scheduler job 
 step tree-after-finish tree
 step nvme-after-finish nvme_connect globex
 step disconnect-after-finish disconnect
-step gateway-log sh -c "grep -c . /tmp/gateway.log; grep -ciE 'panic|DHHC-1' /tmp/gateway.log /tmp/agent.log /tmp/node.log || true"
+step gateway-log sh -c "grep -c . /tmp/gateway.log; grep -ciE 'panic|DHHC-1' /tmp/gateway.log /tmp/agent.log /tmp/node.log /tmp/csi/ctrl.log /tmp/csi/node1.log /tmp/csi/node2.log || true"
