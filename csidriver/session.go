@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -87,20 +88,11 @@ func (n *Node) record(st *staged) {
 			if ss.Controller != "" {
 				st.Controller = ss.Controller
 			}
-			if ss.Grant != "" && !contains(st.Grants, ss.Grant) {
+			if ss.Grant != "" && !slices.Contains(st.Grants, ss.Grant) {
 				st.Grants = append(st.Grants, ss.Grant)
 			}
 		}
 	}
-}
-
-func contains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 // join adds a volume to the live session of its subsystem, starting one
