@@ -27,9 +27,9 @@ type csiPlugin struct {
 	conn *grpc.ClientConn
 }
 
-// startCSI runs nvmegate-csi MODE as dev identity who and waits for its
-// socket to answer Probe.
-func startCSI(t *testing.T, bin, dev, mode, who string, args ...string) *csiPlugin {
+// startCSI runs nvmegate-csi MODE with args (its identity flags among
+// them) and waits for its socket to answer Probe.
+func startCSI(t *testing.T, bin, mode string, args ...string) *csiPlugin {
 	t.Helper()
 	dir := t.TempDir()
 	p := &csiPlugin{sock: filepath.Join(dir, mode+".sock"), log: filepath.Join(dir, mode+".log")}
@@ -38,8 +38,7 @@ func startCSI(t *testing.T, bin, dev, mode, who string, args ...string) *csiPlug
 		t.Fatal(err)
 	}
 	defer f.Close()
-	cmd := exec.Command(filepath.Join(bin, "nvmegate-csi"), append([]string{mode, "--endpoint", "unix://" + p.sock,
-		"--dev-dir", dev, "--dev-identity", who}, args...)...)
+	cmd := exec.Command(filepath.Join(bin, "nvmegate-csi"), append([]string{mode, "--endpoint", "unix://" + p.sock}, args...)...)
 	cmd.Stdout, cmd.Stderr = f, f
 	scanFiles(t, p.log)
 	if err := cmd.Start(); err != nil {
@@ -130,10 +129,10 @@ func TestCSIDriver(t *testing.T) {
 	dev := t.TempDir()
 	startGateway(t, bin, dev)
 	csiInventory(t, bin, dev)
-	ctrl := startCSI(t, bin, dev, "controller", "acme-scheduler", "--region", "eu-west")
+	ctrl := startCSI(t, bin, "controller", "--dev-dir", dev, "--dev-identity", "acme-scheduler", "--region", "eu-west")
 	// The kubelet's tree: the only one the node plugin bind-mounts into.
 	kubelet := t.TempDir()
-	node := startCSI(t, bin, dev, "node", "acme-node-1", "--state-dir", filepath.Join(t.TempDir(), "state"), "--path-root", kubelet)
+	node := startCSI(t, bin, "node", "--dev-dir", dev, "--dev-identity", "acme-node-1", "--state-dir", filepath.Join(t.TempDir(), "state"), "--path-root", kubelet)
 
 	summary := csiSanity(t, sanity, kubelet, ctrl, node, map[string]string{"dataset": "common-crawl/2026-10", "job": "csi-sanity-1"},
 		`Node Service should work|Node Service should be idempotent|should remove target path`)

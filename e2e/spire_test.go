@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
 
 	"github.com/nvmegate/nvmegate/identity/devca"
@@ -280,6 +281,40 @@ func TestSPIRE(t *testing.T) {
 	if hosts, _ := os.ReadDir(filepath.Join(nvmetRoot, "subsystems", sub, "allowed_hosts")); len(hosts) != 0 {
 		t.Fatalf("hosts left after the job finished: %v", hosts)
 	}
+
+	// The CSI driver's plugins on SPIRE's SVIDs from the Workload API: the
+	// controller as acme's scheduler, the node plugin as the node, whose
+	// SPIFFE ID is its CSI node ID; a publish admits that node. (Staging
+	// needs the kernel: the VM tier.)
+	spiffe := func(who string) []string {
+		return []string{"--spiffe-socket", socket, "--spiffe-id", spireIDs[who], "--addr", info.GRPC}
+	}
+	ctrl := startCSI(t, bin, "controller", append(spiffe("acme-scheduler"), "--region", "eu-west")...)
+	csiNode := startCSI(t, bin, "node", append(spiffe("acme-node-1"), "--state-dir", filepath.Join(work, "csi-state"), "--path-root", work)...)
+	cctx := context.Background()
+	ni, err := csi.NewNodeClient(csiNode.conn).NodeGetInfo(cctx, &csi.NodeGetInfoRequest{})
+	if err != nil || ni.NodeId != spireIDs["acme-node-1"] {
+		t.Fatalf("the node plugin's node ID: %v, %v; want its SVID's %s", ni, err, spireIDs["acme-node-1"])
+	}
+	rox := &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY}}
+	cc := csi.NewControllerClient(ctrl.conn)
+	vol, err := cc.CreateVolume(cctx, &csi.CreateVolumeRequest{Name: "pvc-spire", VolumeCapabilities: []*csi.VolumeCapability{rox},
+		Parameters: map[string]string{"dataset": "spire/ds", "job": "spire-csi-1"}})
+	if err != nil {
+		t.Fatalf("CreateVolume on SPIRE: %v", err)
+	}
+	if _, err := cc.ControllerPublishVolume(cctx, &csi.ControllerPublishVolumeRequest{VolumeId: vol.Volume.VolumeId, NodeId: ni.NodeId,
+		VolumeCapability: rox, Readonly: true}); err != nil {
+		t.Fatalf("ControllerPublishVolume on SPIRE: %v", err)
+	}
+	if out := must("acme-scheduler", "-o", "json", "job", "get", "spire-csi-1"); !strings.Contains(out, spireIDs["acme-node-1"]) {
+		t.Fatalf("the CSI publish did not admit the node:\n%s", out)
+	}
+	if _, err := cc.ControllerUnpublishVolume(cctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: vol.Volume.VolumeId, NodeId: ni.NodeId}); err != nil {
+		t.Fatalf("ControllerUnpublishVolume on SPIRE: %v", err)
+	}
+	t.Logf("nvmegate-csi on SPIRE: node ID %s, volume %s published and unpublished", ni.NodeId, vol.Volume.VolumeId)
 
 	// The whole demo script, on SPIRE's SVIDs: its own gateway and target
 	// agent, every CLI call picking its identity's SVID.
