@@ -158,7 +158,12 @@ func (n *Node) ended(s *session) {
 				n.log().Error("the job's grants ended; its device could not be taken from a pod", "volume", st.VolumeID, "target", t, "err", err)
 			}
 		}
-		n.save(st)
+		n.mu.Lock()
+		_, still := n.volumes[st.VolumeID]
+		n.mu.Unlock()
+		if still { // not unstaged meanwhile: its state file stays removed
+			n.save(st)
+		}
 		n.log().Warn("the job's grants ended: its device is taken from its pods", "volume", st.VolumeID, "job", st.vol.Job, "pods", len(targets), "err", s.err)
 	}
 }

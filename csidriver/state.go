@@ -118,8 +118,14 @@ func (n *Node) resume(ctx context.Context, sts []*staged, releases map[string]fu
 			}
 			releases[st.VolumeID]()
 			delete(releases, st.VolumeID)
+			_, refused := refusals[status.Code(err).String()]
 			switch {
 			case !still:
+			case err != nil && (refused || status.Code(err) == codes.AlreadyExists):
+				// The gateway refuses it (its job ended meanwhile, say):
+				// it stays staged without an agent until the CO unstages
+				// it, which undoes what its state recorded.
+				n.log().Error("could not take back a staged volume: refused", "volume", st.VolumeID, "err", err)
 			case err != nil:
 				n.log().Error("could not take back a staged volume; trying again", "volume", st.VolumeID, "err", err, "in", RetryEvery)
 				again = append(again, st)
