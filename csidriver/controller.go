@@ -321,14 +321,19 @@ func (c *Controller) job(ctx context.Context, id string) (*pb.Job, error) {
 // sameVolume refuses a publish whose volume is not the active job's
 // scope: another namespace, or the same one in another mode.
 func sameVolume(j *pb.Job, want *pb.JobNamespace, v Volume) error {
-	if len(j.Namespaces) != 1 || j.Namespaces[0].SubsystemNqn != want.SubsystemNqn || j.Namespaces[0].Nsid != want.Nsid {
-		return status.Errorf(codes.FailedPrecondition, "job %s is active with another scope (%d namespace(s), the first %s/%d); a job's volume is one namespace: give each volume its own job",
-			v.Job, len(j.Namespaces), j.Namespaces[0].GetSubsystemNqn(), j.Namespaces[0].GetNsid())
+	if !holds(j, v) {
+		return status.Errorf(codes.FailedPrecondition, "job %s is active with another scope (%d namespace(s)); a job's volume is one namespace: give each volume its own job",
+			v.Job, len(j.Namespaces))
 	}
 	if j.Namespaces[0].Mode != want.Mode {
 		return status.Errorf(codes.AlreadyExists, "volume %s is published %s; this publish asks %s", v.Handle(), modeName(j.Namespaces[0].Mode), modeName(want.Mode))
 	}
 	return nil
+}
+
+// holds reports whether job j's scope is volume v's namespace, alone.
+func holds(j *pb.Job, v Volume) bool {
+	return j != nil && len(j.Namespaces) == 1 && j.Namespaces[0].SubsystemNqn == v.NQN && j.Namespaces[0].Nsid == v.NSID
 }
 
 // Keys of the publish context the node plugin reads.
@@ -379,7 +384,7 @@ func (c *Controller) ControllerUnpublishVolume(ctx context.Context, req *csi.Con
 	if err != nil {
 		return nil, err
 	}
-	if j == nil || len(j.Namespaces) != 1 || j.Namespaces[0].SubsystemNqn != v.NQN || j.Namespaces[0].Nsid != v.NSID {
+	if !holds(j, v) {
 		return &csi.ControllerUnpublishVolumeResponse{}, nil // never published, or the job holds another volume
 	}
 	node := req.GetNodeId()

@@ -22,7 +22,6 @@ import (
 // at a time: the kernel has one controller per host and subsystem, and
 // two agents would each take it over and the first to leave delete it.
 type session struct {
-	job     string
 	agent   *nodeagent.Agent
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -104,14 +103,14 @@ func (n *Node) join(v Volume, id string) (*session, error) {
 		n.sessions = map[string]*session{}
 	}
 	if s, ok := n.sessions[v.NQN]; ok {
-		if s.job != v.Job {
-			return nil, status.Errorf(codes.FailedPrecondition, "subsystem %s is connected on this node for job %s; a node serves one job per subsystem at a time", v.NQN, s.job)
+		if s.agent.Job != v.Job {
+			return nil, status.Errorf(codes.FailedPrecondition, "subsystem %s is connected on this node for job %s; a node serves one job per subsystem at a time", v.NQN, s.agent.Job)
 		}
 		s.users[id] = true
 		return s, nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &session{job: v.Job, cancel: cancel, done: make(chan struct{}), users: map[string]bool{id: true},
+	s := &session{cancel: cancel, done: make(chan struct{}), users: map[string]bool{id: true},
 		agent: &nodeagent.Agent{Gateway: n.Gateway, Kernel: n.Kernel, Keys: n.Keys, Job: v.Job,
 			Subsystems: []string{v.NQN}, TTL: n.TTL, RenewEvery: n.RenewEvery,
 			Log: n.log().With("job", v.Job, "subsystem", v.NQN)}}

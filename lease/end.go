@@ -154,13 +154,16 @@ func (l *Lifecycle) revokeActive(ctx context.Context, f store.GrantFilter, keep 
 // only once the hosts are off their targets, not on the word of the
 // store's state alone.
 func (l *Lifecycle) settlePending(ctx context.Context, f store.GrantFilter, keep func(*nvmegate.Grant) bool) error {
-	pf := store.GrantFilter{JobID: f.JobID, Node: f.Node, RemovalPending: true}
-	gs, err := store.All(func(p store.Page) ([]*nvmegate.Grant, string, error) { return l.grants.ListGrants(ctx, pf, p) })
-	if keep != nil {
-		gs = slices.DeleteFunc(gs, func(g *nvmegate.Grant) bool { return !keep(g) })
-	}
-	if err != nil || len(gs) == 0 {
+	// The read model's pending set, not a scan of every grant.
+	gs, err := l.grants.PendingRemovals(ctx)
+	if err != nil {
 		return err
+	}
+	gs = slices.DeleteFunc(gs, func(g *nvmegate.Grant) bool {
+		return f.JobID != "" && g.JobID != f.JobID || f.Node != "" && g.Node != f.Node || keep != nil && !keep(g)
+	})
+	if len(gs) == 0 {
+		return nil
 	}
 	followed, err := l.programEnds(context.WithoutCancel(ctx), "", gs)
 	l.settle(context.WithoutCancel(ctx), followed)

@@ -259,28 +259,23 @@ func (h *Host) Device(name string, nsid uint32) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return "", fmt.Errorf("%w: %s", ErrNoController, name)
-	}
-	if err != nil {
-		return "", fmt.Errorf("nvmehost: %s: %w", name, err)
-	}
 	want := strconv.FormatUint(uint64(nsid), 10)
-	for _, e := range ents {
-		m := nsRE.FindStringSubmatch(e.Name())
-		if m == nil {
-			continue
-		}
+	devs, err := h.namespaceEntries(name, func(m []string) string {
 		id := m[2]
-		if b, err := os.ReadFile(filepath.Join(dir, e.Name(), "nsid")); err == nil {
+		if b, err := os.ReadFile(filepath.Join(dir, m[0], "nsid")); err == nil {
 			id = strings.TrimSpace(string(b))
 		}
-		if id == want {
-			return "/dev/nvme" + m[1] + "n" + m[2], nil
+		if id != want {
+			return ""
+		}
+		return "/dev/nvme" + m[1] + "n" + m[2]
+	})
+	for _, d := range devs {
+		if d != "" {
+			return d, nil
 		}
 	}
-	return "", nil
+	return "", err
 }
 
 // namespaceEntries maps each namespace entry of controller name's sysfs
